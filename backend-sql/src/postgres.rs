@@ -1,0 +1,1 @@
+//! PostgreSQL backend (placeholder, being written).

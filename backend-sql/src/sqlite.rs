@@ -1,0 +1,1 @@
+//! SQLite backend (placeholder, being written).

@@ -1,0 +1,178 @@
+//! Injectable time. Recipes read the wall clock (interval numbers), a monotonic clock (lease
+//! deadlines that must not move when the wall clock is stepped) and sleep through a [`Clock`], so
+//! tests can skew, step and freeze time with a [`ManualClock`].
+
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+/// A source of time.
+#[async_trait]
+pub trait Clock: Send + Sync + Debug + 'static {
+    /// Wall-clock time. May jump (NTP steps, skew between machines).
+    fn now(&self) -> SystemTime;
+
+    /// Time elapsed since this clock's origin. Never goes backwards.
+    fn monotonic(&self) -> Duration;
+
+    /// Waits until [`monotonic`](Clock::monotonic) has advanced by at least `d`.
+    async fn sleep(&self, d: Duration);
+}
+
+/// The real clocks: [`SystemTime::now`], [`Instant`] and `tokio::time::sleep`.
+#[derive(Debug, Clone)]
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl SystemClock {
+    /// A system clock whose monotonic origin is now.
+    pub fn new() -> Self {
+        SystemClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[async_trait]
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+
+    fn monotonic(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    async fn sleep(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ManualState {
+    wall: SystemTime,
+    mono: Duration,
+}
+
+/// A clock that moves only when told to. Clones share the same time.
+///
+/// [`advance`](ManualClock::advance) moves both clocks and wakes the sleepers whose deadline
+/// passed; [`set_wall`](ManualClock::set_wall) steps only the wall clock, as NTP would.
+#[derive(Debug, Clone)]
+pub struct ManualClock {
+    state: Arc<Mutex<ManualState>>,
+    tick: Arc<watch::Sender<Duration>>,
+}
+
+impl ManualClock {
+    /// A manual clock whose wall time starts at `wall` and monotonic time at zero.
+    pub fn new(wall: SystemTime) -> Self {
+        let (tick, _) = watch::channel(Duration::ZERO);
+        ManualClock {
+            state: Arc::new(Mutex::new(ManualState {
+                wall,
+                mono: Duration::ZERO,
+            })),
+            tick: Arc::new(tick),
+        }
+    }
+
+    /// A manual clock starting at `secs` seconds after the Unix epoch.
+    pub fn at_unix_secs(secs: u64) -> Self {
+        Self::new(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ManualState> {
+        // The state is two plain values; a panic elsewhere cannot leave them half-written.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Moves both clocks forward by `d` and wakes sleepers whose deadline has passed.
+    pub fn advance(&self, d: Duration) {
+        let mono = {
+            let mut s = self.lock();
+            s.wall += d;
+            s.mono += d;
+            s.mono
+        };
+        self.tick.send_replace(mono);
+    }
+
+    /// Steps the wall clock to `wall` (forwards or backwards); the monotonic clock is untouched.
+    pub fn set_wall(&self, wall: SystemTime) {
+        self.lock().wall = wall;
+    }
+}
+
+#[async_trait]
+impl Clock for ManualClock {
+    fn now(&self) -> SystemTime {
+        self.lock().wall
+    }
+
+    fn monotonic(&self) -> Duration {
+        self.lock().mono
+    }
+
+    async fn sleep(&self, d: Duration) {
+        let deadline = self.monotonic() + d;
+        let mut rx = self.tick.subscribe();
+        // `wait_for` checks the current value first, so an advance between reading the deadline
+        // and subscribing is not missed. The sender lives in `self`, so it cannot close under us.
+        let _ = rx.wait_for(|mono| *mono >= deadline).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn manual_clock_wakes_sleepers_only_when_advanced_past_deadline() {
+        let clock = ManualClock::at_unix_secs(1_000);
+        let sleeper = {
+            let clock = clock.clone();
+            tokio::spawn(async move { clock.sleep(Duration::from_secs(10)).await })
+        };
+        tokio::task::yield_now().await;
+        clock.advance(Duration::from_secs(9));
+        tokio::task::yield_now().await;
+        assert!(!sleeper.is_finished());
+        clock.advance(Duration::from_secs(1));
+        tokio::time::timeout(Duration::from_secs(5), sleeper)
+            .await
+            .expect("sleeper woke")
+            .expect("no panic");
+        assert_eq!(clock.monotonic(), Duration::from_secs(10));
+        assert_eq!(
+            clock.now(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_010)
+        );
+    }
+
+    #[test]
+    fn stepping_the_wall_clock_leaves_monotonic_alone() {
+        let clock = ManualClock::at_unix_secs(500);
+        clock.advance(Duration::from_secs(3));
+        clock.set_wall(SystemTime::UNIX_EPOCH);
+        assert_eq!(clock.now(), SystemTime::UNIX_EPOCH);
+        assert_eq!(clock.monotonic(), Duration::from_secs(3));
+    }
+
+    #[tokio::test]
+    async fn system_clock_sleeps() {
+        let c = SystemClock::new();
+        c.sleep(Duration::from_millis(5)).await;
+        assert!(c.monotonic() >= Duration::from_millis(5));
+    }
+}

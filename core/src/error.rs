@@ -1,0 +1,226 @@
+//! The one error type that crosses the [`Store`](crate::Store) boundary.
+//!
+//! Backend errors never leak through the trait: each backend maps its client's errors onto these
+//! variants, keeping the original as an opaque `source` for logs. What a caller usually needs is
+//! [`Error::is_retryable`]: a retryable fault (the store is unreachable, an operation timed out) may
+//! succeed if tried again; a permanent one (bad configuration, a foreign value at one of our keys,
+//! an unsupported operation) will fail the same way every time.
+
+use std::time::Duration;
+
+/// A boxed error kept as the cause of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with headcount's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong talking to a coordination store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A store URL or option is malformed or names something we do not support. Permanent.
+    #[error("invalid configuration: {message}")]
+    InvalidConfig {
+        /// What is wrong, never including a password.
+        message: String,
+    },
+
+    /// The URL names a backend whose cargo feature is not compiled in. Permanent.
+    #[error("the `{scheme}` scheme needs headcount's `{feature}` cargo feature, which is not enabled in this build")]
+    FeatureDisabled {
+        /// The URL scheme that was asked for.
+        scheme: String,
+        /// The cargo feature that would enable it.
+        feature: &'static str,
+    },
+
+    /// An argument is out of range: a zero TTL, an empty key, a bad group name. Nothing was written.
+    #[error("invalid argument: {message}")]
+    InvalidArgument {
+        /// What is wrong with it.
+        message: String,
+    },
+
+    /// One of our keys holds a value we did not write (for example "abc" where a counter is
+    /// expected). Nothing was written. Permanent until someone repairs the key.
+    #[error("foreign value at key `{key}`: expected {expected}, found {found:?}")]
+    ForeignValue {
+        /// The key that holds it.
+        key: String,
+        /// What we expected there.
+        expected: &'static str,
+        /// The start of what we found (at most 64 characters).
+        found: String,
+    },
+
+    /// The backend cannot do what was asked. Permanent.
+    #[error("{backend} does not support {what}")]
+    Unsupported {
+        /// Which backend.
+        backend: &'static str,
+        /// What it cannot do.
+        what: String,
+    },
+
+    /// The store cannot be reached right now (connection refused or lost, server shutting down,
+    /// too many clients). Retryable.
+    #[error("{backend} is unavailable: {message}")]
+    Unavailable {
+        /// Which backend.
+        backend: &'static str,
+        /// What happened, never including a password.
+        message: String,
+        /// The client's own error.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// An operation did not finish within its deadline. It may or may not have taken effect.
+    /// Retryable.
+    #[error("{backend} operation `{op}` timed out after {after:?}")]
+    Timeout {
+        /// Which backend.
+        backend: &'static str,
+        /// Which operation.
+        op: &'static str,
+        /// The deadline that passed.
+        after: Duration,
+    },
+
+    /// The store refused us for good: authentication failed, permission denied, a schema we
+    /// cannot use. Permanent.
+    #[error("{backend} rejected the request: {message}")]
+    Rejected {
+        /// Which backend.
+        backend: &'static str,
+        /// What the server said, never including a password.
+        message: String,
+        /// The client's own error.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+/// The broad class of an [`Error`], for callers that branch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// [`Error::InvalidConfig`] or [`Error::FeatureDisabled`].
+    Config,
+    /// [`Error::InvalidArgument`].
+    InvalidArgument,
+    /// [`Error::ForeignValue`].
+    ForeignValue,
+    /// [`Error::Unsupported`].
+    Unsupported,
+    /// [`Error::Unavailable`].
+    Unavailable,
+    /// [`Error::Timeout`].
+    Timeout,
+    /// [`Error::Rejected`].
+    Rejected,
+}
+
+impl Error {
+    /// The broad class of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidConfig { .. } | Error::FeatureDisabled { .. } => ErrorKind::Config,
+            Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            Error::ForeignValue { .. } => ErrorKind::ForeignValue,
+            Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::Unavailable { .. } => ErrorKind::Unavailable,
+            Error::Timeout { .. } => ErrorKind::Timeout,
+            Error::Rejected { .. } => ErrorKind::Rejected,
+        }
+    }
+
+    /// Whether trying the same operation again may succeed: true for [`Error::Unavailable`] and
+    /// [`Error::Timeout`], false for everything else.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind(), ErrorKind::Unavailable | ErrorKind::Timeout)
+    }
+
+    /// Shorthand for [`Error::InvalidConfig`].
+    pub fn config(message: impl Into<String>) -> Self {
+        Error::InvalidConfig {
+            message: message.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            message: message.into(),
+        }
+    }
+
+    /// Builds [`Error::ForeignValue`], cutting `found` to 64 characters so a huge foreign value
+    /// does not flood the logs.
+    pub fn foreign(key: &str, expected: &'static str, found: &str) -> Self {
+        let mut cut: String = found.chars().take(64).collect();
+        if cut.len() < found.len() {
+            cut.push('…');
+        }
+        Error::ForeignValue {
+            key: key.to_owned(),
+            expected,
+            found: cut,
+        }
+    }
+
+    /// Builds [`Error::Unavailable`] from a client error.
+    pub fn unavailable(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Unavailable {
+            backend,
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Builds [`Error::Rejected`] from a client error.
+    pub fn rejected(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Rejected {
+            backend,
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_is_only_unavailable_and_timeout() {
+        let timeout = Error::Timeout {
+            backend: "x",
+            op: "get",
+            after: Duration::from_secs(1),
+        };
+        assert!(timeout.is_retryable());
+        assert!(Error::unavailable("x", "down", "refused").is_retryable());
+        assert!(!Error::config("bad").is_retryable());
+        assert!(!Error::invalid("bad").is_retryable());
+        assert!(!Error::foreign("k", "an integer", "abc").is_retryable());
+        assert!(!Error::rejected("x", "auth", "no").is_retryable());
+    }
+
+    #[test]
+    fn foreign_value_is_cut() {
+        let long = "x".repeat(1000);
+        match Error::foreign("k", "an integer", &long) {
+            Error::ForeignValue { found, .. } => assert_eq!(found.chars().count(), 65),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,14 @@
+#![doc = include_str!("../README.md")]
+
+pub mod clock;
+pub mod error;
+pub mod keys;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{BoxError, Error, ErrorKind, Result};
+pub use keys::{validate_group, validate_prefix, Keyspace, DEFAULT_PREFIX};
+pub use store::{Capabilities, Store};
+
+/// A store shared between tasks and recipes.
+pub type DynStore = std::sync::Arc<dyn Store>;

@@ -1,0 +1,299 @@
+//! The [`Store`] trait: the few primitives every coordination store provides, with exactly the
+//! semantics below, proven for each backend on a real server by `headcount-conformance`.
+//!
+//! * Values are text. Counters are stored as decimal text, so a person can read them with the
+//!   store's own client (`redis-cli GET`, `psql`, `sqlite3`).
+//! * TTLs run on the store's clock (Redis `PX`, etcd leases, PostgreSQL `now()`, the SQLite host's
+//!   clock), never on the caller's. A TTL finer than the backend's [granularity](Capabilities::ttl_granularity)
+//!   is rounded up; `None` means the key never expires.
+//! * A key that has expired is indistinguishable from one that was never written.
+//! * A value of the wrong shape where a counter is expected is [`Error::ForeignValue`], and
+//!   nothing is written.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+
+/// The shortest TTL accepted. Zero is rejected; anything below a backend's granularity is rounded
+/// up to it.
+pub const MIN_TTL: Duration = Duration::from_millis(1);
+
+/// The longest TTL accepted (366 days). Longer ones are almost certainly a unit mistake; use `None`
+/// for a key that must never expire.
+pub const MAX_TTL: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 4096;
+
+/// The longest value accepted, in bytes. Coordination records are small; this keeps every backend
+/// (etcd's request limit is 1.5 MiB) able to store whatever another one accepted.
+pub const MAX_VALUE_LEN: usize = 512 * 1024;
+
+/// What a backend can do and how precisely, so callers and the conformance suite can adapt and
+/// report instead of passing quietly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Short backend name: `sqlite`, `postgres`, `redis`, `etcd`.
+    pub backend: &'static str,
+    /// TTLs are rounded up to a multiple of this (1 ms for most backends, 1 s for etcd leases).
+    pub ttl_granularity: Duration,
+    /// The shortest TTL the server honours; shorter ones are raised to it.
+    pub min_ttl: Duration,
+    /// Whether [`Store::set_max`] is one atomic round trip (true) or the CAS loop of the provided
+    /// method (false).
+    pub native_set_max: bool,
+    /// Whether several processes (possibly on several machines) can share this store. False for
+    /// `sqlite::memory:`.
+    pub shared: bool,
+}
+
+impl Capabilities {
+    /// Capabilities of a backend with millisecond TTLs, no server minimum, and the provided
+    /// `set_max`.
+    pub fn new(backend: &'static str) -> Self {
+        Capabilities {
+            backend,
+            ttl_granularity: Duration::from_millis(1),
+            min_ttl: Duration::from_millis(1),
+            native_set_max: false,
+            shared: true,
+        }
+    }
+
+    /// The TTL the backend will actually apply for a requested one: rounded up to the granularity
+    /// and raised to the minimum.
+    pub fn effective_ttl(&self, ttl: Duration) -> Duration {
+        let g = self.ttl_granularity.as_nanos().max(1);
+        let n = ttl.as_nanos().div_ceil(g) * g;
+        let rounded = Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX));
+        rounded.max(self.min_ttl)
+    }
+}
+
+/// A coordination store: the primitives every recipe is written over.
+///
+/// Implementations must be cheap to share (`Arc<dyn Store>`) and safe to call from many tasks at
+/// once. Every method validates its arguments first (see [`check_key`], [`check_ttl`],
+/// [`check_value`]) and writes nothing when they are bad.
+#[async_trait]
+pub trait Store: Send + Sync + Debug + 'static {
+    /// What this backend can do and how precisely.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Atomically increments the counter at `key` by one and returns the new value. A missing or
+    /// expired key counts from 0, so the first call returns 1. `ttl` is applied only when the key
+    /// is created; incrementing a live key keeps its expiry.
+    ///
+    /// Errors with [`Error::ForeignValue`] (writing nothing) when the key holds something that is
+    /// not a decimal `i64`.
+    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64>;
+
+    /// The current value at `key`, or `None` when it is absent or expired.
+    async fn get(&self, key: &str) -> Result<Option<String>>;
+
+    /// Sets the TTL of a live key to `ttl` from now. Returns false (and does nothing) when the key
+    /// is absent or expired.
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool>;
+
+    /// Atomically writes `new` (with `ttl`, replacing any previous expiry) if the key currently
+    /// holds `expected`; `expected = None` means "only if absent or expired". Returns whether it
+    /// wrote. Linearizable: of many concurrent calls with the same `expected`, exactly one wins.
+    async fn compare_and_set(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+        ttl: Option<Duration>,
+    ) -> Result<bool>;
+
+    /// Removes `key`. Returns whether a live key was removed.
+    async fn delete(&self, key: &str) -> Result<bool>;
+
+    /// Every live key that starts with `prefix`, with its value, sorted by key (bytewise).
+    /// `prefix` must not be empty.
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>>;
+
+    /// Sets the counter at `key` to `value` if it is absent, expired, or holds a smaller number
+    /// (the `set_if_less_than` of the majority-IDs algorithm). Returns whether it wrote. `ttl`
+    /// applies when it writes. Never moves the stored number backwards.
+    ///
+    /// The provided implementation is a `get` + `compare_and_set` loop; backends that can do it in
+    /// one atomic round trip override it and say so in [`Capabilities::native_set_max`].
+    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
+        check_key(key)?;
+        check_opt_ttl(ttl)?;
+        let new = value.to_string();
+        // Every failed CAS means another writer changed the key, so the loop only spins while
+        // others make progress; the bound turns pathological contention into an error.
+        for _ in 0..SET_MAX_ATTEMPTS {
+            let current = self.get(key).await?;
+            match current {
+                None => {
+                    if self.compare_and_set(key, None, &new, ttl).await? {
+                        return Ok(true);
+                    }
+                }
+                Some(text) => {
+                    if parse_counter(key, &text)? >= value {
+                        return Ok(false);
+                    }
+                    if self.compare_and_set(key, Some(&text), &new, ttl).await? {
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+        Err(Error::Unavailable {
+            backend: self.capabilities().backend,
+            message: format!(
+                "set_max on `{key}` lost {SET_MAX_ATTEMPTS} compare-and-set races in a row"
+            ),
+            source: None,
+        })
+    }
+}
+
+const SET_MAX_ATTEMPTS: usize = 1000;
+
+/// Checks a key: non-empty, at most [`MAX_KEY_LEN`] bytes, no control characters (NUL cannot be
+/// stored by PostgreSQL, and the others are almost certainly a bug). `:`, `{`, `}` and any
+/// printable Unicode are fine.
+pub fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::invalid("key is empty"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::invalid(format!(
+            "key is {} bytes long, more than the limit of {MAX_KEY_LEN}",
+            key.len()
+        )));
+    }
+    if let Some(c) = key.chars().find(|c| c.is_control()) {
+        return Err(Error::invalid(format!(
+            "key contains the control character {c:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a listing prefix: the same rules as [`check_key`] (so it cannot be empty).
+pub fn check_prefix(prefix: &str) -> Result<()> {
+    check_key(prefix).map_err(|e| match e {
+        Error::InvalidArgument { message } => Error::invalid(message.replacen("key", "prefix", 1)),
+        other => other,
+    })
+}
+
+/// Checks a value: at most [`MAX_VALUE_LEN`] bytes and no NUL (PostgreSQL text cannot hold it).
+pub fn check_value(value: &str) -> Result<()> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::invalid(format!(
+            "value is {} bytes long, more than the limit of {MAX_VALUE_LEN}",
+            value.len()
+        )));
+    }
+    if value.contains('\0') {
+        return Err(Error::invalid("value contains a NUL character"));
+    }
+    Ok(())
+}
+
+/// Checks a TTL: at least [`MIN_TTL`] (zero is an error) and at most [`MAX_TTL`].
+pub fn check_ttl(ttl: Duration) -> Result<()> {
+    if ttl.is_zero() {
+        return Err(Error::invalid(
+            "TTL is zero; use None for a key that never expires",
+        ));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::invalid(format!(
+            "TTL of {ttl:?} is longer than the limit of {MAX_TTL:?}; use None for a key that never expires"
+        )));
+    }
+    Ok(())
+}
+
+/// [`check_ttl`] for an optional TTL; `None` (never expires) is always fine.
+pub fn check_opt_ttl(ttl: Option<Duration>) -> Result<()> {
+    ttl.map_or(Ok(()), check_ttl)
+}
+
+/// A TTL in whole milliseconds, rounded up (so 1 µs becomes 1 ms, never 0). Call after
+/// [`check_ttl`].
+pub fn ttl_millis(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+/// Parses a stored counter: decimal text of an `i64`, nothing else (no spaces, no fraction).
+/// Anything else is [`Error::ForeignValue`] naming `key`.
+pub fn parse_counter(key: &str, text: &str) -> Result<i64> {
+    text.parse::<i64>()
+        .map_err(|_| Error::foreign(key, "a decimal integer", text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_checked() {
+        assert!(check_key("hc:{g}:slot:1").is_ok());
+        assert!(check_key("ключ:{群}").is_ok());
+        assert!(check_key(&"k".repeat(MAX_KEY_LEN)).is_ok());
+        assert!(matches!(check_key(""), Err(Error::InvalidArgument { .. })));
+        assert!(check_key(&"k".repeat(MAX_KEY_LEN + 1)).is_err());
+        assert!(check_key("a\nb").is_err());
+        assert!(check_key("a\0b").is_err());
+        let e = check_prefix("").unwrap_err().to_string();
+        assert!(e.contains("prefix is empty"), "{e}");
+    }
+
+    #[test]
+    fn ttls_are_checked_and_rounded_up() {
+        assert!(check_ttl(Duration::ZERO).is_err());
+        assert!(check_ttl(MAX_TTL + Duration::from_secs(1)).is_err());
+        assert!(check_ttl(Duration::from_nanos(1)).is_ok());
+        assert!(check_opt_ttl(None).is_ok());
+        assert_eq!(ttl_millis(Duration::from_nanos(1)), 1);
+        assert_eq!(ttl_millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
+    }
+
+    #[test]
+    fn effective_ttl_rounds_to_granularity_and_minimum() {
+        let mut caps = Capabilities::new("etcd");
+        caps.ttl_granularity = Duration::from_secs(1);
+        caps.min_ttl = Duration::from_secs(2);
+        assert_eq!(
+            caps.effective_ttl(Duration::from_millis(10)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            caps.effective_ttl(Duration::from_millis(2500)),
+            Duration::from_secs(3)
+        );
+        let ms = Capabilities::new("pg");
+        assert_eq!(
+            ms.effective_ttl(Duration::from_micros(10)),
+            Duration::from_millis(1)
+        );
+    }
+
+    #[test]
+    fn counters_parse_strictly() {
+        assert_eq!(parse_counter("k", "42").ok(), Some(42));
+        assert_eq!(parse_counter("k", "-7").ok(), Some(-7));
+        for bad in ["abc", "", " 1", "1.5", "99999999999999999999"] {
+            assert!(
+                matches!(parse_counter("k", bad), Err(Error::ForeignValue { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(check_value("a\0").is_err());
+        assert!(check_value(&"v".repeat(MAX_VALUE_LEN + 1)).is_err());
+    }
+}
