@@ -202,6 +202,21 @@ pub fn check_value(value: &str) -> Result<()> {
     Ok(())
 }
 
+/// The argument checks of [`Store::compare_and_set`]: the key, both values and the TTL.
+pub fn check_cas(
+    key: &str,
+    expected: Option<&str>,
+    new: &str,
+    ttl: Option<Duration>,
+) -> Result<()> {
+    check_key(key)?;
+    if let Some(expected) = expected {
+        check_value(expected)?;
+    }
+    check_value(new)?;
+    check_opt_ttl(ttl)
+}
+
 /// Checks a TTL: at least [`MIN_TTL`] (zero is an error) and at most [`MAX_TTL`].
 pub fn check_ttl(ttl: Duration) -> Result<()> {
     if ttl.is_zero() {
