@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod options;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]

@@ -1,0 +1,184 @@
+//! URL pieces shared by both backends: query strings, percent-decoding and durations.
+//!
+//! Error messages built here name the option and, for our own options, the offending value; they
+//! never echo a whole URL, so a password elsewhere in it cannot leak.
+
+use std::time::Duration;
+
+use headcount_core::{Error, Result};
+
+/// The default operation deadline of both backends.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest deadline accepted. A coordination call that may block for longer than this is
+/// almost certainly a unit mistake, and lease-based recipes would miss every renewal meanwhile.
+pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Percent-decodes `s` into UTF-8 text. `what` names the URL part for the error message, which
+/// never contains `s` itself (it may be part of a password).
+pub(crate) fn decode(s: &str, what: &str) -> Result<String> {
+    let bytes = s.as_bytes();
+    // A `%` not followed by two hex digits is malformed; percent_encoding would pass it through
+    // silently, which hides typos.
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'%' {
+            let ok = bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
+            if !ok {
+                return Err(Error::config(format!(
+                    "malformed percent-escape in the {what} of the URL"
+                )));
+            }
+        }
+    }
+    percent_encoding::percent_decode(bytes)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| Error::config(format!("the {what} of the URL is not valid UTF-8")))
+}
+
+/// Splits a query string into decoded `(key, value)` pairs, in order. Empty segments (`a=1&&b=2`)
+/// are skipped; a segment without `=` is an error. `+` is a literal plus, as in libpq URIs.
+pub(crate) fn parse_query(query: &str) -> Result<Vec<(String, String)>> {
+    let mut pairs = Vec::new();
+    for (n, segment) in query.split('&').enumerate() {
+        if segment.is_empty() {
+            continue;
+        }
+        let Some((key, value)) = segment.split_once('=') else {
+            // The segment itself is not echoed: it could be a mistyped password.
+            return Err(Error::config(format!(
+                "malformed URL query: parameter #{} is not of the form key=value",
+                n + 1
+            )));
+        };
+        let key = decode(key, "query")?;
+        if key.is_empty() {
+            return Err(Error::config(format!(
+                "malformed URL query: parameter #{} has an empty name",
+                n + 1
+            )));
+        }
+        pairs.push((key, decode(value, "query")?));
+    }
+    Ok(pairs)
+}
+
+/// Rejects an option given twice: silently taking the first or the last hides mistakes.
+pub(crate) fn reject_duplicates(pairs: &[(String, String)]) -> Result<()> {
+    for (i, (key, _)) in pairs.iter().enumerate() {
+        if pairs[..i].iter().any(|(k, _)| k == key) {
+            return Err(Error::config(format!(
+                "option `{key}` is given more than once"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Parses a duration option: an integer followed by `ms`, `s`, `m` or `h`; a bare integer means
+/// seconds (as libpq's `connect_timeout`).
+pub(crate) fn parse_duration(option: &str, value: &str) -> Result<Duration> {
+    let bad = || {
+        Error::config(format!(
+            "invalid value for option `{option}`: `{value}` (expected a duration like 500ms, 5s or 2m)"
+        ))
+    };
+    let digits_end = value
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(digits_end);
+    if number.is_empty() {
+        return Err(bad());
+    }
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let millis_per_unit: u64 = match unit {
+        "ms" => 1,
+        "" | "s" => 1000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(bad()),
+    };
+    let millis = n.checked_mul(millis_per_unit).ok_or_else(bad)?;
+    Ok(Duration::from_millis(millis))
+}
+
+/// Parses a deadline option and checks it is positive and at most [`MAX_TIMEOUT`].
+pub(crate) fn parse_deadline(option: &str, value: &str) -> Result<Duration> {
+    let d = parse_duration(option, value)?;
+    check_deadline(option, d)?;
+    Ok(d)
+}
+
+/// Checks a deadline: positive and at most [`MAX_TIMEOUT`].
+pub(crate) fn check_deadline(option: &str, d: Duration) -> Result<()> {
+    if d.is_zero() {
+        return Err(Error::config(format!(
+            "option `{option}` must be positive; a zero deadline would fail every operation"
+        )));
+    }
+    if d > MAX_TIMEOUT {
+        return Err(Error::config(format!(
+            "option `{option}` of {d:?} is longer than the limit of {MAX_TIMEOUT:?}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn durations() {
+        let ok = |v: &str| parse_duration("timeout", v).ok();
+        assert_eq!(ok("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(ok("5s"), Some(Duration::from_secs(5)));
+        assert_eq!(ok("5"), Some(Duration::from_secs(5)));
+        assert_eq!(ok("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(ok("1h"), Some(Duration::from_secs(3600)));
+        for bad in [
+            "",
+            "abc",
+            "5x",
+            "-1s",
+            "1.5s",
+            "s",
+            " 5s",
+            "99999999999999999999h",
+        ] {
+            let e = parse_duration("timeout", bad).unwrap_err().to_string();
+            assert!(e.contains("`timeout`"), "{bad:?}: {e}");
+        }
+        assert!(parse_deadline("timeout", "0s").is_err());
+        assert!(parse_deadline("timeout", "2h").is_err());
+        assert!(parse_deadline("timeout", "1ms").is_ok());
+    }
+
+    #[test]
+    fn queries() {
+        let q = parse_query("a=1&&b=x%20y&c=&d=a+b").unwrap();
+        assert_eq!(
+            q,
+            vec![
+                ("a".into(), "1".into()),
+                ("b".into(), "x y".into()),
+                ("c".into(), "".into()),
+                ("d".into(), "a+b".into()),
+            ]
+        );
+        assert!(parse_query("secret").is_err());
+        assert!(!parse_query("secret")
+            .unwrap_err()
+            .to_string()
+            .contains("secret"));
+        assert!(parse_query("=1").is_err());
+        assert!(parse_query("a=%zz").is_err());
+        assert!(parse_query("a=%").is_err());
+        assert!(parse_query("a=%ff").is_err());
+        assert!(reject_duplicates(&parse_query("a=1&a=2").unwrap()).is_err());
+    }
+}
