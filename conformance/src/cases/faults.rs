@@ -1,0 +1,288 @@
+//! Server faults: killed, paused. These need [`ServerControl`] over a server dedicated to the case.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use headcount::{DynStore, ErrorKind};
+use tokio::time::Instant;
+
+use super::POLL_INTERVAL;
+use crate::{ensure, ensure_eq, CaseResult, Ctx, Failure, ResultExt, ServerControl};
+
+/// How much later than the configured timeout a failing call may return.
+pub const FAULT_SLACK: Duration = Duration::from_secs(1);
+
+/// How long the store may take to work again once the server is back.
+pub const RECOVERY_DEADLINE: Duration = Duration::from_secs(30);
+
+fn control(ctx: &Ctx) -> Result<Arc<dyn ServerControl>, Failure> {
+    ctx.control.clone().ok_or_else(|| {
+        Failure::new("this case needs control of the server (ServerControl), and has none")
+    })
+}
+
+/// One call made while the server went away.
+#[derive(Debug)]
+struct Call {
+    started: Instant,
+    took: Duration,
+    error: Option<(ErrorKind, bool, String)>,
+}
+
+/// Calls `get` in a loop until `stop`, recording every call.
+fn spawn_caller(
+    store: DynStore,
+    key: String,
+    stop: Arc<AtomicBool>,
+    log: Arc<Mutex<Vec<Call>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let result = store.get(&key).await;
+            let call = Call {
+                started,
+                took: started.elapsed(),
+                error: result
+                    .err()
+                    .map(|e| (e.kind(), e.is_retryable(), e.to_string())),
+            };
+            let failed = call.error.is_some();
+            log.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(call);
+            if failed {
+                tokio::time::sleep(POLL_INTERVAL).await;
+            }
+        }
+    })
+}
+
+/// Polls until `op` succeeds on the same store handle, within [`RECOVERY_DEADLINE`].
+async fn recovered(ctx: &Ctx, key: &str) -> Result<Option<String>, Failure> {
+    let deadline = Instant::now() + RECOVERY_DEADLINE;
+    loop {
+        match ctx.store.get(key).await {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                ensure!(
+                    Instant::now() < deadline,
+                    "the store did not work again within {RECOVERY_DEADLINE:?} after the server came back; last error: {e}"
+                );
+                ensure!(
+                    e.is_retryable(),
+                    "while the server came back: a permanent error: {e}"
+                );
+            }
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// With the server killed (SIGKILL) mid-run, calls in flight and new calls fail with a retryable
+/// error within the configured timeout (plus [`FAULT_SLACK`]), and the same store handle works
+/// again once the server is restarted.
+pub async fn server_killed_retryable_then_recovers(ctx: &Ctx) -> CaseResult {
+    let control = control(ctx)?;
+    let result = killed(ctx, &*control).await;
+    // Leave the server running whatever happened, for the cleanup and the next case.
+    let restarted = control.start().await;
+    result?;
+    restarted.during("starting the server again")
+}
+
+async fn killed(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
+    let store = &ctx.store;
+    let bound = control.op_timeout() + FAULT_SLACK;
+    let k = ctx.key("n");
+    ensure_eq!(
+        store.incr(&k, None).await.during("incr before the kill")?,
+        1,
+        "first incr"
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let callers: Vec<_> = (0..4)
+        .map(|_| spawn_caller(store.clone(), k.clone(), stop.clone(), log.clone()))
+        .collect();
+    // Let the callers get going so the kill lands mid-run.
+    let warm = Instant::now() + Duration::from_secs(10);
+    while log.lock().unwrap_or_else(PoisonError::into_inner).len() < 20 && Instant::now() < warm {
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    control.kill().await.during("killing the server")?;
+    let killed_at = Instant::now();
+
+    for op in ["get", "incr", "compare_and_set"] {
+        let started = Instant::now();
+        let result = match op {
+            "get" => store.get(&k).await.map(|_| ()),
+            "incr" => store.incr(&k, None).await.map(|_| ()),
+            _ => store
+                .compare_and_set(&k, Some("1"), "2", None)
+                .await
+                .map(|_| ()),
+        };
+        let took = started.elapsed();
+        match result {
+            Ok(()) => {
+                return Err(Failure::new(format!(
+                    "{op} succeeded with the server killed"
+                )))
+            }
+            Err(e) => ensure!(
+                e.is_retryable(),
+                "{op} with the server killed: a permanent error ({:?}): {e}",
+                e.kind()
+            ),
+        }
+        ensure!(
+            took <= bound,
+            "{op} with the server killed took {took:?}, more than the timeout {:?} + {FAULT_SLACK:?}",
+            control.op_timeout()
+        );
+    }
+
+    // Give the callers a few failing rounds, then stop them; each must end within the bound.
+    while Instant::now() < killed_at + Duration::from_millis(500) {
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        match tokio::time::timeout(bound + Duration::from_secs(1), caller).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(Failure::new(format!("a caller task died: {e}"))),
+            Err(_) => {
+                return Err(Failure::new(format!(
+                    "a get in flight when the server was killed did not return within {bound:?}"
+                )))
+            }
+        }
+    }
+    let calls = std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut after_kill = 0;
+    for call in &calls {
+        if let Some((kind, retryable, msg)) = &call.error {
+            ensure!(
+                *retryable,
+                "a get while the server was killed failed with a permanent error ({kind:?}): {msg}"
+            );
+        } else {
+            ensure!(
+                call.started < killed_at,
+                "a get sent {:?} after the server was killed succeeded",
+                call.started - killed_at
+            );
+        }
+        ensure!(
+            call.took <= bound,
+            "a get while the server was killed took {:?}, more than the timeout {:?} + {FAULT_SLACK:?}",
+            call.took,
+            control.op_timeout()
+        );
+        if call.started >= killed_at {
+            after_kill += 1;
+        }
+    }
+    ensure!(after_kill > 0, "no background call was made after the kill");
+
+    control.start().await.during("starting the server again")?;
+    let v = recovered(ctx, &k).await?;
+    // Whether the increment survived the kill is the server's durability, not the contract:
+    // the handle must simply work, and counting must go on from what is stored.
+    let before: i64 = match v.as_deref() {
+        None => 0,
+        Some(text) => text
+            .parse()
+            .map_err(|_| Failure::new(format!("{k:?} holds {text:?} after the restart")))?,
+    };
+    ensure!(
+        before <= 1,
+        "{k:?} holds {before} after the restart, more than was written"
+    );
+    ensure_eq!(
+        store
+            .incr(&k, None)
+            .await
+            .during("incr after the restart")?,
+        before + 1,
+        "incr after the restart"
+    );
+    Ok(())
+}
+
+/// With the server paused (SIGSTOP on all its processes) longer than the timeout, a call fails
+/// with [`ErrorKind::Timeout`] within the timeout (plus [`FAULT_SLACK`]), and the same handle works
+/// again after SIGCONT.
+pub async fn server_paused_times_out_then_recovers(ctx: &Ctx) -> CaseResult {
+    let control = control(ctx)?;
+    let result = paused(ctx, &*control).await;
+    let resumed = control.resume().await;
+    result?;
+    resumed.during("resuming the server")
+}
+
+async fn paused(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
+    let store = &ctx.store;
+    let timeout = control.op_timeout();
+    let bound = timeout + FAULT_SLACK;
+    let k = ctx.key("n");
+    ensure_eq!(
+        store.incr(&k, None).await.during("incr before the pause")?,
+        1,
+        "first incr"
+    );
+
+    control.pause().await.during("pausing the server")?;
+    let started = Instant::now();
+    let result = store.get(&k).await;
+    let took = started.elapsed();
+    match result {
+        Ok(v) => {
+            return Err(Failure::new(format!(
+                "get returned {v:?} with the server paused"
+            )))
+        }
+        Err(e) => ensure!(
+            e.kind() == ErrorKind::Timeout,
+            "get with the server paused: expected ErrorKind::Timeout, got {:?}: {e}",
+            e.kind()
+        ),
+    }
+    ensure!(
+        took <= bound,
+        "get with the server paused took {took:?}, more than the timeout {timeout:?} + {FAULT_SLACK:?}"
+    );
+    // A second call may need a new connection, which stalls in its handshake instead.
+    let started = Instant::now();
+    let result = store.get(&k).await;
+    let took = started.elapsed();
+    match result {
+        Ok(v) => {
+            return Err(Failure::new(format!(
+                "a second get returned {v:?} with the server paused"
+            )))
+        }
+        Err(e) => ensure!(
+            e.is_retryable(),
+            "a second get with the server paused: a permanent error ({:?}): {e}",
+            e.kind()
+        ),
+    }
+    ensure!(
+        took <= bound,
+        "a second get with the server paused took {took:?}, more than the timeout {timeout:?} + {FAULT_SLACK:?}"
+    );
+
+    control.resume().await.during("resuming the server")?;
+    let v = recovered(ctx, &k).await?;
+    ensure_eq!(v, Some("1".to_owned()), "get after the server resumed");
+    ensure_eq!(
+        store.incr(&k, None).await.during("incr after resume")?,
+        2,
+        "incr after resume"
+    );
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! TTLs on the store's clock, and `expire`.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{expect_expiry, put, wait_until, SHORT_TTL};
+use crate::{ensure, ensure_eq, CaseResult, Ctx, ResultExt};
+
+/// A key written with a TTL is visible to every read that completes before `write_sent + ttl`
+/// and gone for every read sent after `write_completed + ttl + tolerance` (see
+/// [`Ctx::tolerance`]), for a key written by CAS and one created by `incr`.
+pub async fn ttl_on_store_clock(ctx: &Ctx) -> CaseResult {
+    let ttl = Duration::from_secs(1);
+    let by_cas = async {
+        let k = ctx.key("cas");
+        let (sent, done) = put(ctx, &k, "v", Some(ttl)).await?;
+        expect_expiry(ctx, &k, "v", sent, done, ttl).await
+    };
+    let by_incr = async {
+        let k = ctx.key("incr");
+        let sent = Instant::now();
+        let n = ctx.store.incr(&k, Some(ttl)).await.during("incr")?;
+        let done = Instant::now();
+        ensure_eq!(n, 1, "first incr");
+        expect_expiry(ctx, &k, "1", sent, done, ttl).await
+    };
+    let (by_cas, by_incr) = futures::join!(by_cas, by_incr);
+    for (what, seen) in [("CAS", by_cas?), ("incr", by_incr?)] {
+        ensure!(
+            seen.reads_within_ttl > 0,
+            "no read of the {what} key completed within its TTL of {ttl:?}, so nothing showed \
+             the key was visible: the store is too slow for this case"
+        );
+    }
+    Ok(())
+}
+
+/// `expire` on an absent key, and on an expired one, returns false and creates nothing.
+pub async fn expire_absent(ctx: &Ctx) -> CaseResult {
+    let store = &ctx.store;
+    let k = ctx.key("never");
+    ensure_eq!(
+        store
+            .expire(&k, Duration::from_secs(10))
+            .await
+            .during("expire")?,
+        false,
+        "expire on an absent key"
+    );
+    ensure_eq!(
+        store.get(&k).await.during("get")?,
+        None,
+        "get after expire on an absent key"
+    );
+    let k = ctx.key("expired");
+    let (sent, done) = put(ctx, &k, "v", Some(SHORT_TTL)).await?;
+    expect_expiry(ctx, &k, "v", sent, done, SHORT_TTL).await?;
+    ensure_eq!(
+        store
+            .expire(&k, Duration::from_secs(10))
+            .await
+            .during("expire")?,
+        false,
+        "expire on an expired key"
+    );
+    ensure_eq!(
+        store.get(&k).await.during("get")?,
+        None,
+        "get after expire on an expired key"
+    );
+    Ok(())
+}
+
+/// `expire` on a live key returns true and replaces its TTL: it extends a short one, and gives a
+/// key that had none one.
+pub async fn expire_live_extends(ctx: &Ctx) -> CaseResult {
+    let store = &ctx.store;
+    let extend = async {
+        let k = ctx.key("extended");
+        let (_, done) = put(ctx, &k, "a", Some(SHORT_TTL)).await?;
+        ensure_eq!(
+            store
+                .expire(&k, Duration::from_secs(60))
+                .await
+                .during("expire")?,
+            true,
+            "expire(60 s) on a live key"
+        );
+        wait_until(done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+        ensure_eq!(
+            store.get(&k).await.during("get")?,
+            Some("a".to_owned()),
+            "get after the original TTL passed (expire should have extended it)"
+        );
+        Ok(())
+    };
+    let shorten = async {
+        let k = ctx.key("persistent");
+        put(ctx, &k, "b", None).await?;
+        let sent = Instant::now();
+        ensure_eq!(
+            store.expire(&k, SHORT_TTL).await.during("expire")?,
+            true,
+            "expire on a key without TTL"
+        );
+        let done = Instant::now();
+        expect_expiry(ctx, &k, "b", sent, done, SHORT_TTL).await?;
+        Ok(())
+    };
+    let (extend, shorten) = futures::join!(extend, shorten);
+    extend.and(shorten)
+}

@@ -1,0 +1,173 @@
+#![doc = include_str!("../README.md")]
+
+mod case;
+pub mod cases;
+pub mod harness;
+mod suite;
+mod timed;
+
+pub use case::{Case, CaseFn, CaseResult, Ctx, Failure, Needs, ResultExt, ServerControl, CASES};
+pub use suite::{run_suite, CaseReport, Outcome, PrimitiveStats, Report, SuiteOptions};
+pub use timed::Timed;
+
+/// What the macros expand to needs, re-exported so the crate invoking them needs no dependency of
+/// its own on these.
+#[doc(hidden)]
+pub mod __private {
+    pub use futures::future::BoxFuture;
+    pub use tokio;
+}
+
+/// Returns early from a case with a [`Failure`] when `cond` is false.
+///
+/// ```
+/// # use headcount_conformance::{ensure, CaseResult};
+/// fn check(n: i64) -> CaseResult {
+///     ensure!(n > 0, "expected a positive number, got {n}");
+///     Ok(())
+/// }
+/// assert!(check(1).is_ok());
+/// assert!(check(0).unwrap_err().to_string().contains("got 0"));
+/// ```
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return ::core::result::Result::Err($crate::Failure::new(::std::format!($($fmt)+)));
+        }
+    };
+}
+
+/// Returns early from a case with a [`Failure`] naming both values when they differ.
+///
+/// ```
+/// # use headcount_conformance::{ensure_eq, CaseResult};
+/// fn check(got: Option<&str>) -> CaseResult {
+///     ensure_eq!(got, Some("1"), "get after the first incr");
+///     Ok(())
+/// }
+/// let msg = check(Some("2")).unwrap_err().to_string();
+/// assert!(msg.contains("get after the first incr") && msg.contains("\"2\""), "{msg}");
+/// ```
+#[macro_export]
+macro_rules! ensure_eq {
+    ($got:expr, $want:expr, $($fmt:tt)+) => {
+        match (&$got, &$want) {
+            (got, want) => {
+                if *got != *want {
+                    return ::core::result::Result::Err($crate::Failure::new(::std::format!(
+                        "{}: got {:?}, expected {:?}",
+                        ::std::format!($($fmt)+),
+                        got,
+                        want
+                    )));
+                }
+            }
+        }
+    };
+}
+
+/// The single list of cases. Calls the macro named first with the tokens that follow it and then
+/// the list `[ { name, Needs::Variant, "what it proves" }, ... ]`, so everything derived from the
+/// list (the [`CASES`] table, the tests of [`conformance_tests!`]) is generated from this one place.
+///
+/// To add a case: write `pub async fn name(ctx: &Ctx) -> CaseResult` in a module of [`cases`],
+/// re-export it from `cases`, and add a line here.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! for_each_case {
+    ($($callback:ident)::+ ! $($args:tt)*) => {
+        $($callback)::+ ! { $($args)* [
+            { incr_from_absent, Store, "incr on an absent key returns 1, then 2; the value reads back as decimal text" },
+            { incr_from_expired, Store, "incr on an expired key counts from 0 again" },
+            { incr_ttl_set_on_create, Store, "incr sets the TTL only when it creates the key; later incrs (with None or a longer TTL) do not refresh it" },
+            { incr_50x100_exact, Store, "50 concurrent tasks x 100 incr return exactly 1..=5000, no gap, no repeat" },
+            { ttl_on_store_clock, Store, "a key is visible to every read that completes before write_sent + ttl and gone for every read sent after write_completed + ttl + tolerance" },
+            { get_absent, Store, "get of a never-written key, and of a deleted one, is None" },
+            { expire_absent, Store, "expire on an absent or expired key returns false and creates nothing" },
+            { expire_live_extends, Store, "expire on a live key returns true and replaces its TTL: it extends a short one and gives a persistent key one" },
+            { cas_when_absent, Store, "CAS with expected None writes only when the key is absent" },
+            { cas_when_equal, Store, "CAS with the current value writes" },
+            { cas_when_different, Store, "CAS with another value, or with a value on an absent key, writes nothing" },
+            { cas_absent_over_expired, Store, "CAS with expected None succeeds over an expired key; expected = the expired value fails" },
+            { cas_32_concurrent_one_winner, Store, "of 32 concurrent CAS on the same expected value (and on an absent key) exactly one wins, and its value is stored" },
+            { cas_ttl_none_persists, Store, "CAS with ttl None removes a previous expiry: the key outlives the old TTL" },
+            { set_max_from_absent, Store, "set_max on an absent or expired key writes" },
+            { set_max_smaller_equal_larger, Store, "set_max writes only a larger number, and applies its TTL when it writes" },
+            { set_max_concurrent_monotonic, Store, "under concurrent set_max of random values the stored number never goes backwards and ends at the maximum proposed" },
+            { list_live_under_prefix, Store, "list returns exactly the live keys under the prefix with their values, sorted bytewise; expired keys and keys outside are excluded" },
+            { list_prefix_is_literal, Store, "list treats % _ \\ and other pattern characters in the prefix literally" },
+            { delete_live_absent_expired, Store, "delete returns true for a live key (and removes it), false for an absent or expired one" },
+            { foreign_value_typed_error, Store, "incr and set_max over a non-numeric value give ErrorKind::ForeignValue and leave the value unchanged" },
+            { odd_keys_round_trip, Store, "keys with : { } spaces and unicode, of 1 KiB and of MAX_KEY_LEN (4 KiB, incompressible) work with every primitive and listing" },
+            { bad_arguments_rejected, Store, "zero TTL, empty / control-character / oversized keys, oversized or NUL values and an empty prefix give ErrorKind::InvalidArgument and write nothing" },
+            { server_killed_retryable_then_recovers, ServerControl, "with the server killed (SIGKILL) mid-run, calls fail with a retryable error within the timeout, and the same handle works again after a restart" },
+            { server_paused_times_out_then_recovers, ServerControl, "with the server paused (SIGSTOP) longer than the timeout, a call fails with ErrorKind::Timeout within the deadline, and the same handle works again after SIGCONT" },
+        ] }
+    };
+}
+
+/// Expands to a module named `$module` holding one
+/// `#[tokio::test(flavor = "multi_thread", worker_threads = 4)]` per case, each running that case
+/// against `$backend` (a [`harness::Backend`]) through [`harness::run_test`], so a failure names
+/// its case (`postgres::incr_50x100_exact`).
+///
+/// ```ignore
+/// // tests/postgres.rs
+/// headcount_conformance::conformance_tests!(postgres, headcount_conformance::harness::Backend::Postgres);
+/// // tests/sqlite.rs: an embedded store has no server process, so the cases that kill or pause
+/// // one are generated `#[ignore]`d with the reason, visible in the test summary, never passed.
+/// headcount_conformance::conformance_tests!(sqlite, headcount_conformance::harness::Backend::Sqlite, embedded);
+/// ```
+///
+/// A case that cannot run (no server, or it needs control of a server the harness did not start)
+/// prints a `SKIP` line to stderr and passes, unless `HEADCOUNT_REQUIRE_BACKENDS` requires the
+/// backend; see [`harness`].
+#[macro_export]
+macro_rules! conformance_tests {
+    ($module:ident, $backend:expr $(,)?) => {
+        $crate::for_each_case!($crate::__conformance_tests! $module, $backend, server,);
+    };
+    ($module:ident, $backend:expr, embedded $(,)?) => {
+        $crate::for_each_case!($crate::__conformance_tests! $module, $backend, embedded,);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($module:ident, $backend:expr, $kind:ident, [$({ $name:ident, $needs:ident, $about:literal },)*]) => {
+        mod $module {
+            $(
+                $crate::__conformance_test! { $needs, $kind,
+                    #[doc = $about]
+                    #[$crate::__private::tokio::test(
+                        crate = "::headcount_conformance::__private::tokio",
+                        flavor = "multi_thread",
+                        worker_threads = 4
+                    )]
+                    async fn $name() {
+                        if let ::core::result::Result::Err(message) =
+                            $crate::harness::run_test($backend, ::core::stringify!($name)).await
+                        {
+                            ::core::panic!("{message}");
+                        }
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// Emits one test, `#[ignore]`d when it needs a server process and the backend is embedded.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_test {
+    (ServerControl, embedded, $($test:tt)*) => {
+        #[ignore = "embedded store: there is no server process to kill or pause (headcount-sql tests a held lock timing out instead)"]
+        $($test)*
+    };
+    ($needs:ident, $kind:ident, $($test:tt)*) => {
+        $($test)*
+    };
+}
