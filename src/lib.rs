@@ -31,6 +31,50 @@ pub async fn connect(url: &str) -> Result<DynStore> {
     }
 }
 
+/// `url` with any password replaced by `***`, for logs, errors and output: both the
+/// `user:password@` part of the authority and `password=` query parameters.
+///
+/// ```
+/// assert_eq!(
+///     headcount::redact_url("postgres://app:s3cret@db:5432/hc?sslmode=require&password=x"),
+///     "postgres://app:***@db:5432/hc?sslmode=require&password=***"
+/// );
+/// assert_eq!(headcount::redact_url("sqlite://headcount.db"), "sqlite://headcount.db");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let (head, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => return redact_query(url),
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let authority = match authority.rfind('@') {
+        Some(at) => {
+            let (userinfo, hosts) = authority.split_at(at);
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***{hosts}"),
+                None => authority.to_owned(),
+            }
+        }
+        None => authority.to_owned(),
+    };
+    format!("{head}{authority}{}", redact_query(tail))
+}
+
+fn redact_query(s: &str) -> String {
+    let Some((path, query)) = s.split_once('?') else {
+        return s.to_owned();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.to_ascii_lowercase().contains("pass") => format!("{k}=***"),
+            _ => kv.to_owned(),
+        })
+        .collect();
+    format!("{path}?{}", params.join("&"))
+}
+
 /// The scheme of a store URL, lower-cased, without touching (or echoing) the rest.
 fn scheme_of(url: &str) -> Result<String> {
     let Some((scheme, _)) = url.split_once(':') else {
@@ -96,6 +140,53 @@ mod tests {
             let err = connect(url).await.unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
             assert!(!err.to_string().contains("secret"), "{err}");
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn sqlite_urls_dispatch_to_sqlite() {
+        let store = connect("sqlite::memory:").await.expect("in-memory sqlite");
+        assert_eq!(store.capabilities().backend, "sqlite");
+        assert_eq!(store.incr("hc:{t}:n", None).await.ok(), Some(1));
+        let err = connect("sqlite://").await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn bad_postgres_urls_are_config_errors_without_the_password() {
+        for url in [
+            "postgres://u:hunter2@localhost:notaport/db",
+            "postgresql://u:hunter2@/db",
+            "postgres://u:hunter2@h/db?timeout=abc",
+            "postgres://u:hunter2@h/db?timeout=0s",
+            "postgres://u:hunter2@h/db?nonsense=1",
+        ] {
+            let err = connect(url).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+            assert!(!format!("{err:?}").contains("hunter2"), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn redaction_hides_every_password_form() {
+        for (url, want) in [
+            ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+            (
+                "redis+cluster://u:pw@a:1,b:2",
+                "redis+cluster://u:***@a:1,b:2",
+            ),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            ("postgres://u:p@ss@h/db", "postgres://u:***@h/db"),
+            (
+                "postgresql:///db?user=u&password=pw",
+                "postgresql:///db?user=u&password=***",
+            ),
+            ("sqlite::memory:", "sqlite::memory:"),
+        ] {
+            assert_eq!(redact_url(url), want);
         }
     }
 

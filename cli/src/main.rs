@@ -1,0 +1,193 @@
+//! The `headcount` command line.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use headcount::{redact_url, Error};
+use headcount_conformance::{Outcome, Report, SuiteOptions};
+
+/// The store used when neither `--store` nor `HEADCOUNT_STORE` is given.
+const DEFAULT_STORE: &str = "sqlite://headcount.db";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "headcount",
+    version,
+    about = "Replica index, count and work ownership over the store you already run"
+)]
+struct Cli {
+    /// Store URL: sqlite://path.db, sqlite:///abs/path.db, sqlite::memory:, postgres://user:pass@host:port/db
+    #[arg(long, global = true, env = "HEADCOUNT_STORE", default_value = DEFAULT_STORE, hide_env_values = true)]
+    store: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the store conformance suite against the store and print a pass/fail table with the
+    /// p50/p99 latency of each primitive.
+    Conformance {
+        /// Print one JSON object per case and per primitive (JSON lines) instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Run only the cases whose name contains this text.
+        #[arg(long)]
+        filter: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    // Logs on stderr; stdout is reserved for the command's output.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+/// Prints one line on stderr and returns the usage/connection error status.
+fn fail(message: &str) -> ExitCode {
+    eprintln!("headcount: error: {message}");
+    ExitCode::from(2)
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Error> {
+    match cli.command {
+        Command::Conformance { json, filter } => conformance(&cli.store, json, filter).await,
+    }
+}
+
+async fn conformance(url: &str, json: bool, filter: Option<String>) -> Result<ExitCode, Error> {
+    let store = headcount::connect(url).await?;
+    if !json {
+        let caps = store.capabilities();
+        println!("store: {} ({})", redact_url(url), caps.backend);
+    }
+    let report = headcount_conformance::run_suite(
+        store,
+        SuiteOptions {
+            filter,
+            ..SuiteOptions::default()
+        },
+    )
+    .await;
+    if json {
+        print_json(&report);
+    } else {
+        print_table(&report);
+    }
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn print_json(report: &Report) {
+    for case in &report.cases {
+        let (outcome, detail) = outcome_parts(&case.outcome);
+        let line = serde_json::json!({
+            "type": "case",
+            "case": case.name,
+            "outcome": outcome,
+            "detail": detail,
+            "ms": millis(case.duration),
+        });
+        println!("{line}");
+    }
+    for p in &report.latency {
+        let line = serde_json::json!({
+            "type": "latency",
+            "primitive": p.primitive,
+            "calls": p.calls,
+            "p50_us": p.p50.as_micros(),
+            "p99_us": p.p99.as_micros(),
+        });
+        println!("{line}");
+    }
+    let (passed, failed, skipped) = counts(report);
+    println!(
+        "{}",
+        serde_json::json!({"type": "summary", "passed": passed, "failed": failed, "skipped": skipped})
+    );
+}
+
+fn print_table(report: &Report) {
+    let width = report
+        .cases
+        .iter()
+        .map(|c| c.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    println!();
+    println!("{:<width$}  {:<6}  {:>9}  detail", "case", "result", "time");
+    for case in &report.cases {
+        let (outcome, detail) = outcome_parts(&case.outcome);
+        println!(
+            "{:<width$}  {:<6}  {:>7.1}ms  {}",
+            case.name,
+            outcome,
+            millis(case.duration),
+            detail.unwrap_or("")
+        );
+    }
+    println!();
+    println!(
+        "{:<16}  {:>7}  {:>10}  {:>10}",
+        "primitive", "calls", "p50", "p99"
+    );
+    for p in &report.latency {
+        println!(
+            "{:<16}  {:>7}  {:>8.3}ms  {:>8.3}ms",
+            p.primitive,
+            p.calls,
+            millis(p.p50),
+            millis(p.p99)
+        );
+    }
+    let (passed, failed, skipped) = counts(report);
+    println!();
+    println!("{passed} passed, {failed} failed, {skipped} skipped");
+}
+
+fn outcome_parts(outcome: &Outcome) -> (&'static str, Option<&str>) {
+    match outcome {
+        Outcome::Passed => ("pass", None),
+        Outcome::Failed(why) => ("FAIL", Some(why.as_str())),
+        Outcome::Skipped(why) => ("skip", Some(why.as_str())),
+    }
+}
+
+fn counts(report: &Report) -> (usize, usize, usize) {
+    let mut c = (0, 0, 0);
+    for case in &report.cases {
+        match case.outcome {
+            Outcome::Passed => c.0 += 1,
+            Outcome::Failed(_) => c.1 += 1,
+            Outcome::Skipped(_) => c.2 += 1,
+        }
+    }
+    c
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
