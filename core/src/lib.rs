@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod assign;
 pub mod clock;
 pub mod error;
 pub mod keys;

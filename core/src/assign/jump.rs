@@ -1,0 +1,185 @@
+//! Jump consistent hash with RavenDB's failover re-hash (article 002).
+
+use super::{combine_hash, jump_consistent_hash, AssignError, Assignor, AssignorKind, Topology};
+
+/// Jump consistent hash over all slots, live or dead, with the failover loop of RavenDB
+/// (Oren Eini, "Distributed Task Assignment With Failover"):
+///
+/// ```text
+/// topology = local copy of the slots
+/// loop:
+///     index = JumpConsistentHash(key, topology.Count)
+///     if topology[index] is live: return it
+///     remove topology[index]
+///     key = CombineHash(key, topology.Count)      // the count after the removal
+/// ```
+///
+/// The listing as the article prints it shows no removal line, but its text says the dead node
+/// is removed and the key re-hashed "with the new number of nodes", which is what this does. The loop ends because
+/// each turn removes a dead slot and at least one slot is live ([`Assignor::build`] checks).
+///
+/// Properties (each checked by the property tests):
+/// - a key whose jump slot is live stays there, so with every slot live this is exactly
+///   [`jump_consistent_hash`]: max/avg load close to 1 and, on an appended slot, only the
+///   `1/(n+1)` keys it takes move;
+/// - a dead slot's keys re-hash over all remaining slots, so they spread evenly over the
+///   survivors rather than falling onto a neighbour;
+/// - the result is a pure function of (slot count, live set): when one slot dies, only its keys
+///   move; when a dead slot comes back, only keys that go to it move.
+///
+/// Not minimal: changing the slot count while other slots are dead (appending a slot, or
+/// dropping dead slots off the end as [`Topology::from_live_slots`] does) changes the re-hash of
+/// every key that met a dead slot. Keep the slot count fixed, or fill dead slots before growing
+/// it (a group claims the lowest free slot, which does exactly that).
+///
+/// No allocation per lookup unless a single key meets more than 32 dead slots in a row, which
+/// needs more than 32 dead slots and then happens with probability about `(dead/slots)^32`.
+/// Refuses unequal weights.
+#[derive(Debug, Clone)]
+pub struct JumpFailover {
+    topology: Topology,
+    slots: u32,
+}
+
+impl Assignor for JumpFailover {
+    fn build(topology: &Topology) -> Result<Self, AssignError> {
+        topology.require_live()?;
+        topology.require_uniform("jump")?;
+        Ok(JumpFailover {
+            topology: topology.clone(),
+            slots: topology.slot_count(),
+        })
+    }
+
+    fn kind(&self) -> AssignorKind {
+        AssignorKind::JumpFailover
+    }
+
+    fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    #[inline]
+    fn owner(&self, key: u64) -> u32 {
+        let live = self.topology.live_flags();
+        let first = jump_consistent_hash(key, self.slots);
+        if live[first as usize] {
+            return first;
+        }
+        self.failover(key, first, live)
+    }
+}
+
+impl JumpFailover {
+    #[cold]
+    fn failover(&self, mut key: u64, first: u32, live: &[bool]) -> u32 {
+        let mut removed = Removed::new();
+        let mut count = self.slots;
+        let mut slot = first;
+        loop {
+            removed.insert(slot);
+            count -= 1;
+            if count == 0 {
+                // Unreachable: live slots are never removed and there is one. Answer something
+                // valid rather than loop or panic.
+                return self.topology.live_slots().next().unwrap_or(0);
+            }
+            key = combine_hash(key, u64::from(count));
+            let index = jump_consistent_hash(key, count);
+            slot = removed.nth_kept(index);
+            if live[slot as usize] {
+                return slot;
+            }
+        }
+    }
+}
+
+const INLINE: usize = 32;
+
+/// The slots removed from the local copy of the topology, ascending: inline up to [`INLINE`],
+/// on the heap beyond.
+struct Removed {
+    inline: [u32; INLINE],
+    len: usize,
+    spill: Vec<u32>,
+}
+
+impl Removed {
+    fn new() -> Self {
+        Removed {
+            inline: [0; INLINE],
+            len: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    fn as_slice(&self) -> &[u32] {
+        if self.spill.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spill
+        }
+    }
+
+    fn insert(&mut self, slot: u32) {
+        if self.spill.is_empty() && self.len < INLINE {
+            let at = self.inline[..self.len].partition_point(|&s| s < slot);
+            self.inline.copy_within(at..self.len, at + 1);
+            self.inline[at] = slot;
+            self.len += 1;
+        } else {
+            if self.spill.is_empty() {
+                self.spill.extend_from_slice(&self.inline[..self.len]);
+            }
+            let at = self.spill.partition_point(|&s| s < slot);
+            self.spill.insert(at, slot);
+        }
+    }
+
+    /// The slot at position `index` of the local copy: the `index`-th slot, counting from 0, that
+    /// has not been removed.
+    fn nth_kept(&self, index: u32) -> u32 {
+        let mut slot = index;
+        for &r in self.as_slice() {
+            if r <= slot {
+                slot += 1;
+            } else {
+                break;
+            }
+        }
+        slot
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removed_spills_and_stays_sorted() {
+        let mut r = Removed::new();
+        for s in (0..100u32).rev().step_by(2) {
+            r.insert(s);
+        }
+        let v = r.as_slice().to_vec();
+        let mut sorted = v.clone();
+        sorted.sort_unstable();
+        assert_eq!(v, sorted);
+        assert_eq!(v.len(), 50);
+        // Removed: the odd numbers 1..=99; kept: the even ones.
+        assert_eq!(r.nth_kept(0), 0);
+        assert_eq!(r.nth_kept(1), 2);
+        assert_eq!(r.nth_kept(49), 98);
+        assert_eq!(r.nth_kept(50), 100);
+    }
+
+    #[test]
+    fn almost_every_slot_dead_still_terminates_on_the_live_one() {
+        let topology = Topology::from_live(200, [137]).unwrap();
+        let a = JumpFailover::build(&topology).unwrap();
+        for key in 0..2000u64 {
+            assert_eq!(a.owner(crate::assign::hash_u64(key)), 137);
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The assignor report: balance, movement and lookup time for each assignor at several group
+//! sizes, as the table in `docs/assignors.md`.
+//!
+//! `cargo bench -p headcount-core --bench assign_report` prints it (with `-- --keys N` for
+//! another key count); a CLI can call [`report`] and [`markdown`] the same way. The movement
+//! figures are exact counts over the key sample, so they are the same on every run and machine;
+//! only the lookup times depend on the machine.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use super::{hash_u64, AssignError, AssignorKind, Topology};
+
+/// The group sizes of the report: 3, 10, 100 and 1000 members.
+pub const MEMBERS: [u32; 4] = [3, 10, 100, 1000];
+
+/// The report's key count: one million.
+pub const KEYS: usize = 1_000_000;
+
+/// One assignor at one group size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportRow {
+    /// The assignor.
+    pub assignor: AssignorKind,
+    /// Live members (slots `0..members`).
+    pub members: u32,
+    /// Keys in the sample: `hash_u64(0..keys)`.
+    pub keys: usize,
+    /// The most loaded member's keys over the average.
+    pub max_over_avg: f64,
+    /// Fraction of keys that change owner when member `members` joins.
+    pub join_moved: f64,
+    /// The least a join can move: `1 / (members + 1)`.
+    pub join_optimum: f64,
+    /// Fraction of keys that move on the join but not to the newcomer: 0 when minimal.
+    pub join_excess: f64,
+    /// Fraction of keys that change owner when the middle member (`members / 2`) dies.
+    pub death_moved: f64,
+    /// The least a death can move: `1 / members`.
+    pub death_optimum: f64,
+    /// Fraction of keys that move on the death but were not the dead member's: 0 when minimal.
+    pub death_excess: f64,
+    /// Of the dead member's keys, the share of the survivor that takes the most, over the fair
+    /// share `1 / (members - 1)`; `None` with a single member. Only meaningful when
+    /// [`heir_fair_keys`](Self::heir_fair_keys) is large: with a few keys per heir it mostly
+    /// measures the sample.
+    pub heir_max_over_fair: Option<f64>,
+    /// The dead member's keys per survivor: the fair share in keys.
+    pub heir_fair_keys: f64,
+    /// Mean time per lookup over the sample, in nanoseconds, in whatever build runs the report.
+    pub lookup_ns: f64,
+}
+
+/// Measures `assignor` with `members` members over `keys` keys.
+pub fn measure(
+    assignor: AssignorKind,
+    members: u32,
+    keys: usize,
+) -> Result<ReportRow, AssignError> {
+    let sample: Vec<u64> = (0..keys as u64).map(hash_u64).collect();
+    let base = Topology::new(members)?;
+    let mut joined = base.clone();
+    let newcomer = joined.push_slot()?;
+    let dying = members / 2;
+    let mut died = base.clone();
+    died.set_dead(dying)?;
+
+    let before = assignor.build(&base)?;
+    let start = Instant::now();
+    let owners: Vec<u32> = sample.iter().map(|&k| before.owner(black_box(k))).collect();
+    let lookup_ns = start.elapsed().as_nanos() as f64 / keys.max(1) as f64;
+
+    let mut load = vec![0usize; members as usize];
+    for &o in &owners {
+        load[o as usize] += 1;
+    }
+    let avg = keys as f64 / f64::from(members.max(1));
+    let max_over_avg = load.iter().copied().max().unwrap_or(0) as f64 / avg;
+
+    let after_join = assignor.build(&joined)?;
+    let (mut join_moved, mut join_excess) = (0usize, 0usize);
+    for (&k, &o) in sample.iter().zip(&owners) {
+        let n = after_join.owner(k);
+        if n != o {
+            join_moved += 1;
+            if n != newcomer {
+                join_excess += 1;
+            }
+        }
+    }
+
+    let (mut death_moved, mut death_excess) = (0usize, 0usize);
+    let mut heirs = vec![0usize; members as usize];
+    if died.live_count() > 0 {
+        let after_death = assignor.build(&died)?;
+        for (&k, &o) in sample.iter().zip(&owners) {
+            let n = after_death.owner(k);
+            if n != o {
+                death_moved += 1;
+                if o != dying {
+                    death_excess += 1;
+                }
+            }
+            if o == dying {
+                heirs[n as usize] += 1;
+            }
+        }
+    }
+    let inherited: usize = heirs.iter().sum();
+    let heir_fair_keys = if members > 1 {
+        inherited as f64 / f64::from(members - 1)
+    } else {
+        0.0
+    };
+    let heir_max_over_fair = (members > 1 && inherited > 0)
+        .then(|| heirs.iter().copied().max().unwrap_or(0) as f64 / heir_fair_keys);
+
+    let frac = |n: usize| n as f64 / keys.max(1) as f64;
+    Ok(ReportRow {
+        assignor,
+        members,
+        keys,
+        max_over_avg,
+        join_moved: frac(join_moved),
+        join_optimum: 1.0 / f64::from(members + 1),
+        join_excess: frac(join_excess),
+        death_moved: frac(death_moved),
+        death_optimum: 1.0 / f64::from(members.max(1)),
+        death_excess: frac(death_excess),
+        heir_max_over_fair,
+        heir_fair_keys,
+        lookup_ns,
+    })
+}
+
+/// Every assignor at each of `members`, over `keys` keys.
+pub fn report(members: &[u32], keys: usize) -> Result<Vec<ReportRow>, AssignError> {
+    let mut rows = Vec::new();
+    for &n in members {
+        for kind in AssignorKind::ALL {
+            rows.push(measure(kind, n, keys)?);
+        }
+    }
+    Ok(rows)
+}
+
+/// The rows as a Markdown table.
+pub fn markdown(rows: &[ReportRow]) -> String {
+    let mut out = String::from(
+        "| assignor | n | max/avg | join: moved | ÷ 1/(n+1) | not to newcomer | death: moved | ÷ 1/n | not the dead one's | top heir ÷ fair (fair, in keys) | ns/lookup |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        let heir = r.heir_max_over_fair.map_or_else(
+            || "–".to_owned(),
+            |h| {
+                let digits = if r.heir_fair_keys < 100.0 { 1 } else { 0 };
+                format!("{h:.2} (fair {:.*})", digits, r.heir_fair_keys)
+            },
+        );
+        out.push_str(&format!(
+            "| {} | {} | {:.4} | {:.4}% | {:.3} | {:.4}% | {:.4}% | {:.3} | {:.4}% | {} | {:.1} |\n",
+            r.assignor,
+            r.members,
+            r.max_over_avg,
+            100.0 * r.join_moved,
+            r.join_moved / r.join_optimum,
+            100.0 * r.join_excess,
+            100.0 * r.death_moved,
+            r.death_moved / r.death_optimum,
+            100.0 * r.death_excess,
+            heir,
+            r.lookup_ns,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_report_runs_and_is_sane() {
+        let rows = report(&[3, 10], 20_000).unwrap();
+        assert_eq!(rows.len(), 10);
+        for r in &rows {
+            assert!(r.max_over_avg >= 1.0);
+            if r.assignor != AssignorKind::Modulo {
+                assert_eq!(r.join_excess, 0.0, "{r:?}");
+                assert_eq!(r.death_excess, 0.0, "{r:?}");
+            }
+        }
+        let table = markdown(&rows);
+        assert_eq!(table.lines().count(), 12);
+        assert!(table.contains("| memento | 10 |"));
+    }
+
+    #[test]
+    fn a_single_member_report_has_no_heirs() {
+        let r = measure(AssignorKind::Memento, 1, 100).unwrap();
+        assert_eq!(r.heir_max_over_fair, None);
+        assert_eq!(r.death_moved, 0.0);
+    }
+}
