@@ -8,6 +8,8 @@ pub use headcount_core::*;
 /// |---|---|---|
 /// | `sqlite://relative/path.db`, `sqlite:///absolute/path.db`, `sqlite::memory:` | embedded SQLite | `sqlite` (default) |
 /// | `postgres://…`, `postgresql://…` | PostgreSQL | `postgres` |
+/// | `redis://…`, `rediss://…`, `redis+cluster://…`, `rediss+cluster://…` | Redis, Redis Cluster | `redis` |
+/// | `etcd://…`, `etcds://…` | etcd | `etcd` |
 ///
 /// A scheme whose feature is not compiled in gives [`Error::FeatureDisabled`] naming the feature;
 /// an unknown scheme or a malformed URL gives [`Error::InvalidConfig`]. Error messages never
@@ -17,16 +19,10 @@ pub async fn connect(url: &str) -> Result<DynStore> {
     match scheme.as_str() {
         "sqlite" => connect_sqlite(url).await,
         "postgres" | "postgresql" => connect_postgres(url).await,
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => Err(Error::FeatureDisabled {
-            scheme,
-            feature: "redis",
-        }),
-        "etcd" | "etcds" => Err(Error::FeatureDisabled {
-            scheme,
-            feature: "etcd",
-        }),
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => connect_redis(url, scheme).await,
+        "etcd" | "etcds" => connect_etcd(url, scheme).await,
         _ => Err(Error::config(format!(
-            "unknown store scheme `{scheme}`: expected sqlite, postgres or postgresql"
+            "unknown store scheme `{scheme}`: expected sqlite, postgres, postgresql, redis, rediss, redis+cluster, rediss+cluster, etcd or etcds"
         ))),
     }
 }
@@ -124,6 +120,36 @@ async fn connect_postgres(url: &str) -> Result<DynStore> {
     })
 }
 
+#[cfg(feature = "redis")]
+async fn connect_redis(url: &str, _scheme: String) -> Result<DynStore> {
+    Ok(std::sync::Arc::new(
+        headcount_redis::RedisStore::connect(url).await?,
+    ))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn connect_redis(_url: &str, scheme: String) -> Result<DynStore> {
+    Err(Error::FeatureDisabled {
+        scheme,
+        feature: "redis",
+    })
+}
+
+#[cfg(feature = "etcd")]
+async fn connect_etcd(url: &str, _scheme: String) -> Result<DynStore> {
+    Ok(std::sync::Arc::new(
+        headcount_etcd::EtcdStore::connect(url).await?,
+    ))
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn connect_etcd(_url: &str, scheme: String) -> Result<DynStore> {
+    Err(Error::FeatureDisabled {
+        scheme,
+        feature: "etcd",
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,13 +216,54 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn bad_redis_urls_are_config_errors_without_the_password() {
+        for url in [
+            "redis://:hunter2@localhost:notaport",
+            "redis://u:hunter2@h/x",
+            "rediss+cluster://u:hunter2@a:1/3",
+            "redis://u:hunter2@h?timeout=0s",
+        ] {
+            let err = connect(url).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
+            assert!(!format!("{err} {err:?}").contains("hunter2"), "{err:?}");
+        }
+        // Nothing listens on port 1: retryable, and still no password.
+        let err = connect("redis://:hunter2@127.0.0.1:1?timeout=1s")
+            .await
+            .unwrap_err();
+        assert!(err.is_retryable(), "{err}");
+        assert!(!format!("{err} {err:?}").contains("hunter2"), "{err:?}");
+    }
+
+    #[cfg(feature = "etcd")]
+    #[tokio::test]
+    async fn bad_etcd_urls_are_config_errors_without_the_password() {
+        for url in [
+            "etcd://u:hunter2@localhost:notaport",
+            "etcd://u:hunter2@h/path",
+            "etcd://u:hunter2@h?cacert=/x.pem",
+            "etcds://u:hunter2@h?bogus=1",
+        ] {
+            let err = connect(url).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
+            assert!(!format!("{err} {err:?}").contains("hunter2"), "{err:?}");
+        }
+    }
+
     #[tokio::test]
     async fn disabled_backends_name_their_feature() {
-        for (url, feature) in [
+        #[allow(unused_mut)]
+        let mut disabled: Vec<(&str, &str)> = Vec::new();
+        #[cfg(not(feature = "redis"))]
+        disabled.extend([
             ("redis://127.0.0.1:6379", "redis"),
             ("redis+cluster://a:1,b:2", "redis"),
-            ("etcd://127.0.0.1:2379", "etcd"),
-        ] {
+        ]);
+        #[cfg(not(feature = "etcd"))]
+        disabled.push(("etcd://127.0.0.1:2379", "etcd"));
+        for (url, feature) in disabled {
             match connect(url).await {
                 Err(Error::FeatureDisabled { feature: f, .. }) => assert_eq!(f, feature),
                 other => panic!("{url}: {other:?}"),

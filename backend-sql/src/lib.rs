@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod options;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]

@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use headcount_core::store::{
-    check_cas, check_key, check_opt_ttl, check_prefix, check_ttl, ttl_millis,
+    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_ttl, ttl_millis,
 };
 use headcount_core::{Capabilities, Error, Result, Store};
 use tokio_postgres::types::ToSql;
@@ -43,6 +43,7 @@ struct Statements {
     exists: String,
     create: String,
     incr: String,
+    incr_and_get: String,
     get: String,
     expire: String,
     cas_update: String,
@@ -94,6 +95,23 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                    value = CASE WHEN {live} THEN ({stored_int} + 1)::text ELSE '1' END,
                    expires_at = CASE WHEN {live} THEN cur.expires_at ELSE EXCLUDED.expires_at END
                  RETURNING cur.value::bigint"
+            ),
+            // One statement: the CTE increments, the outer query reads the other key. The read
+            // sees the snapshot the statement started with (READ COMMITTED), which is a point
+            // between sending the request and its reply.
+            incr_and_get: format!(
+                "WITH i AS (
+                   INSERT INTO {t} AS cur (key, value, expires_at) VALUES ($1, $3::bigint::text, {new_expiry})
+                   ON CONFLICT (key_hash) DO UPDATE SET
+                     value = CASE WHEN {live} THEN ({stored_int} + $3::bigint)::text ELSE EXCLUDED.value END,
+                     expires_at = CASE WHEN {live} THEN cur.expires_at ELSE EXCLUDED.expires_at END
+                   RETURNING cur.value::bigint AS v
+                 )
+                 SELECT i.v, (SELECT g.value FROM {t} AS g
+                              WHERE g.key_hash = {get_hash}
+                                AND (g.expires_at IS NULL OR g.expires_at > now()))
+                 FROM i",
+                get_hash = hash("$4::text"),
             ),
             get: format!("SELECT cur.value FROM {t} AS cur WHERE {by_key} AND {live}"),
             expire: format!(
@@ -484,6 +502,7 @@ impl Store for PostgresStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(BACKEND);
         caps.native_set_max = true;
+        caps.native_incr_and_get = true;
         caps
     }
 
@@ -599,6 +618,41 @@ impl Store for PostgresStore {
             .await?;
         self.note_write();
         Ok(!rows.is_empty())
+    }
+
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        check_incr_and_get(incr_key, by, ttl, get_key)?;
+        let ttl_ms = ttl.map(ttl_millis);
+        let rows = self
+            .inner
+            .query(
+                "incr_and_get",
+                &self.inner.sql.incr_and_get,
+                &[&incr_key, &ttl_ms, &by, &get_key],
+                Some(incr_key),
+            )
+            .await?;
+        self.note_write();
+        let row = rows.first().ok_or_else(|| {
+            Error::rejected(
+                BACKEND,
+                "incr_and_get returned no row",
+                "INSERT ... RETURNING gave nothing",
+            )
+        })?;
+        let value: i64 = row
+            .try_get(0)
+            .map_err(|e| Error::rejected(BACKEND, format!("unexpected result column: {e}"), e))?;
+        let read: Option<String> = row
+            .try_get(1)
+            .map_err(|e| Error::rejected(BACKEND, format!("unexpected result column: {e}"), e))?;
+        Ok((value, read))
     }
 }
 

@@ -16,14 +16,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use headcount_core::store::{
-    check_cas, check_key, check_opt_ttl, check_prefix, check_ttl, parse_counter, ttl_millis,
+    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_ttl,
+    parse_counter, ttl_millis,
 };
 use headcount_core::{Capabilities, Error, Result, Store};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::oneshot;
 
-use crate::options::{
+use headcount_core::url::{
     check_deadline, parse_deadline, parse_duration, parse_query, reject_duplicates,
     DEFAULT_TIMEOUT, MAX_TIMEOUT,
 };
@@ -162,7 +163,7 @@ fn parse_url(url: &str) -> Result<(Location, SqliteOptions)> {
     let location = if path == ":memory:" {
         Location::Memory
     } else {
-        let path = crate::options::decode(path, "path")?;
+        let path = headcount_core::url::decode(path, "path")?;
         if path.is_empty() {
             return Err(Error::config(
                 "SQLite URL has no file path: expected sqlite://relative/path.db, sqlite:///absolute/path.db or sqlite::memory:",
@@ -375,9 +376,23 @@ fn open_connection(location: &Location, options: &SqliteOptions) -> Result<Conne
         .map_err(opening)?;
     // WAL lets readers proceed while a writer commits, and makes `synchronous=NORMAL` safe from
     // corruption. The first statement is also where SQLite notices a file that is not a database.
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
-        .map_err(opening)?;
+    // Several processes opening a fresh file at once race to switch it to WAL, and SQLite does
+    // not call the busy handler for that switch: retry it until the deadline.
+    let deadline = std::time::Instant::now() + options.timeout;
+    let mode: String = loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)) {
+            Ok(mode) => break mode,
+            Err(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(opening(e)),
+        }
+    };
     if matches!(location, Location::File(_)) && !mode.eq_ignore_ascii_case("wal") {
         tracing::warn!(
             database = %location,
@@ -561,26 +576,55 @@ fn incr(conn: &mut Connection, key: &str, ttl_ms: Option<i64>) -> Result<i64> {
         .sql()?;
     // Read the clock after taking the write lock, so a long wait for it cannot make us judge
     // liveness (or set an expiry) at a stale instant.
-    let now = now_ms();
-    let next = match live_value(&tx, key, now)? {
+    let next = add_to_counter(&tx, key, 1, ttl_ms, now_ms())?;
+    tx.commit().sql()?;
+    Ok(next)
+}
+
+/// Adds `by` to the counter at `key` inside the caller's write transaction, judging liveness at
+/// `now`; a live key keeps its expiry, a missing or expired one is created with `ttl_ms`.
+fn add_to_counter(
+    tx: &Connection,
+    key: &str,
+    by: i64,
+    ttl_ms: Option<i64>,
+    now: i64,
+) -> Result<i64> {
+    match live_value(tx, key, now)? {
         Some(text) => {
-            let next = parse_counter(key, &text)?
-                .checked_add(1)
-                .ok_or_else(|| Error::foreign(key, "a decimal integer below i64::MAX", &text))?;
-            // A live key keeps its expiry.
+            let next = parse_counter(key, &text)?.checked_add(by).ok_or_else(|| {
+                Error::foreign(key, "a decimal integer that stays within an i64", &text)
+            })?;
             tx.prepare_cached(&format!("UPDATE {TABLE} SET value = ?2 WHERE key = ?1"))
                 .sql()?
                 .execute(params![key, next.to_string()])
                 .sql()?;
-            next
+            Ok(next)
         }
         None => {
-            upsert(&tx, key, "1", expiry(now, ttl_ms))?;
-            1
+            upsert(tx, key, &by.to_string(), expiry(now, ttl_ms))?;
+            Ok(by)
         }
-    };
+    }
+}
+
+/// [`Store::incr_and_get`] in one `BEGIN IMMEDIATE` transaction: the read sees the database as
+/// of the increment.
+fn incr_and_get(
+    conn: &mut Connection,
+    key: &str,
+    by: i64,
+    ttl_ms: Option<i64>,
+    get_key: &str,
+) -> Result<(i64, Option<String>)> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .sql()?;
+    let now = now_ms();
+    let next = add_to_counter(&tx, key, by, ttl_ms, now)?;
+    let read = live_value(&tx, get_key, now)?;
     tx.commit().sql()?;
-    Ok(next)
+    Ok((next, read))
 }
 
 fn set_max(conn: &mut Connection, key: &str, value: i64, ttl_ms: Option<i64>) -> Result<bool> {
@@ -707,6 +751,7 @@ impl Store for SqliteStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(BACKEND);
         caps.native_set_max = true;
+        caps.native_incr_and_get = true;
         caps.shared = self.inner.location != Location::Memory;
         caps
     }
@@ -773,6 +818,23 @@ impl Store for SqliteStore {
         let ttl_ms = ttl.map(ttl_millis);
         self.call("set_max", move |conn| set_max(conn, &key, value, ttl_ms))
             .await
+    }
+
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        check_incr_and_get(incr_key, by, ttl, get_key)?;
+        let key = incr_key.to_owned();
+        let get_key = get_key.to_owned();
+        let ttl_ms = ttl.map(ttl_millis);
+        self.call("incr_and_get", move |conn| {
+            incr_and_get(conn, &key, by, ttl_ms, &get_key)
+        })
+        .await
     }
 }
 

@@ -1,5 +1,9 @@
 //! The `headcount` command line.
 
+mod demo;
+mod run;
+mod util;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -18,8 +22,9 @@ const DEFAULT_STORE: &str = "sqlite://headcount.db";
 )]
 struct Cli {
     /// Store URL: sqlite://path.db, sqlite:///abs/path.db, sqlite::memory:, postgres://user:pass@host:port/db
-    #[arg(long, global = true, env = "HEADCOUNT_STORE", default_value = DEFAULT_STORE, hide_env_values = true)]
-    store: String,
+    /// [default: sqlite://headcount.db; `demo` uses a fresh file in a temp dir]
+    #[arg(long, global = true, env = "HEADCOUNT_STORE", hide_env_values = true)]
+    store: Option<String>,
 
     #[command(subcommand)]
     command: Command,
@@ -27,6 +32,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Join a group and print one JSON line per change of index, replicas or phase; SIGINT or
+    /// SIGTERM leaves the group and exits.
+    Run(run::RunArgs),
+    /// Peers join in stages, scale up, one leaves, one crashes, while task ids flow to them;
+    /// prints progress on stderr and a summary (processed, duplicates, lost, convergence).
+    Demo(demo::DemoArgs),
     /// Run the store conformance suite against the store and print a pass/fail table with the
     /// p50/p99 latency of each primitive.
     Conformance {
@@ -69,8 +80,16 @@ fn fail(message: &str) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
+    let store = cli.store.as_deref();
     match cli.command {
-        Command::Conformance { json, filter } => conformance(&cli.store, json, filter).await,
+        Command::Conformance { json, filter } => {
+            conformance(store.unwrap_or(DEFAULT_STORE), json, filter).await
+        }
+        Command::Run(args) => {
+            let store = headcount::connect(store.unwrap_or(DEFAULT_STORE)).await?;
+            run::run(store, args).await
+        }
+        Command::Demo(args) => demo::demo(store, args).await,
     }
 }
 

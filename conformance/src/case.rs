@@ -75,6 +75,24 @@ pub trait ServerControl: Send + Sync + fmt::Debug {
 
     /// Continues every process of the server with SIGCONT.
     async fn resume(&self) -> io::Result<()>;
+
+    /// Cuts the network between the store and the server (the harness's TCP proxy): drops
+    /// every open connection and blackholes new ones. The server keeps running. The default
+    /// says the control has no proxy.
+    async fn cut(&self) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this server control has no proxy to cut the connection with",
+        ))
+    }
+
+    /// Lets traffic pass again after [`ServerControl::cut`].
+    async fn heal(&self) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this server control has no proxy to cut the connection with",
+        ))
+    }
 }
 
 /// Everything a case gets: the store, its own key prefix, and server control for fault cases.
@@ -169,6 +187,10 @@ pub enum Needs {
     /// Control of the server's processes ([`ServerControl`]) on a server dedicated to the case,
     /// so killing or pausing it disturbs no other case. Only the test harness provides it.
     ServerControl,
+    /// Control of one member of a replicated cluster dedicated to the case (the etcd cluster):
+    /// [`ServerControl`]'s kill, start, pause and resume act on that member alone. Only the test
+    /// harness provides it, and only for cluster backends that survive losing a member.
+    ClusterMember,
 }
 
 /// A case's entry point: a plain function returning the case's boxed future.

@@ -101,8 +101,16 @@ macro_rules! for_each_case {
             { foreign_value_typed_error, Store, "incr and set_max over a non-numeric value give ErrorKind::ForeignValue and leave the value unchanged" },
             { odd_keys_round_trip, Store, "keys with : { } spaces and unicode, of 1 KiB and of MAX_KEY_LEN (4 KiB, incompressible) work with every primitive and listing" },
             { bad_arguments_rejected, Store, "zero TTL, empty / control-character / oversized keys, oversized or NUL values and an empty prefix give ErrorKind::InvalidArgument and write nothing" },
+            { incr_and_get_fused, Store, "incr_and_get adds to one counter and reads another: incr's semantics (from 0, TTL on create, ForeignValue leaves the value), the other key's value as stored, distinct values under 20 concurrent callers" },
+            { interval_article_timeline, Store, "interval indexer: seed 001's timeline (A, B in interval 1, C in interval 3, 30 s): the article's increments, seed 000's pairs, heartbeats list the live peers" },
+            { interval_skewed_peers_converge, Store, "interval indexer: 5 peers with clocks up to a quarter interval apart reach indices 1..=5 and replicas 5 within two intervals of the last join" },
+            { interval_scale_exactly_once, Store, "interval indexer: scaling 3 -> 5 -> 2 with 10,000 task ids per interval offered to every peer, the safe transition processes every id exactly once" },
+            { interval_weighted_capacity, Store, "interval indexer: a peer of capacity 2 owns twice the tasks of a peer of capacity 1, and together they own each task once" },
+            { interval_bad_input_and_outage, Store, "interval indexer: bad intervals, groups and capacities are InvalidArgument, a foreign counter is ForeignValue; through an outage a peer keeps its last pair, reports the fault, stops owning when it expires, and recovers" },
             { server_killed_retryable_then_recovers, ServerControl, "with the server killed (SIGKILL) mid-run, calls fail with a retryable error within the timeout, and the same handle works again after a restart" },
             { server_paused_times_out_then_recovers, ServerControl, "with the server paused (SIGSTOP) longer than the timeout, a call fails with ErrorKind::Timeout within the deadline, and the same handle works again after SIGCONT" },
+            { cluster_member_killed_keeps_serving, ClusterMember, "with one member of a 3-member cluster killed (SIGKILL), every operation keeps succeeding within the timeout, counters stay exact, and the member rejoins after a restart" },
+            { connection_cut_retryable_then_recovers, ServerControl, "with the connection cut by a TCP proxy (open connections dropped, new ones blackholed) while the server runs, calls fail with a retryable error within the timeout, and the same handle works again when traffic passes" },
         ] }
     };
 }
@@ -130,6 +138,9 @@ macro_rules! conformance_tests {
     };
     ($module:ident, $backend:expr, embedded $(,)?) => {
         $crate::for_each_case!($crate::__conformance_tests! $module, $backend, embedded,);
+    };
+    ($module:ident, $backend:expr, cluster $(,)?) => {
+        $crate::for_each_case!($crate::__conformance_tests! $module, $backend, cluster,);
     };
 }
 
@@ -159,12 +170,22 @@ macro_rules! __conformance_tests {
     };
 }
 
-/// Emits one test, `#[ignore]`d when it needs a server process and the backend is embedded.
+/// Emits one test, `#[ignore]`d (with the reason, visible in the test summary) when the backend
+/// cannot give what the case needs: no server process for an embedded store, no redundant member
+/// outside a `cluster` backend.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_test {
     (ServerControl, embedded, $($test:tt)*) => {
         #[ignore = "embedded store: there is no server process to kill or pause (headcount-sql tests a held lock timing out instead)"]
+        $($test)*
+    };
+    (ClusterMember, embedded, $($test:tt)*) => {
+        #[ignore = "embedded store: there is no cluster whose member could be killed"]
+        $($test)*
+    };
+    (ClusterMember, server, $($test:tt)*) => {
+        #[ignore = "no redundant member to lose: a single server, or a Redis Cluster without replicas (etcd_cluster runs this case)"]
         $($test)*
     };
     ($needs:ident, $kind:ident, $($test:tt)*) => {

@@ -113,9 +113,8 @@ pub async fn run_suite(store: DynStore, opts: SuiteOptions) -> Report {
         .iter()
         .filter(|c| opts.filter.as_deref().is_none_or(|f| c.name.contains(f)))
         .collect();
-    let (faults, plain): (Vec<&Case>, Vec<&Case>) = selected
-        .iter()
-        .partition(|c| c.needs == Needs::ServerControl);
+    let (faults, plain): (Vec<&Case>, Vec<&Case>) =
+        selected.iter().partition(|c| c.needs != Needs::Store);
 
     let shared: DynStore = Arc::new(timed.clone());
     let mut cases: Vec<CaseReport> = futures::stream::iter(plain)
@@ -124,7 +123,13 @@ pub async fn run_suite(store: DynStore, opts: SuiteOptions) -> Report {
         .collect()
         .await;
     for case in faults {
-        let report = match &opts.control {
+        // A server control kills or pauses the whole server: the member-loss case needs one
+        // member of a cluster instead, which only the test harness sets up.
+        let control = opts
+            .control
+            .as_ref()
+            .filter(|_| case.needs == Needs::ServerControl);
+        let report = match control {
             Some(control) => {
                 run_one(
                     case,
@@ -136,11 +141,14 @@ pub async fn run_suite(store: DynStore, opts: SuiteOptions) -> Report {
             }
             None => CaseReport {
                 name: case.name,
-                outcome: Outcome::Skipped(
-                    "needs control of the server process (kill -9, SIGSTOP); runs in headcount's \
-                     own test harness, which starts a server for it"
+                outcome: Outcome::Skipped(match case.needs {
+                    Needs::ClusterMember => "needs control of one member of a 3-member cluster; \
+                         runs in headcount's own test harness, which starts a cluster for it"
                         .into(),
-                ),
+                    _ => "needs control of the server process (kill -9, SIGSTOP, a TCP proxy); \
+                          runs in headcount's own test harness, which starts a server for it"
+                        .into(),
+                }),
                 duration: Duration::ZERO,
             },
         };

@@ -8,10 +8,11 @@ use async_trait::async_trait;
 use headcount::{Capabilities, DynStore, Result, Store};
 
 /// Wraps a store and records the latency of every primitive call (successful or not), by
-/// primitive name: `incr`, `get`, `expire`, `compare_and_set`, `delete`, `list`, `set_max`.
+/// primitive name: `incr`, `get`, `expire`, `compare_and_set`, `delete`, `list`, `set_max`,
+/// `incr_and_get`.
 ///
-/// `set_max` is forwarded to the inner store's own `set_max`, so a native one-round-trip override
-/// is measured as such.
+/// `set_max` and `incr_and_get` are forwarded to the inner store's own methods, so a native
+/// one-round-trip override is measured as such.
 #[derive(Debug, Clone)]
 pub struct Timed {
     inner: DynStore,
@@ -99,5 +100,19 @@ impl Store for Timed {
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
         self.time("set_max", self.inner.set_max(key, value, ttl))
             .await
+    }
+
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        self.time(
+            "incr_and_get",
+            self.inner.incr_and_get(incr_key, by, ttl, get_key),
+        )
+        .await
     }
 }

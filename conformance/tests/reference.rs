@@ -253,9 +253,8 @@ async fn every_case_passes_on_the_reference_store() {
             Outcome::Passed => {}
             Outcome::Skipped(why) => {
                 let needs = Case::find(case.name).map(|c| c.needs);
-                assert_eq!(
-                    needs,
-                    Some(headcount_conformance::Needs::ServerControl),
+                assert!(
+                    needs.is_some_and(|n| n != headcount_conformance::Needs::Store),
                     "{} skipped: {why}",
                     case.name
                 );

@@ -20,6 +20,16 @@ pub trait Clock: Send + Sync + Debug + 'static {
 
     /// Waits until [`monotonic`](Clock::monotonic) has advanced by at least `d`.
     async fn sleep(&self, d: Duration);
+
+    /// Waits until [`monotonic`](Clock::monotonic) reads at least `deadline`. The provided
+    /// method sleeps for the difference; [`ManualClock`] waits for the deadline itself, so an
+    /// advance between computing it and sleeping cannot push it later.
+    async fn sleep_until(&self, deadline: Duration) {
+        let now = self.monotonic();
+        if deadline > now {
+            self.sleep(deadline - now).await;
+        }
+    }
 }
 
 /// The real clocks: [`SystemTime::now`], [`Instant`] and `tokio::time::sleep`.
@@ -126,10 +136,65 @@ impl Clock for ManualClock {
 
     async fn sleep(&self, d: Duration) {
         let deadline = self.monotonic() + d;
+        self.sleep_until(deadline).await;
+    }
+
+    async fn sleep_until(&self, deadline: Duration) {
         let mut rx = self.tick.subscribe();
         // `wait_for` checks the current value first, so an advance between reading the deadline
         // and subscribing is not missed. The sender lives in `self`, so it cannot close under us.
         let _ = rx.wait_for(|mono| *mono >= deadline).await;
+    }
+}
+
+/// A clock whose wall time is another clock's plus a fixed offset (either way), as on a machine
+/// whose clock is off: the monotonic clock and sleeps are the inner clock's. Tests use it over a
+/// shared [`ManualClock`] to give each peer a skewed view of one timeline.
+#[derive(Debug, Clone)]
+pub struct OffsetClock<C> {
+    inner: C,
+    ahead: Duration,
+    behind: Duration,
+}
+
+impl<C: Clock> OffsetClock<C> {
+    /// `inner`'s time shifted `ahead` into the future.
+    pub fn ahead(inner: C, ahead: Duration) -> Self {
+        OffsetClock {
+            inner,
+            ahead,
+            behind: Duration::ZERO,
+        }
+    }
+
+    /// `inner`'s time shifted `behind` into the past.
+    pub fn behind(inner: C, behind: Duration) -> Self {
+        OffsetClock {
+            inner,
+            ahead: Duration::ZERO,
+            behind,
+        }
+    }
+}
+
+#[async_trait]
+impl<C: Clock> Clock for OffsetClock<C> {
+    fn now(&self) -> SystemTime {
+        let now = self.inner.now();
+        let t = now.checked_add(self.ahead).unwrap_or(now);
+        t.checked_sub(self.behind).unwrap_or(SystemTime::UNIX_EPOCH)
+    }
+
+    fn monotonic(&self) -> Duration {
+        self.inner.monotonic()
+    }
+
+    async fn sleep(&self, d: Duration) {
+        self.inner.sleep(d).await;
+    }
+
+    async fn sleep_until(&self, deadline: Duration) {
+        self.inner.sleep_until(deadline).await;
     }
 }
 
@@ -158,6 +223,20 @@ mod tests {
             clock.now(),
             SystemTime::UNIX_EPOCH + Duration::from_secs(1_010)
         );
+    }
+
+    #[test]
+    fn offset_clocks_shift_only_the_wall_clock() {
+        let clock = ManualClock::at_unix_secs(100);
+        let fast = OffsetClock::ahead(clock.clone(), Duration::from_secs(5));
+        let slow = OffsetClock::behind(clock.clone(), Duration::from_secs(7));
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(
+            fast.now(),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(106)
+        );
+        assert_eq!(slow.now(), SystemTime::UNIX_EPOCH + Duration::from_secs(94));
+        assert_eq!(fast.monotonic(), clock.monotonic());
     }
 
     #[test]

@@ -4,9 +4,11 @@ pub mod assign;
 pub mod clock;
 pub mod error;
 pub mod keys;
+pub mod recipes;
 pub mod store;
+pub mod url;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use keys::{validate_group, validate_prefix, Keyspace, DEFAULT_PREFIX};
 pub use store::{Capabilities, Store};

@@ -49,6 +49,9 @@ pub struct Capabilities {
     /// Whether several processes (possibly on several machines) can share this store. False for
     /// `sqlite::memory:`.
     pub shared: bool,
+    /// Whether [`Store::incr_and_get`] is one atomic round trip (true) or the two calls of the
+    /// provided method (false).
+    pub native_incr_and_get: bool,
 }
 
 impl Capabilities {
@@ -61,6 +64,7 @@ impl Capabilities {
             min_ttl: Duration::from_millis(1),
             native_set_max: false,
             shared: true,
+            native_incr_and_get: false,
         }
     }
 
@@ -155,6 +159,98 @@ pub trait Store: Send + Sync + Debug + 'static {
             source: None,
         })
     }
+
+    /// Atomically adds `by` (at least 1) to the counter at `incr_key` and reads `get_key` (which
+    /// must be a different key): returns the new counter value and the value at `get_key`, or
+    /// `None` when it is absent or expired. The interval indexer's tick: draw an index in this
+    /// interval and read the previous interval's count, in one round trip.
+    ///
+    /// The increment follows [`Store::incr`]: a missing or expired key counts from 0, `ttl` is
+    /// applied when the key is created, a value that is not a decimal `i64` (or would overflow)
+    /// is [`Error::ForeignValue`] naming `incr_key` and nothing is written. The value at `get_key`
+    /// is returned as stored, whatever its shape: parsing it is the caller's business.
+    ///
+    /// The provided implementation makes two calls (`incr`, then `get`; for `by > 1` a
+    /// `get` + `compare_and_set` loop, which re-applies `ttl` on every write instead of only on
+    /// creation), so the read is not atomic with the increment. Backends that can do both in one
+    /// atomic round trip (one transaction, one statement, one script) override it and say so in
+    /// [`Capabilities::native_incr_and_get`]; their read sees the store as of the increment.
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        check_incr_and_get(incr_key, by, ttl, get_key)?;
+        let value = if by == 1 {
+            self.incr(incr_key, ttl).await?
+        } else {
+            incr_by_cas(self, incr_key, by, ttl).await?
+        };
+        let read = self.get(get_key).await?;
+        Ok((value, read))
+    }
+}
+
+/// The increment-by-`by` of the provided [`Store::incr_and_get`]: a `get` + `compare_and_set`
+/// loop, bounded like [`Store::set_max`]'s.
+async fn incr_by_cas<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    by: i64,
+    ttl: Option<Duration>,
+) -> Result<i64> {
+    for _ in 0..SET_MAX_ATTEMPTS {
+        let current = store.get(key).await?;
+        let (expected, next) = match &current {
+            None => (None, by),
+            Some(text) => {
+                let now = parse_counter(key, text)?;
+                let next = now.checked_add(by).ok_or_else(|| {
+                    Error::foreign(key, "a decimal integer that stays within an i64", text)
+                })?;
+                (Some(text.as_str()), next)
+            }
+        };
+        if store
+            .compare_and_set(key, expected, &next.to_string(), ttl)
+            .await?
+        {
+            return Ok(next);
+        }
+    }
+    Err(Error::Unavailable {
+        backend: store.capabilities().backend,
+        message: format!(
+            "incr_and_get on `{key}` lost {SET_MAX_ATTEMPTS} compare-and-set races in a row"
+        ),
+        source: None,
+    })
+}
+
+/// The argument checks of [`Store::incr_and_get`]: both keys, `by >= 1`, the TTL, and two
+/// different keys.
+pub fn check_incr_and_get(
+    incr_key: &str,
+    by: i64,
+    ttl: Option<Duration>,
+    get_key: &str,
+) -> Result<()> {
+    check_key(incr_key)?;
+    check_key(get_key)?;
+    check_opt_ttl(ttl)?;
+    if by < 1 {
+        return Err(Error::invalid(format!(
+            "incr_and_get adds {by}; it must add at least 1"
+        )));
+    }
+    if incr_key == get_key {
+        return Err(Error::invalid(
+            "incr_and_get needs two different keys (use incr to read back the new value)",
+        ));
+    }
+    Ok(())
 }
 
 const SET_MAX_ATTEMPTS: usize = 1000;

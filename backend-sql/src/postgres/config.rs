@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use headcount_core::{Error, Result};
 
-use crate::options::{decode, parse_deadline, parse_query, reject_duplicates, DEFAULT_TIMEOUT};
+use headcount_core::url::{
+    decode, parse_deadline, parse_port, parse_query, reject_duplicates, split_host_port,
+    DEFAULT_TIMEOUT,
+};
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "headcount_kv";
@@ -221,6 +224,9 @@ impl PostgresConfig {
 }
 
 /// A bad-URL error. Never given raw authority text.
+/// How this crate's URL is named in error messages.
+const URL_KIND: &str = "PostgreSQL URL";
+
 fn bad(message: impl fmt::Display) -> Error {
     Error::config(format!("invalid PostgreSQL URL: {message}"))
 }
@@ -268,10 +274,10 @@ fn parse(url: &str) -> Result<PostgresConfig> {
     let mut ports = Vec::new();
     if !hostspec.is_empty() {
         for chunk in hostspec.split(',') {
-            let (host, port) = split_host_port(chunk)?;
+            let (host, port) = split_host_port(chunk, URL_KIND)?;
             hosts.push(decode(host, "host")?);
             ports.push(match port {
-                Some(p) => parse_port(p)?,
+                Some(p) => parse_port(p, URL_KIND)?,
                 None => 5432,
             });
         }
@@ -315,7 +321,7 @@ fn parse(url: &str) -> Result<PostgresConfig> {
             "port" => {
                 ports = value
                     .split(',')
-                    .map(parse_port)
+                    .map(|p| parse_port(p, URL_KIND))
                     .collect::<Result<Vec<_>>>()?;
             }
             "user" => user = Some(value),
@@ -391,38 +397,6 @@ fn parse(url: &str) -> Result<PostgresConfig> {
         ssl_mode,
         ssl_root_cert,
     })
-}
-
-/// Splits `host`, `host:port` or `[v6]:port`. Error messages do not echo the text: a password
-/// with an unencoded `/` or `@` ends up here.
-fn split_host_port(chunk: &str) -> Result<(&str, Option<&str>)> {
-    if let Some(rest) = chunk.strip_prefix('[') {
-        let Some((host, after)) = rest.split_once(']') else {
-            return Err(bad("unterminated `[` in an IPv6 host"));
-        };
-        return match after {
-            "" => Ok((host, None)),
-            _ => match after.strip_prefix(':') {
-                Some(port) => Ok((host, Some(port))),
-                None => Err(bad("unexpected text after an IPv6 host")),
-            },
-        };
-    }
-    Ok(match chunk.split_once(':') {
-        Some((host, port)) => (host, Some(port)),
-        None => (chunk, None),
-    })
-}
-
-fn parse_port(text: &str) -> Result<u16> {
-    match text.parse::<u16>() {
-        Ok(p) if p > 0 && text.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
-        // The text is not echoed (see split_host_port); special characters in a password must be
-        // percent-encoded, which is the usual cause.
-        _ => Err(bad(
-            "bad port: expected a number from 1 to 65535 (percent-encode special characters in the user name and password)",
-        )),
-    }
 }
 
 fn parse_pool_size(value: &str) -> Result<usize> {

@@ -286,3 +286,142 @@ async fn paused(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
     );
     Ok(())
 }
+
+/// With the connection cut by the harness's TCP proxy (every open connection dropped, new ones
+/// blackholed) while the server keeps running, calls fail with a retryable error within the
+/// timeout (plus [`FAULT_SLACK`]), and the same handle works again once traffic passes.
+pub async fn connection_cut_retryable_then_recovers(ctx: &Ctx) -> CaseResult {
+    let control = control(ctx)?;
+    let result = cut(ctx, &*control).await;
+    let healed = control.heal().await;
+    result?;
+    healed.during("letting traffic through the proxy again")
+}
+
+async fn cut(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
+    let store = &ctx.store;
+    let timeout = control.op_timeout();
+    let bound = timeout + FAULT_SLACK;
+    let k = ctx.key("n");
+    ensure_eq!(
+        store.incr(&k, None).await.during("incr before the cut")?,
+        1,
+        "first incr"
+    );
+    control
+        .cut()
+        .await
+        .during("cutting the connection at the proxy")?;
+    // Only calls that change nothing: a request held by the blackhole may still reach the
+    // server after the heal, as after a real partition.
+    for op in ["get", "compare_and_set", "list", "get again"] {
+        let started = Instant::now();
+        let result = match op {
+            "compare_and_set" => store
+                .compare_and_set(&k, Some("not the value"), "x", None)
+                .await
+                .map(|_| ()),
+            "list" => store.list(&ctx.prefix).await.map(|_| ()),
+            _ => store.get(&k).await.map(|_| ()),
+        };
+        let took = started.elapsed();
+        match result {
+            Ok(()) => {
+                return Err(Failure::new(format!(
+                    "{op} succeeded with the connection cut"
+                )))
+            }
+            Err(e) => ensure!(
+                e.is_retryable(),
+                "{op} with the connection cut: a permanent error ({:?}): {e}",
+                e.kind()
+            ),
+        }
+        ensure!(
+            took <= bound,
+            "{op} with the connection cut took {took:?}, more than the timeout {timeout:?} + {FAULT_SLACK:?}"
+        );
+    }
+    control
+        .heal()
+        .await
+        .during("letting traffic through the proxy again")?;
+    let v = recovered(ctx, &k).await?;
+    ensure_eq!(v, Some("1".to_owned()), "get after the heal");
+    ensure_eq!(
+        store.incr(&k, None).await.during("incr after the heal")?,
+        2,
+        "incr after the heal"
+    );
+    Ok(())
+}
+
+/// With one member of a 3-member cluster killed (SIGKILL), every operation keeps succeeding
+/// within the timeout (plus [`FAULT_SLACK`]) and counters stay exact; after a restart the member
+/// rejoins and operations still succeed.
+pub async fn cluster_member_killed_keeps_serving(ctx: &Ctx) -> CaseResult {
+    let control = control(ctx)?;
+    let result = member_killed(ctx, &*control).await;
+    let restarted = control.start().await;
+    result?;
+    restarted.during("starting the member again")
+}
+
+async fn member_killed(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
+    let store = &ctx.store;
+    let bound = control.op_timeout() + FAULT_SLACK;
+    let k = ctx.key("n");
+    let c = ctx.key("c");
+    ensure_eq!(
+        store.incr(&k, None).await.during("incr before the kill")?,
+        1,
+        "first incr"
+    );
+    control.kill().await.during("killing one member")?;
+    let mut expected = 1;
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut round = 0;
+    while Instant::now() < until || round < 5 {
+        round += 1;
+        let started = Instant::now();
+        expected += 1;
+        ensure_eq!(
+            store
+                .incr(&k, None)
+                .await
+                .during(format!("incr #{round} with a member killed"))?,
+            expected,
+            "incr #{round} with a member killed"
+        );
+        let value = round.to_string();
+        let previous = (round > 1).then(|| (round - 1).to_string());
+        ensure!(
+            store
+                .compare_and_set(&c, previous.as_deref(), &value, None)
+                .await
+                .during(format!("compare_and_set #{round} with a member killed"))?,
+            "compare_and_set #{round} with a member killed did not write"
+        );
+        let listed = store
+            .list(&ctx.prefix)
+            .await
+            .during(format!("list #{round} with a member killed"))?;
+        ensure_eq!(listed.len(), 2, "keys listed in round {round}");
+        let took = started.elapsed();
+        ensure!(
+            took <= bound * 3,
+            "round {round} (incr, compare_and_set, list) with a member killed took {took:?}"
+        );
+    }
+    control.start().await.during("starting the member again")?;
+    expected += 1;
+    ensure_eq!(
+        store
+            .incr(&k, None)
+            .await
+            .during("incr after the restart")?,
+        expected,
+        "incr after the member restarted"
+    );
+    Ok(())
+}

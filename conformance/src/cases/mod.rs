@@ -11,6 +11,7 @@
 mod cas;
 mod counters;
 mod faults;
+pub mod interval;
 mod keys;
 mod listing;
 mod set_max;
@@ -19,6 +20,10 @@ mod ttl;
 pub use cas::*;
 pub use counters::*;
 pub use faults::*;
+pub use interval::{
+    incr_and_get_fused, interval_article_timeline, interval_bad_input_and_outage,
+    interval_scale_exactly_once, interval_skewed_peers_converge, interval_weighted_capacity,
+};
 pub use keys::*;
 pub use listing::*;
 pub use set_max::*;

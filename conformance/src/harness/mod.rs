@@ -2,14 +2,17 @@
 //!
 //! For each backend, in order:
 //!
-//! 1. `HEADCOUNT_TEST_<BACKEND>_URL` (`HEADCOUNT_TEST_POSTGRES_URL`, `HEADCOUNT_TEST_SQLITE_URL`)
-//!    when set: the tests use that store, and the fault cases (which must kill the server) are
-//!    skipped.
+//! 1. `HEADCOUNT_TEST_<BACKEND>_URL` (`HEADCOUNT_TEST_POSTGRES_URL`, `…_SQLITE_URL`,
+//!    `…_REDIS_URL`, `…_REDIS_CLUSTER_URL`, `…_ETCD_URL`, `…_ETCD_CLUSTER_URL`) when set: the
+//!    tests use that store, and the fault cases (which must kill the server) are skipped.
 //! 2. Else the server binary (PostgreSQL's `initdb` and `postgres`, from PATH or
-//!    `/usr/lib/postgresql/*/bin`, or only from `HEADCOUNT_TEST_POSTGRES_BIN_DIR` when set),
-//!    started on a free loopback port in a temp dir, as the `postgres` user when the tests run as
-//!    root. One shared server per backend per test process, started on first use; each fault case
-//!    gets a server of its own. SQLite needs no server: a file in a temp dir.
+//!    `/usr/lib/postgresql/*/bin`, or only from `HEADCOUNT_TEST_POSTGRES_BIN_DIR` when set, run
+//!    as the `postgres` user when the tests run as root; `redis-server` and `redis-cli`; `etcd`),
+//!    started on free loopback ports in a temp dir: one server, or for the cluster backends a
+//!    3-primary Redis Cluster (`redis-cli --cluster create`) or a 3-member etcd cluster. One
+//!    shared store per backend per test process, started on first use; each fault case gets one
+//!    of its own, reached through a TCP proxy ([`Proxy`]) so it can also cut the connection.
+//!    SQLite needs no server: a file in a temp dir.
 //! 3. Else, with the `containers` feature and a reachable Docker engine, a container
 //!    (testcontainers).
 //! 4. Else the test prints `SKIP <backend>::<case>: <what to install>` to stderr and passes,
@@ -19,8 +22,10 @@
 //! Servers the harness starts die with the test process: they are spawned from one long-lived
 //! thread with `PR_SET_PDEATHSIG`, and an exit hook stops them and removes their directories.
 
+mod kv_servers;
 mod postgres;
 mod process;
+mod proxy;
 mod sqlite;
 
 #[cfg(feature = "containers")]
@@ -32,8 +37,10 @@ use std::time::Duration;
 
 use crate::{Case, Ctx, Needs, ServerControl};
 
+pub use kv_servers::{KvControl, KvServer, KvStore};
 pub use postgres::{find_bin_dir as find_postgres_bin_dir, PgControl, PgServer};
 pub use process::cleanup;
+pub use proxy::{Proxied, Proxy, Upstream};
 
 /// The per-operation deadline (the URL's `timeout` option) of the store a fault case gets: the
 /// cases expect each call to fail within it once the server is killed or paused.
@@ -54,6 +61,14 @@ pub enum Backend {
     Sqlite,
     /// PostgreSQL: a server started from its binaries.
     Postgres,
+    /// Redis: one `redis-server`.
+    Redis,
+    /// Redis Cluster: three `redis-server` primaries joined by `redis-cli --cluster create`.
+    RedisCluster,
+    /// etcd: one member.
+    Etcd,
+    /// etcd: a cluster of three members.
+    EtcdCluster,
 }
 
 /// Why the harness cannot give a case the store it needs.
@@ -94,6 +109,10 @@ impl Backend {
         match self {
             Backend::Sqlite => "sqlite",
             Backend::Postgres => "postgres",
+            Backend::Redis => "redis",
+            Backend::RedisCluster => "redis_cluster",
+            Backend::Etcd => "etcd",
+            Backend::EtcdCluster => "etcd_cluster",
         }
     }
 
@@ -115,6 +134,8 @@ impl Backend {
         let on = match self {
             Backend::Sqlite => cfg!(feature = "sqlite"),
             Backend::Postgres => cfg!(feature = "postgres"),
+            Backend::Redis | Backend::RedisCluster => cfg!(feature = "redis"),
+            Backend::Etcd | Backend::EtcdCluster => cfg!(feature = "etcd"),
         };
         if on {
             Ok(())
@@ -142,12 +163,78 @@ impl Backend {
                     .await
                     .map_err(|e| Unavailable::Failed(format!("starting PostgreSQL: {e}")))?
             }
+            Backend::Redis | Backend::RedisCluster | Backend::Etcd | Backend::EtcdCluster => {
+                static REDIS: OnceLock<Result<String, Unavailable>> = OnceLock::new();
+                static REDIS_CLUSTER: OnceLock<Result<String, Unavailable>> = OnceLock::new();
+                static ETCD: OnceLock<Result<String, Unavailable>> = OnceLock::new();
+                static ETCD_CLUSTER: OnceLock<Result<String, Unavailable>> = OnceLock::new();
+                let (cell, start): (_, fn() -> Result<KvStore, Unavailable>) = match self {
+                    Backend::Redis => (&REDIS, || KvStore::redis(None)),
+                    Backend::RedisCluster => {
+                        (&REDIS_CLUSTER, || KvStore::redis_cluster(None, None))
+                    }
+                    Backend::Etcd => (&ETCD, || KvStore::etcd(1, None)),
+                    _ => (&ETCD_CLUSTER, || KvStore::etcd(3, None)),
+                };
+                let name = self.name();
+                tokio::task::spawn_blocking(move || cell.get_or_init(|| shared_kv(start)).clone())
+                    .await
+                    .map_err(|e| Unavailable::Failed(format!("starting {name}: {e}")))?
+            }
         }
     }
 
-    /// A store on a server started for one case alone, with control over its processes; for the
-    /// fault cases.
+    /// A store on a server started for one case alone, with control over its processes and a
+    /// TCP proxy between the store and the server ([`ServerControl::cut`]); for the fault cases.
     pub async fn dedicated(self) -> Result<Dedicated, Unavailable> {
+        self.compiled()?;
+        if std::env::var_os(self.url_var()).is_some() {
+            return Err(Unavailable::NotApplicable(format!(
+                "{} points at a server the harness did not start, so it cannot kill or pause it",
+                self.url_var()
+            )));
+        }
+        if self == Backend::RedisCluster {
+            return dedicated_redis_cluster().await;
+        }
+        let plain = self.dedicated_server().await?;
+        let (control, url) = proxy::Proxied::wrap(plain.control, &plain.url)
+            .await
+            .map_err(|e| Unavailable::Failed(format!("starting the TCP proxy: {e}")))?;
+        Ok(Dedicated {
+            url,
+            control: Arc::new(control),
+        })
+    }
+
+    /// A store on a 3-member cluster started for one case alone, with control over one member;
+    /// for the member-loss case. Only the etcd cluster applies: a Redis Cluster without replicas
+    /// loses the killed primary's slots by design.
+    pub async fn cluster_member(self) -> Result<Dedicated, Unavailable> {
+        self.compiled()?;
+        if self != Backend::EtcdCluster {
+            return Err(Unavailable::NotApplicable(format!(
+                "{} is not a cluster that survives losing a member (the etcd_cluster backend runs this case)",
+                self.name()
+            )));
+        }
+        if std::env::var_os(self.url_var()).is_some() {
+            return Err(Unavailable::NotApplicable(format!(
+                "{} points at a cluster the harness did not start, so it cannot kill a member",
+                self.url_var()
+            )));
+        }
+        let store = tokio::task::spawn_blocking(|| KvStore::etcd(3, Some(FAULT_OP_TIMEOUT)))
+            .await
+            .map_err(|e| Unavailable::Failed(format!("starting an etcd cluster: {e}")))??;
+        let store = Arc::new(store);
+        Ok(Dedicated {
+            url: store.url(),
+            control: Arc::new(KvControl::new(store, FAULT_OP_TIMEOUT)),
+        })
+    }
+
+    async fn dedicated_server(self) -> Result<Dedicated, Unavailable> {
         self.compiled()?;
         if std::env::var_os(self.url_var()).is_some() {
             return Err(Unavailable::NotApplicable(format!(
@@ -180,6 +267,36 @@ impl Backend {
                     control: Arc::new(PgControl::new(server, FAULT_OP_TIMEOUT)),
                 })
             }
+            Backend::Redis | Backend::Etcd => {
+                let redis = self == Backend::Redis;
+                let store = tokio::task::spawn_blocking(move || {
+                    if redis {
+                        KvStore::redis(Some(FAULT_OP_TIMEOUT))
+                    } else {
+                        KvStore::etcd(1, Some(FAULT_OP_TIMEOUT))
+                    }
+                })
+                .await
+                .map_err(|e| Unavailable::Failed(format!("starting {}: {e}", self.name())))??;
+                let store = Arc::new(store);
+                Ok(Dedicated {
+                    url: store.url(),
+                    control: Arc::new(KvControl::new(store, FAULT_OP_TIMEOUT)),
+                })
+            }
+            Backend::EtcdCluster => {
+                let store =
+                    tokio::task::spawn_blocking(|| KvStore::etcd(3, Some(FAULT_OP_TIMEOUT)))
+                        .await
+                        .map_err(|e| Unavailable::Failed(format!("starting etcd: {e}")))??;
+                let store = Arc::new(store);
+                Ok(Dedicated {
+                    url: store.url(),
+                    control: Arc::new(KvControl::whole(store, FAULT_OP_TIMEOUT)),
+                })
+            }
+            // Made by `dedicated_redis_cluster`, which puts the proxies in place first.
+            Backend::RedisCluster => dedicated_redis_cluster().await,
         }
     }
 }
@@ -202,6 +319,43 @@ fn shared_postgres() -> Result<String, Unavailable> {
     }
 }
 
+/// A Redis Cluster for one fault case, whose nodes announce proxies in front of them: a Cluster
+/// client learns node addresses from the nodes, so a proxy only in front of the seed would be
+/// bypassed. Kill, pause and resume act on all three nodes.
+async fn dedicated_redis_cluster() -> Result<Dedicated, Unavailable> {
+    let failed = |e: std::io::Error| Unavailable::Failed(format!("starting a TCP proxy: {e}"));
+    let mut proxies = Vec::new();
+    for _ in 0..3 {
+        proxies.push(proxy::Proxy::unbound().await.map_err(failed)?);
+    }
+    let announce: Vec<_> = proxies.iter().map(|p| (p.port(), p.upstream())).collect();
+    let store = tokio::task::spawn_blocking(move || {
+        KvStore::redis_cluster(Some(FAULT_OP_TIMEOUT), Some(announce))
+    })
+    .await
+    .map_err(|e| Unavailable::Failed(format!("starting a Redis Cluster: {e}")))??;
+    let store = Arc::new(store);
+    let url = store.url();
+    let control =
+        proxy::Proxied::with_proxies(Arc::new(KvControl::whole(store, FAULT_OP_TIMEOUT)), proxies);
+    Ok(Dedicated {
+        url,
+        control: Arc::new(control),
+    })
+}
+
+/// Starts a shared Redis or etcd store that lives until the process exits.
+fn shared_kv(start: fn() -> Result<KvStore, Unavailable>) -> Result<String, Unavailable> {
+    let store = start()?;
+    let url = store.url();
+    static STORES: std::sync::Mutex<Vec<KvStore>> = std::sync::Mutex::new(Vec::new());
+    STORES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(store);
+    Ok(url)
+}
+
 fn say(line: &str) {
     // Straight to the process's stderr: libtest captures `eprintln!` of passing tests, and a
     // skip must be seen.
@@ -218,13 +372,25 @@ pub async fn run_test(backend: Backend, case: &str) -> Result<(), String> {
     };
     let target = match case.needs {
         Needs::ServerControl => backend.dedicated().await.map(|d| (d.url, Some(d.control))),
+        Needs::ClusterMember => backend
+            .cluster_member()
+            .await
+            .map(|d| (d.url, Some(d.control))),
         _ => backend.shared().await.map(|url| (url, None)),
     };
     let (url, control) = match target {
         Ok(t) => t,
-        Err(Unavailable::NotApplicable(why)) => {
+        Err(Unavailable::NotApplicable(why)) if !backend.required() => {
             say(&format!("SKIP {label}: {why}"));
             return Ok(());
+        }
+        // A required backend runs every case it was generated for: a skip that passed would
+        // count as proof. Cases a backend can never run are #[ignore]d by the macro instead.
+        Err(Unavailable::NotApplicable(why)) => {
+            return Err(format!(
+                "{label}: {} is required by {REQUIRE_VAR} but this case cannot run: {why}",
+                backend.name()
+            ))
         }
         Err(Unavailable::Missing(why)) if !backend.required() => {
             say(&format!(

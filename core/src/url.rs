@@ -1,22 +1,23 @@
-//! URL pieces shared by both backends: query strings, percent-decoding and durations.
+//! URL pieces every backend's `from_url` shares: query strings, percent-decoding and durations,
+//! so `?timeout=5s` means the same thing whatever the scheme.
 //!
 //! Error messages built here name the option and, for our own options, the offending value; they
 //! never echo a whole URL, so a password elsewhere in it cannot leak.
 
 use std::time::Duration;
 
-use headcount_core::{Error, Result};
+use crate::error::{Error, Result};
 
-/// The default operation deadline of both backends.
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default operation deadline of every backend.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The longest deadline accepted. A coordination call that may block for longer than this is
 /// almost certainly a unit mistake, and lease-based recipes would miss every renewal meanwhile.
-pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Percent-decodes `s` into UTF-8 text. `what` names the URL part for the error message, which
 /// never contains `s` itself (it may be part of a password).
-pub(crate) fn decode(s: &str, what: &str) -> Result<String> {
+pub fn decode(s: &str, what: &str) -> Result<String> {
     let bytes = s.as_bytes();
     // A `%` not followed by two hex digits is malformed; percent_encoding would pass it through
     // silently, which hides typos.
@@ -40,7 +41,7 @@ pub(crate) fn decode(s: &str, what: &str) -> Result<String> {
 
 /// Splits a query string into decoded `(key, value)` pairs, in order. Empty segments (`a=1&&b=2`)
 /// are skipped; a segment without `=` is an error. `+` is a literal plus, as in libpq URIs.
-pub(crate) fn parse_query(query: &str) -> Result<Vec<(String, String)>> {
+pub fn parse_query(query: &str) -> Result<Vec<(String, String)>> {
     let mut pairs = Vec::new();
     for (n, segment) in query.split('&').enumerate() {
         if segment.is_empty() {
@@ -66,7 +67,7 @@ pub(crate) fn parse_query(query: &str) -> Result<Vec<(String, String)>> {
 }
 
 /// Rejects an option given twice: silently taking the first or the last hides mistakes.
-pub(crate) fn reject_duplicates(pairs: &[(String, String)]) -> Result<()> {
+pub fn reject_duplicates(pairs: &[(String, String)]) -> Result<()> {
     for (i, (key, _)) in pairs.iter().enumerate() {
         if pairs[..i].iter().any(|(k, _)| k == key) {
             return Err(Error::config(format!(
@@ -79,7 +80,7 @@ pub(crate) fn reject_duplicates(pairs: &[(String, String)]) -> Result<()> {
 
 /// Parses a duration option: an integer followed by `ms`, `s`, `m` or `h`; a bare integer means
 /// seconds (as libpq's `connect_timeout`).
-pub(crate) fn parse_duration(option: &str, value: &str) -> Result<Duration> {
+pub fn parse_duration(option: &str, value: &str) -> Result<Duration> {
     let bad = || {
         Error::config(format!(
             "invalid value for option `{option}`: `{value}` (expected a duration like 500ms, 5s or 2m)"
@@ -105,14 +106,14 @@ pub(crate) fn parse_duration(option: &str, value: &str) -> Result<Duration> {
 }
 
 /// Parses a deadline option and checks it is positive and at most [`MAX_TIMEOUT`].
-pub(crate) fn parse_deadline(option: &str, value: &str) -> Result<Duration> {
+pub fn parse_deadline(option: &str, value: &str) -> Result<Duration> {
     let d = parse_duration(option, value)?;
     check_deadline(option, d)?;
     Ok(d)
 }
 
 /// Checks a deadline: positive and at most [`MAX_TIMEOUT`].
-pub(crate) fn check_deadline(option: &str, d: Duration) -> Result<()> {
+pub fn check_deadline(option: &str, d: Duration) -> Result<()> {
     if d.is_zero() {
         return Err(Error::config(format!(
             "option `{option}` must be positive; a zero deadline would fail every operation"
@@ -124,6 +125,43 @@ pub(crate) fn check_deadline(option: &str, d: Duration) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Splits one `host`, `host:port` or `[v6]:port` of a URL's authority. `url_kind` names the URL
+/// in the message ("PostgreSQL URL"). Messages never echo the text: a password with an unencoded
+/// `/` or `@` ends up here.
+pub fn split_host_port<'a>(chunk: &'a str, url_kind: &str) -> Result<(&'a str, Option<&'a str>)> {
+    if let Some(rest) = chunk.strip_prefix('[') {
+        let Some((host, after)) = rest.split_once(']') else {
+            return Err(Error::config(format!(
+                "invalid {url_kind}: unterminated `[` in an IPv6 host"
+            )));
+        };
+        return match after {
+            "" => Ok((host, None)),
+            _ => match after.strip_prefix(':') {
+                Some(port) => Ok((host, Some(port))),
+                None => Err(Error::config(format!(
+                    "invalid {url_kind}: unexpected text after an IPv6 host"
+                ))),
+            },
+        };
+    }
+    Ok(match chunk.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (chunk, None),
+    })
+}
+
+/// Parses a port, 1 to 65535, digits only. Not echoed either (see [`split_host_port`]): a
+/// mistyped password with special characters is the usual cause.
+pub fn parse_port(text: &str, url_kind: &str) -> Result<u16> {
+    match text.parse::<u16>() {
+        Ok(p) if p > 0 && text.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        _ => Err(Error::config(format!(
+            "invalid {url_kind}: bad port: expected a number from 1 to 65535 (percent-encode special characters in the user name and password)"
+        ))),
+    }
 }
 
 #[cfg(test)]

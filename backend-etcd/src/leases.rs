@@ -1,0 +1,214 @@
+//! TTLs through leases, shared between writes instead of granted per write.
+//!
+//! A key written at instant `t` with TTL `T` must not expire before `t + T` (the contract's
+//! lower bound, safe for leases) and should be gone soon after. etcd leases have whole-second
+//! TTLs and a server minimum, and the server revokes expired leases in a loop that runs every
+//! 500 ms, so a key can outlive its lease by up to half a second.
+//!
+//! Let `S = max(ceil(T), server minimum)` whole seconds. For each `S` the cache keeps one
+//! *shared* lease of TTL `S + 1`, granted in the background; with `sent` and `received` the
+//! instants the grant request left and its answer came back, a write at `t` may use it when
+//!
+//! ```text
+//! received + 250 ms <= t < sent + 1 s
+//! ```
+//!
+//! * lower bound: the server granted it after `sent`, so it expires after
+//!   `sent + S + 1 > t + S`;
+//! * upper bound: it was granted before `received`, so it expires before
+//!   `received + S + 1 <= t + S + 0.75 s`; with the revocation loop's lag the key is gone by
+//!   `t + S + 1.25 s`.
+//!
+//! A write that finds no usable shared lease is given a fresh lease of TTL `S` of its own
+//! (expiry between `t + S` and `t + S + rtt`), and makes sure a shared lease is on its way. While
+//! writes keep coming, a successor is requested 600 ms into each shared lease's window, so under
+//! load there is about one grant per TTL bucket per second, whatever the write rate.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use etcd_client::LeaseClient;
+use tokio::time::Instant;
+
+/// From the grant's answer to the first write that may use a shared lease.
+const SHARE_AFTER: Duration = Duration::from_millis(250);
+
+/// From the grant's request to the last write that may use a shared lease.
+const SHARE_UNTIL: Duration = Duration::from_secs(1);
+
+/// When, into a shared lease's life, its successor is requested.
+const RENEW_AT: Duration = Duration::from_millis(600);
+
+#[derive(Debug, Clone, Copy)]
+struct Shared {
+    id: i64,
+    sent: Instant,
+    received: Instant,
+}
+
+impl Shared {
+    fn usable(&self, now: Instant) -> bool {
+        now >= self.received + SHARE_AFTER && now < self.sent + SHARE_UNTIL
+    }
+}
+
+#[derive(Debug, Default)]
+struct Bucket {
+    /// The newest shared lease (its window may not have opened yet).
+    newest: Option<Shared>,
+    /// The one before it, still usable while the newest's window has not opened.
+    previous: Option<Shared>,
+    /// A grant of a shared lease is in flight.
+    pending: bool,
+}
+
+/// The lease cache of one store.
+#[derive(Clone)]
+pub(crate) struct Leases {
+    client: LeaseClient,
+    min_ttl_secs: i64,
+    buckets: Arc<Mutex<HashMap<i64, Bucket>>>,
+}
+
+impl Leases {
+    /// Asks the server for a 1-second lease to learn its minimum TTL (etcd raises shorter ones
+    /// to `ceil(1.5 * election timeout)`, 2 s by default), then revokes it.
+    pub(crate) async fn measure(
+        mut client: LeaseClient,
+        _timeout: Duration,
+    ) -> Result<Leases, etcd_client::Error> {
+        let probe = client.grant(1, None).await?;
+        let min_ttl_secs = probe.ttl().max(1);
+        // Best effort: it expires by itself anyway.
+        let _ = client.revoke(probe.id()).await;
+        Ok(Leases {
+            client,
+            min_ttl_secs,
+            buckets: Arc::default(),
+        })
+    }
+
+    /// The shortest TTL the server grants.
+    pub(crate) fn min_ttl(&self) -> Duration {
+        Duration::from_secs(u64::try_from(self.min_ttl_secs).unwrap_or(1))
+    }
+
+    /// Whole seconds for `ttl`: rounded up, raised to the server minimum.
+    fn bucket(&self, ttl: Duration) -> i64 {
+        let secs = i64::try_from(ttl.as_nanos().div_ceil(1_000_000_000)).unwrap_or(i64::MAX);
+        secs.max(self.min_ttl_secs)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Bucket>> {
+        self.buckets.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A lease for a write made now with `ttl`: a usable shared one, else a fresh one.
+    pub(crate) async fn lease_for(&self, ttl: Duration) -> Result<i64, etcd_client::Error> {
+        let s = self.bucket(ttl);
+        let now = Instant::now();
+        let (usable, start_grant) = {
+            let mut buckets = self.lock();
+            let bucket = buckets.entry(s).or_default();
+            let usable = [bucket.newest, bucket.previous]
+                .into_iter()
+                .flatten()
+                .find(|l| l.usable(now));
+            // Request a successor when there is no shared lease to come: none at all, or the
+            // newest is past its renewal point.
+            let successor_needed = match bucket.newest {
+                None => true,
+                Some(l) => now >= l.sent + RENEW_AT,
+            };
+            let start = successor_needed && !bucket.pending;
+            if start {
+                bucket.pending = true;
+            }
+            (usable, start)
+        };
+        if start_grant {
+            self.spawn_shared_grant(s);
+        }
+        match usable {
+            Some(l) => Ok(l.id),
+            None => self.grant(s).await,
+        }
+    }
+
+    /// A fresh lease of `ttl` (rounded up to whole seconds), not shared.
+    pub(crate) async fn grant_fresh(&self, ttl: Duration) -> Result<i64, etcd_client::Error> {
+        self.grant(self.bucket(ttl)).await
+    }
+
+    /// Forgets the shared leases of `ttl`'s bucket (one turned out to be gone).
+    pub(crate) fn forget(&self, ttl: Duration) {
+        let s = self.bucket(ttl);
+        if let Some(bucket) = self.lock().get_mut(&s) {
+            bucket.newest = None;
+            bucket.previous = None;
+        }
+    }
+
+    async fn grant(&self, secs: i64) -> Result<i64, etcd_client::Error> {
+        let resp = crate::retry_unsent(|| {
+            let mut client = self.client.clone();
+            async move { client.grant(secs, None).await }
+        })
+        .await?;
+        Ok(resp.id())
+    }
+
+    fn spawn_shared_grant(&self, s: i64) {
+        let me = self.clone();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            if let Some(b) = self.lock().get_mut(&s) {
+                b.pending = false;
+            }
+            return;
+        };
+        runtime.spawn(async move {
+            let sent = Instant::now();
+            let granted = crate::retry_unsent(|| {
+                let mut client = me.client.clone();
+                async move { client.grant(s + 1, None).await }
+            })
+            .await;
+            let received = Instant::now();
+            let mut buckets = me.lock();
+            let bucket = buckets.entry(s).or_default();
+            bucket.pending = false;
+            match granted {
+                Ok(resp) => {
+                    bucket.previous = bucket.newest.take();
+                    bucket.newest = Some(Shared {
+                        id: resp.id(),
+                        sent,
+                        received,
+                    });
+                }
+                Err(e) => tracing::debug!(error = %e, "granting a shared etcd lease failed"),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn share_window() {
+        let sent = Instant::now();
+        let l = Shared {
+            id: 1,
+            sent,
+            received: sent + Duration::from_millis(10),
+        };
+        assert!(!l.usable(sent));
+        assert!(!l.usable(sent + Duration::from_millis(200)));
+        assert!(l.usable(sent + Duration::from_millis(260)));
+        assert!(l.usable(sent + Duration::from_millis(999)));
+        assert!(!l.usable(sent + Duration::from_secs(1)));
+    }
+}

@@ -1,0 +1,545 @@
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod errors;
+mod leases;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, TlsOptions, Txn,
+    TxnOp, TxnOpResponse,
+};
+use headcount_core::store::{
+    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_ttl, parse_counter,
+};
+use headcount_core::{Capabilities, Error, Result, Store};
+
+pub use config::{EtcdConfig, DEFAULT_PORT};
+use errors::BACKEND;
+use leases::Leases;
+
+/// The most read-and-compare rounds an `incr` makes before giving up; each failed round means
+/// another writer changed the key, so the loop only spins while others make progress.
+const INCR_ATTEMPTS: usize = 1000;
+
+/// A [`Store`] in etcd (v3 API), shared by any number of processes and machines.
+///
+/// Cloning is cheap and shares the gRPC channel and the lease cache.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    kv: KvClient,
+    leases: Leases,
+    config: EtcdConfig,
+    counters: Counters,
+}
+
+/// What this handle last wrote to a counter: its value and the revision of that write.
+type Seen = Option<(i64, i64)>;
+
+/// One async lock per counter key in use, holding what this handle last saw of it.
+///
+/// etcd has no atomic increment: an increment is a transaction that writes `n + 1` only if the
+/// key's `mod_revision` is still the one `n` was read at. Callers of one handle that increment
+/// the same key take turns instead of failing each other's comparisons (50 callers would
+/// otherwise need ~50 attempts per increment), and the remembered revision lets a turn skip the
+/// read: one round trip while no other process writes the key. Other processes are still
+/// handled by the comparison, so this is an optimisation, never a correctness requirement.
+#[derive(Default)]
+struct Counters {
+    keys: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Seen>>>>,
+}
+
+impl Counters {
+    fn slot(&self, key: &str) -> Arc<tokio::sync::Mutex<Seen>> {
+        let mut keys = self
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Drop slots no caller holds, so the map stays as small as the set of keys in use.
+        if keys.len() > 1024 {
+            keys.retain(|_, slot| Arc::strong_count(slot) > 1);
+        }
+        keys.entry(key.to_owned()).or_default().clone()
+    }
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("config", &self.inner.config)
+            .field("min_ttl", &self.inner.leases.min_ttl())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdStore {
+    /// Connects to the cluster named by an `etcd://` or `etcds://` URL (see the crate README),
+    /// authenticates, and measures the server's minimum lease TTL. Fails with
+    /// [`Error::Rejected`] for bad credentials, [`Error::Unavailable`] or [`Error::Timeout`] when
+    /// no endpoint can be reached in time.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(EtcdConfig::from_url(url)?).await
+    }
+
+    /// Like [`connect`](Self::connect) with an already parsed configuration.
+    pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
+        let timeout = config.timeout();
+        let mut options = ConnectOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(5), timeout);
+        if let (Some(user), Some(password)) = (config.user(), config.password()) {
+            options = options.with_user(user, password);
+        }
+        if config.tls() {
+            let mut tls = TlsOptions::new().with_webpki_roots();
+            if let Some(path) = config.ca_cert() {
+                let pem = tokio::fs::read(path).await.map_err(|e| {
+                    Error::config(format!(
+                        "cannot read the etcd CA certificate {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+            }
+            if let Some(domain) = config.domain() {
+                tls = tls.domain_name(domain);
+            }
+            options = options.with_tls(tls);
+        }
+        let password = config.password().map(str::to_owned);
+        let classify = |e| errors::classify(e, "connect", timeout, password.as_deref());
+        let work = async {
+            let client = Client::connect(config.endpoint_urls(), Some(options))
+                .await
+                .map_err(classify)?;
+            let leases = Leases::measure(client.lease_client(), timeout)
+                .await
+                .map_err(classify)?;
+            Ok::<_, Error>((client.kv_client(), leases))
+        };
+        let (kv, leases) = tokio::time::timeout(timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    backend: BACKEND,
+                    op: "connect",
+                    after: timeout,
+                })
+            })?;
+        Ok(EtcdStore {
+            inner: Arc::new(Inner {
+                kv,
+                leases,
+                config,
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// The configuration this store was built from.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// The shortest lease TTL the server grants, measured when connecting.
+    pub fn min_ttl(&self) -> Duration {
+        self.inner.leases.min_ttl()
+    }
+
+    fn classify(&self, e: etcd_client::Error, op: &'static str) -> Error {
+        errors::classify(
+            e,
+            op,
+            self.inner.config.timeout(),
+            self.inner.config.password(),
+        )
+    }
+
+    /// Runs `work` within the deadline.
+    async fn deadline<T>(
+        &self,
+        op: &'static str,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let timeout = self.inner.config.timeout();
+        tokio::time::timeout(timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    backend: BACKEND,
+                    op,
+                    after: timeout,
+                })
+            })
+    }
+
+    /// Runs a transaction whose `Put`s attach the lease `lease_for` returns. A put that fails
+    /// because its lease is gone (revoked, or lost with a restored cluster) is retried once with
+    /// a freshly granted lease.
+    async fn txn_with_lease(
+        &self,
+        op: &'static str,
+        ttl: Option<Duration>,
+        build: impl Fn(i64) -> Txn,
+    ) -> Result<etcd_client::TxnResponse> {
+        let mut fresh = false;
+        loop {
+            let lease = match ttl {
+                Some(ttl) if fresh => self.inner.leases.grant_fresh(ttl).await,
+                Some(ttl) => self.inner.leases.lease_for(ttl).await,
+                None => Ok(0),
+            }
+            .map_err(|e| self.classify(e, op))?;
+            let txn = build(lease);
+            match retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await
+            {
+                Ok(r) => return Ok(r),
+                Err(e) if !fresh && ttl.is_some() && errors::is_lease_not_found(&e) => {
+                    self.inner.leases.forget(ttl.unwrap_or_default());
+                    fresh = true;
+                }
+                Err(e) => return Err(self.classify(e, op)),
+            }
+        }
+    }
+}
+
+impl EtcdStore {
+    /// Adds `by` to the counter at `key` and, when `also` names a key, reads it in the same
+    /// transaction. Returns the new value and what was read.
+    async fn incr_by(
+        &self,
+        op: &'static str,
+        key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        also: Option<&str>,
+    ) -> Result<(i64, Option<String>)> {
+        let slot = self.inner.counters.slot(key);
+        let mut seen = slot.lock().await;
+        let read_also = |resp: &etcd_client::TxnResponse, index: usize| -> Result<Option<String>> {
+            match also {
+                None => Ok(None),
+                Some(k) => nth_get(resp, index).map(|(v, _)| utf8(k, v)).transpose(),
+            }
+        };
+        let with_also = |mut ops: Vec<TxnOp>| {
+            if let Some(k) = also {
+                ops.push(TxnOp::get(k, None));
+            }
+            ops
+        };
+        // What the key held at which revision, as far as we know: None = believed absent.
+        let mut known: Option<(Vec<u8>, i64)> = seen.map(|(v, r)| (v.to_string().into_bytes(), r));
+        for _ in 0..INCR_ATTEMPTS {
+            let resp = match &known {
+                None => {
+                    // Create it at `by` (with the TTL) if absent, else read it.
+                    let create = |lease: i64| {
+                        Txn::new()
+                            .when([Compare::version(key, CompareOp::Equal, 0)])
+                            .and_then(with_also(vec![TxnOp::put(
+                                key,
+                                by.to_string(),
+                                Some(put_options(lease)),
+                            )]))
+                            .or_else(with_also(vec![TxnOp::get(key, None)]))
+                    };
+                    let resp = self.txn_with_lease(op, ttl, create).await?;
+                    if resp.succeeded() {
+                        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+                        *seen = Some((by, rev));
+                        // op 0 is the put, op 1 the read.
+                        return Ok((by, read_also(&resp, 0)?));
+                    }
+                    resp
+                }
+                Some((value, revision)) => {
+                    let text = utf8(key, value.clone())?;
+                    let current = match parse_counter(key, &text) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            *seen = None;
+                            return Err(e);
+                        }
+                    };
+                    let next = current.checked_add(by).ok_or_else(|| {
+                        Error::foreign(
+                            key,
+                            "a decimal integer that fits (and, for incr, stays within) an i64",
+                            &text,
+                        )
+                    })?;
+                    // The write keeps the key's lease (ignore_lease): the TTL is set on creation
+                    // only.
+                    let txn = Txn::new()
+                        .when([Compare::mod_revision(key, CompareOp::Equal, *revision)])
+                        .and_then(with_also(vec![TxnOp::put(
+                            key,
+                            next.to_string(),
+                            Some(PutOptions::new().with_ignore_lease()),
+                        )]))
+                        .or_else(with_also(vec![TxnOp::get(key, None)]));
+                    let resp = retry_unsent(|| {
+                        let mut kv = self.inner.kv.clone();
+                        let txn = txn.clone();
+                        async move { kv.txn(txn).await }
+                    })
+                    .await
+                    .map_err(|e| self.classify(e, op))?;
+                    if resp.succeeded() {
+                        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+                        *seen = Some((next, rev));
+                        return Ok((next, read_also(&resp, 0)?));
+                    }
+                    resp
+                }
+            };
+            // The comparison failed: the else branch read the key (op 0); go again from it.
+            known = nth_get(&resp, 0);
+            *seen = None;
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("{op} on `{key}` lost {INCR_ATTEMPTS} races in a row"),
+            source: None,
+        })
+    }
+}
+
+/// The key-value of the `index`-th `Get` of a transaction's executed branch, if it found one.
+fn nth_get(resp: &etcd_client::TxnResponse, index: usize) -> Option<(Vec<u8>, i64)> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(
+                g.kvs()
+                    .first()
+                    .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+            ),
+            _ => None,
+        })
+        .nth(index)
+        .flatten()
+}
+
+/// Runs `call`, again while the failure says the request never left (an endpoint of a
+/// several-member cluster refused the connection: the balancer picks another one next). The
+/// caller's deadline bounds the loop.
+pub(crate) async fn retry_unsent<T, F, Fut>(mut call: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut attempt: u64 = 0;
+    loop {
+        match call().await {
+            Err(e) if errors::never_sent(&e) && attempt < 50 => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(2 * attempt.min(10))).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn put_options(lease: i64) -> PutOptions {
+    if lease == 0 {
+        PutOptions::new()
+    } else {
+        PutOptions::new().with_lease(lease)
+    }
+}
+
+fn utf8(key: &str, bytes: Vec<u8>) -> Result<String> {
+    String::from_utf8(bytes)
+        .map_err(|_| Error::foreign(key, "a UTF-8 value", "bytes that are not UTF-8"))
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new(BACKEND);
+        caps.ttl_granularity = Duration::from_secs(1);
+        caps.min_ttl = self.inner.leases.min_ttl();
+        caps.native_incr_and_get = true;
+        caps
+    }
+
+    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
+        check_key(key)?;
+        check_opt_ttl(ttl)?;
+        self.deadline("incr", self.incr_by("incr", key, 1, ttl, None))
+            .await
+            .map(|(n, _)| n)
+    }
+
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        check_incr_and_get(incr_key, by, ttl, get_key)?;
+        self.deadline(
+            "incr_and_get",
+            self.incr_by("incr_and_get", incr_key, by, ttl, Some(get_key)),
+        )
+        .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<String>> {
+        check_key(key)?;
+        self.deadline("get", async {
+            let resp = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                async move { kv.get(key, None).await }
+            })
+            .await
+            .map_err(|e| self.classify(e, "get"))?;
+            resp.kvs()
+                .first()
+                .map(|kv| utf8(key, kv.value().to_vec()))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
+        check_key(key)?;
+        check_ttl(ttl)?;
+        self.deadline("expire", async {
+            // Re-attach the live key to a lease of the new TTL, keeping its value.
+            let resp = self
+                .txn_with_lease("expire", Some(ttl), |lease| {
+                    Txn::new()
+                        .when([Compare::version(key, CompareOp::Greater, 0)])
+                        .and_then([TxnOp::put(
+                            key,
+                            "",
+                            Some(put_options(lease).with_ignore_value()),
+                        )])
+                })
+                .await?;
+            Ok(resp.succeeded())
+        })
+        .await
+    }
+
+    async fn compare_and_set(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+        ttl: Option<Duration>,
+    ) -> Result<bool> {
+        check_cas(key, expected, new, ttl)?;
+        self.deadline("compare_and_set", async {
+            let compare = match expected {
+                None => Compare::version(key, CompareOp::Equal, 0),
+                // A value comparison on a missing key fails, as it must.
+                Some(e) => Compare::value(key, CompareOp::Equal, e),
+            };
+            let resp = self
+                .txn_with_lease("compare_and_set", ttl, |lease| {
+                    Txn::new().when([compare.clone()]).and_then([TxnOp::put(
+                        key,
+                        new,
+                        Some(put_options(lease)),
+                    )])
+                })
+                .await?;
+            Ok(resp.succeeded())
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool> {
+        check_key(key)?;
+        self.deadline("delete", async {
+            let resp = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                async move { kv.delete(key, None).await }
+            })
+            .await
+            .map_err(|e| self.classify(e, "delete"))?;
+            Ok(resp.deleted() > 0)
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        check_prefix(prefix)?;
+        self.deadline("list", async {
+            let resp = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await
+            .map_err(|e| self.classify(e, "list"))?;
+            let mut pairs = Vec::with_capacity(resp.kvs().len());
+            for kv in resp.kvs() {
+                let key = String::from_utf8(kv.key().to_vec())
+                    .map_err(|_| Error::foreign(prefix, "UTF-8 keys", "a key that is not UTF-8"))?;
+                let value = utf8(&key, kv.value().to_vec())?;
+                pairs.push((key, value));
+            }
+            // etcd returns keys in byte order already; sorting keeps the contract explicit.
+            pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            Ok(pairs)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn unreachable_server_is_retryable_and_never_shows_the_password() {
+        let err = EtcdStore::connect("etcd://root:hunter22@127.0.0.1:1?timeout=2s")
+            .await
+            .unwrap_err();
+        assert!(err.is_retryable(), "{err}");
+        assert!(!format!("{err} {err:?}").contains("hunter22"));
+    }
+
+    #[tokio::test]
+    async fn a_silent_server_times_out_within_the_deadline() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hold = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let started = std::time::Instant::now();
+        let err = EtcdStore::connect(&format!("etcd://127.0.0.1:{port}?timeout=300ms"))
+            .await
+            .unwrap_err();
+        assert!(err.is_retryable(), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        hold.abort();
+    }
+}

@@ -1,0 +1,122 @@
+//! Mapping redis crate errors onto headcount's [`Error`]: faults that may pass (connection
+//! refused or lost, a Cluster resharding or failing over, a server loading its data or busy with a
+//! script) are the retryable [`Error::Unavailable`] or [`Error::Timeout`]; refusals that will
+//! repeat (authentication, ACL permissions, a server that does not speak RESP) are
+//! [`Error::Rejected`].
+
+use std::time::Duration;
+
+use headcount_core::Error;
+use redis::{ErrorKind, RedisError};
+
+pub(crate) const BACKEND: &str = "redis";
+
+/// Maps a client error met while running `op`. `password` is scrubbed from the message as a
+/// last line of defence: no message we know of contains it.
+pub(crate) fn classify(
+    e: RedisError,
+    op: &'static str,
+    timeout: Duration,
+    password: Option<&str>,
+) -> Error {
+    if e.is_timeout() {
+        return Error::Timeout {
+            backend: BACKEND,
+            op,
+            after: timeout,
+        };
+    }
+    let message = scrub(e.to_string(), password);
+    let code = e.code().unwrap_or_default().to_owned();
+    match e.kind() {
+        ErrorKind::AuthenticationFailed => Error::rejected(
+            BACKEND,
+            format!("authentication failed (wrong user name or password?): {message}"),
+            e,
+        ),
+        ErrorKind::ParseError => Error::rejected(
+            BACKEND,
+            format!(
+                "the server's reply is not RESP, the Redis protocol: is this the port of a Redis server? ({message})"
+            ),
+            e,
+        ),
+        ErrorKind::InvalidClientConfig => Error::config(message),
+        ErrorKind::IoError
+        | ErrorKind::BusyLoadingError
+        | ErrorKind::TryAgain
+        | ErrorKind::ClusterDown
+        | ErrorKind::MasterDown
+        | ErrorKind::Moved
+        | ErrorKind::Ask
+        | ErrorKind::ReadOnly
+        | ErrorKind::ClusterConnectionNotFound => Error::unavailable(BACKEND, message, e),
+        _ if matches!(
+            code.as_str(),
+            "NOAUTH" | "WRONGPASS" | "NOPERM" | "NOSCRIPT"
+        ) =>
+        {
+            Error::rejected(BACKEND, message, e)
+        }
+        // Out of memory, a script running too long, too many clients: may pass.
+        _ if matches!(code.as_str(), "OOM" | "BUSY" | "MISCONF" | "ERR max")
+            || message.contains("max number of clients") =>
+        {
+            Error::unavailable(BACKEND, message, e)
+        }
+        _ if e.is_connection_dropped() || e.is_connection_refusal() => {
+            Error::unavailable(BACKEND, message, e)
+        }
+        _ => Error::rejected(BACKEND, message, e),
+    }
+}
+
+/// Whether the error is Redis's WRONGTYPE (the key holds a list, a hash, ...).
+pub(crate) fn is_wrong_type(e: &RedisError) -> bool {
+    e.code() == Some("WRONGTYPE")
+}
+
+fn scrub(message: String, password: Option<&str>) -> String {
+    match password {
+        // Shorter ones would mangle ordinary words while protecting little.
+        Some(p) if p.len() >= 3 && message.contains(p) => message.replace(p, "***"),
+        _ => message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn classes() {
+        let t = Duration::from_secs(1);
+        let io = |kind| RedisError::from(std::io::Error::new(kind, "x"));
+        assert!(classify(io(std::io::ErrorKind::ConnectionRefused), "get", t, None).is_retryable());
+        assert!(matches!(
+            classify(io(std::io::ErrorKind::TimedOut), "get", t, None),
+            Error::Timeout { op: "get", .. }
+        ));
+        let auth = RedisError::from((ErrorKind::AuthenticationFailed, "invalid password"));
+        assert!(matches!(
+            classify(auth, "connect", t, None),
+            Error::Rejected { .. }
+        ));
+        let parse = RedisError::from((ErrorKind::ParseError, "invalid response"));
+        let e = classify(parse, "connect", t, None);
+        assert!(!e.is_retryable() && e.to_string().contains("RESP"), "{e}");
+        let loading = RedisError::from((ErrorKind::BusyLoadingError, "loading"));
+        assert!(classify(loading, "get", t, None).is_retryable());
+    }
+
+    #[test]
+    fn scrubbing() {
+        assert_eq!(
+            scrub("bad hunter2".into(), Some("hunter2")),
+            "bad ***".to_owned()
+        );
+        assert_eq!(scrub("a b".into(), Some("a")), "a b");
+    }
+}

@@ -1,0 +1,24 @@
+-- headcount incr_and_get: KEYS[1] = the counter, KEYS[2] = the key to read (same hash slot on
+-- Cluster), ARGV[1] = how much to add (>= 1), ARGV[2] = TTL in milliseconds, or '' for none.
+-- Returns {'ok', n, value-or-nil}, {'foreign', value-or-type} for the counter (nothing written),
+-- or {'foreign-read', type} when the key to read is not a string.
+local created = redis.call('EXISTS', KEYS[1]) == 0
+local ok, n = pcall(redis.call, 'INCRBY', KEYS[1], ARGV[1])
+if not ok then
+  local t = redis.call('TYPE', KEYS[1])['ok']
+  if t == 'string' then
+    return {'foreign', redis.call('GET', KEYS[1])}
+  end
+  return {'foreign', 'a Redis ' .. t}
+end
+if created and ARGV[2] ~= '' then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+local t = redis.call('TYPE', KEYS[2])['ok']
+if t == 'none' then
+  return {'ok', n}
+end
+if t ~= 'string' then
+  return {'foreign-read', 'a Redis ' .. t}
+end
+return {'ok', n, redis.call('GET', KEYS[2])}

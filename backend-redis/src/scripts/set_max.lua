@@ -1,0 +1,48 @@
+-- headcount set_max: KEYS[1] = key, ARGV[1] = the new value (decimal i64), ARGV[2] = TTL in
+-- milliseconds or ''. Writes when the key is absent or holds a smaller number. Returns 1 when it
+-- wrote, 0 when not, {'foreign', value-or-type} when the stored value is not a decimal i64.
+--
+-- Lua numbers are doubles, exact only to 2^53, so numbers are compared as decimal text.
+
+-- Splits strict decimal i64 text into (negative, digits without leading zeros), or nil.
+local function parse(s)
+  local sign, digits = string.match(s, '^([+-]?)(%d+)$')
+  if not digits then return nil end
+  digits = (string.gsub(digits, '^0+', ''))
+  if digits == '' then return false, '0' end
+  local neg = sign == '-'
+  local limit = neg and '9223372036854775808' or '9223372036854775807'
+  if #digits > 19 or (#digits == 19 and digits > limit) then return nil end
+  return neg, digits
+end
+
+-- Whether a < b for two parsed numbers.
+local function less(an, ad, bn, bd)
+  if an ~= bn then return an end
+  local smaller_magnitude
+  if #ad ~= #bd then
+    smaller_magnitude = #ad < #bd
+  elseif ad == bd then
+    return false
+  else
+    smaller_magnitude = ad < bd
+  end
+  if an then return not smaller_magnitude end
+  return smaller_magnitude
+end
+
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'none' then
+  if t ~= 'string' then return {'foreign', 'a Redis ' .. t} end
+  local cur = redis.call('GET', KEYS[1])
+  local cn, cd = parse(cur)
+  if cn == nil then return {'foreign', cur} end
+  local nn, nd = parse(ARGV[1])
+  if not less(cn, cd, nn, nd) then return 0 end
+end
+if ARGV[2] == '' then
+  redis.call('SET', KEYS[1], ARGV[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+return 1

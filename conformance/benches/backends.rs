@@ -1,0 +1,517 @@
+//! Each `Store` primitive on each backend, beside the raw client doing the same thing on the same
+//! server in the same run, at concurrency 1 and 16.
+//!
+//! ```sh
+//! HEADCOUNT_REQUIRE_BACKENDS=all cargo bench -p headcount-conformance --bench backends -- \
+//!     --warm-up-time 1 --measurement-time 3
+//! ```
+//!
+//! Servers come from the conformance harness (started from their binaries on loopback, or the
+//! `HEADCOUNT_TEST_<BACKEND>_URL` stores). Criterion prints its usual estimates per benchmark
+//! (one iteration = one round of `concurrency` calls at once); at the end a Markdown table gives,
+//! per primitive, backend and concurrency, the throughput in calls per second, the p50 and p99
+//! latency of single calls, and the adapter's throughput as a fraction of the raw client's.
+//! `docs/benchmarks.md` holds a run of it.
+//!
+//! The raw side does what the adapter does, by hand: on Redis the same commands or the same Lua
+//! scripts (`INCR` + `PEXPIRE NX` in one `MULTI` for incr), on etcd the same `Txn`s (with one
+//! lease granted up front), on PostgreSQL the same SQL over one connection per task, on SQLite
+//! the same SQL on a dedicated thread. The adapter adds argument checks, a deadline, error
+//! mapping and, for etcd, lease sharing and per-key turn-taking.
+
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::large_enum_variant
+)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use headcount::DynStore;
+use headcount_conformance::harness::Backend;
+
+const TTL: Duration = Duration::from_secs(60);
+const CONCURRENCY: [usize; 2] = [1, 16];
+const PRIMITIVES: [&str; 7] = [
+    "incr",
+    "get",
+    "expire",
+    "compare_and_set",
+    "delete",
+    "list",
+    "set_max",
+];
+
+type BoxFut<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// One raw client per backend.
+enum Raw {
+    Redis(redis::aio::MultiplexedConnection),
+    Etcd(etcd_client::KvClient, i64),
+    Postgres(
+        Vec<(
+            tokio_postgres::Client,
+            BTreeMap<&'static str, tokio_postgres::Statement>,
+        )>,
+    ),
+    Sqlite(Arc<Mutex<rusqlite::Connection>>),
+}
+
+struct Target {
+    backend: &'static str,
+    adapter: DynStore,
+    raw: Raw,
+    prefix: String,
+}
+
+const CAS_LUA: &str = include_str!("../../backend-redis/src/scripts/cas.lua");
+const LIST_LUA: &str = include_str!("../../backend-redis/src/scripts/list.lua");
+const SET_MAX_LUA: &str = include_str!("../../backend-redis/src/scripts/set_max.lua");
+
+fn key(t: &Target, what: &str, task: usize) -> String {
+    format!("{}{what}:{task}", t.prefix)
+}
+
+/// One call of `primitive` through the adapter, by task `task` (its own keys), round `n`.
+fn adapter_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFut<'a> {
+    Box::pin(async move {
+        let s = &t.adapter;
+        match primitive {
+            "incr" => drop(s.incr(&key(t, "n", task), Some(TTL)).await.unwrap()),
+            "get" => drop(s.get(&key(t, "n", task)).await.unwrap()),
+            "expire" => drop(s.expire(&key(t, "n", task), TTL).await.unwrap()),
+            "compare_and_set" => drop(
+                s.compare_and_set(&key(t, "c", task), Some("x"), "x", Some(TTL))
+                    .await
+                    .unwrap(),
+            ),
+            "delete" => drop(s.delete(&key(t, "absent", task)).await.unwrap()),
+            "list" => drop(s.list(&format!("{}l:", t.prefix)).await.unwrap()),
+            "set_max" => drop(
+                s.set_max(&key(t, "m", task), n as i64, Some(TTL))
+                    .await
+                    .unwrap(),
+            ),
+            other => panic!("{other}"),
+        }
+    })
+}
+
+/// The same call by hand with the raw client.
+fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFut<'a> {
+    Box::pin(async move {
+        let ttl_ms = TTL.as_millis() as i64;
+        match &t.raw {
+            Raw::Redis(conn) => {
+                let mut c = conn.clone();
+                let k = |w: &str| key(t, w, task);
+                match primitive {
+                    "incr" => {
+                        let _: (i64, i64) = redis::pipe()
+                            .atomic()
+                            .incr(k("rn"), 1)
+                            .cmd("PEXPIRE")
+                            .arg(k("rn"))
+                            .arg(ttl_ms)
+                            .arg("NX")
+                            .query_async(&mut c)
+                            .await
+                            .unwrap();
+                    }
+                    "get" => {
+                        let _: Option<String> = redis::cmd("GET")
+                            .arg(k("n"))
+                            .query_async(&mut c)
+                            .await
+                            .unwrap();
+                    }
+                    "expire" => {
+                        let _: i64 = redis::cmd("PEXPIRE")
+                            .arg(k("n"))
+                            .arg(ttl_ms)
+                            .query_async(&mut c)
+                            .await
+                            .unwrap();
+                    }
+                    "compare_and_set" => {
+                        let _: redis::Value = redis::Script::new(CAS_LUA)
+                            .key(k("c"))
+                            .arg("x")
+                            .arg("x")
+                            .arg(ttl_ms)
+                            .invoke_async(&mut c)
+                            .await
+                            .unwrap();
+                    }
+                    "delete" => {
+                        let _: i64 = redis::cmd("DEL")
+                            .arg(k("absent"))
+                            .query_async(&mut c)
+                            .await
+                            .unwrap();
+                    }
+                    "list" => {
+                        let prefix = format!("{}l:", t.prefix);
+                        // The prefix holds no glob character to escape.
+                        let pattern = format!("{prefix}*");
+                        let _: redis::Value = redis::Script::new(LIST_LUA)
+                            .key(&prefix)
+                            .arg(pattern)
+                            .arg(&prefix)
+                            .invoke_async(&mut c)
+                            .await
+                            .unwrap();
+                    }
+                    "set_max" => {
+                        let _: redis::Value = redis::Script::new(SET_MAX_LUA)
+                            .key(k("rm"))
+                            .arg(n as i64)
+                            .arg(ttl_ms)
+                            .invoke_async(&mut c)
+                            .await
+                            .unwrap();
+                    }
+                    other => panic!("{other}"),
+                }
+            }
+            Raw::Etcd(kv, lease) => {
+                use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+                let mut kv = kv.clone();
+                let k = |w: &str| key(t, w, task);
+                match primitive {
+                    "incr" | "set_max" => {
+                        // Read, then write guarded by the revision read (one retry loop).
+                        let key = k(if primitive == "incr" { "rn" } else { "rm" });
+                        loop {
+                            let got = kv.get(key.as_str(), None).await.unwrap();
+                            let (cur, rev) = got
+                                .kvs()
+                                .first()
+                                .map(|kv| {
+                                    (
+                                        kv.value_str().unwrap().parse::<i64>().unwrap(),
+                                        kv.mod_revision(),
+                                    )
+                                })
+                                .unwrap_or((0, 0));
+                            let next = if primitive == "incr" {
+                                cur + 1
+                            } else {
+                                n as i64
+                            };
+                            let txn = Txn::new()
+                                .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, rev)])
+                                .and_then([TxnOp::put(
+                                    key.as_str(),
+                                    next.to_string(),
+                                    Some(PutOptions::new().with_lease(*lease)),
+                                )]);
+                            if kv.txn(txn).await.unwrap().succeeded() {
+                                break;
+                            }
+                        }
+                    }
+                    "get" => drop(kv.get(k("n"), None).await.unwrap()),
+                    "expire" => {
+                        let txn = Txn::new()
+                            .when([Compare::version(k("n"), CompareOp::Greater, 0)])
+                            .and_then([TxnOp::put(
+                                k("n"),
+                                "",
+                                Some(PutOptions::new().with_lease(*lease).with_ignore_value()),
+                            )]);
+                        drop(kv.txn(txn).await.unwrap());
+                    }
+                    "compare_and_set" => {
+                        let txn = Txn::new()
+                            .when([Compare::value(k("c"), CompareOp::Equal, "x")])
+                            .and_then([TxnOp::put(
+                                k("c"),
+                                "x",
+                                Some(PutOptions::new().with_lease(*lease)),
+                            )]);
+                        drop(kv.txn(txn).await.unwrap());
+                    }
+                    "delete" => drop(kv.delete(k("absent"), None).await.unwrap()),
+                    "list" => drop(
+                        kv.get(
+                            format!("{}l:", t.prefix),
+                            Some(GetOptions::new().with_prefix()),
+                        )
+                        .await
+                        .unwrap(),
+                    ),
+                    other => panic!("{other}"),
+                }
+            }
+            Raw::Postgres(clients) => {
+                let (c, statements) = &clients[task % clients.len()];
+                let k = |w: &str| key(t, w, task);
+                let (key, arg): (String, i64) = match primitive {
+                    "incr" => (k("rn"), ttl_ms),
+                    "get" | "expire" => (k("n"), ttl_ms),
+                    "compare_and_set" => (k("c"), ttl_ms),
+                    "delete" => (k("absent"), 0),
+                    "list" => (format!("{}l:", t.prefix), 0),
+                    _ => (k("rm"), n as i64),
+                };
+                drop(
+                    c.query(&statements[primitive], &[&key, &arg])
+                        .await
+                        .unwrap(),
+                );
+            }
+            Raw::Sqlite(conn) => {
+                let conn = conn.clone();
+                let k = |w: &str| key(t, w, task);
+                let (sql, key, arg): (&str, String, i64) = match primitive {
+                    "incr" => ("INSERT INTO headcount_kv (key, value, expires_at) VALUES (?1, '1', CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?2) \
+                                ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)", k("rn"), ttl_ms),
+                    "get" => ("SELECT value FROM headcount_kv WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)", k("n"), 0),
+                    "expire" => ("UPDATE headcount_kv SET expires_at = ?2 WHERE key = ?1 AND expires_at IS NOT NULL", k("n"), ttl_ms),
+                    "compare_and_set" => ("UPDATE headcount_kv SET value = 'x', expires_at = ?2 WHERE key = ?1 AND value = 'x'", k("c"), ttl_ms),
+                    "delete" => ("DELETE FROM headcount_kv WHERE key = ?1 AND ?2 IS NOT NULL", k("absent"), 0),
+                    "list" => ("SELECT key, value FROM headcount_kv WHERE key >= ?1 AND key < ?1 || x'ff' AND ?2 IS NOT NULL ORDER BY key", format!("{}l:", t.prefix), 0),
+                    _ => ("INSERT INTO headcount_kv (key, value, expires_at) VALUES (?1, CAST(?2 AS TEXT), NULL) \
+                           ON CONFLICT (key) DO UPDATE SET value = excluded.value WHERE CAST(value AS INTEGER) < ?2", k("rm"), n as i64),
+                };
+                tokio::task::spawn_blocking(move || {
+                    let conn = conn.lock().unwrap();
+                    let mut st = conn.prepare_cached(sql).unwrap();
+                    let mut rows = st.query(rusqlite::params![key, arg]).unwrap();
+                    while rows.next().unwrap().is_some() {}
+                })
+                .await
+                .unwrap();
+            }
+        }
+    })
+}
+
+/// The SQL of the raw PostgreSQL side (`$1` the key, `$2` the TTL in ms or the number).
+fn pg_sql(primitive: &str) -> String {
+    let hash = r"sha256(replace($1::text, E'\\', E'\\\\')::bytea)";
+    let live = "(cur.expires_at IS NULL OR cur.expires_at > now())";
+    match primitive {
+                    "incr" => format!(
+                        "INSERT INTO headcount_kv AS cur (key, value, expires_at) VALUES ($1, '1', now() + $2::bigint * interval '1 millisecond') \
+                         ON CONFLICT (key_hash) DO UPDATE SET value = CASE WHEN {live} THEN (cur.value::bigint + 1)::text ELSE '1' END, \
+                         expires_at = CASE WHEN {live} THEN cur.expires_at ELSE EXCLUDED.expires_at END RETURNING cur.value::bigint"
+                    ),
+                    "get" => format!("SELECT cur.value FROM headcount_kv AS cur WHERE cur.key_hash = {hash} AND {live} AND $2::bigint IS NOT NULL"),
+                    "expire" => format!("UPDATE headcount_kv AS cur SET expires_at = now() + $2::bigint * interval '1 millisecond' WHERE cur.key_hash = {hash} AND {live}"),
+                    "compare_and_set" => format!("UPDATE headcount_kv AS cur SET value = 'x', expires_at = now() + $2::bigint * interval '1 millisecond' WHERE cur.key_hash = {hash} AND cur.value = 'x' AND {live}"),
+                    "delete" => format!("DELETE FROM headcount_kv AS cur WHERE cur.key_hash = {hash} AND $2::bigint IS NOT NULL"),
+                    "list" => "SELECT cur.key, cur.value FROM headcount_kv AS cur WHERE left(cur.key, 512) LIKE $1 || '%' AND $2::bigint IS NOT NULL ORDER BY cur.key".to_owned(),
+                    "set_max" => "INSERT INTO headcount_kv AS cur (key, value, expires_at) VALUES ($1, $2::bigint::text, now() + interval '60 seconds') \
+                         ON CONFLICT (key_hash) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at WHERE cur.value::bigint < $2::bigint"
+                        .to_owned(),
+                    other => panic!("{other}"),
+    }
+}
+
+/// Latency samples and totals of one benchmark.
+#[derive(Default)]
+struct Stats {
+    latencies: Vec<Duration>,
+    ops: u64,
+    elapsed: Duration,
+}
+
+type Results = Arc<Mutex<BTreeMap<(String, &'static str, usize, bool), Stats>>>;
+
+async fn setup(backend: Backend) -> Option<Target> {
+    let url = match backend.shared().await {
+        Ok(url) => url,
+        Err(e) => {
+            assert!(!backend.required(), "{}: {e}", backend.name());
+            eprintln!("SKIP bench {}: {e}", backend.name());
+            return None;
+        }
+    };
+    let adapter = headcount::connect(&url).await.unwrap();
+    let prefix = format!("hcb:{{{:08x}}}:", rand::random::<u32>());
+    let raw = match backend {
+        Backend::Redis => {
+            let client = redis::Client::open(url.as_str()).unwrap();
+            Raw::Redis(client.get_multiplexed_async_connection().await.unwrap())
+        }
+        Backend::Etcd => {
+            let endpoint = url.trim_start_matches("etcd://").to_owned();
+            let mut client = etcd_client::Client::connect([endpoint], None)
+                .await
+                .unwrap();
+            let lease = client.lease_grant(3600, None).await.unwrap().id();
+            Raw::Etcd(client.kv_client(), lease)
+        }
+        Backend::Postgres => {
+            let mut clients = Vec::new();
+            for _ in 0..16 {
+                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                let mut statements = BTreeMap::new();
+                for p in PRIMITIVES {
+                    statements.insert(p, client.prepare(&pg_sql(p)).await.unwrap());
+                }
+                clients.push((client, statements));
+            }
+            Raw::Postgres(clients)
+        }
+        _ => {
+            let path = url.trim_start_matches("sqlite://").to_owned();
+            let conn = rusqlite::Connection::open(path).unwrap();
+            conn.busy_timeout(Duration::from_secs(5)).unwrap();
+            Raw::Sqlite(Arc::new(Mutex::new(conn)))
+        }
+    };
+    let t = Target {
+        backend: backend.name(),
+        adapter,
+        raw,
+        prefix,
+    };
+    // Keys the reads and writes find: counters, CAS values, a listing of 10 keys.
+    for task in 0..16 {
+        t.adapter
+            .incr(&key(&t, "n", task), Some(TTL))
+            .await
+            .unwrap();
+        t.adapter
+            .compare_and_set(&key(&t, "c", task), None, "x", Some(TTL))
+            .await
+            .unwrap();
+    }
+    for i in 0..10 {
+        t.adapter
+            .compare_and_set(&format!("{}l:{i}", t.prefix), None, "v", Some(TTL))
+            .await
+            .unwrap();
+    }
+    Some(t)
+}
+
+fn bench(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let results: Results = Arc::default();
+    let mut targets = Vec::new();
+    for backend in [
+        Backend::Redis,
+        Backend::Etcd,
+        Backend::Postgres,
+        Backend::Sqlite,
+    ] {
+        if let Some(t) = runtime.block_on(setup(backend)) {
+            targets.push(Arc::new(t));
+        }
+    }
+    let counter = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    for t in &targets {
+        for primitive in PRIMITIVES {
+            let mut group = c.benchmark_group(format!("{}/{primitive}", t.backend));
+            for concurrency in CONCURRENCY {
+                for raw in [false, true] {
+                    let id = format!("{}/c{concurrency}", if raw { "raw" } else { "adapter" });
+                    let results = results.clone();
+                    let counter = counter.clone();
+                    let t = t.clone();
+                    group.bench_function(id, |b| {
+                        b.iter_custom(|iters| {
+                            let t2 = t.clone();
+                            let counter = counter.clone();
+                            let (lat, elapsed) = runtime.block_on(async move {
+                                let started = Instant::now();
+                                let mut lat = Vec::with_capacity(iters as usize * concurrency);
+                                for _ in 0..iters {
+                                    let n =
+                                        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    let calls = (0..concurrency).map(|task| {
+                                        let t = &t2;
+                                        async move {
+                                            let s = Instant::now();
+                                            if raw {
+                                                raw_call(t, primitive, task, n).await;
+                                            } else {
+                                                adapter_call(t, primitive, task, n).await;
+                                            }
+                                            s.elapsed()
+                                        }
+                                    });
+                                    lat.extend(futures::future::join_all(calls).await);
+                                }
+                                (lat, started.elapsed())
+                            });
+                            let mut r = results.lock().unwrap();
+                            let s = r
+                                .entry((t.backend.to_owned(), primitive, concurrency, raw))
+                                .or_default();
+                            s.ops += lat.len() as u64;
+                            s.elapsed += elapsed;
+                            s.latencies.extend(lat);
+                            elapsed
+                        });
+                    });
+                }
+            }
+            group.finish();
+        }
+    }
+    print_table(&results.lock().unwrap());
+}
+
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = (p * sorted.len()).div_ceil(100).max(1);
+    sorted[rank - 1]
+}
+
+fn print_table(results: &BTreeMap<(String, &'static str, usize, bool), Stats>) {
+    println!();
+    println!("| backend | primitive | conc. | adapter ops/s | p50 | p99 | raw ops/s | p50 | p99 | adapter/raw |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
+    for backend in ["redis", "etcd", "postgres", "sqlite"] {
+        for primitive in PRIMITIVES {
+            for concurrency in CONCURRENCY {
+                let get = |raw| results.get(&(backend.to_owned(), primitive, concurrency, raw));
+                let (Some(a), Some(r)) = (get(false), get(true)) else {
+                    continue;
+                };
+                let rate = |s: &Stats| s.ops as f64 / s.elapsed.as_secs_f64().max(1e-9);
+                let mut al = a.latencies.clone();
+                al.sort_unstable();
+                let mut rl = r.latencies.clone();
+                rl.sort_unstable();
+                let ratio = rate(a) / rate(r).max(1e-9);
+                println!(
+                    "| {backend} | {primitive} | {concurrency} | {:.0} | {} | {} | {:.0} | {} | {} | {:.2}{} |",
+                    rate(a),
+                    ms(percentile(&al, 50)),
+                    ms(percentile(&al, 99)),
+                    rate(r),
+                    ms(percentile(&rl, 50)),
+                    ms(percentile(&rl, 99)),
+                    ratio,
+                    if ratio < 0.9 { " ✗" } else { "" }
+                );
+            }
+        }
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,221 @@
+//! A TCP proxy the harness puts between a fault case's store and its server, to cut the
+//! connection without touching the server: [`Proxy::cut`] drops every open connection and
+//! blackholes new ones (accepted, never answered, like a network partition), [`Proxy::heal`]
+//! lets traffic pass again (connections held during the cut then reach the server, as TCP
+//! retransmission would after a partition heals).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Whether traffic passes, and the generation of connections that may live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct State {
+    passing: bool,
+    generation: u64,
+}
+
+/// The upstream port of a [`Proxy`], settable after it started (a Redis Cluster node must know
+/// its proxy's port before the proxy can know the node's).
+#[derive(Debug, Clone, Default)]
+pub struct Upstream(Arc<AtomicU16>);
+
+impl Upstream {
+    /// Sets the port connections are forwarded to.
+    pub fn set(&self, port: u16) {
+        self.0.store(port, Ordering::SeqCst);
+    }
+}
+
+/// A loopback TCP proxy to one upstream port. Stops when dropped.
+#[derive(Debug)]
+pub struct Proxy {
+    port: u16,
+    upstream: Upstream,
+    state: watch::Sender<State>,
+    accept: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards to `127.0.0.1:upstream`.
+    pub async fn start(upstream: u16) -> io::Result<Proxy> {
+        let proxy = Proxy::unbound().await?;
+        proxy.upstream.set(upstream);
+        Ok(proxy)
+    }
+
+    /// Listens on a free loopback port; connections are forwarded once [`Proxy::upstream`] is
+    /// set (before that they are closed).
+    pub async fn unbound() -> io::Result<Proxy> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let port = listener.local_addr()?.port();
+        let (state, rx) = watch::channel(State {
+            passing: true,
+            generation: 0,
+        });
+        let upstream = Upstream::default();
+        let target = upstream.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(serve(client, target.clone(), rx.clone()));
+            }
+        });
+        Ok(Proxy {
+            port,
+            upstream,
+            state,
+            accept,
+        })
+    }
+
+    /// The slot holding the upstream port.
+    pub fn upstream(&self) -> Upstream {
+        self.upstream.clone()
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Drops every open connection and holds new ones without answering.
+    pub fn cut(&self) {
+        self.state.send_modify(|s| {
+            s.passing = false;
+            s.generation += 1;
+        });
+    }
+
+    /// Lets traffic pass again.
+    pub fn heal(&self) {
+        self.state.send_modify(|s| s.passing = true);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        // Ends every connection task too.
+        self.state.send_modify(|s| s.generation += 1);
+    }
+}
+
+async fn serve(mut client: TcpStream, upstream: Upstream, mut rx: watch::Receiver<State>) {
+    // Blackhole: hold the connection until traffic passes (or the proxy goes).
+    loop {
+        if rx.borrow_and_update().passing {
+            break;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+    let generation = rx.borrow().generation;
+    let port = upstream.0.load(Ordering::SeqCst);
+    if port == 0 {
+        return;
+    }
+    let target = SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut server) = TcpStream::connect(target).await else {
+        // The server is down: close, as a refused connection would.
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+        _ = async {
+            loop {
+                if rx.changed().await.is_err() || rx.borrow().generation != generation {
+                    return;
+                }
+            }
+        } => {}
+    }
+}
+
+/// A [`ServerControl`](crate::ServerControl) that adds [`Proxy`]s to another: kill, start,
+/// pause and resume go to the servers, cut and heal to the proxies.
+#[derive(Debug)]
+pub struct Proxied {
+    inner: Arc<dyn crate::ServerControl>,
+    proxies: Vec<Proxy>,
+}
+
+impl Proxied {
+    /// Puts a proxy in front of every `127.0.0.1:<port>` the URL names; returns the control and
+    /// the URL rewritten to go through the proxies.
+    pub async fn wrap(
+        inner: Arc<dyn crate::ServerControl>,
+        url: &str,
+    ) -> io::Result<(Proxied, String)> {
+        const HOST: &str = "127.0.0.1:";
+        let mut out = String::with_capacity(url.len());
+        let mut rest = url;
+        let mut proxies = Vec::new();
+        while let Some(at) = rest.find(HOST) {
+            let after = &rest[at + HOST.len()..];
+            let end = after
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(after.len());
+            let upstream: u16 = after[..end]
+                .parse()
+                .map_err(|_| io::Error::other("a malformed port in the store URL"))?;
+            let proxy = Proxy::start(upstream).await?;
+            out.push_str(&rest[..at]);
+            out.push_str(&format!("{HOST}{}", proxy.port()));
+            proxies.push(proxy);
+            rest = &after[end..];
+        }
+        out.push_str(rest);
+        if proxies.is_empty() {
+            return Err(io::Error::other(
+                "the store URL names no 127.0.0.1 port to put a proxy in front of",
+            ));
+        }
+        Ok((Proxied { inner, proxies }, out))
+    }
+
+    /// A control over `inner` with proxies already in place (their ports in the store's URL).
+    pub fn with_proxies(inner: Arc<dyn crate::ServerControl>, proxies: Vec<Proxy>) -> Self {
+        Proxied { inner, proxies }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::ServerControl for Proxied {
+    fn op_timeout(&self) -> std::time::Duration {
+        self.inner.op_timeout()
+    }
+
+    async fn kill(&self) -> io::Result<()> {
+        self.inner.kill().await
+    }
+
+    async fn start(&self) -> io::Result<()> {
+        self.inner.start().await
+    }
+
+    async fn pause(&self) -> io::Result<()> {
+        self.inner.pause().await
+    }
+
+    async fn resume(&self) -> io::Result<()> {
+        self.inner.resume().await
+    }
+
+    async fn cut(&self) -> io::Result<()> {
+        self.proxies.iter().for_each(Proxy::cut);
+        Ok(())
+    }
+
+    async fn heal(&self) -> io::Result<()> {
+        self.proxies.iter().for_each(Proxy::heal);
+        Ok(())
+    }
+}

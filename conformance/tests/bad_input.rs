@@ -1,0 +1,103 @@
+//! Bad input against real servers: the Redis backend pointed at an etcd port, a wrong Redis
+//! password, a Redis list where headcount expects a string. Each is a clear typed error within
+//! the deadline: no panic, no hang.
+#![cfg(all(feature = "redis", feature = "etcd"))]
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use headcount::ErrorKind;
+use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+
+/// A dedicated store, or None (with a SKIP line) when the server is not installed.
+fn start(backend: Backend, f: fn() -> Result<KvStore, Unavailable>) -> Option<KvStore> {
+    match f() {
+        Ok(s) => Some(s),
+        Err(Unavailable::Missing(why)) if !backend.required() => {
+            let _ = writeln!(std::io::stderr(), "SKIP bad_input: {why}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Sends one inline command to a Redis server and returns the first reply line.
+fn redis_raw(port: u16, command: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.write_all(format!("{command}\r\n").as_bytes()).unwrap();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_pointed_at_etcd_is_rejected_quickly() {
+    let Some(etcd) = start(Backend::Etcd, || KvStore::etcd(1, None)) else {
+        return;
+    };
+    let port = etcd.servers[0].port;
+    let started = Instant::now();
+    let err = headcount::connect(&format!("redis://127.0.0.1:{port}?timeout=3s"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Rejected, "{err}");
+    assert!(err.to_string().contains("RESP"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_redis_password_is_rejected_and_a_list_is_a_foreign_value() {
+    let Some(redis) = start(Backend::Redis, || KvStore::redis(None)) else {
+        return;
+    };
+    let port = redis.servers[0].port;
+
+    // A list at one of our keys.
+    let url = format!("redis://127.0.0.1:{port}?timeout=3s");
+    let store = headcount::connect(&url).await.unwrap();
+    assert!(redis_raw(port, "RPUSH hc:{g}:list a b").starts_with(':'));
+    let k = "hc:{g}:list";
+    for (what, result) in [
+        ("get", store.get(k).await.map(|_| ())),
+        ("incr", store.incr(k, None).await.map(|_| ())),
+        ("set_max", store.set_max(k, 5, None).await.map(|_| ())),
+        (
+            "compare_and_set",
+            store
+                .compare_and_set(k, Some("a"), "b", None)
+                .await
+                .map(|_| ()),
+        ),
+        ("list", store.list("hc:{g}:").await.map(|_| ())),
+    ] {
+        let err = result.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ForeignValue, "{what}: {err}");
+    }
+    assert!(redis_raw(port, "TYPE hc:{g}:list").starts_with("+list"));
+
+    // A wrong password, then none at all, once the server requires one.
+    assert!(redis_raw(port, "CONFIG SET requirepass right-one").starts_with("+OK"));
+    for url in [
+        format!("redis://:hunter22@127.0.0.1:{port}?timeout=3s"),
+        format!("redis://alice:hunter22@127.0.0.1:{port}?timeout=3s"),
+        format!("redis://127.0.0.1:{port}?timeout=3s"),
+    ] {
+        let started = Instant::now();
+        let err = headcount::connect(&url).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Rejected, "{url}: {err}");
+        assert!(!format!("{err} {err:?}").contains("hunter22"), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+    let ok = headcount::connect(&format!("redis://:right-one@127.0.0.1:{port}?timeout=3s"))
+        .await
+        .unwrap();
+    assert_eq!(ok.incr("hc:{g}:n", None).await.unwrap(), 1);
+}

@@ -1,0 +1,9 @@
+//! Every conformance case against a 3-member etcd cluster: `HEADCOUNT_TEST_ETCD_CLUSTER_URL`, or
+//! three `etcd` members the harness starts, with every member as an endpoint.
+#![cfg(feature = "etcd")]
+
+headcount_conformance::conformance_tests!(
+    etcd_cluster,
+    headcount_conformance::harness::Backend::EtcdCluster,
+    cluster
+);

@@ -1,0 +1,12 @@
+//! The recipes: coordination algorithms written once over [`Store`](crate::Store), so they run on
+//! every backend.
+//!
+//! * [`interval`]: the interval indexer of the "Distributed Peer Indexing" articles, with the safe
+//!   index transition they leave out.
+
+pub mod interval;
+
+pub use interval::{
+    IntervalConfig, IntervalIndexer, IntervalPeer, IntervalStatus, Ownership, Pair, PeerHealth,
+    Phase, TaskGuard,
+};
