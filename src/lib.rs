@@ -42,7 +42,9 @@ pub fn redact_url(url: &str) -> String {
         Some(i) => url.split_at(i + 3),
         None => return redact_query(url),
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    // The authority ends at the first `/` or `?`, as the backends parse it; not at `#`, which a
+    // password may hold (the PostgreSQL parser accepts it), and which must be hidden with it.
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     let authority = match authority.rfind('@') {
         Some(at) => {
@@ -206,6 +208,8 @@ mod tests {
             ),
             ("postgres://u@h/db", "postgres://u@h/db"),
             ("postgres://u:p@ss@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:ab#cd@h/db", "postgres://u:***@h/db"),
+            ("redis://:a#b@h:6379", "redis://:***@h:6379"),
             (
                 "postgresql:///db?user=u&password=pw",
                 "postgresql:///db?user=u&password=***",

@@ -61,11 +61,11 @@ impl Statements {
         let t = format!("\"{table}\"");
         let live = "(cur.expires_at IS NULL OR cur.expires_at > now())";
         let expired = "(cur.expires_at IS NOT NULL AND cur.expires_at <= now())";
-        // `::bigint` alone would accept " 7" (it trims spaces) where core's parse_counter refuses
-        // it; anything but plain decimal digits is cast from 'x' instead, which raises 22P02 and
-        // so reports the same ForeignValue as every other backend.
+        // `::bigint` alone would accept " 7", "+7" or "007" where core's parse_counter (and
+        // Redis's INCR) refuse them; anything but canonical decimal is cast from 'x' instead,
+        // which raises 22P02 and so reports the same ForeignValue as every other backend.
         let stored_int =
-            "(CASE WHEN cur.value ~ '^[+-]?[0-9]+$' THEN cur.value ELSE 'x' END)::bigint";
+            "(CASE WHEN cur.value ~ '^(0|-?[1-9][0-9]*)$' THEN cur.value ELSE 'x' END)::bigint";
         // sha256 of the key's bytes. `convert_to` would say it more plainly but is only STABLE,
         // which a generated column refuses; doubling backslashes makes the IMMUTABLE text->bytea
         // cast take every byte literally (its escape syntax is just `\\` and `\ooo`, and `\x`

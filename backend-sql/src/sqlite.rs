@@ -570,15 +570,23 @@ fn upsert(conn: &Connection, key: &str, value: &str, expires_at: Option<i64>) ->
     Ok(())
 }
 
-fn incr(conn: &mut Connection, key: &str, ttl_ms: Option<i64>) -> Result<i64> {
+/// Runs `op` in a write transaction with the clock read after the write lock is taken, so a long
+/// wait for the lock (another process writing) cannot make liveness be judged, or an expiry set,
+/// at a stale instant: a reader meanwhile may already have seen the key expire.
+fn locked_write<T>(
+    conn: &mut Connection,
+    op: impl FnOnce(&Connection, i64) -> Result<T>,
+) -> Result<T> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .sql()?;
-    // Read the clock after taking the write lock, so a long wait for it cannot make us judge
-    // liveness (or set an expiry) at a stale instant.
-    let next = add_to_counter(&tx, key, 1, ttl_ms, now_ms())?;
+    let out = op(&tx, now_ms())?;
     tx.commit().sql()?;
-    Ok(next)
+    Ok(out)
+}
+
+fn incr(conn: &mut Connection, key: &str, ttl_ms: Option<i64>) -> Result<i64> {
+    locked_write(conn, |tx, now| add_to_counter(tx, key, 1, ttl_ms, now))
 }
 
 /// Adds `by` to the counter at `key` inside the caller's write transaction, judging liveness at
@@ -617,39 +625,44 @@ fn incr_and_get(
     ttl_ms: Option<i64>,
     get_key: &str,
 ) -> Result<(i64, Option<String>)> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .sql()?;
-    let now = now_ms();
-    let next = add_to_counter(&tx, key, by, ttl_ms, now)?;
-    let read = live_value(&tx, get_key, now)?;
-    tx.commit().sql()?;
-    Ok((next, read))
+    locked_write(conn, |tx, now| {
+        let next = add_to_counter(tx, key, by, ttl_ms, now)?;
+        Ok((next, live_value(tx, get_key, now)?))
+    })
 }
 
 fn set_max(conn: &mut Connection, key: &str, value: i64, ttl_ms: Option<i64>) -> Result<bool> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .sql()?;
-    let now = now_ms();
-    if let Some(text) = live_value(&tx, key, now)? {
-        if parse_counter(key, &text)? >= value {
-            return Ok(false);
+    locked_write(conn, |tx, now| {
+        if let Some(text) = live_value(tx, key, now)? {
+            if parse_counter(key, &text)? >= value {
+                return Ok(false);
+            }
         }
-    }
-    upsert(&tx, key, &value.to_string(), expiry(now, ttl_ms))?;
-    tx.commit().sql()?;
-    Ok(true)
+        upsert(tx, key, &value.to_string(), expiry(now, ttl_ms))?;
+        Ok(true)
+    })
 }
 
 fn compare_and_set(
-    conn: &Connection,
+    conn: &mut Connection,
     key: &str,
     expected: Option<&str>,
     new: &str,
     ttl_ms: Option<i64>,
 ) -> Result<bool> {
-    let now = now_ms();
+    locked_write(conn, |conn, now| {
+        compare_and_set_at(conn, now, key, expected, new, ttl_ms)
+    })
+}
+
+fn compare_and_set_at(
+    conn: &Connection,
+    now: i64,
+    key: &str,
+    expected: Option<&str>,
+    new: &str,
+    ttl_ms: Option<i64>,
+) -> Result<bool> {
     let expires_at = expiry(now, ttl_ms);
     // Each branch is one statement, which SQLite runs atomically under its write lock.
     let changed = match expected {
@@ -674,31 +687,34 @@ fn compare_and_set(
     Ok(changed == 1)
 }
 
-fn expire(conn: &Connection, key: &str, ttl_ms: i64) -> Result<bool> {
-    let now = now_ms();
-    let changed = conn
-        .prepare_cached(&format!(
-            "UPDATE {TABLE} SET expires_at = ?3
-             WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)"
-        ))
-        .sql()?
-        .execute(params![key, now, expiry(now, Some(ttl_ms))])
-        .sql()?;
-    Ok(changed == 1)
+fn expire(conn: &mut Connection, key: &str, ttl_ms: i64) -> Result<bool> {
+    locked_write(conn, |conn, now| {
+        let changed = conn
+            .prepare_cached(&format!(
+                "UPDATE {TABLE} SET expires_at = ?3
+                 WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)"
+            ))
+            .sql()?
+            .execute(params![key, now, expiry(now, Some(ttl_ms))])
+            .sql()?;
+        Ok(changed == 1)
+    })
 }
 
-fn delete(conn: &Connection, key: &str) -> Result<bool> {
-    // An expired row is removed too (it is garbage anyway), but only a live one counts.
-    let live: Option<bool> = conn
-        .prepare_cached(&format!(
-            "DELETE FROM {TABLE} WHERE key = ?1
-             RETURNING (expires_at IS NULL OR expires_at > ?2)"
-        ))
-        .sql()?
-        .query_row(params![key, now_ms()], |row| row.get(0))
-        .optional()
-        .sql()?;
-    Ok(live.unwrap_or(false))
+fn delete(conn: &mut Connection, key: &str) -> Result<bool> {
+    locked_write(conn, |conn, now| {
+        // An expired row is removed too (it is garbage anyway), but only a live one counts.
+        let live: Option<bool> = conn
+            .prepare_cached(&format!(
+                "DELETE FROM {TABLE} WHERE key = ?1
+                 RETURNING (expires_at IS NULL OR expires_at > ?2)"
+            ))
+            .sql()?
+            .query_row(params![key, now], |row| row.get(0))
+            .optional()
+            .sql()?;
+        Ok(live.unwrap_or(false))
+    })
 }
 
 fn list(conn: &Connection, prefix: &str) -> Result<Vec<(String, String)>> {

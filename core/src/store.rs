@@ -174,7 +174,8 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// `get` + `compare_and_set` loop, which re-applies `ttl` on every write instead of only on
     /// creation), so the read is not atomic with the increment. Backends that can do both in one
     /// atomic round trip (one transaction, one statement, one script) override it and say so in
-    /// [`Capabilities::native_incr_and_get`]; their read sees the store as of the increment.
+    /// [`Capabilities::native_incr_and_get`]; their read is taken in the same atomic step as the
+    /// increment (PostgreSQL: from the statement's snapshot, which may predate a row-lock wait).
     async fn incr_and_get(
         &self,
         incr_key: &str,
@@ -339,11 +340,19 @@ pub fn ttl_millis(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
 }
 
-/// Parses a stored counter: decimal text of an `i64`, nothing else (no spaces, no fraction).
-/// Anything else is [`Error::ForeignValue`] naming `key`.
+/// Parses a stored counter: the canonical decimal text of an `i64`, which is `0` or an optional
+/// `-` and a digit 1-9 followed by digits (no `+`, no leading zeros, no `-0`, no spaces, no
+/// fraction). That is exactly what Redis's `INCR` accepts and what `i64::to_string` writes, so
+/// every backend agrees on what is a counter. Anything else is [`Error::ForeignValue`] naming `key`.
 pub fn parse_counter(key: &str, text: &str) -> Result<i64> {
-    text.parse::<i64>()
-        .map_err(|_| Error::foreign(key, "a decimal integer", text))
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let canonical = text == "0"
+        || (digits.starts_with(|c: char| ('1'..='9').contains(&c))
+            && digits.bytes().all(|b| b.is_ascii_digit()));
+    canonical
+        .then(|| text.parse::<i64>().ok())
+        .flatten()
+        .ok_or_else(|| Error::foreign(key, "a decimal integer", text))
 }
 
 #[cfg(test)]
@@ -398,7 +407,23 @@ mod tests {
     fn counters_parse_strictly() {
         assert_eq!(parse_counter("k", "42").ok(), Some(42));
         assert_eq!(parse_counter("k", "-7").ok(), Some(-7));
-        for bad in ["abc", "", " 1", "1.5", "99999999999999999999"] {
+        assert_eq!(parse_counter("k", "0").ok(), Some(0));
+        assert_eq!(
+            parse_counter("k", "-9223372036854775808").ok(),
+            Some(i64::MIN)
+        );
+        for bad in [
+            "abc",
+            "",
+            " 1",
+            "1.5",
+            "99999999999999999999",
+            "+5",
+            "007",
+            "-0",
+            "-",
+            "00",
+        ] {
             assert!(
                 matches!(parse_counter("k", bad), Err(Error::ForeignValue { .. })),
                 "{bad:?}"

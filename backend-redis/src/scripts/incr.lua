@@ -4,6 +4,14 @@
 local created = redis.call('EXISTS', KEYS[1]) == 0
 local ok, n = pcall(redis.call, 'INCR', KEYS[1])
 if not ok then
+  -- Only a value INCR cannot count (not an integer, out of range, another type) is foreign; a
+  -- fault of the store (OOM, READONLY after a failover, MISCONF) goes back as the error it is,
+  -- so the client sees it as retryable.
+  local msg = type(n) == 'table' and n.err or tostring(n)
+  if not (string.find(msg, 'WRONGTYPE', 1, true) or string.find(msg, 'not an integer', 1, true)
+      or string.find(msg, 'overflow', 1, true)) then
+    return redis.error_reply(msg)
+  end
   -- Not an integer, out of range, or not a string at all (WRONGTYPE): INCR wrote nothing.
   local t = redis.call('TYPE', KEYS[1])['ok']
   if t == 'string' then

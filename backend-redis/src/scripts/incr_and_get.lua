@@ -5,6 +5,14 @@
 local created = redis.call('EXISTS', KEYS[1]) == 0
 local ok, n = pcall(redis.call, 'INCRBY', KEYS[1], ARGV[1])
 if not ok then
+  -- Only a value INCR cannot count (not an integer, out of range, another type) is foreign; a
+  -- fault of the store (OOM, READONLY after a failover, MISCONF) goes back as the error it is,
+  -- so the client sees it as retryable.
+  local msg = type(n) == 'table' and n.err or tostring(n)
+  if not (string.find(msg, 'WRONGTYPE', 1, true) or string.find(msg, 'not an integer', 1, true)
+      or string.find(msg, 'overflow', 1, true)) then
+    return redis.error_reply(msg)
+  end
   local t = redis.call('TYPE', KEYS[1])['ok']
   if t == 'string' then
     return {'foreign', redis.call('GET', KEYS[1])}

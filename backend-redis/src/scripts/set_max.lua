@@ -4,12 +4,12 @@
 --
 -- Lua numbers are doubles, exact only to 2^53, so numbers are compared as decimal text.
 
--- Splits strict decimal i64 text into (negative, digits without leading zeros), or nil.
+-- Splits canonical decimal i64 text ("0", or an optional '-' then 1-9 then digits: what INCR
+-- accepts and headcount's parse_counter too) into (negative, digits), or nil.
 local function parse(s)
-  local sign, digits = string.match(s, '^([+-]?)(%d+)$')
+  if s == '0' then return false, '0' end
+  local sign, digits = string.match(s, '^(%-?)([1-9]%d*)$')
   if not digits then return nil end
-  digits = (string.gsub(digits, '^0+', ''))
-  if digits == '' then return false, '0' end
   local neg = sign == '-'
   local limit = neg and '9223372036854775808' or '9223372036854775807'
   if #digits > 19 or (#digits == 19 and digits > limit) then return nil end

@@ -32,9 +32,18 @@ pub async fn get_absent(ctx: &Ctx) -> CaseResult {
 /// [`ErrorKind::ForeignValue`] and leave the value as it was.
 pub async fn foreign_value_typed_error(ctx: &Ctx) -> CaseResult {
     let store = &ctx.store;
-    for (i, foreign) in ["abc", "1.5", "", " 7", "99999999999999999999"]
-        .into_iter()
-        .enumerate()
+    for (i, foreign) in [
+        "abc",
+        "1.5",
+        "",
+        " 7",
+        "99999999999999999999",
+        "+5",
+        "007",
+        "-0",
+    ]
+    .into_iter()
+    .enumerate()
     {
         let k = ctx.key(&format!("foreign{i}"));
         put(ctx, &k, foreign, None).await?;
