@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use headcount::recipes::interval::{live_peers, IntervalConfig, IntervalIndexer, IntervalPeer};
+use headcount::recipes::interval::{
+    live_peers, IntervalConfig, IntervalIndexer, IntervalPeer, TaskGuard,
+};
 use headcount::recipes::{Pair, Phase};
 use headcount::{Capabilities, Clock, DynStore, Error, ErrorKind, ManualClock, OffsetClock, Store};
 use tokio::time::Instant;
 
-use super::{expect_kind, POLL_INTERVAL, SHORT_TTL};
+use super::expect_kind;
 use crate::{ensure, ensure_eq, CaseResult, Ctx, Failure, ResultExt};
 
 /// The interval of every case.
@@ -156,19 +158,43 @@ pub async fn incr_and_get_fused(ctx: &Ctx) -> CaseResult {
         "the counter reads back as decimal text"
     );
 
-    // The TTL applies on creation.
+    // The TTL applies on creation only: later calls, with no TTL or a longer one, keep it.
     let (c, d) = (ctx.key("iag:c"), ctx.key("iag:d"));
-    s.incr_and_get(&c, 1, Some(SHORT_TTL), &d)
+    let ttl = Duration::from_secs(1);
+    let effective = ctx.caps().effective_ttl(ttl);
+    let sent = Instant::now();
+    let got = s
+        .incr_and_get(&c, 1, Some(ttl), &d)
         .await
         .during("with a TTL")?;
-    let deadline = Instant::now() + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance() * 4;
-    while s.get(&c).await.during("get")?.is_some() {
-        ensure!(
-            Instant::now() < deadline,
-            "the counter created by incr_and_get with a TTL of {SHORT_TTL:?} did not expire"
-        );
-        tokio::time::sleep(POLL_INTERVAL).await;
-    }
+    let done = Instant::now();
+    ensure_eq!(
+        got,
+        (1, None),
+        "incr_and_get creating the counter with a TTL"
+    );
+    let got = s
+        .incr_and_get(&c, 1, Some(Duration::from_secs(60)), &d)
+        .await
+        .during("with a 60 s TTL")?;
+    ensure_eq!(
+        got.0,
+        2,
+        "incr_and_get with a 60 s TTL on the existing counter"
+    );
+    let got = s
+        .incr_and_get(&c, 2, None, &d)
+        .await
+        .during("by 2 without a TTL")?;
+    ensure_eq!(got.0, 4, "incr_and_get by 2 without a TTL");
+    ensure!(
+        Instant::now() < sent + effective,
+        "three incr_and_get calls took {:?}, longer than the {effective:?} TTL under test: the \
+         store is too slow for this case",
+        sent.elapsed()
+    );
+    // Had a later call refreshed the TTL, the counter would outlive the first one's deadline.
+    super::expect_expiry(ctx, &c, "4", sent, done, ttl).await?;
 
     // A foreign value at the counter is a typed error and stays as it was.
     let e = ctx.key("iag:e");
@@ -346,7 +372,7 @@ pub async fn interval_article_timeline(ctx: &Ctx) -> CaseResult {
     Ok(())
 }
 
-/// What [`converge_with_offsets`] saw.
+/// What [`converge_with_offsets`] and [`converge_with_schedule`] saw.
 #[derive(Debug, Clone, Default)]
 pub struct Convergence {
     /// How long after the last join the active pairs first formed a partition (distinct indices
@@ -354,8 +380,24 @@ pub struct Convergence {
     pub after_last_join: Option<Duration>,
     /// Observations (per step, per task id of a sample) of a task owned by two peers at once.
     pub double_owned: u64,
+    /// Pairs of one epoch, observed (active) at any time on two different peers, that own a
+    /// common task: the counts behind them differed, so the interval's pairs were not disjoint.
+    pub same_epoch_conflicts: Vec<(String, Pair, String, Pair)>,
     /// The active pairs at the end, by peer.
     pub last: Vec<Option<Pair>>,
+}
+
+/// One peer of [`converge_with_schedule`].
+#[derive(Debug, Clone, Copy)]
+pub struct Joiner {
+    /// When it joins, after the start of the timeline (an interval boundary).
+    pub at: Duration,
+    /// How far its clock is ahead of the shared timeline.
+    pub ahead: Duration,
+    /// How far its clock is behind the shared timeline (used when `ahead` is zero).
+    pub behind: Duration,
+    /// Its skew; drawn at random below `7 I / 16` when `None`.
+    pub skew: Option<Duration>,
 }
 
 /// Joins one peer per offset (its clock that far ahead of the shared timeline, its skew drawn at
@@ -366,23 +408,71 @@ pub async fn converge_with_offsets(
     offsets: &[Duration],
     start_interval: u64,
 ) -> Result<Convergence, Failure> {
-    let mut sim = Sim::new(30.0 * start_interval as f64 + 1.0);
+    let joiners: Vec<Joiner> = offsets
+        .iter()
+        .zip(0u32..)
+        .map(|(&ahead, i)| Joiner {
+            at: secs(1.0) + INTERVAL / 3 * i,
+            ahead,
+            behind: Duration::ZERO,
+            skew: None,
+        })
+        .collect();
+    converge_with_schedule(ctx, &joiners, start_interval).await
+}
+
+/// Whether two pairs own a common task (the ownership repeats every `replicas` product).
+fn overlap(a: &Pair, b: &Pair) -> bool {
+    let period = a
+        .replicas
+        .max(1)
+        .saturating_mul(b.replicas.max(1))
+        .min(1 << 20);
+    (0..period).any(|t| a.owns(t) && b.owns(t))
+}
+
+/// Joins the peers of `joiners` (sorted by `at`) on a timeline starting at the boundary of
+/// interval `start_interval + 1`, then watches every second for three intervals after the last
+/// join whether their active pairs partition the tasks, and records double ownership at one
+/// instant and between two pairs of one epoch.
+pub async fn converge_with_schedule(
+    ctx: &Ctx,
+    joiners: &[Joiner],
+    start_interval: u64,
+) -> Result<Convergence, Failure> {
+    let base = secs(30.0 * start_interval as f64);
+    let mut sim = Sim::new(base.as_secs_f64());
     let step = secs(1.0);
     let mut last_join = sim.now();
-    for (i, offset) in offsets.iter().enumerate() {
-        let clock: Arc<dyn Clock> = Arc::new(OffsetClock::ahead(sim.clock.clone(), *offset));
-        sim.join(&ctx.store, &format!("p{i}"), config(ctx, clock)?)
-            .await?;
-        last_join = sim.now();
-        if i + 1 < offsets.len() {
-            sim.advance_to(sim.now() + INTERVAL / 3, step).await?;
+    for (i, j) in joiners.iter().enumerate() {
+        sim.advance_to(base + j.at, step).await?;
+        let clock: Arc<dyn Clock> = if j.ahead > Duration::ZERO {
+            Arc::new(OffsetClock::ahead(sim.clock.clone(), j.ahead))
+        } else {
+            Arc::new(OffsetClock::behind(sim.clock.clone(), j.behind))
+        };
+        let mut cfg = config(ctx, clock)?;
+        if let Some(skew) = j.skew {
+            cfg = cfg.with_skew(skew);
         }
+        sim.join(&ctx.store, &format!("p{i}"), cfg).await?;
+        last_join = sim.now();
     }
-    let n = offsets.len() as u64;
+    let n = joiners.len() as u64;
     let mut seen = Convergence::default();
+    // Every distinct active pair observed, by epoch, with its peer.
+    let mut by_epoch: BTreeMap<u64, Vec<(String, Pair)>> = BTreeMap::new();
     while sim.now() < last_join + INTERVAL * 3 {
         sim.advance_to(sim.now() + step, step).await?;
         let pairs: Vec<Option<Pair>> = sim.peers.values().map(|p| p.pair()).collect();
+        for (name, pair) in sim.peers.keys().zip(&pairs) {
+            if let Some(p) = pair {
+                let observed = by_epoch.entry(p.epoch).or_default();
+                if !observed.iter().any(|(m, q)| m == name && q == p) {
+                    observed.push((name.clone(), *p));
+                }
+            }
+        }
         let indices: BTreeSet<u64> = pairs.iter().flatten().map(|p| p.index).collect();
         let partition = pairs
             .iter()
@@ -398,6 +488,16 @@ pub async fn converge_with_offsets(
         }
         seen.last = pairs;
     }
+    for observed in by_epoch.values() {
+        for (i, (na, a)) in observed.iter().enumerate() {
+            for (nb, b) in &observed[i + 1..] {
+                if na != nb && overlap(a, b) {
+                    seen.same_epoch_conflicts
+                        .push((na.clone(), *a, nb.clone(), *b));
+                }
+            }
+        }
+    }
     let names: Vec<String> = sim.peers.keys().cloned().collect();
     for name in names {
         sim.stop(&name).await?;
@@ -405,21 +505,91 @@ pub async fn converge_with_offsets(
     Ok(seen)
 }
 
-/// 5 peers with clocks up to a quarter interval apart converge within two intervals of the last
-/// join, and no task is ever owned by two of them.
+/// 5 peers with clocks up to a quarter interval apart converge within two and a half intervals
+/// of the last join, and no task is ever owned by two of them; the same with clocks behind and
+/// joins in the last quarter of an interval; and the race of a peer whose clock is behind
+/// joining, on its clock in the previous interval, after a correct peer read that interval's
+/// count. (A join in the second half of an interval on the joiner's clock draws only at its next
+/// tick, so its first pair comes up to two intervals after it joined, and the others activate
+/// theirs once their own ticks of that interval, up to `7 I / 16` plus the clock offsets later,
+/// and the acknowledgements are in.)
 pub async fn interval_skewed_peers_converge(ctx: &Ctx) -> CaseResult {
     let offsets: Vec<Duration> = (0..5u32).map(|i| INTERVAL / 4 * i / 4).collect();
     let seen = converge_with_offsets(ctx, &offsets, 1000).await?;
     ensure!(
-        seen.after_last_join.is_some_and(|d| d <= INTERVAL * 2),
+        seen.after_last_join.is_some_and(|d| d <= INTERVAL * 5 / 2),
         "5 peers with clock offsets {offsets:?} did not converge to indices 1..=5 with replicas 5 \
-         within two intervals of the last join: {seen:?}"
+         within two and a half intervals of the last join: {seen:?}"
     );
     ensure_eq!(
         seen.double_owned,
         0,
         "tasks owned by two peers at once ({seen:?})"
     );
+
+    // The race itself: X (correct clock, skew 2 s) and Y (correct, skew 10 s) from interval
+    // 1101; J, 5 s behind, joins at 4 s into interval 1104, which is 29 s into interval 1103 on
+    // its clock. X read the count of 1103 at 2 s; were J to add itself to it, Y would read 3 at
+    // 10 s and take (2,3) while X keeps (1,2): task 4 would be X's and Y's.
+    let race = [
+        Joiner {
+            at: secs(1.0),
+            ahead: Duration::ZERO,
+            behind: Duration::ZERO,
+            skew: Some(secs(2.0)),
+        },
+        Joiner {
+            at: secs(1.0),
+            ahead: Duration::ZERO,
+            behind: Duration::ZERO,
+            skew: Some(secs(10.0)),
+        },
+        Joiner {
+            at: INTERVAL * 3 + secs(4.0),
+            ahead: Duration::ZERO,
+            behind: secs(5.0),
+            skew: Some(secs(6.0)),
+        },
+    ];
+    let seen = converge_with_schedule(ctx, &race, 1100).await?;
+    ensure!(
+        seen.double_owned == 0 && seen.same_epoch_conflicts.is_empty(),
+        "a peer 5 s behind joining 4 s into an interval (29 s into the previous one on its clock) \
+         must not add itself to a count another peer already read: {seen:?}"
+    );
+    ensure!(
+        seen.after_last_join.is_some_and(|d| d <= INTERVAL * 5 / 2),
+        "3 peers did not converge within two and a half intervals of the late join: {seen:?}"
+    );
+
+    // Clocks behind, spread over a quarter interval, each peer joining in the last quarter of an
+    // interval on its own clock (so, for the ones behind, early in the next one on the shared
+    // timeline, after peers with small skews read the count).
+    for (trial, start) in [(0u32, 1200u64), (1, 1300)] {
+        let joiners: Vec<Joiner> = (0..5u32)
+            .map(|i| {
+                let k = (i + trial) % 5;
+                let behind = INTERVAL / 16 * k;
+                Joiner {
+                    at: INTERVAL * i + secs(26.0) + secs(1.0) * ((i + 2 * trial) % 4) + behind,
+                    ahead: Duration::ZERO,
+                    behind,
+                    skew: Some(secs(0.5) + secs(3.0) * ((k + 3) % 5)),
+                }
+            })
+            .collect();
+        let seen = converge_with_schedule(ctx, &joiners, start).await?;
+        ensure!(
+            seen.double_owned == 0 && seen.same_epoch_conflicts.is_empty(),
+            "5 peers with clocks behind joining late in intervals ({joiners:?}): no task may be \
+             owned by two peers at once, nor by two pairs of one epoch: {seen:?}"
+        );
+        ensure!(
+            seen.after_last_join.is_some_and(|d| d <= INTERVAL * 5 / 2),
+            "5 peers with clocks behind joining late in intervals did not converge within two and a \
+             half intervals of the last join ({joiners:?}): {seen:?}"
+        );
+    }
     Ok(())
 }
 
@@ -442,7 +612,19 @@ pub struct ScaleReport {
 /// Scales 3 -> 5 -> 2 peers (30 s interval, steps of 1.5 s, 500 fresh task ids per step, so
 /// 10,000 per interval), offering every pending id to every peer at every step; an id leaves
 /// the queue once someone processed it. The 3 leave gracefully. Counts what happened to each id.
+/// Every guard is dropped at once; see [`scale_scenario_holding`].
 pub async fn scale_scenario(ctx: &Ctx, transition: bool) -> Result<ScaleReport, Failure> {
+    scale_scenario_holding(ctx, transition, false).await
+}
+
+/// [`scale_scenario`], and with `hold` the guards of the even task ids are kept until the next
+/// step, so transitions have in-flight tasks to drain; then it also fails if a peer holding a
+/// guard across a step activates a pair that owns other tasks than the one it held before.
+pub async fn scale_scenario_holding(
+    ctx: &Ctx,
+    transition: bool,
+    hold: bool,
+) -> Result<ScaleReport, Failure> {
     const PER_STEP: u64 = 500;
     let mut sim = Sim::new(30.0 * 2000.0);
     let step = secs(1.5);
@@ -457,6 +639,9 @@ pub async fn scale_scenario(ctx: &Ctx, transition: bool) -> Result<ScaleReport, 
     let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
     let mut pending: BTreeSet<u64> = BTreeSet::new();
     let mut next_id = 0u64;
+    // Guards kept across a step, by peer.
+    let mut held: BTreeMap<String, Vec<TaskGuard>> = BTreeMap::new();
+    let mut drains_seen = 0u64;
 
     for (i, cfg) in cfgs.iter().take(3).enumerate() {
         sim.join(&ctx.store, &format!("p{i}"), cfg.clone()).await?;
@@ -464,6 +649,8 @@ pub async fn scale_scenario(ctx: &Ctx, transition: bool) -> Result<ScaleReport, 
     // (intervals to run, change before them)
     let phases: [(u32, u8); 4] = [(4, 0), (4, 1), (5, 2), (3, 3)];
     for (intervals, change) in phases {
+        // A leaving peer waits for its guards (on the manual clock): let them go first.
+        held.clear();
         match change {
             1 => {
                 for (i, cfg) in cfgs.iter().enumerate().skip(3) {
@@ -479,7 +666,33 @@ pub async fn scale_scenario(ctx: &Ctx, transition: bool) -> Result<ScaleReport, 
         }
         let steps = intervals * 20;
         for _ in 0..steps {
+            let before: BTreeMap<String, Option<Pair>> = sim
+                .peers
+                .iter()
+                .map(|(name, p)| (name.clone(), p.pair()))
+                .collect();
             sim.advance_to(sim.now() + step, step).await?;
+            for (name, guards) in &held {
+                if guards.is_empty() {
+                    continue;
+                }
+                let Some(peer) = sim.peers.get(name) else {
+                    continue;
+                };
+                let was = before.get(name).copied().flatten();
+                let now = peer.pair();
+                if let Some(now) = now {
+                    ensure!(
+                        was.is_some_and(|w| w.same_ownership(&now)),
+                        "{name} activated {now:?} (before: {was:?}) while holding {} guards",
+                        guards.len()
+                    );
+                }
+                if was.is_some() && now.is_none() {
+                    drains_seen += 1;
+                }
+            }
+            held.clear();
             let fresh = change != 3;
             if fresh {
                 for _ in 0..PER_STEP {
@@ -490,10 +703,14 @@ pub async fn scale_scenario(ctx: &Ctx, transition: bool) -> Result<ScaleReport, 
             let mut done = Vec::new();
             for &id in &pending {
                 let mut n = 0;
-                for peer in sim.peers.values() {
+                for (name, peer) in &sim.peers {
                     if let Some(guard) = peer.begin(id) {
                         n += 1;
-                        drop(guard);
+                        if hold && id % 2 == 0 {
+                            held.entry(name.clone()).or_default().push(guard);
+                        } else {
+                            drop(guard);
+                        }
                     }
                 }
                 if n > 0 {
@@ -508,6 +725,11 @@ pub async fn scale_scenario(ctx: &Ctx, transition: bool) -> Result<ScaleReport, 
             }
         }
     }
+    held.clear();
+    ensure!(
+        !hold || drains_seen > 0,
+        "no peer ever stopped owning tasks while holding a guard: the drain was not exercised"
+    );
     report.offered = next_id;
     report.never = pending.len() as u64;
     report.once = counts.values().filter(|&&n| n == 1).count() as u64;
@@ -519,9 +741,11 @@ pub async fn scale_scenario(ctx: &Ctx, transition: bool) -> Result<ScaleReport, 
     Ok(report)
 }
 
-/// Scaling 3 -> 5 -> 2 with the transition processes every task id exactly once.
+/// Scaling 3 -> 5 -> 2 with the transition processes every task id exactly once, with half of
+/// the tasks still in flight across a step, and no peer activates a new pair while one of its
+/// tasks is in flight.
 pub async fn interval_scale_exactly_once(ctx: &Ctx) -> CaseResult {
-    let r = scale_scenario(ctx, true).await?;
+    let r = scale_scenario_holding(ctx, true, true).await?;
     ensure!(
         r.duplicated == 0 && r.never == 0 && r.once == r.offered,
         "with the transition, every task id must be processed exactly once: {r:?}"
@@ -668,6 +892,18 @@ pub async fn interval_bad_input_and_outage(ctx: &Ctx) -> CaseResult {
     let st = sim.peer("A")?.status();
     ensure_eq!(st.phase, Phase::Faulted, "A's phase after a failed tick");
     ensure_eq!(st.pair, before, "A keeps its last pair through the outage");
+    // ...and still works under it until it expires (a quarter interval after the failed tick).
+    let a = sim.peer("A")?;
+    ensure_eq!(
+        a.pair(),
+        before,
+        "A's effective pair right after the failed tick, before it expires"
+    );
+    let owned = before.and_then(|p| (0..p.replicas).find(|&t| p.owns(t)));
+    ensure!(
+        owned.is_some_and(|t| a.should_process(t) && a.begin(t).is_some()),
+        "A should still process task {owned:?} of its pair {before:?} right after the failed tick"
+    );
     ensure!(
         st.last_error
             .as_deref()

@@ -5,7 +5,8 @@
 //! # The algorithm (seed 000)
 //!
 //! With `I` the interval, each peer ticks once per interval, at the interval's start plus its own
-//! constant skew `s` (drawn once in `[0, I/2)`, or fixed by [`IntervalConfig::with_skew`]):
+//! constant skew `s` (drawn once in `[0, 7I/16)`, or fixed below `I/2` by
+//! [`IntervalConfig::with_skew`]):
 //!
 //! 1. `n = ⌈now / I⌉` on the peer's (injected) clock, an instant exactly on a boundary counting as
 //!    the start of the interval it opens (so `n = ⌊now / I⌋ + 1`);
@@ -16,8 +17,15 @@
 //! 4. if the peer also drew in interval `n - 1`, the pair for interval `n` is its first slot of
 //!    `n - 1` as **index** and the counter of `n - 1` as **replicas**: both describe the same
 //!    interval, which is over, so every peer that ticked in `n - 1` holds a distinct index in
-//!    `1..=replicas`. That is seed 000's "emit (index, replicas) once both are known", and why the
-//!    first pair arrives at the peer's second tick, between one and two intervals after it joins.
+//!    `1..=replicas`. That is seed 000's "emit (index, replicas) once both are known".
+//!
+//! A peer increments the counter of `n` only in the first half of interval `n` on its own clock:
+//! its skewed tick always is, but a join or a tick that wakes late (a paused process, a slow
+//! store) may not be, and an increment after another peer read the count (at its tick of `n + 1`)
+//! would give two peers pairs of the same epoch from different counts. Such a tick skips `n`
+//! without drawing (a late tick keeps its pair until it expires and reports it, like a failed
+//! one) and the peer draws at its next tick. So the first pair arrives at the second tick that
+//! draws: between half an interval and two intervals after the join.
 //!
 //! Counter keys expire after three intervals. Seed 001's table instead pairs the index drawn in
 //! `n` with the count of `n - 1` (so C, in its first interval, "emits (1,2)" and B "emits (3,2)"):
@@ -70,11 +78,19 @@
 //! A peer leaving with [`IntervalPeer::stop`] drains and acknowledges the transitions it owes
 //! before it goes, so the others need not wait for the timeout.
 //!
+//! An acknowledgement is an increment, so it is sent at most once: the peer forgets it owes it
+//! before sending, and a failed send (which may have applied) is not retried. A lost one only
+//! makes the peers waiting for it take the one-interval timeout; a retried one could count a
+//! capacity twice and let them activate before a peer still holding an old pair let go.
+//!
 //! **Guarantee**: at any instant, no two peers hold active pairs that own the same task, provided
 //! (a) every peer either acknowledges or is dead (crashed, stopped), (b) the clocks of the peers
-//! are within a quarter interval of each other, and (c) no peer is paused (GC, SIGSTOP, VM
-//! migration) between [`Ownership::begin`] returning a guard and its task finishing for longer
-//! than the rest of the interval. An active pair also expires on the peer's own clock a quarter
+//! are within a quarter interval of each other, (c) an increment of the interval counter reaches
+//! the store within a quarter interval of being sent (a peer sends it only in the first half of
+//! the interval on its own clock; with (b), every increment of interval `n - 1`'s counter then
+//! lands before any peer reads it at its tick of `n`), and (d) no peer is paused (GC, SIGSTOP,
+//! VM migration) between [`Ownership::begin`] returning a guard and its task finishing for
+//! longer than the rest of the interval. An active pair also expires on the peer's own clock a quarter
 //! interval after the tick that should have replaced it, so a peer cut off from the store stops
 //! on its own before the others' one-interval timeout lets them take over.
 //!
@@ -126,7 +142,9 @@ pub struct IntervalConfig {
     /// The interval: between [`MIN_INTERVAL`] and [`MAX_INTERVAL`].
     pub interval: Duration,
     /// The peer's constant skew after each interval start; `None` draws it once, uniformly in
-    /// `[0, interval / 2)`, as the article's extension does. A fixed one must be below half the
+    /// `[0, 7 * interval / 16)`: the article's extension draws below half the interval, and the
+    /// last sixteenth is left so that a tick waking a little late still falls in the interval's
+    /// first half, where it may draw (see the module docs). A fixed one must be below half the
     /// interval.
     pub skew: Option<Duration>,
     /// The declared capacity (1 to [`MAX_CAPACITY`]): how many slots the peer draws.
@@ -323,8 +341,9 @@ pub enum Phase {
     Draining,
     /// Drained and acknowledged: waiting for the other peers' acknowledgements (or the timeout).
     Waiting,
-    /// The last tick could not be confirmed (store fault, foreign value): the pair shown is the
-    /// last confirmed one, and it stops owning tasks when it expires.
+    /// The last tick could not be confirmed (store fault, foreign value, or it ran in the second
+    /// half of its interval and skipped drawing): the pair shown is the last confirmed one, and
+    /// it stops owning tasks when it expires.
     Faulted,
     /// Stopped.
     Stopped,
@@ -538,7 +557,8 @@ pub struct IntervalIndexer;
 
 impl IntervalIndexer {
     /// Validates `config`, ticks once at once (drawing the peer's index for the current
-    /// interval) and starts ticking in the background.
+    /// interval if it is in that interval's first half on the peer's clock; otherwise the first
+    /// draw waits for the next tick) and starts ticking in the background.
     ///
     /// Errors: [`Error::InvalidArgument`] for a bad group, prefix, member id, interval, skew or
     /// capacity; [`Error::ForeignValue`] when the current interval's counter holds something else;
@@ -549,8 +569,8 @@ impl IntervalIndexer {
         let skew = match config.skew {
             Some(s) => s,
             None => {
-                let half = u64::try_from((interval / 2).as_nanos()).unwrap_or(u64::MAX);
-                Duration::from_nanos(rand::random_range(0..half.max(1)))
+                let most = u64::try_from((interval * 7 / 16).as_nanos()).unwrap_or(u64::MAX);
+                Duration::from_nanos(rand::random_range(0..most.max(1)))
             }
         };
         let member = match &config.member {
@@ -888,9 +908,47 @@ impl Ticker {
     /// One tick of interval `n`. Errors only when the round trip itself failed or the counter is
     /// foreign; the caller reports them.
     async fn tick(&mut self, n: u64) -> Result<()> {
+        let joining = self.last_tick.is_none();
         self.last_tick = Some(n);
         self.publish(|s| s.last_tick = Some(n));
         let previous = self.draw.take().filter(|d| d.epoch + 1 == n);
+        let now = wall(self.clock.as_ref());
+        if now >= interval_start(n, self.interval) + self.interval / 2 {
+            // Too late to draw in `n`: a peer reading the count of `n` at its tick of `n + 1`
+            // may already have, so an increment now could be missing from its count while
+            // another peer's later read includes it. No draw for `n` (the next tick draws); like
+            // a failed tick, the active pair stays until it expires and `n`'s acknowledgement
+            // is owed.
+            if previous.is_some() {
+                self.owed.insert(n);
+            }
+            self.pending = None;
+            if !joining {
+                let message = format!(
+                    "the tick of interval {n} ran in the second half of the interval; \
+                     skipped drawing in it"
+                );
+                tracing::warn!(member = %self.member, "{message}");
+                self.publish(|s| {
+                    s.last_error = Some(message);
+                    if s.phase != Phase::Stopped {
+                        s.phase = if s.pair.is_some() {
+                            Phase::Faulted
+                        } else {
+                            Phase::Warming
+                        };
+                    }
+                });
+            }
+            self.progress().await;
+            if self.heartbeat {
+                let pair = self.shared.current();
+                if let Err(e) = self.write_health(n, pair).await {
+                    tracing::warn!(member = %self.member, error = %e, "health heartbeat failed");
+                }
+            }
+            return Ok(());
+        }
         let by = i64::try_from(self.capacity).unwrap_or(1);
         let result = self
             .store
@@ -1041,14 +1099,13 @@ impl Ticker {
                 if !may {
                     continue;
                 }
-                match self.ack(n).await {
-                    Ok(()) => {
-                        self.owed.remove(&n);
-                    }
-                    Err(e) => {
-                        self.set_error(&e);
-                        break;
-                    }
+                // An acknowledgement is an increment: sent at most once, never retried, since a
+                // failure may have applied it. A lost one only makes the others wait for the
+                // one-interval timeout.
+                self.owed.remove(&n);
+                if let Err(e) = self.ack(n).await {
+                    self.set_error(&e);
+                    break;
                 }
             }
         }
