@@ -8,7 +8,7 @@ use std::time::Duration;
 use headcount_core::{Error, Result};
 
 use headcount_core::url::{
-    decode, parse_deadline, parse_port, parse_query, reject_duplicates, split_host_port,
+    decode, parse_deadline, parse_port, parse_query, reject_duplicates, split_host_port, Redacted,
     DEFAULT_TIMEOUT,
 };
 
@@ -38,14 +38,6 @@ impl fmt::Debug for EtcdConfig {
             .field("password", &self.password.as_ref().map(|_| Redacted))
             .field("timeout", &self.timeout)
             .finish()
-    }
-}
-
-struct Redacted;
-
-impl fmt::Debug for Redacted {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
     }
 }
 

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use etcd_client::Error as EtcdError;
+use headcount_core::url::scrub;
 use headcount_core::Error;
 use tonic::Code;
 
@@ -94,13 +95,6 @@ fn describe(e: &EtcdError) -> String {
         cause = c.source();
     }
     message
-}
-
-fn scrub(message: String, password: Option<&str>) -> String {
-    match password {
-        Some(p) if p.len() >= 3 && message.contains(p) => message.replace(p, "***"),
-        _ => message,
-    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use headcount_core::url::scrub;
 use headcount_core::Error;
 use redis::{ErrorKind, RedisError};
 
@@ -74,14 +75,6 @@ pub(crate) fn classify(
 /// Whether the error is Redis's WRONGTYPE (the key holds a list, a hash, ...).
 pub(crate) fn is_wrong_type(e: &RedisError) -> bool {
     e.code() == Some("WRONGTYPE")
-}
-
-fn scrub(message: String, password: Option<&str>) -> String {
-    match password {
-        // Shorter ones would mangle ordinary words while protecting little.
-        Some(p) if p.len() >= 3 && message.contains(p) => message.replace(p, "***"),
-        _ => message,
-    }
 }
 
 #[cfg(test)]

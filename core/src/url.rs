@@ -164,6 +164,32 @@ pub fn parse_port(text: &str, url_kind: &str) -> Result<u16> {
     }
 }
 
+/// Stands in for a secret in a `Debug` implementation: prints `"***"`.
+///
+/// ```
+/// # use headcount_core::url::Redacted;
+/// let password = Some("hunter2");
+/// assert_eq!(format!("{:?}", password.map(|_| Redacted)), "Some(\"***\")");
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Redacted;
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+/// Replaces `password` with `***` in a message a server or client library produced, a safeguard
+/// for messages that echo what they were given. Passwords shorter than 3 characters are left
+/// alone: replacing them would mangle ordinary words while protecting little.
+pub fn scrub(message: String, password: Option<&str>) -> String {
+    match password {
+        Some(p) if p.len() >= 3 && message.contains(p) => message.replace(p, "***"),
+        _ => message,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use headcount_core::{Error, Result};
 
 use headcount_core::url::{
-    decode, parse_deadline, parse_port, parse_query, reject_duplicates, split_host_port,
+    decode, parse_deadline, parse_port, parse_query, reject_duplicates, split_host_port, Redacted,
     DEFAULT_TIMEOUT,
 };
 
@@ -149,14 +149,6 @@ impl fmt::Debug for PostgresConfig {
             .field("sslrootcert", &self.ssl_root_cert)
             .field("application_name", &self.pg.get_application_name())
             .finish()
-    }
-}
-
-struct Redacted;
-
-impl fmt::Debug for Redacted {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
     }
 }
 

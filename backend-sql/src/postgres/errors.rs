@@ -3,6 +3,7 @@
 //! [`Error::Unavailable`]; refusals that will repeat (authentication, permissions, an unknown
 //! database, a table of another shape) are [`Error::Rejected`].
 
+use headcount_core::url::scrub;
 use headcount_core::Error;
 use tokio_postgres::error::SqlState;
 
@@ -113,14 +114,6 @@ pub(crate) fn classify_pool(e: deadpool_postgres::PoolError, password: Option<&s
             let message = scrub(format!("connection pool: {other}"), password);
             Error::unavailable(BACKEND, message, other)
         }
-    }
-}
-
-fn scrub(message: String, password: Option<&str>) -> String {
-    match password {
-        // Shorter ones would mangle ordinary words while protecting little.
-        Some(p) if p.len() >= 3 && message.contains(p) => message.replace(p, "***"),
-        _ => message,
     }
 }
 
