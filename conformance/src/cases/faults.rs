@@ -22,6 +22,49 @@ fn control(ctx: &Ctx) -> Result<Arc<dyn ServerControl>, Failure> {
     })
 }
 
+/// What a call made during a fault must fail with.
+#[derive(Clone, Copy)]
+enum Expect {
+    /// Any retryable error ([`headcount::Error::is_retryable`]).
+    Retryable,
+    /// [`ErrorKind::Timeout`] exactly.
+    Timeout,
+}
+
+/// Makes one call during a fault (`fault` says which, e.g. "with the server killed") and checks
+/// that it fails, with an error of the `expect`ed class, within `timeout` plus [`FAULT_SLACK`].
+async fn fails_fast<T: std::fmt::Debug>(
+    op: &str,
+    fault: &str,
+    call: impl std::future::Future<Output = headcount::Result<T>>,
+    timeout: Duration,
+    expect: Expect,
+) -> CaseResult {
+    let started = Instant::now();
+    let result = call.await;
+    let took = started.elapsed();
+    match result {
+        Ok(v) => return Err(Failure::new(format!("{op} returned {v:?} {fault}"))),
+        Err(e) => match expect {
+            Expect::Retryable => ensure!(
+                e.is_retryable(),
+                "{op} {fault}: a permanent error ({:?}): {e}",
+                e.kind()
+            ),
+            Expect::Timeout => ensure!(
+                e.kind() == ErrorKind::Timeout,
+                "{op} {fault}: expected ErrorKind::Timeout, got {:?}: {e}",
+                e.kind()
+            ),
+        },
+    }
+    ensure!(
+        took <= timeout + FAULT_SLACK,
+        "{op} {fault} took {took:?}, more than the timeout {timeout:?} + {FAULT_SLACK:?}"
+    );
+    Ok(())
+}
+
 /// One call made while the server went away.
 #[derive(Debug)]
 struct Call {
@@ -115,35 +158,25 @@ async fn killed(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
     control.kill().await.during("killing the server")?;
     let killed_at = Instant::now();
 
-    for op in ["get", "incr", "compare_and_set"] {
-        let started = Instant::now();
-        let result = match op {
-            "get" => store.get(&k).await.map(|_| ()),
-            "incr" => store.incr(&k, None).await.map(|_| ()),
-            _ => store
-                .compare_and_set(&k, Some("1"), "2", None)
-                .await
-                .map(|_| ()),
-        };
-        let took = started.elapsed();
-        match result {
-            Ok(()) => {
-                return Err(Failure::new(format!(
-                    "{op} succeeded with the server killed"
-                )))
-            }
-            Err(e) => ensure!(
-                e.is_retryable(),
-                "{op} with the server killed: a permanent error ({:?}): {e}",
-                e.kind()
-            ),
-        }
-        ensure!(
-            took <= bound,
-            "{op} with the server killed took {took:?}, more than the timeout {:?} + {FAULT_SLACK:?}",
-            control.op_timeout()
-        );
-    }
+    let fault = "with the server killed";
+    let timeout = control.op_timeout();
+    fails_fast("get", fault, store.get(&k), timeout, Expect::Retryable).await?;
+    fails_fast(
+        "incr",
+        fault,
+        store.incr(&k, None),
+        timeout,
+        Expect::Retryable,
+    )
+    .await?;
+    fails_fast(
+        "compare_and_set",
+        fault,
+        store.compare_and_set(&k, Some("1"), "2", None),
+        timeout,
+        Expect::Retryable,
+    )
+    .await?;
 
     // Give the callers a few failing rounds, then stop them; each must end within the bound.
     while Instant::now() < killed_at + Duration::from_millis(500) {
@@ -227,7 +260,6 @@ pub async fn server_paused_times_out_then_recovers(ctx: &Ctx) -> CaseResult {
 async fn paused(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
     let store = &ctx.store;
     let timeout = control.op_timeout();
-    let bound = timeout + FAULT_SLACK;
     let k = ctx.key("n");
     ensure_eq!(
         store.incr(&k, None).await.during("incr before the pause")?,
@@ -236,45 +268,17 @@ async fn paused(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
     );
 
     control.pause().await.during("pausing the server")?;
-    let started = Instant::now();
-    let result = store.get(&k).await;
-    let took = started.elapsed();
-    match result {
-        Ok(v) => {
-            return Err(Failure::new(format!(
-                "get returned {v:?} with the server paused"
-            )))
-        }
-        Err(e) => ensure!(
-            e.kind() == ErrorKind::Timeout,
-            "get with the server paused: expected ErrorKind::Timeout, got {:?}: {e}",
-            e.kind()
-        ),
-    }
-    ensure!(
-        took <= bound,
-        "get with the server paused took {took:?}, more than the timeout {timeout:?} + {FAULT_SLACK:?}"
-    );
+    let fault = "with the server paused";
+    fails_fast("get", fault, store.get(&k), timeout, Expect::Timeout).await?;
     // A second call may need a new connection, which stalls in its handshake instead.
-    let started = Instant::now();
-    let result = store.get(&k).await;
-    let took = started.elapsed();
-    match result {
-        Ok(v) => {
-            return Err(Failure::new(format!(
-                "a second get returned {v:?} with the server paused"
-            )))
-        }
-        Err(e) => ensure!(
-            e.is_retryable(),
-            "a second get with the server paused: a permanent error ({:?}): {e}",
-            e.kind()
-        ),
-    }
-    ensure!(
-        took <= bound,
-        "a second get with the server paused took {took:?}, more than the timeout {timeout:?} + {FAULT_SLACK:?}"
-    );
+    fails_fast(
+        "a second get",
+        fault,
+        store.get(&k),
+        timeout,
+        Expect::Retryable,
+    )
+    .await?;
 
     control.resume().await.during("resuming the server")?;
     let v = recovered(ctx, &k).await?;
@@ -301,7 +305,6 @@ pub async fn connection_cut_retryable_then_recovers(ctx: &Ctx) -> CaseResult {
 async fn cut(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
     let store = &ctx.store;
     let timeout = control.op_timeout();
-    let bound = timeout + FAULT_SLACK;
     let k = ctx.key("n");
     ensure_eq!(
         store.incr(&k, None).await.during("incr before the cut")?,
@@ -314,34 +317,32 @@ async fn cut(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
         .during("cutting the connection at the proxy")?;
     // Only calls that change nothing: a request held by the blackhole may still reach the
     // server after the heal, as after a real partition.
-    for op in ["get", "compare_and_set", "list", "get again"] {
-        let started = Instant::now();
-        let result = match op {
-            "compare_and_set" => store
-                .compare_and_set(&k, Some("not the value"), "x", None)
-                .await
-                .map(|_| ()),
-            "list" => store.list(&ctx.prefix).await.map(|_| ()),
-            _ => store.get(&k).await.map(|_| ()),
-        };
-        let took = started.elapsed();
-        match result {
-            Ok(()) => {
-                return Err(Failure::new(format!(
-                    "{op} succeeded with the connection cut"
-                )))
-            }
-            Err(e) => ensure!(
-                e.is_retryable(),
-                "{op} with the connection cut: a permanent error ({:?}): {e}",
-                e.kind()
-            ),
-        }
-        ensure!(
-            took <= bound,
-            "{op} with the connection cut took {took:?}, more than the timeout {timeout:?} + {FAULT_SLACK:?}"
-        );
-    }
+    let fault = "with the connection cut";
+    fails_fast("get", fault, store.get(&k), timeout, Expect::Retryable).await?;
+    fails_fast(
+        "compare_and_set",
+        fault,
+        store.compare_and_set(&k, Some("not the value"), "x", None),
+        timeout,
+        Expect::Retryable,
+    )
+    .await?;
+    fails_fast(
+        "list",
+        fault,
+        store.list(&ctx.prefix),
+        timeout,
+        Expect::Retryable,
+    )
+    .await?;
+    fails_fast(
+        "get again",
+        fault,
+        store.get(&k),
+        timeout,
+        Expect::Retryable,
+    )
+    .await?;
     control
         .heal()
         .await
