@@ -11,7 +11,7 @@ pub mod url;
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use keys::{validate_group, validate_prefix, Keyspace, DEFAULT_PREFIX};
-pub use store::{Capabilities, Store};
+pub use store::{Capabilities, Durability, Store};
 
 /// A store shared between tasks and recipes.
 pub type DynStore = std::sync::Arc<dyn Store>;

@@ -52,6 +52,9 @@ pub struct Capabilities {
     /// Whether [`Store::incr_and_get`] is one atomic round trip (true) or the two calls of the
     /// provided method (false).
     pub native_incr_and_get: bool,
+    /// Whether [`Store::renew_and_list`] is one atomic round trip (true) or the two calls of the
+    /// provided method (false).
+    pub native_renew_and_list: bool,
 }
 
 impl Capabilities {
@@ -65,6 +68,7 @@ impl Capabilities {
             native_set_max: false,
             shared: true,
             native_incr_and_get: false,
+            native_renew_and_list: false,
         }
     }
 
@@ -192,6 +196,82 @@ pub trait Store: Send + Sync + Debug + 'static {
         let read = self.get(get_key).await?;
         Ok((value, read))
     }
+
+    /// Renews a lease and lists a prefix: if `key` holds `holder`, resets its TTL to `ttl` from
+    /// now (keeping the value); then returns whether it did, and every live key under `prefix`
+    /// with its value, sorted by key, as [`Store::list`] would. A group member's heartbeat:
+    /// renew its slot and read the slot table and the published view in one round trip.
+    ///
+    /// The listing is taken after the renewal, so when `key` is under `prefix` and the renewal
+    /// succeeded, the listing contains it.
+    ///
+    /// The provided implementation makes two calls (`compare_and_set` with the same value, then
+    /// `list`). Backends that can do both in one round trip override it and say so in
+    /// [`Capabilities::native_renew_and_list`].
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        check_renew_and_list(key, holder, ttl, prefix)?;
+        let renewed = self
+            .compare_and_set(key, Some(holder), holder, Some(ttl))
+            .await?;
+        let listed = self.list(prefix).await?;
+        Ok((renewed, listed))
+    }
+
+    /// Whether a write this store acknowledged survives a crash of its server or host, as far as
+    /// the backend can find out by asking the server (Redis `appendonly`/`appendfsync`,
+    /// PostgreSQL `fsync`/`synchronous_commit`, SQLite `synchronous`; etcd always syncs its log).
+    /// The majority-IDs recipe refuses a store that is not durable unless told otherwise.
+    ///
+    /// The provided implementation answers "not known to be durable".
+    async fn durability(&self) -> Result<Durability> {
+        Ok(Durability::not_durable(format!(
+            "the {} backend cannot tell whether its writes survive a crash",
+            self.capabilities().backend
+        )))
+    }
+}
+
+/// The answer of [`Store::durability`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Durability {
+    /// True when every acknowledged write is on stable storage before the acknowledgement.
+    pub durable: bool,
+    /// What the server reported, for a person: `appendonly yes, appendfsync always`.
+    pub detail: String,
+}
+
+impl Durability {
+    /// A durable store, with what the server reported.
+    pub fn durable(detail: impl Into<String>) -> Self {
+        Durability {
+            durable: true,
+            detail: detail.into(),
+        }
+    }
+
+    /// A store whose acknowledged writes may be lost in a crash, with why.
+    pub fn not_durable(detail: impl Into<String>) -> Self {
+        Durability {
+            durable: false,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// The argument checks of [`Store::renew_and_list`]: the key, the holder value, the TTL and the
+/// prefix.
+pub fn check_renew_and_list(key: &str, holder: &str, ttl: Duration, prefix: &str) -> Result<()> {
+    check_key(key)?;
+    check_value(holder)?;
+    check_ttl(ttl)?;
+    check_prefix(prefix)
 }
 
 /// The increment-by-`by` of the provided [`Store::incr_and_get`]: a `get` + `compare_and_set`
