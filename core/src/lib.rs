@@ -3,6 +3,7 @@
 pub mod assign;
 pub mod clock;
 pub mod error;
+pub mod fence;
 pub mod keys;
 pub mod recipes;
 pub mod store;

@@ -11,6 +11,7 @@
 mod cas;
 mod counters;
 mod faults;
+mod group;
 pub mod interval;
 mod keys;
 mod listing;
@@ -20,6 +21,7 @@ mod ttl;
 pub use cas::*;
 pub use counters::*;
 pub use faults::*;
+pub use group::*;
 pub use interval::{
     incr_and_get_fused, interval_article_timeline, interval_bad_input_and_outage,
     interval_scale_exactly_once, interval_skewed_peers_converge, interval_weighted_capacity,

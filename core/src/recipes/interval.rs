@@ -272,7 +272,7 @@ impl IntervalConfig {
     }
 }
 
-fn check_member(member: &str) -> Result<()> {
+pub(crate) fn check_member(member: &str) -> Result<()> {
     let len = member.chars().count();
     if len == 0 || len > MAX_MEMBER_LEN {
         return Err(Error::invalid(format!(

@@ -3,7 +3,10 @@
 //!
 //! * [`interval`]: the interval indexer of the "Distributed Peer Indexing" articles, with the safe
 //!   index transition they leave out.
+//! * [`group`]: group membership with stable slots, store-minted epochs, cooperative hand-off
+//!   and fencing tokens (the default mode).
 
+pub mod group;
 pub mod interval;
 
 pub use interval::{

@@ -1,0 +1,398 @@
+//! Group membership over the store under test, on the real clock (leases expire on the store's
+//! clock, so a manual clock cannot drive them): members in this process, waits polled with
+//! deadlines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member};
+use headcount::{DynStore, ErrorKind};
+use tokio::time::Instant;
+
+use super::expect_kind;
+use crate::{ensure, ensure_eq, CaseResult, Ctx, Failure, ResultExt};
+
+/// The lease TTL of the cases, raised to the backend's shortest lease (etcd: 2 s).
+fn ttl(ctx: &Ctx) -> Duration {
+    Duration::from_millis(900).max(ctx.caps().min_ttl)
+}
+
+/// Generous: a loaded CI machine runs every backend's suite at once.
+fn settle(ctx: &Ctx) -> Duration {
+    ttl(ctx) * 8 + Duration::from_secs(10)
+}
+
+fn config(ctx: &Ctx, member: &str) -> Result<GroupConfig, Failure> {
+    let group = ctx
+        .prefix
+        .strip_prefix("hct:{")
+        .and_then(|r| r.strip_suffix("}:"))
+        .ok_or_else(|| Failure::new(format!("unexpected case prefix {:?}", ctx.prefix)))?;
+    Ok(GroupConfig::new(group, ttl(ctx))
+        .with_prefix("hct")
+        .with_member(member))
+}
+
+async fn join(ctx: &Ctx, member: &str) -> Result<Member, Failure> {
+    Group::join(ctx.store.clone(), config(ctx, member)?)
+        .await
+        .during(format!("join of {member}"))
+}
+
+/// Waits until every member is active under one epoch with `n` live slots, and returns it.
+async fn converged(ctx: &Ctx, members: &[&Member], n: u32) -> Result<u64, Failure> {
+    let deadline = Instant::now() + settle(ctx);
+    loop {
+        let all: Vec<_> = members.iter().map(|m| m.assignment()).collect();
+        let epoch = all[0].epoch;
+        if all
+            .iter()
+            .all(|a| a.phase == GroupPhase::Active && a.epoch == epoch && a.replicas == n)
+        {
+            return Ok(epoch);
+        }
+        if Instant::now() >= deadline {
+            return Err(Failure::new(format!(
+                "members did not converge on {n} live slots within {:?}: {all:?}",
+                settle(ctx)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every key of `keys` is granted by exactly one of `members`.
+fn exactly_one_owner(members: &[&Member], keys: u32) -> CaseResult {
+    for k in 0..keys {
+        let key = format!("task-{k}");
+        let owners: Vec<_> = members
+            .iter()
+            .filter_map(|m| m.owns(&key).map(|g| (m.member().to_owned(), g.token())))
+            .collect();
+        ensure!(
+            owners.len() == 1,
+            "key {key} is granted by {} members: {owners:?}",
+            owners.len()
+        );
+    }
+    Ok(())
+}
+
+/// Three members get slots 0, 1, 2 and indices 1..=3; every key has one owner; a graceful leave
+/// moves the others to a newer epoch; the same member id rejoins into its old slot.
+pub async fn group_join_leave_rejoin(ctx: &Ctx) -> CaseResult {
+    let a = join(ctx, "a").await?;
+    let b = join(ctx, "b").await?;
+    let c = join(ctx, "c").await?;
+    let e1 = converged(ctx, &[&a, &b, &c], 3).await?;
+    let slots: BTreeSet<_> = [&a, &b, &c]
+        .iter()
+        .filter_map(|m| m.assignment().slot)
+        .collect();
+    ensure_eq!(slots, BTreeSet::from([0, 1, 2]), "slots of three members");
+    let pairs: BTreeSet<_> = [&a, &b, &c]
+        .iter()
+        .filter_map(|m| m.assignment().pair())
+        .collect();
+    ensure_eq!(
+        pairs,
+        BTreeSet::from([(1, 3), (2, 3), (3, 3)]),
+        "(index, replicas) pairs"
+    );
+    exactly_one_owner(&[&a, &b, &c], 300)?;
+    let b_slot = b.assignment().slot;
+    b.leave().await.during("leave of b")?;
+    let e2 = converged(ctx, &[&a, &c], 2).await?;
+    ensure!(e2 > e1, "epoch after a leave {e2} is not above {e1}");
+    exactly_one_owner(&[&a, &c], 300)?;
+    let b = join(ctx, "b").await?;
+    let e3 = converged(ctx, &[&a, &b, &c], 3).await?;
+    ensure!(e3 > e2, "epoch after a rejoin {e3} is not above {e2}");
+    ensure_eq!(b.assignment().slot, b_slot, "b's slot after rejoining");
+    for m in [a, b, c] {
+        m.leave().await.during("final leave")?;
+    }
+    ctx.cleanup().await
+}
+
+/// Members crash (dropped without leaving): the others take over their keys after the lease
+/// expires, within TTL plus a heartbeat and slack.
+pub async fn group_crash_expires(ctx: &Ctx) -> CaseResult {
+    let a = join(ctx, "a").await?;
+    let b = join(ctx, "b").await?;
+    let e1 = converged(ctx, &[&a, &b], 2).await?;
+    let crashed = Instant::now();
+    drop(b);
+    let e2 = converged(ctx, &[&a], 1).await?;
+    let took = crashed.elapsed();
+    ensure!(e2 > e1, "epoch after a crash {e2} is not above {e1}");
+    exactly_one_owner(&[&a], 100)?;
+    // The bound the docs state: TTL (on the store's clock, rounded up) + one heartbeat; the
+    // slack covers a loaded machine.
+    let bound = ctx.caps().effective_ttl(ttl(ctx)) + ttl(ctx) / 3 + Duration::from_secs(5);
+    ensure!(
+        took <= bound,
+        "took {took:?} to take over after a crash, more than {bound:?}"
+    );
+    a.leave().await.during("leave")?;
+    ctx.cleanup().await
+}
+
+/// While members join, leave and crash, workers holding grants never overlap on a key: no two
+/// members hold a valid grant for the same key at once, and one epoch grants a key to one member.
+pub async fn group_handoff_no_double_grant(ctx: &Ctx) -> CaseResult {
+    const KEYS: u32 = 64;
+    type Log = Arc<Mutex<Vec<(u32, String, u64, Instant, Instant)>>>;
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut members: BTreeMap<String, (Arc<Member>, tokio::task::JoinHandle<()>)> = BTreeMap::new();
+    let spawn_worker = |m: Arc<Member>, log: Log, stop: Arc<std::sync::atomic::AtomicBool>| {
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut held = Vec::new();
+                for k in 0..KEYS {
+                    if let Some(g) = m.owns(format!("task-{k}")) {
+                        held.push((k, g, Instant::now()));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(15)).await;
+                let mut entries = Vec::new();
+                for (k, g, start) in held {
+                    // Only work done under a grant still valid at its end counts.
+                    if g.is_valid() {
+                        entries.push((k, m.member().to_owned(), g.token(), start, Instant::now()));
+                    }
+                    drop(g);
+                }
+                log.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .extend(entries);
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let add = |name: &str, members: &mut BTreeMap<_, _>, m: Member| {
+        let m = Arc::new(m);
+        let h = spawn_worker(m.clone(), log.clone(), stop.clone());
+        members.insert(name.to_owned(), (m, h));
+    };
+    for name in ["m0", "m1", "m2"] {
+        let m = join(ctx, name).await?;
+        add(name, &mut members, m);
+    }
+    let wait = |members: &BTreeMap<String, (Arc<Member>, tokio::task::JoinHandle<()>)>| {
+        members.values().map(|(m, _)| m.clone()).collect::<Vec<_>>()
+    };
+    {
+        let ms = wait(&members);
+        let refs: Vec<&Member> = ms.iter().map(|m| m.as_ref()).collect();
+        converged(ctx, &refs, 3).await?;
+    }
+    // Join two, leave one gracefully, crash one.
+    for name in ["m3", "m4"] {
+        let m = join(ctx, name).await?;
+        add(name, &mut members, m);
+    }
+    {
+        let ms = wait(&members);
+        let refs: Vec<&Member> = ms.iter().map(|m| m.as_ref()).collect();
+        converged(ctx, &refs, 5).await?;
+    }
+    if let Some((m, h)) = members.remove("m1") {
+        h.abort();
+        let _ = h.await;
+        let m = Arc::try_unwrap(m).map_err(|_| Failure::new("m1 still shared"))?;
+        m.leave().await.during("leave of m1")?;
+    }
+    if let Some((m, h)) = members.remove("m3") {
+        h.abort();
+        let _ = h.await;
+        drop(m);
+    }
+    {
+        let ms = wait(&members);
+        let refs: Vec<&Member> = ms.iter().map(|m| m.as_ref()).collect();
+        converged(ctx, &refs, 3).await?;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for (_, (m, h)) in std::mem::take(&mut members) {
+        let _ = h.await;
+        if let Ok(m) = Arc::try_unwrap(m) {
+            m.leave().await.during("final leave")?;
+        }
+    }
+    let log = std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner));
+    ensure!(!log.is_empty(), "no work was recorded");
+    let mut by_key: BTreeMap<u32, Vec<&(u32, String, u64, Instant, Instant)>> = BTreeMap::new();
+    let mut epoch_owner: BTreeMap<(u32, u64), &str> = BTreeMap::new();
+    for e in &log {
+        by_key.entry(e.0).or_default().push(e);
+        if let Some(prev) = epoch_owner.insert((e.0, e.2), &e.1) {
+            ensure!(
+                prev == e.1,
+                "key {} granted to {prev} and {} in epoch {}",
+                e.0,
+                e.1,
+                e.2
+            );
+        }
+    }
+    for (k, mut entries) in by_key {
+        entries.sort_by_key(|e| e.3);
+        for w in entries.windows(2) {
+            let (x, y) = (w[0], w[1]);
+            ensure!(
+                x.1 == y.1 || x.4 <= y.3,
+                "key {k}: {} (epoch {}) held it until {:?} after {} (epoch {}) took it",
+                x.1,
+                x.2,
+                x.4 - y.3,
+                y.1,
+                y.2
+            );
+        }
+    }
+    ctx.cleanup().await
+}
+
+/// Bad configurations are InvalidArgument; a foreign value in a slot is skipped; a view that
+/// does not decode is replaced by one with a higher epoch; a second live process with the same
+/// member id is refused.
+pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
+    let store: DynStore = ctx.store.clone();
+    for (what, cfg) in [
+        ("zero TTL", config(ctx, "x")?.with_ttl(Duration::ZERO)),
+        (
+            "1 ms TTL",
+            config(ctx, "x")?.with_ttl(Duration::from_millis(1)),
+        ),
+        (
+            "a 10-day TTL",
+            config(ctx, "x")?.with_ttl(Duration::from_secs(864_000)),
+        ),
+        ("a member id with a space", config(ctx, "a b")?),
+        ("an empty member id", config(ctx, "")?),
+        ("zero slots", config(ctx, "x")?.with_max_slots(0)),
+    ] {
+        expect_kind(
+            &format!("join with {what}"),
+            Group::join(store.clone(), cfg).await.map(|_| ()),
+            ErrorKind::InvalidArgument,
+        )?;
+    }
+    let min = ctx.caps().min_ttl;
+    if min > Duration::from_millis(30) {
+        expect_kind(
+            "join with a TTL below the store's shortest lease",
+            Group::join(store.clone(), config(ctx, "x")?.with_ttl(min / 2))
+                .await
+                .map(|_| ()),
+            ErrorKind::InvalidArgument,
+        )?;
+    }
+    expect_kind(
+        "join with a bad group name",
+        Group::join(
+            store.clone(),
+            GroupConfig::new("bad group", ttl(ctx)).with_prefix("hct"),
+        )
+        .await
+        .map(|_| ()),
+        ErrorKind::InvalidArgument,
+    )?;
+
+    // Garbage in slot 0 and in the view.
+    let slot0 = ctx.key("slot:0");
+    let view = ctx.key("slot:view");
+    ensure!(
+        store
+            .compare_and_set(&slot0, None, "garbage", None)
+            .await
+            .during("write garbage to slot 0")?,
+        "slot 0 was not absent"
+    );
+    store
+        .compare_and_set(&view, None, "{not a view", None)
+        .await
+        .during("write garbage to the view")?;
+    let a = join(ctx, "a").await?;
+    let b = join(ctx, "b").await?;
+    let epoch = converged(ctx, &[&a, &b], 2).await?;
+    ensure!(epoch >= 1, "epoch {epoch}");
+    let slots: BTreeSet<_> = [&a, &b]
+        .iter()
+        .filter_map(|m| m.assignment().slot)
+        .collect();
+    ensure_eq!(
+        slots,
+        BTreeSet::from([1, 2]),
+        "slots next to a foreign slot 0"
+    );
+    ensure_eq!(
+        store.get(&slot0).await.during("read slot 0")?.as_deref(),
+        Some("garbage"),
+        "the foreign value is left alone"
+    );
+    exactly_one_owner(&[&a, &b], 100)?;
+
+    // The same member id again while `a` lives: refused within about a TTL.
+    let started = Instant::now();
+    expect_kind(
+        "join with the member id of a live member",
+        join_raw(ctx, "a").await,
+        ErrorKind::Rejected,
+    )?;
+    let bound = ctx.caps().effective_ttl(ttl(ctx)) + ttl(ctx) + Duration::from_secs(5);
+    ensure!(
+        started.elapsed() <= bound,
+        "refusing a twin took {:?}, more than {bound:?}",
+        started.elapsed()
+    );
+    ensure_eq!(
+        a.assignment().phase,
+        GroupPhase::Active,
+        "a after the twin was refused"
+    );
+
+    // Overwrite b's slot by hand: b stops, claims again, and the group recovers.
+    let b_slot = b
+        .assignment()
+        .slot
+        .ok_or_else(|| Failure::new("b has no slot"))?;
+    let b_key = ctx.key(&format!("slot:{b_slot}"));
+    let current = store.get(&b_key).await.during("read b's slot")?;
+    store
+        .compare_and_set(
+            &b_key,
+            current.as_deref(),
+            "overwritten",
+            Some(ttl(ctx) * 4),
+        )
+        .await
+        .during("overwrite b's slot")?;
+    let deadline = Instant::now() + settle(ctx);
+    while b.assignment().slot == Some(b_slot) || b.assignment().epoch <= epoch {
+        ensure!(
+            Instant::now() < deadline,
+            "b kept its overwritten slot {b_slot} for {:?}: {:?}",
+            settle(ctx),
+            b.assignment()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = converged(ctx, &[&a, &b], 2).await?;
+    ensure!(
+        after > epoch,
+        "epoch after b reclaimed {after} is not above {epoch}"
+    );
+    exactly_one_owner(&[&a, &b], 100)?;
+    a.leave().await.during("leave a")?;
+    b.leave().await.during("leave b")?;
+    ctx.cleanup().await
+}
+
+async fn join_raw(ctx: &Ctx, member: &str) -> headcount::Result<()> {
+    let cfg = config(ctx, member).map_err(|f| headcount::Error::invalid(f.to_string()))?;
+    Group::join(ctx.store.clone(), cfg).await.map(|_| ())
+}

@@ -1,0 +1,328 @@
+//! The two records of a group in the store, as text a person can read with the store's own
+//! client: a slot record (`hc:{group}:slot:{i}`) and the published view (`hc:{group}:slot:view`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The format tag every record starts with, so a later format can be told apart.
+const TAG: &str = "v1";
+
+/// The most slots a view may name: a view of this many slots is about 24 bytes each.
+pub(crate) const MAX_VIEW_SLOTS: usize = 1 << 16;
+
+/// One live slot's record: who holds it, since when, and the newest epoch it acknowledged.
+///
+/// `v1 member=<id> nonce=<16 hex> since=<unix ms> ttl=<ms> acked=<epoch>`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotRecord {
+    /// The member's stable id.
+    pub member: String,
+    /// Random per claim: tells two holders of one slot, or two processes with one member id,
+    /// apart.
+    pub nonce: u64,
+    /// When the slot was claimed, wall clock, milliseconds since the Unix epoch.
+    pub since_ms: u64,
+    /// The lease TTL the holder renews with, in milliseconds.
+    pub ttl_ms: u64,
+    /// The newest epoch whose hand-off this holder completed: it holds no grant for a key it does
+    /// not own in that view, and will never again start a key under an older one.
+    pub acked: u64,
+}
+
+impl SlotRecord {
+    /// Parses a slot record; `None` for anything else (a foreign value).
+    pub fn parse(text: &str) -> Option<SlotRecord> {
+        let mut parts = text.split(' ');
+        if parts.next()? != TAG {
+            return None;
+        }
+        let fields = fields(parts)?;
+        let member = fields.get("member")?.to_string();
+        crate::recipes::interval::check_member(&member).ok()?;
+        let record = SlotRecord {
+            member,
+            nonce: u64::from_str_radix(fields.get("nonce")?, 16).ok()?,
+            since_ms: fields.get("since")?.parse().ok()?,
+            ttl_ms: fields.get("ttl")?.parse().ok()?,
+            acked: fields.get("acked")?.parse().ok()?,
+        };
+        (fields.len() == 5).then_some(record)
+    }
+
+    /// The holder: member and nonce, as a view names it.
+    pub fn holder(&self, slot: u32) -> Holder {
+        Holder {
+            slot,
+            nonce: self.nonce,
+        }
+    }
+}
+
+impl fmt::Display for SlotRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{TAG} member={} nonce={:016x} since={} ttl={} acked={}",
+            self.member, self.nonce, self.since_ms, self.ttl_ms, self.acked
+        )
+    }
+}
+
+/// `key=value` fields, each once.
+fn fields<'a>(parts: impl Iterator<Item = &'a str>) -> Option<BTreeMap<&'a str, &'a str>> {
+    let mut map = BTreeMap::new();
+    for part in parts {
+        let (k, v) = part.split_once('=')?;
+        if map.insert(k, v).is_some() {
+            return None;
+        }
+    }
+    Some(map)
+}
+
+/// One slot of a view and the claim that held it: a new claim of the same slot is a different
+/// holder, so it makes a new view and a new epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Holder {
+    /// The slot number.
+    pub slot: u32,
+    /// The nonce of the claim.
+    pub nonce: u64,
+}
+
+/// A published view: the epoch and the live slots with their holders.
+///
+/// `v1 epoch=<E> slots=<slot>@<nonce hex>,...` (slots ascending; `slots=` empty when nobody is
+/// live).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewRecord {
+    /// The epoch: minted by the store (a compare-and-set from the previous view), only increases.
+    pub epoch: u64,
+    /// The live slots, ascending.
+    pub holders: Vec<Holder>,
+}
+
+impl ViewRecord {
+    /// Parses a view; `None` for anything else.
+    pub fn parse(text: &str) -> Option<ViewRecord> {
+        let mut parts = text.split(' ');
+        if parts.next()? != TAG {
+            return None;
+        }
+        let fields = fields(parts)?;
+        if fields.len() != 2 {
+            return None;
+        }
+        let epoch = fields.get("epoch")?.parse().ok()?;
+        let list = fields.get("slots")?;
+        let mut holders = Vec::new();
+        if !list.is_empty() {
+            for item in list.split(',') {
+                let (slot, nonce) = item.split_once('@')?;
+                holders.push(Holder {
+                    slot: slot.parse().ok()?,
+                    nonce: u64::from_str_radix(nonce, 16).ok()?,
+                });
+                if holders.len() > MAX_VIEW_SLOTS {
+                    return None;
+                }
+            }
+        }
+        // Strictly ascending slots: one holder per slot, one canonical text per view.
+        if holders.windows(2).any(|w| w[0].slot >= w[1].slot) {
+            return None;
+        }
+        Some(ViewRecord { epoch, holders })
+    }
+
+    /// The live slot numbers, ascending.
+    pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.holders.iter().map(|h| h.slot)
+    }
+}
+
+impl fmt::Display for ViewRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{TAG} epoch={} slots=", self.epoch)?;
+        for (i, h) in self.holders.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{}@{:016x}", h.slot, h.nonce)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a listing of `hc:{group}:slot:` holds, parsed.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    /// Live slots whose record parses, by slot.
+    pub slots: BTreeMap<u32, SlotRecord>,
+    /// Slot keys holding something that is not a slot record (written by hand, or by another
+    /// program): occupied, so nobody claims them, but not members.
+    pub foreign: BTreeMap<u32, String>,
+    /// The published view as stored (for a compare-and-set), when there is one.
+    pub view_text: Option<String>,
+    /// The published view, when there is one and it parses.
+    pub view: Option<ViewRecord>,
+}
+
+impl Table {
+    /// Parses the listing of `prefix` (which ends in `slot:`).
+    pub fn parse(prefix: &str, listing: Vec<(String, String)>) -> Table {
+        let mut table = Table::default();
+        for (key, value) in listing {
+            let Some(suffix) = key.strip_prefix(prefix) else {
+                continue;
+            };
+            if suffix == "view" {
+                table.view = ViewRecord::parse(&value);
+                table.view_text = Some(value);
+                continue;
+            }
+            // Only canonical numbers: `007` is not slot 7.
+            let Ok(slot) = suffix.parse::<u32>() else {
+                continue;
+            };
+            if slot.to_string() != suffix {
+                continue;
+            }
+            match SlotRecord::parse(&value) {
+                Some(record) => {
+                    table.slots.insert(slot, record);
+                }
+                None => {
+                    table.foreign.insert(slot, value);
+                }
+            }
+        }
+        table
+    }
+
+    /// The live holders, ascending by slot: the view this listing calls for.
+    pub fn live(&self) -> Vec<Holder> {
+        self.slots.iter().map(|(&s, r)| r.holder(s)).collect()
+    }
+
+    /// The lowest slot number at or above `from` that holds no key (neither a member nor a
+    /// foreign value).
+    pub fn lowest_free(&self, from: u32) -> u32 {
+        let mut i = from;
+        while self.slots.contains_key(&i) || self.foreign.contains_key(&i) {
+            i += 1;
+        }
+        i
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_records_round_trip_and_reject_garbage() {
+        let r = SlotRecord {
+            member: "web-1".into(),
+            nonce: 0xabc,
+            since_ms: 1_700_000_000_000,
+            ttl_ms: 3000,
+            acked: 7,
+        };
+        let text = r.to_string();
+        assert_eq!(
+            text,
+            "v1 member=web-1 nonce=0000000000000abc since=1700000000000 ttl=3000 acked=7"
+        );
+        assert_eq!(SlotRecord::parse(&text), Some(r));
+        for bad in [
+            "",
+            "garbage",
+            "v2 member=a nonce=1 since=1 ttl=1 acked=1",
+            "v1 member=a nonce=1 since=1 ttl=1",
+            "v1 member=a nonce=1 since=1 ttl=1 acked=1 extra=2",
+            "v1 member=a nonce=1 since=1 ttl=1 acked=1 acked=2",
+            "v1 member=a b nonce=1 since=1 ttl=1 acked=1",
+            "v1 member= nonce=1 since=1 ttl=1 acked=1",
+            "v1 member=a nonce=zz since=1 ttl=1 acked=1",
+            "v1 member=a nonce=1 since=-1 ttl=1 acked=1",
+        ] {
+            assert_eq!(SlotRecord::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn views_round_trip_and_reject_garbage() {
+        let v = ViewRecord {
+            epoch: 12,
+            holders: vec![
+                Holder { slot: 0, nonce: 1 },
+                Holder {
+                    slot: 4,
+                    nonce: u64::MAX,
+                },
+            ],
+        };
+        let text = v.to_string();
+        assert_eq!(
+            text,
+            "v1 epoch=12 slots=0@0000000000000001,4@ffffffffffffffff"
+        );
+        assert_eq!(ViewRecord::parse(&text), Some(v));
+        let empty = ViewRecord {
+            epoch: 3,
+            holders: vec![],
+        };
+        assert_eq!(ViewRecord::parse(&empty.to_string()), Some(empty));
+        for bad in [
+            "",
+            "{}",
+            "v1 epoch=1",
+            "v1 epoch=x slots=",
+            "v1 epoch=1 slots=1@1,1@2",
+            "v1 epoch=1 slots=2@1,1@2",
+            "v1 epoch=1 slots=1",
+            "v1 epoch=1 slots=1@1, ",
+            "v1 epoch=-1 slots=",
+        ] {
+            assert_eq!(ViewRecord::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn tables_sort_members_foreign_values_and_the_view() {
+        let p = "hc:{g}:slot:";
+        let rec = |m: &str, n: u64| {
+            SlotRecord {
+                member: m.into(),
+                nonce: n,
+                since_ms: 0,
+                ttl_ms: 1000,
+                acked: 0,
+            }
+            .to_string()
+        };
+        let table = Table::parse(
+            p,
+            vec![
+                (format!("{p}0"), rec("a", 1)),
+                (format!("{p}1"), "garbage".into()),
+                (format!("{p}007"), rec("x", 9)),
+                (format!("{p}3"), rec("c", 3)),
+                (format!("{p}view"), "not a view".into()),
+                (format!("{p}other"), "ignored".into()),
+            ],
+        );
+        assert_eq!(table.slots.keys().copied().collect::<Vec<_>>(), [0, 3]);
+        assert_eq!(table.foreign.keys().copied().collect::<Vec<_>>(), [1]);
+        assert_eq!(table.view, None);
+        assert_eq!(table.view_text.as_deref(), Some("not a view"));
+        assert_eq!(table.lowest_free(0), 2);
+        assert_eq!(table.lowest_free(3), 4);
+        assert_eq!(
+            table.live(),
+            [Holder { slot: 0, nonce: 1 }, Holder { slot: 3, nonce: 3 }]
+        );
+    }
+}
