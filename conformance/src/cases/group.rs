@@ -143,7 +143,9 @@ pub async fn group_crash_expires(ctx: &Ctx) -> CaseResult {
 /// members hold a valid grant for the same key at once, and one epoch grants a key to one member.
 pub async fn group_handoff_no_double_grant(ctx: &Ctx) -> CaseResult {
     const KEYS: u32 = 64;
-    type Log = Arc<Mutex<Vec<(u32, String, u64, Instant, Instant)>>>;
+    /// (key, member, epoch, start, end) of work done under a grant valid at its end.
+    type Entry = (u32, String, u64, Instant, Instant);
+    type Log = Arc<Mutex<Vec<Entry>>>;
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut members: BTreeMap<String, (Arc<Member>, tokio::task::JoinHandle<()>)> = BTreeMap::new();
@@ -224,7 +226,7 @@ pub async fn group_handoff_no_double_grant(ctx: &Ctx) -> CaseResult {
     }
     let log = std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner));
     ensure!(!log.is_empty(), "no work was recorded");
-    let mut by_key: BTreeMap<u32, Vec<&(u32, String, u64, Instant, Instant)>> = BTreeMap::new();
+    let mut by_key: BTreeMap<u32, Vec<&Entry>> = BTreeMap::new();
     let mut epoch_owner: BTreeMap<(u32, u64), &str> = BTreeMap::new();
     for e in &log {
         by_key.entry(e.0).or_default().push(e);
