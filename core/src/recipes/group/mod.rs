@@ -708,13 +708,14 @@ impl Member {
         self.shared.changes.subscribe()
     }
 
-    /// Waits until the member is active under a view of at least `epoch` (0: any view).
+    /// Waits until the member is active under a view of at least `epoch` (0: any view) that
+    /// includes its slot.
     pub async fn active(&self, epoch: u64) -> Result<Assignment> {
         let mut rx = self.watch();
         loop {
             {
                 let a = rx.borrow_and_update();
-                if a.phase == GroupPhase::Active && a.epoch >= epoch {
+                if a.phase == GroupPhase::Active && a.epoch >= epoch && a.index.is_some() {
                     return Ok(a.clone());
                 }
                 if matches!(a.phase, GroupPhase::Stopped | GroupPhase::Failed) {
