@@ -14,6 +14,7 @@ mod faults;
 pub mod interval;
 mod keys;
 mod listing;
+mod membership;
 mod set_max;
 mod ttl;
 
@@ -26,6 +27,7 @@ pub use interval::{
 };
 pub use keys::*;
 pub use listing::*;
+pub use membership::*;
 pub use set_max::*;
 pub use ttl::*;
 
