@@ -16,7 +16,8 @@ use etcd_client::{
     TxnOp, TxnOpResponse,
 };
 use headcount_core::store::{
-    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_ttl, parse_counter,
+    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
+    check_ttl, parse_counter,
 };
 use headcount_core::{Capabilities, Error, Result, Store};
 
@@ -367,6 +368,20 @@ fn put_options(lease: i64) -> PutOptions {
     }
 }
 
+/// The key-value pairs of a prefix range, as `list` returns them.
+fn pairs(prefix: &str, kvs: &[etcd_client::KeyValue]) -> Result<Vec<(String, String)>> {
+    let mut pairs = Vec::with_capacity(kvs.len());
+    for kv in kvs {
+        let key = String::from_utf8(kv.key().to_vec())
+            .map_err(|_| Error::foreign(prefix, "UTF-8 keys", "a key that is not UTF-8"))?;
+        let value = utf8(&key, kv.value().to_vec())?;
+        pairs.push((key, value));
+    }
+    // etcd returns keys in byte order already; sorting keeps the contract explicit.
+    pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(pairs)
+}
+
 fn utf8(key: &str, bytes: Vec<u8>) -> Result<String> {
     String::from_utf8(bytes)
         .map_err(|_| Error::foreign(key, "a UTF-8 value", "bytes that are not UTF-8"))
@@ -379,6 +394,7 @@ impl Store for EtcdStore {
         caps.ttl_granularity = Duration::from_secs(1);
         caps.min_ttl = self.inner.leases.min_ttl();
         caps.native_incr_and_get = true;
+        caps.native_renew_and_list = true;
         caps
     }
 
@@ -494,16 +510,49 @@ impl Store for EtcdStore {
             })
             .await
             .map_err(|e| self.classify(e, "list"))?;
-            let mut pairs = Vec::with_capacity(resp.kvs().len());
-            for kv in resp.kvs() {
-                let key = String::from_utf8(kv.key().to_vec())
-                    .map_err(|_| Error::foreign(prefix, "UTF-8 keys", "a key that is not UTF-8"))?;
-                let value = utf8(&key, kv.value().to_vec())?;
-                pairs.push((key, value));
-            }
-            // etcd returns keys in byte order already; sorting keeps the contract explicit.
-            pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            Ok(pairs)
+            pairs(prefix, resp.kvs())
+        })
+        .await
+    }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        check_renew_and_list(key, holder, ttl, prefix)?;
+        self.deadline("renew_and_list", async {
+            // One transaction: when the key holds `holder` (a value comparison fails on a
+            // missing key), re-put it on a lease of `ttl` and list; else only list. The range
+            // runs after the put, so it sees the renewed key. The lease comes from the shared
+            // cache (see `leases`): no extra round trip while a shared lease of this TTL is
+            // usable, one grant before the transaction otherwise.
+            let list = TxnOp::get(prefix, Some(GetOptions::new().with_prefix()));
+            let resp = self
+                .txn_with_lease("renew_and_list", Some(ttl), |lease| {
+                    Txn::new()
+                        .when([Compare::value(key, CompareOp::Equal, holder)])
+                        .and_then([
+                            TxnOp::put(key, holder, Some(put_options(lease))),
+                            list.clone(),
+                        ])
+                        .or_else([list.clone()])
+                })
+                .await?;
+            let renewed = resp.succeeded();
+            let listed = resp
+                .op_responses()
+                .into_iter()
+                .find_map(|r| match r {
+                    TxnOpResponse::Get(g) => Some(g),
+                    _ => None,
+                })
+                .map(|g| pairs(prefix, g.kvs()))
+                .transpose()?
+                .unwrap_or_default();
+            Ok((renewed, listed))
         })
         .await
     }

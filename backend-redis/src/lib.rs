@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use headcount_core::store::{
-    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_ttl, ttl_millis,
+    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
+    check_ttl, ttl_millis,
 };
 use headcount_core::{Capabilities, Error, Result, Store};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -26,7 +27,14 @@ use errors::BACKEND;
 const INCR_LUA: &str = include_str!("scripts/incr.lua");
 const CAS_LUA: &str = include_str!("scripts/cas.lua");
 const SET_MAX_LUA: &str = include_str!("scripts/set_max.lua");
-const LIST_LUA: &str = include_str!("scripts/list.lua");
+/// `list` and `renew_and_list` share the scan (`list_body.lua` builds `out`); each adds its own
+/// ending, and `renew_and_list` its renewal in front.
+const LIST_LUA: &str = concat!(include_str!("scripts/list_body.lua"), "return out\n");
+const RENEW_AND_LIST_LUA: &str = concat!(
+    include_str!("scripts/renew_head.lua"),
+    include_str!("scripts/list_body.lua"),
+    "table.insert(out, 1, renewed)\nreturn out\n"
+);
 const INCR_AND_GET_LUA: &str = include_str!("scripts/incr_and_get.lua");
 
 /// The loaded scripts. `Script` sends `EVALSHA` and, on `NOSCRIPT` (a restarted or flushed
@@ -37,6 +45,7 @@ struct Scripts {
     set_max: Script,
     list: Script,
     incr_and_get: Script,
+    renew_and_list: Script,
 }
 
 /// A connection to a single server or to a Cluster. Both reconnect by themselves: the
@@ -213,6 +222,7 @@ impl RedisStore {
                     set_max: Script::new(SET_MAX_LUA),
                     list: Script::new(LIST_LUA),
                     incr_and_get: Script::new(INCR_AND_GET_LUA),
+                    renew_and_list: Script::new(RENEW_AND_LIST_LUA),
                 },
             }),
         })
@@ -412,7 +422,58 @@ impl Store for RedisStore {
         let mut caps = Capabilities::new(BACKEND);
         caps.native_set_max = true;
         caps.native_incr_and_get = true;
+        caps.native_renew_and_list = true;
         caps
+    }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        check_renew_and_list(key, holder, ttl, prefix)?;
+        if matches!(self.inner.conn, Conn::Cluster(_))
+            && !(prefix_pins_slot(prefix) && hash_tag(key) == hash_tag(prefix))
+        {
+            // A script may only touch one hash slot on Cluster. A group's slot keys and its
+            // prefix share the `{group}` tag, so this only happens outside headcount's naming:
+            // two calls, the renewal and then the listing, not atomic together.
+            let renewed = self
+                .compare_and_set(key, Some(holder), holder, Some(ttl))
+                .await?;
+            return Ok((renewed, self.list(prefix).await?));
+        }
+        let pattern = glob_escape(prefix);
+        let script = &self.inner.scripts.renew_and_list;
+        let reply: Value = self
+            .run("renew_and_list", Some(key), |mut c| async move {
+                script
+                    .key(key)
+                    .key(prefix)
+                    .arg(&pattern)
+                    .arg(prefix)
+                    .arg(holder)
+                    .arg(ttl_millis(ttl))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let Value::Array(mut items) = reply else {
+            return Err(unexpected(reply));
+        };
+        match items.first() {
+            Some(Value::Int(n)) => {
+                let renewed = *n == 1;
+                items.remove(0);
+                Ok((renewed, list_reply(Value::Array(items))?))
+            }
+            // `{'foreign', key, type}`, from the renewal or the listing.
+            _ => Err(list_reply(Value::Array(items)).err().unwrap_or_else(|| {
+                unexpected(Value::SimpleString("a listing without renewal flag".into()))
+            })),
+        }
     }
 
     async fn incr_and_get(

@@ -15,7 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use headcount_core::store::{
-    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_ttl, ttl_millis,
+    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
+    check_ttl, ttl_millis,
 };
 use headcount_core::{Capabilities, Error, Result, Store};
 use tokio_postgres::types::ToSql;
@@ -50,6 +51,7 @@ struct Statements {
     cas_insert: String,
     delete: String,
     list: String,
+    renew_and_list: String,
     set_max: String,
     raw_value: String,
     gc: String,
@@ -74,6 +76,14 @@ impl Statements {
         let by_key = format!("cur.key_hash = {}", hash("$1::text"));
         let key_hash = hash("key");
         let new_expiry = "now() + $2::bigint * interval '1 millisecond'";
+        // The live keys under a prefix, given as the two LIKE patterns of `prefix_patterns`.
+        let listing = |head: &str, whole: &str| {
+            format!(
+                "SELECT cur.key, cur.value FROM {t} AS cur
+                 WHERE left(cur.key, {KEY_HEAD_CHARS}) LIKE {head} AND cur.key LIKE {whole}
+                   AND {live}"
+            )
+        };
         Statements {
             quoted_table: t.clone(),
             exists: "SELECT to_regclass($1::text) IS NOT NULL".into(),
@@ -129,10 +139,23 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
             delete: format!(
                 "DELETE FROM {t} AS cur WHERE {by_key} RETURNING {live}"
             ),
-            list: format!(
-                "SELECT cur.key, cur.value FROM {t} AS cur
-                 WHERE left(cur.key, {KEY_HEAD_CHARS}) LIKE $1 AND cur.key LIKE $2 AND {live}
-                 ORDER BY cur.key"
+            list: format!("{} ORDER BY cur.key", listing("$1", "$2")),
+            // One statement: the CTE renews, the outer query lists. The listing reads the
+            // snapshot the statement started with, so it does not see the new expiry, but the
+            // renewal never changes a value, and `now()` is the same instant for both parts: a
+            // key the CTE found live (and renewed) is live in the listing too. The LEFT JOIN
+            // gives one row (with NULL key) when nothing is listed, so the flag always comes
+            // back; the CTE runs to completion whether or not anything reads it.
+            renew_and_list: format!(
+                "WITH r AS (
+                   UPDATE {t} AS cur SET expires_at = {new_expiry}
+                   WHERE {by_key} AND cur.value = $3 AND {live} RETURNING 1
+                 )
+                 SELECT EXISTS (SELECT 1 FROM r), l.key, l.value
+                 FROM (VALUES (1)) AS one (x)
+                 LEFT JOIN ({listing}) AS l ON true
+                 ORDER BY l.key",
+                listing = listing("$4", "$5"),
             ),
             // CASE, not OR: PostgreSQL does not promise to evaluate OR left to right, and the cast
             // must never run on an expired row (it may hold anything).
@@ -503,7 +526,44 @@ impl Store for PostgresStore {
         let mut caps = Capabilities::new(BACKEND);
         caps.native_set_max = true;
         caps.native_incr_and_get = true;
+        caps.native_renew_and_list = true;
         caps
+    }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        check_renew_and_list(key, holder, ttl, prefix)?;
+        let ttl_ms = ttl_millis(ttl);
+        let (head, whole) = prefix_patterns(prefix);
+        let rows = self
+            .inner
+            .query(
+                "renew_and_list",
+                &self.inner.sql.renew_and_list,
+                &[&key, &ttl_ms, &holder, &head, &whole],
+                None,
+            )
+            .await?;
+        self.note_write();
+        let unexpected = |e: tokio_postgres::Error| {
+            Error::rejected(BACKEND, format!("unexpected result column: {e}"), e)
+        };
+        let mut renewed = false;
+        let mut listed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            renewed = row.try_get(0).map_err(unexpected)?;
+            let key: Option<String> = row.try_get(1).map_err(unexpected)?;
+            let value: Option<String> = row.try_get(2).map_err(unexpected)?;
+            if let (Some(key), Some(value)) = (key, value) {
+                listed.push((key, value));
+            }
+        }
+        Ok((renewed, listed))
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use headcount_core::store::{
-    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_ttl,
-    parse_counter, ttl_millis,
+    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
+    check_ttl, parse_counter, ttl_millis,
 };
 use headcount_core::{Capabilities, Error, Result, Store};
 use rusqlite::types::ValueRef;
@@ -717,8 +717,29 @@ fn delete(conn: &mut Connection, key: &str) -> Result<bool> {
     })
 }
 
-fn list(conn: &Connection, prefix: &str) -> Result<Vec<(String, String)>> {
-    let now = now_ms();
+/// [`Store::renew_and_list`] in one `BEGIN IMMEDIATE` transaction: the renewal and the listing
+/// judge liveness at the same instant, and the listing sees the renewal.
+fn renew_and_list(
+    conn: &mut Connection,
+    key: &str,
+    holder: &str,
+    ttl_ms: i64,
+    prefix: &str,
+) -> Result<(bool, Vec<(String, String)>)> {
+    locked_write(conn, |tx, now| {
+        let changed = tx
+            .prepare_cached(&format!(
+                "UPDATE {TABLE} SET expires_at = ?3
+                 WHERE key = ?1 AND value = ?4 AND (expires_at IS NULL OR expires_at > ?2)"
+            ))
+            .sql()?
+            .execute(params![key, now, expiry(now, Some(ttl_ms)), holder])
+            .sql()?;
+        Ok((changed == 1, list(tx, prefix, now)?))
+    })
+}
+
+fn list(conn: &Connection, prefix: &str, now: i64) -> Result<Vec<(String, String)>> {
     // `key >= prefix AND key < successor(prefix)` is exactly "starts with prefix" under bytewise
     // (= code point) order, and is a range scan of the primary key.
     // Two statements rather than `(?3 IS NULL OR key < ?3)`, which would hide the upper bound
@@ -768,6 +789,7 @@ impl Store for SqliteStore {
         let mut caps = Capabilities::new(BACKEND);
         caps.native_set_max = true;
         caps.native_incr_and_get = true;
+        caps.native_renew_and_list = true;
         caps.shared = self.inner.location != Location::Memory;
         caps
     }
@@ -824,7 +846,8 @@ impl Store for SqliteStore {
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         check_prefix(prefix)?;
         let prefix = prefix.to_owned();
-        self.call("list", move |conn| list(conn, &prefix)).await
+        self.call("list", move |conn| list(conn, &prefix, now_ms()))
+            .await
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
@@ -849,6 +872,24 @@ impl Store for SqliteStore {
         let ttl_ms = ttl.map(ttl_millis);
         self.call("incr_and_get", move |conn| {
             incr_and_get(conn, &key, by, ttl_ms, &get_key)
+        })
+        .await
+    }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        check_renew_and_list(key, holder, ttl, prefix)?;
+        let key = key.to_owned();
+        let holder = holder.to_owned();
+        let prefix = prefix.to_owned();
+        let ttl_ms = ttl_millis(ttl);
+        self.call("renew_and_list", move |conn| {
+            renew_and_list(conn, &key, &holder, ttl_ms, &prefix)
         })
         .await
     }

@@ -72,7 +72,11 @@ struct Target {
 }
 
 const CAS_LUA: &str = include_str!("../../backend-redis/src/scripts/cas.lua");
-const LIST_LUA: &str = include_str!("../../backend-redis/src/scripts/list.lua");
+// The backend appends its own ending to the shared scan body; the raw baseline does the same.
+const LIST_LUA: &str = concat!(
+    include_str!("../../backend-redis/src/scripts/list_body.lua"),
+    "return out\n"
+);
 const SET_MAX_LUA: &str = include_str!("../../backend-redis/src/scripts/set_max.lua");
 
 fn key(t: &Target, what: &str, task: usize) -> String {

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use headcount::store::{
-    check_key, check_opt_ttl, check_prefix, check_ttl, check_value, parse_counter,
+    check_key, check_opt_ttl, check_prefix, check_renew_and_list, check_ttl, check_value,
+    parse_counter,
 };
 use headcount::{Capabilities, DynStore, Result, Store};
 use headcount_conformance::{run_suite, Case, Ctx, Outcome, SuiteOptions};
@@ -42,6 +43,14 @@ enum Bug {
     ExpireAbsentTrue,
     /// delete returns true for an expired key.
     DeleteExpiredTrue,
+    /// renew_and_list renews the key whoever holds it.
+    RenewAnyHolder,
+    /// renew_and_list says it renewed but leaves the TTL as it was.
+    RenewKeepsTtl,
+    /// renew_and_list creates an absent key.
+    RenewCreatesAbsent,
+    /// renew_and_list renews before it checks the prefix.
+    RenewBeforeChecks,
 }
 
 /// Value, expiry, and write sequence number.
@@ -243,6 +252,56 @@ impl Store for Memory {
         );
         Ok(true)
     }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        let renew_bug = matches!(
+            self.bug,
+            Bug::RenewAnyHolder
+                | Bug::RenewKeepsTtl
+                | Bug::RenewCreatesAbsent
+                | Bug::RenewBeforeChecks
+        );
+        if !renew_bug {
+            // The provided method's two calls, as a backend without a native one makes them.
+            check_renew_and_list(key, holder, ttl, prefix)?;
+            let renewed = self
+                .compare_and_set(key, Some(holder), holder, Some(ttl))
+                .await?;
+            return Ok((renewed, self.list(prefix).await?));
+        }
+        if self.bug != Bug::RenewBeforeChecks {
+            check_renew_and_list(key, holder, ttl, prefix)?;
+        }
+        let renewed = {
+            let mut map = self.map.lock().unwrap();
+            let current = self.live(map.get(key));
+            let seq = self.next_seq();
+            match current {
+                Some(v) if v == holder || self.bug == Bug::RenewAnyHolder => {
+                    if self.bug != Bug::RenewKeepsTtl {
+                        map.insert(key.to_owned(), (v, Self::deadline(Some(ttl)), seq));
+                    }
+                    true
+                }
+                None if self.bug == Bug::RenewCreatesAbsent => {
+                    map.insert(
+                        key.to_owned(),
+                        (holder.to_owned(), Self::deadline(Some(ttl)), seq),
+                    );
+                    true
+                }
+                _ => false,
+            }
+        };
+        check_renew_and_list(key, holder, ttl, prefix)?;
+        Ok((renewed, self.list(prefix).await?))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -311,6 +370,10 @@ async fn planted_bugs_are_caught() {
         (Bug::SetMaxOverwrites, "set_max_concurrent_monotonic"),
         (Bug::ExpireAbsentTrue, "expire_absent"),
         (Bug::DeleteExpiredTrue, "delete_live_absent_expired"),
+        (Bug::RenewAnyHolder, "renew_and_list_refuses_others"),
+        (Bug::RenewCreatesAbsent, "renew_and_list_refuses_others"),
+        (Bug::RenewKeepsTtl, "renew_and_list_extends_ttl"),
+        (Bug::RenewBeforeChecks, "renew_and_list_lists_prefix"),
     ];
     let runs = checks.iter().map(|&(bug, case)| async move {
         let why = fails(bug, case).await;

@@ -15,6 +15,7 @@ mod group;
 pub mod interval;
 mod keys;
 mod listing;
+mod membership;
 mod set_max;
 mod ttl;
 
@@ -28,6 +29,7 @@ pub use interval::{
 };
 pub use keys::*;
 pub use listing::*;
+pub use membership::*;
 pub use set_max::*;
 pub use ttl::*;
 

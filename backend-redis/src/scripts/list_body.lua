@@ -1,8 +1,9 @@
--- headcount list: ARGV[1] = a SCAN MATCH pattern (the prefix with glob characters escaped),
--- ARGV[2] = the prefix itself. KEYS[1], when given, is the prefix, only so Redis Cluster runs
+-- headcount list, the shared body of list and renew_and_list (lib.rs appends what each returns
+-- with concat!): ARGV[1] = a SCAN MATCH pattern (the prefix with glob characters escaped),
+-- ARGV[2] = the prefix itself. The prefix is also passed as a key, only so Redis Cluster runs
 -- the script on the node that owns the prefix's hash slot.
--- Returns {'ok', key1, value1, key2, value2, ...} (unsorted), or {'foreign', key, type} when a
--- key under the prefix holds another Redis type.
+-- Builds `out` = {'ok', key1, value1, key2, value2, ...} (unsorted), or returns
+-- {'foreign', key, type} when a key under the prefix holds another Redis type.
 -- SCAN sees every key present for the whole scan; the script runs atomically, so the result is
 -- one snapshot.
 local out = {'ok'}
@@ -24,4 +25,3 @@ repeat
     end
   end
 until cursor == '0'
-return out

@@ -1,0 +1,235 @@
+//! `renew_and_list`: the group member's heartbeat (renew my slot, read the slot table).
+
+use std::time::Duration;
+
+use headcount::store::MAX_TTL;
+use headcount::ErrorKind;
+use tokio::time::Instant;
+
+use super::{expect_expiry, expect_kind, put, wait_until, SHORT_TTL};
+use crate::{ensure, ensure_eq, CaseResult, Ctx, Failure, ResultExt};
+
+/// A TTL long enough that a key renewed with it outlives the case.
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+/// Calls `renew_and_list` and returns its answer with the instants it was sent and completed.
+async fn renew(
+    ctx: &Ctx,
+    key: &str,
+    holder: &str,
+    ttl: Duration,
+    prefix: &str,
+) -> Result<((bool, Vec<(String, String)>), Instant, Instant), Failure> {
+    let sent = Instant::now();
+    let answer = ctx
+        .store
+        .renew_and_list(key, holder, ttl, prefix)
+        .await
+        .during(format!(
+            "renew_and_list({key:?}, {holder:?}, {ttl:?}, {prefix:?})"
+        ))?;
+    Ok((answer, sent, Instant::now()))
+}
+
+/// The holder's renewal resets the key's TTL to `ttl` from now and keeps its value: a key
+/// renewed with a long TTL outlives its original short one, a key renewed with a short TTL
+/// expires on that TTL counted from the renewal, and an expired key is neither renewed nor
+/// brought back.
+pub async fn renew_and_list_extends_ttl(ctx: &Ctx) -> CaseResult {
+    let prefix = format!("{}slot:", ctx.prefix);
+    let key = ctx.key("slot:1");
+    let (_, put_done) = put(ctx, &key, "me", Some(SHORT_TTL)).await?;
+    let ((renewed, listed), _, _) = renew(ctx, &key, "me", LONG_TTL, &prefix).await?;
+    ensure!(renewed, "renew_and_list by the holder returned false");
+    ensure_eq!(
+        listed,
+        vec![(key.clone(), "me".to_owned())],
+        "listing after the renewal"
+    );
+    // Past the original expiry (with the backend's rounding and our tolerance), the key is there.
+    wait_until(put_done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+    ensure_eq!(
+        ctx.store.get(&key).await.during("get")?,
+        Some("me".to_owned()),
+        "get after the original TTL passed (the renewal should have extended it)"
+    );
+
+    // Renewing with a short TTL sets it from now: the key expires on it, with its value kept.
+    let ((renewed, _), sent, done) = renew(ctx, &key, "me", SHORT_TTL, &prefix).await?;
+    ensure!(
+        renewed,
+        "second renew_and_list by the holder returned false"
+    );
+    expect_expiry(ctx, &key, "me", sent, done, SHORT_TTL).await?;
+
+    // Expired: not renewed, not created again, not listed.
+    let ((renewed, listed), _, _) = renew(ctx, &key, "me", LONG_TTL, &prefix).await?;
+    ensure_eq!(renewed, false, "renew_and_list of an expired key");
+    ensure_eq!(
+        listed,
+        Vec::<(String, String)>::new(),
+        "listing after renewing an expired key"
+    );
+    ensure_eq!(
+        ctx.store.get(&key).await.during("get")?,
+        None,
+        "get after renewing an expired key"
+    );
+    Ok(())
+}
+
+/// Another holder's renewal returns false and touches nothing: the value stays, a short expiry
+/// still happens on time, a persistent key stays persistent; an absent key is not created.
+pub async fn renew_and_list_refuses_others(ctx: &Ctx) -> CaseResult {
+    let prefix = format!("{}slot:", ctx.prefix);
+    let foreign = ctx.key("slot:1");
+    let persistent = ctx.key("slot:2");
+    let absent = ctx.key("slot:3");
+    let (sent, done) = put(ctx, &foreign, "other", Some(SHORT_TTL)).await?;
+    put(ctx, &persistent, "other", None).await?;
+
+    let ((renewed, listed), _, _) = renew(ctx, &foreign, "me", LONG_TTL, &prefix).await?;
+    ensure_eq!(renewed, false, "renew_and_list of a key held by another");
+    // The foreign key may expire while we list, so only the persistent one is certain.
+    ensure!(
+        listed.contains(&(persistent.clone(), "other".to_owned())),
+        "listing {listed:?} misses {persistent:?}"
+    );
+    let ((renewed, _), _, _) = renew(ctx, &persistent, "me", SHORT_TTL, &prefix).await?;
+    ensure_eq!(
+        renewed,
+        false,
+        "renew_and_list of a persistent key held by another"
+    );
+    let ((renewed, listed), _, _) = renew(ctx, &absent, "me", LONG_TTL, &prefix).await?;
+    ensure_eq!(renewed, false, "renew_and_list of an absent key");
+    ensure!(
+        !listed.iter().any(|(k, _)| *k == absent),
+        "the absent key {absent:?} was listed after renew_and_list: {listed:?}"
+    );
+    ensure_eq!(
+        ctx.store.get(&absent).await.during("get")?,
+        None,
+        "get of the absent key after renew_and_list"
+    );
+    // The foreign key expires on its own TTL, value unchanged: the refused renewal did not
+    // extend it.
+    expect_expiry(ctx, &foreign, "other", sent, done, SHORT_TTL).await?;
+    // The persistent key outlived the short TTL the refused renewal asked for.
+    wait_until(done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+    ensure_eq!(
+        ctx.store.get(&persistent).await.during("get")?,
+        Some("other".to_owned()),
+        "get of the persistent key after another holder's short renewal"
+    );
+    Ok(())
+}
+
+/// The listing is what `list` returns: only live keys under the prefix, sorted bytewise, with
+/// the renewed key; the renewed key may lie outside the prefix (then it is renewed, not listed),
+/// even in another Redis Cluster hash slot; bad arguments are `InvalidArgument` and renew
+/// nothing.
+pub async fn renew_and_list_lists_prefix(ctx: &Ctx) -> CaseResult {
+    let prefix = format!("{}slot:", ctx.prefix);
+    let mine = ctx.key("slot:2");
+    let gone = ctx.key("slot:0");
+    let (gone_sent, gone_done) = put(ctx, &gone, "x", Some(SHORT_TTL)).await?;
+    put(ctx, &mine, "me", Some(LONG_TTL)).await?;
+    // Bytewise order: "slot:10" < "slot:2" < "slot:9" < "slot:view".
+    for (name, value) in [
+        ("slot:9", "c"),
+        ("slot:10", "b"),
+        ("slot:view", "{\"epoch\":3}"),
+    ] {
+        put(ctx, &ctx.key(name), value, Some(LONG_TTL)).await?;
+    }
+    // Beside the prefix: not listed.
+    for name in ["slot", "slots:1", "other:1"] {
+        put(ctx, &ctx.key(name), "out", Some(LONG_TTL)).await?;
+    }
+    expect_expiry(ctx, &gone, "x", gone_sent, gone_done, SHORT_TTL).await?;
+    let want: Vec<(String, String)> = [
+        ("slot:10", "b"),
+        ("slot:2", "me"),
+        ("slot:9", "c"),
+        ("slot:view", "{\"epoch\":3}"),
+    ]
+    .iter()
+    .map(|(k, v)| (format!("{}{k}", ctx.prefix), (*v).to_owned()))
+    .collect();
+
+    let ((renewed, listed), _, _) = renew(ctx, &mine, "me", LONG_TTL, &prefix).await?;
+    ensure!(renewed, "renew_and_list by the holder returned false");
+    ensure_eq!(listed, want, "renew_and_list's listing of {prefix:?}");
+    let plain = ctx
+        .store
+        .list(&prefix)
+        .await
+        .during(format!("list({prefix:?})"))?;
+    ensure_eq!(listed, plain, "renew_and_list's listing against list");
+
+    // A key outside the prefix, in the same hash slot: renewed, not listed.
+    let outside = ctx.key("other:1");
+    let ((renewed, listed), _, _) = renew(ctx, &outside, "out", LONG_TTL, &prefix).await?;
+    ensure!(
+        renewed,
+        "renew_and_list of a key outside the prefix returned false"
+    );
+    ensure_eq!(
+        listed,
+        want,
+        "listing when the renewed key is outside the prefix"
+    );
+
+    // A key in another Redis Cluster hash slot (other tag): the backend may take two calls but
+    // must answer the same.
+    let elsewhere = format!("hct:{{{:016x}}}:slot", rand::random::<u64>());
+    put(ctx, &elsewhere, "me", Some(LONG_TTL)).await?;
+    let answer = renew(ctx, &elsewhere, "me", LONG_TTL, &prefix).await;
+    let deleted = ctx.store.delete(&elsewhere).await;
+    let ((renewed, listed), _, _) = answer?;
+    deleted.during(format!("delete({elsewhere:?})"))?;
+    ensure!(
+        renewed,
+        "renew_and_list of a key with another hash tag returned false"
+    );
+    ensure_eq!(
+        listed,
+        want,
+        "listing when the renewed key has another hash tag"
+    );
+
+    // Bad arguments: InvalidArgument, and the short-lived key is not renewed by any of them.
+    let short = ctx.key("slot:short");
+    let (sent, done) = put(ctx, &short, "me", Some(SHORT_TTL)).await?;
+    let store = &ctx.store;
+    let cases: [(&str, &str, &str, Duration, &str); 6] = [
+        ("empty key", "", "me", LONG_TTL, &prefix),
+        ("empty prefix", &short, "me", LONG_TTL, ""),
+        ("zero TTL", &short, "me", Duration::ZERO, &prefix),
+        (
+            "TTL over MAX_TTL",
+            &short,
+            "me",
+            MAX_TTL + Duration::from_secs(1),
+            &prefix,
+        ),
+        ("NUL in the holder", &short, "m\0e", LONG_TTL, &prefix),
+        (
+            "control character in the key",
+            "a\nb",
+            "me",
+            LONG_TTL,
+            &prefix,
+        ),
+    ];
+    for (what, key, holder, ttl, pfx) in cases {
+        expect_kind(
+            &format!("renew_and_list with {what}"),
+            store.renew_and_list(key, holder, ttl, pfx).await,
+            ErrorKind::InvalidArgument,
+        )?;
+    }
+    expect_expiry(ctx, &short, "me", sent, done, SHORT_TTL).await?;
+    Ok(())
+}
