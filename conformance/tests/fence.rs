@@ -156,8 +156,10 @@ mod postgres {
             tasks.push(tokio::spawn(async move {
                 let client = connect_pg(&url).await;
                 let mut tried = Vec::new();
-                for _ in 0..WRITES {
-                    let token = rand::random_range(0..200_u64);
+                for i in 0..WRITES as u64 {
+                    // Tokens creep up with jitter, as epochs do with owners racing: many are
+                    // admitted, and many arrive after a newer one.
+                    let token = i * 10 + rand::random_range(0..40_u64);
                     let out = fence
                         .execute_fenced(&client, &write, "hot", token, &[&writer])
                         .await
@@ -341,8 +343,8 @@ mod redis_fence {
             let (mut conn, fence, fk, dk) = (conn.clone(), fence.clone(), fk.clone(), dk.clone());
             tasks.push(tokio::spawn(async move {
                 let mut tried = Vec::new();
-                for i in 0..20 {
-                    let token = rand::random_range(0..200_u64);
+                for i in 0..20_u64 {
+                    let token = i * 10 + rand::random_range(0..40_u64);
                     let value = format!("{token}:{writer}:{i}");
                     let ok = fence
                         .fenced_set(&mut conn, &fk, token, &dk, &value, None)
@@ -368,6 +370,11 @@ mod redis_fence {
             "{data}"
         );
         assert!(tried.iter().any(|(t, ok)| *t == max && *ok));
+        let admitted = tried.iter().filter(|(_, ok)| *ok).count();
+        println!(
+            "redis fence: {} writes, {admitted} admitted, max token {max}",
+            tried.len()
+        );
         let _: () = conn.del(&[&fk, &dk]).await.unwrap();
     }
 
