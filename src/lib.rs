@@ -2,6 +2,16 @@
 
 pub use headcount_core::*;
 
+/// Fencing guards for sinks in PostgreSQL (cargo feature `postgres`): the token check and the
+/// guarded write in one statement.
+#[cfg(feature = "postgres")]
+pub use headcount_sql::postgres::{FencedOutcome, PgFence};
+
+/// A fencing guard for sinks in Redis or Redis Cluster (cargo feature `redis`): a
+/// set-if-greater-or-equal script that can write the guarded data in the same step.
+#[cfg(feature = "redis")]
+pub use headcount_redis::RedisFence;
+
 /// Opens the store named by `url`, picking the backend by its scheme:
 ///
 /// | scheme | backend | cargo feature |

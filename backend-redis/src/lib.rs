@@ -2,6 +2,7 @@
 
 mod config;
 mod errors;
+mod fence;
 
 use std::fmt;
 use std::future::Future;
@@ -22,6 +23,7 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
 pub use config::{RedisConfig, Topology, DEFAULT_PORT};
 use errors::BACKEND;
+pub use fence::RedisFence;
 
 /// The Lua sources, kept as files next to this one.
 const INCR_LUA: &str = include_str!("scripts/incr.lua");

@@ -5,6 +5,7 @@
 
 mod config;
 mod errors;
+mod fence;
 mod tls;
 
 use std::fmt;
@@ -23,6 +24,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 pub use config::{PostgresConfig, SslMode, DEFAULT_POOL_SIZE, DEFAULT_TABLE};
+pub use fence::{FencedOutcome, PgFence};
 
 pub(crate) const BACKEND: &str = "postgres";
 

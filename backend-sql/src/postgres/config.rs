@@ -403,16 +403,21 @@ fn parse_pool_size(value: &str) -> Result<usize> {
 /// A table name must be a plain SQL identifier. It is folded to lower case, as PostgreSQL folds
 /// unquoted identifiers, and then always quoted, so reserved words such as `user` work too.
 fn parse_table(value: &str) -> Result<String> {
-    let valid = value.len() <= MAX_TABLE_LEN
-        && value.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-        && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if valid {
+    if is_plain_identifier(value, MAX_TABLE_LEN) {
         Ok(value.to_ascii_lowercase())
     } else {
         Err(bad(format!(
             "invalid value for option `table`: `{value}` (expected a plain SQL identifier: ASCII letters, digits and `_`, not starting with a digit, at most {MAX_TABLE_LEN} bytes)"
         )))
     }
+}
+
+/// Whether `value` is a plain SQL identifier of at most `max_len` bytes: ASCII letters, digits and
+/// `_`, not starting with a digit. Such a name cannot carry SQL, quoted or not.
+pub(crate) fn is_plain_identifier(value: &str, max_len: usize) -> bool {
+    value.len() <= max_len
+        && value.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Builds a tokio-postgres config from the pass-through options, in its key-value syntax with
