@@ -45,7 +45,8 @@ impl Fence {
 
     /// Runs `write` only when `token` is admitted for `resource`, holding the fence's lock, so no
     /// older token can slip in between the check and the write. Returns the write's result when
-    /// it ran.
+    /// it ran. The token is recorded when admitted, whatever the write returns: a write that
+    /// failed still fences off older tokens.
     pub fn admit_with<T>(
         &self,
         resource: &str,

@@ -322,6 +322,10 @@ pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
     let b = join(ctx, "b").await?;
     let epoch = converged(ctx, &[&a, &b], 2).await?;
     ensure!(epoch >= 1, "epoch {epoch}");
+    ensure!(
+        store.get(&view).await.during("read the view")?.as_deref() != Some("{not a view"),
+        "the garbage view was not replaced"
+    );
     let slots: BTreeSet<_> = [&a, &b]
         .iter()
         .filter_map(|m| m.assignment().slot)
@@ -337,6 +341,32 @@ pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
         "the foreign value is left alone"
     );
     exactly_one_owner(&[&a, &b], 100)?;
+
+    // The view overwritten by hand while members are active, then a join: the new view's epoch
+    // is above every epoch the members acted on, although the joiner never saw the old view.
+    let current = store.get(&view).await.during("read the view")?;
+    ensure!(
+        store
+            .compare_and_set(&view, current.as_deref(), "garbage", None)
+            .await
+            .during("overwrite the view")?,
+        "the view changed under the case"
+    );
+    let c = join(ctx, "c").await?;
+    let epoch = {
+        let e = converged(ctx, &[&a, &b, &c], 3).await?;
+        ensure!(
+            e > epoch,
+            "epoch after the view was overwritten {e} is not above {epoch}"
+        );
+        e
+    };
+    c.leave().await.during("leave c")?;
+    let epoch = {
+        let e = converged(ctx, &[&a, &b], 2).await?;
+        ensure!(e > epoch, "epoch after c left {e} is not above {epoch}");
+        e
+    };
 
     // The same member id again while `a` lives: refused within about a TTL.
     let started = Instant::now();

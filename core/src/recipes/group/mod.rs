@@ -26,10 +26,11 @@
 //! with a compare-and-set against the view it read, so exactly one of the members that try wins
 //! and the epoch is minted by the store. The lowest live slot publishes at once; any other member
 //! publishes when it sees the same difference at two heartbeats in a row (the lowest may be the
-//! one that died); a member that joins or leaves publishes its own change. A view that does not
-//! decode, or whose epoch is below the highest this member has seen (a store that lost its data),
-//! is replaced by one above every epoch the live members know of, so epochs only increase as
-//! long as one member survives.
+//! one that died); a member that joins or leaves publishes its own change. The new epoch is one
+//! above the highest the publisher has seen in any view *or in any live member's
+//! acknowledgement*, so a view that does not decode, was deleted, or went back (a store that
+//! lost its data) is replaced by one above every epoch a live member acted on: epochs only
+//! increase as long as one member survives. Epochs above `i64::MAX - 1` are foreign values.
 //!
 //! # Ownership and grants
 //!
@@ -395,6 +396,11 @@ struct State {
     generation: u64,
     active: Option<Arc<ViewState>>,
     pending: Option<Arc<ViewState>>,
+    /// Views adopted as pending and superseded before they became active. The member may have
+    /// acknowledged one of them (releasing what it did not own there) and another member may
+    /// have started work under it, so what the member keeps granting during the hand-off must
+    /// be its own in every one of them.
+    skipped: Vec<Arc<ViewState>>,
     in_flight: HashMap<u64, usize>,
     share_in_flight: usize,
     leaving: bool,
@@ -495,14 +501,17 @@ impl Shared {
 }
 
 impl State {
+    /// Whether `scope` was granted by the active view and stayed the member's in every view
+    /// adopted since (the pending one is checked by [`State::valid`]).
     fn valid_in_active(&self, scope: Scope) -> bool {
         let (Some(slot), Some(active)) = (self.slot, self.active.as_ref()) else {
             return false;
         };
-        match scope {
-            Scope::Key(h) => active.owner(h) == Some(slot),
-            Scope::Share => active.pair(slot).is_some(),
-        }
+        let owns = |v: &ViewState| match scope {
+            Scope::Key(h) => v.owner(h) == Some(slot),
+            Scope::Share => v.pair(slot).is_some() && v.pair(slot) == active.pair(slot),
+        };
+        owns(active) && self.skipped.iter().all(|v| owns(v))
     }
 }
 
@@ -639,6 +648,7 @@ impl Group {
             last_discrepancy: None,
             pending_since: None,
             abandoned: false,
+            own_nonces: Vec::new(),
         };
         runner.first_claim().await?;
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -788,6 +798,8 @@ struct Runner {
     pending_since: Option<Duration>,
     /// Gave up renewing (drain timeout): waits for its lease to pass, then claims again.
     abandoned: bool,
+    /// The nonces of every claim this process attempted.
+    own_nonces: Vec<u64>,
 }
 
 impl Runner {
@@ -861,9 +873,7 @@ impl Runner {
                 source: None,
             });
         }
-        if let Some(v) = &table.view {
-            self.highest = self.highest.max(v.epoch);
-        }
+        self.highest = self.highest.max(table.highest_epoch());
         let record = SlotRecord {
             member: self.member.clone(),
             nonce: rand::random(),
@@ -877,6 +887,10 @@ impl Runner {
             // Holding nothing, it has let go of everything under any view up to this one.
             acked: self.highest,
         };
+        if self.own_nonces.len() >= 64 {
+            self.own_nonces.remove(0);
+        }
+        self.own_nonces.push(record.nonce);
         let sent = self.clock.monotonic();
         let key = self.slot_key(slot);
         if !self
@@ -958,11 +972,7 @@ impl Runner {
                     return Ok(());
                 }
             };
-            match self.claim(&table).await {
-                Ok(_) => self.set_error(None),
-                Err(e) if e.kind() == crate::ErrorKind::Rejected => return Err(e),
-                Err(e) => self.set_error(Some(&e)),
-            }
+            self.reclaim(&table).await;
             return Ok(());
         };
         if self.abandoned {
@@ -989,15 +999,20 @@ impl Runner {
                 Ok(())
             }
             Ok((false, listing)) => {
+                let table = Table::parse(&self.listing, listing);
+                // A write of ours that reported an error may have been applied after all (an
+                // acknowledgement that timed out): the slot then holds our claim with other
+                // text. It is still ours; take its text and renew at the next beat.
+                if let Some(r) = table.slots.get(&slot) {
+                    if r.member == self.member && r.nonce == record.nonce {
+                        self.record = Some((slot, r.clone()));
+                        return Ok(());
+                    }
+                }
                 self.revoke("the slot was no longer ours at renewal");
                 self.record = None;
                 self.preferred = Some(slot);
-                let table = Table::parse(&self.listing, listing);
-                match self.claim(&table).await {
-                    Ok(_) => self.set_error(None),
-                    Err(e) if e.kind() == crate::ErrorKind::Rejected => return Err(e),
-                    Err(e) => self.set_error(Some(&e)),
-                }
+                self.reclaim(&table).await;
                 Ok(())
             }
             Ok((true, listing)) => {
@@ -1008,23 +1023,46 @@ impl Runner {
                 }
                 self.set_error(None);
                 let table = Table::parse(&self.listing, listing);
-                self.check_twin(&table, slot)?;
+                self.check_twin(&table, slot).await?;
                 self.on_table(table, false).await;
                 Ok(())
             }
         }
     }
 
-    /// Another live slot with our member id: the holder of the higher slot yields.
-    fn check_twin(&self, table: &Table, slot: u32) -> Result<()> {
+    /// Claims again after losing the lease. A full group or a store error is retried at the
+    /// next beat, never fatal: the member was in the group a moment ago.
+    async fn reclaim(&mut self, table: &Table) {
+        match self.claim(table).await {
+            Ok(_) => self.set_error(None),
+            Err(e) => self.set_error(Some(&e)),
+        }
+    }
+
+    /// Another live slot with our member id: the holder of the higher slot yields. Claims this
+    /// process made before (a write that timed out but was applied, a lease given up) are ours,
+    /// not a twin's: they are shortened to expire soon instead.
+    async fn check_twin(&mut self, table: &Table, slot: u32) -> Result<()> {
         let Some((_, mine)) = &self.record else {
             return Ok(());
         };
-        match table
-            .slots
-            .iter()
-            .find(|(&s, r)| r.member == self.member && r.nonce != mine.nonce && s < slot)
-        {
+        let mine = mine.nonce;
+        for (&s, r) in &table.slots {
+            if s != slot && r.member == self.member && self.own_nonces.contains(&r.nonce) {
+                let short = self.store.capabilities().min_ttl.max(MIN_TTL);
+                let text = r.to_string();
+                let _ = self
+                    .store
+                    .compare_and_set(&self.slot_key(s), Some(&text), &text, Some(short))
+                    .await;
+            }
+        }
+        match table.slots.iter().find(|(&s, r)| {
+            r.member == self.member
+                && r.nonce != mine
+                && !self.own_nonces.contains(&r.nonce)
+                && s < slot
+        }) {
             Some((&other, _)) => Err(Error::Rejected {
                 backend: self.store.capabilities().backend,
                 message: format!(
@@ -1045,6 +1083,7 @@ impl Runner {
             st.generation += 1;
             st.active = None;
             st.pending = None;
+            st.skipped.clear();
             st.deadline = None;
             st.in_flight.clear();
             st.share_in_flight = 0;
@@ -1066,19 +1105,20 @@ impl Runner {
         let live = table.live();
         let my_slot = self.record.as_ref().map(|(s, _)| *s);
         let mut newest = table.view.clone();
+        // The floor counts the acknowledgements too: a member that never saw the view (it was
+        // lost or overwritten) still must not publish an epoch some member already acted on.
+        let floor = self.highest.max(table.highest_epoch());
         let stale = match &table.view {
-            Some(v) => v.holders != live || v.epoch < self.highest,
+            Some(v) => v.holders != live || v.epoch < floor,
             None => true,
         };
-        if let Some(v) = &table.view {
-            self.highest = self.highest.max(v.epoch);
-        }
+        self.highest = floor;
         if stale {
             let lowest = live.first().map(|h| h.slot) == my_slot && my_slot.is_some();
             let again = self.last_discrepancy.as_ref() == Some(&live);
             if own_change || lowest || again {
                 let next = ViewRecord {
-                    epoch: self.highest + 1,
+                    epoch: self.highest.saturating_add(1),
                     holders: live.clone(),
                 };
                 match self
@@ -1133,7 +1173,9 @@ impl Runner {
         };
         let has_active = {
             let mut st = self.shared.lock();
-            st.pending = Some(state);
+            if let Some(old) = st.pending.replace(state) {
+                st.skipped.push(old);
+            }
             st.active.is_some()
         };
         if self.pending_since.is_none() {
@@ -1157,8 +1199,13 @@ impl Runner {
             let Some(p) = st.pending.clone() else {
                 return;
             };
+            // Nothing moves to this member when the live slots stayed the same, unless a view
+            // in between moved something away and back (then another member may have started
+            // it: wait for everyone's acknowledgement).
             let same = match (&st.active, st.slot) {
-                (Some(a), Some(slot)) => a.same_slots(&p) && p.pair(slot).is_some(),
+                (Some(a), Some(slot)) => {
+                    st.skipped.is_empty() && a.same_slots(&p) && p.pair(slot).is_some()
+                }
                 _ => false,
             };
             (p, st.drained(), same)
@@ -1227,6 +1274,7 @@ impl Runner {
                 return;
             }
             st.pending = None;
+            st.skipped.clear();
             st.active.replace(view.clone())
         };
         self.pending_since = None;
@@ -1308,8 +1356,7 @@ impl Runner {
                             .as_ref()
                             .is_some_and(|v| v.slots().any(|s| s == slot))
                     {
-                        let epoch =
-                            self.highest.max(table.view.as_ref().map_or(0, |v| v.epoch)) + 1;
+                        let epoch = self.highest.max(table.highest_epoch()).saturating_add(1);
                         let next = ViewRecord {
                             epoch,
                             holders: live,
@@ -1333,6 +1380,7 @@ impl Runner {
             st.generation += 1;
             st.active = None;
             st.pending = None;
+            st.skipped.clear();
             st.deadline = None;
             st.slot = None;
         }

@@ -10,6 +10,10 @@ const TAG: &str = "v1";
 /// The most slots a view may name: a view of this many slots is about 24 bytes each.
 pub(crate) const MAX_VIEW_SLOTS: usize = 1 << 16;
 
+/// The highest epoch a record may carry: tokens must fit a signed 64-bit column (the PostgreSQL
+/// fence), and `epoch + 1` must never overflow. A record above it is foreign.
+pub const MAX_EPOCH: u64 = i64::MAX as u64 - 1;
+
 /// One live slot's record: who holds it, since when, and the newest epoch it acknowledged.
 ///
 /// `v1 member=<id> nonce=<16 hex> since=<unix ms> ttl=<ms> acked=<epoch>`
@@ -46,7 +50,7 @@ impl SlotRecord {
             ttl_ms: fields.get("ttl")?.parse().ok()?,
             acked: fields.get("acked")?.parse().ok()?,
         };
-        (fields.len() == 5).then_some(record)
+        (fields.len() == 5 && record.acked <= MAX_EPOCH).then_some(record)
     }
 
     /// The holder: member and nonce, as a view names it.
@@ -113,14 +117,21 @@ impl ViewRecord {
         if fields.len() != 2 {
             return None;
         }
-        let epoch = fields.get("epoch")?.parse().ok()?;
+        let epoch: u64 = fields.get("epoch")?.parse().ok()?;
+        if epoch > MAX_EPOCH {
+            return None;
+        }
         let list = fields.get("slots")?;
         let mut holders = Vec::new();
         if !list.is_empty() {
             for item in list.split(',') {
                 let (slot, nonce) = item.split_once('@')?;
+                let slot: u32 = slot.parse().ok()?;
+                if slot >= crate::assign::MAX_SLOTS {
+                    return None;
+                }
                 holders.push(Holder {
-                    slot: slot.parse().ok()?,
+                    slot,
                     nonce: u64::from_str_radix(nonce, 16).ok()?,
                 });
                 if holders.len() > MAX_VIEW_SLOTS {
@@ -188,6 +199,11 @@ impl Table {
             if slot.to_string() != suffix {
                 continue;
             }
+            // A slot no assignor can address is not a member: nobody can claim it either.
+            if slot >= crate::assign::MAX_SLOTS {
+                table.foreign.insert(slot, value);
+                continue;
+            }
             match SlotRecord::parse(&value) {
                 Some(record) => {
                     table.slots.insert(slot, record);
@@ -198,6 +214,12 @@ impl Table {
             }
         }
         table
+    }
+
+    /// The highest epoch this listing shows: the view's, or any member's acknowledgement.
+    pub fn highest_epoch(&self) -> u64 {
+        let acked = self.slots.values().map(|r| r.acked).max().unwrap_or(0);
+        self.view.as_ref().map_or(0, |v| v.epoch).max(acked)
     }
 
     /// The live holders, ascending by slot: the view this listing calls for.
