@@ -3,8 +3,16 @@
 //!
 //! * [`interval`]: the interval indexer of the "Distributed Peer Indexing" articles, with the safe
 //!   index transition they leave out.
+//! * [`distributor`]: the Distributor of seed 003: a deterministic matching of services to work
+//!   units kept in the store, recomputed when a service fails its health check.
 
+pub mod distributor;
 pub mod interval;
+
+pub use distributor::{
+    Assignment, AssignmentWatch, Distributor, DistributorConfig, Health, Liveness, PollOutcome,
+    Prober, Registration, RunningDistributor, Service, Table,
+};
 
 pub use interval::{
     IntervalConfig, IntervalIndexer, IntervalPeer, IntervalStatus, Ownership, Pair, PeerHealth,
