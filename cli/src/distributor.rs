@@ -52,7 +52,7 @@ impl Namespaces {
 }
 
 fn keyspace(what: &str, ns: &str) -> Result<Keyspace, Error> {
-    Keyspace::new(ns).map_err(|e| Error::config(format!("{what} {ns:?}: {e}")))
+    distributor::namespace(headcount::DEFAULT_PREFIX, what, ns)
 }
 
 /// The arguments of `distributor`: the daemon's options, or one of the commands.

@@ -31,7 +31,7 @@ pub async fn check(address: &str, timeout: Duration) -> Health {
         let channel = endpoint
             .connect()
             .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
+            .map_err(|e| format!("cannot connect: {}", with_sources(&e)))?;
         let mut client = HealthClient::new(channel);
         let answer = client
             .check(HealthCheckRequest {
@@ -50,6 +50,19 @@ pub async fn check(address: &str, timeout: Duration) -> Health {
         Ok(Err(why)) => Health::Down(why),
         Err(_) => Health::Down(format!("no answer within {timeout:?}")),
     }
+}
+
+/// An error and its causes, `a: b: c`: tonic's own message alone is often just
+/// "transport error".
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// A running `grpc.health.v1.Health` server; see [`serve_health`]. Dropping it shuts the server

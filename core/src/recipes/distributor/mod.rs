@@ -178,6 +178,19 @@ fn parse_grpc_address(address: &str) -> Result<String> {
     Ok(format!("{scheme}://{authority}"))
 }
 
+/// The key space of a distributor namespace, or an [`Error::InvalidConfig`] naming `what`
+/// (`services namespace`...) and the rule: 1 to 128 characters from `A-Z a-z 0-9 _ - .`,
+/// starting with a letter or a digit.
+pub fn namespace(prefix: &str, what: &str, ns: &str) -> Result<Keyspace> {
+    Keyspace::with_prefix(prefix, ns).map_err(|e| {
+        let detail = match e {
+            Error::InvalidArgument { message } => message.replace("group name", "namespace"),
+            other => other.to_string(),
+        };
+        Error::config(format!("{what}: {detail}"))
+    })
+}
+
 fn check_service_name(name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::invalid("service name is empty"));
@@ -740,16 +753,21 @@ impl DistributorConfig {
         }
         let mut services = Vec::new();
         for ns in &self.services_namespaces {
-            let ks = Keyspace::with_prefix(&self.prefix, ns)
-                .map_err(|e| Error::config(format!("services namespace: {e}")))?;
+            let ks = namespace(&self.prefix, "services namespace", ns)?;
             if !services.contains(&ks) {
                 services.push(ks);
             }
         }
-        let units = Keyspace::with_prefix(&self.prefix, &self.workunits_namespace)
-            .map_err(|e| Error::config(format!("work units namespace: {e}")))?;
-        let distribution = Keyspace::with_prefix(&self.prefix, &self.distribution_namespace)
-            .map_err(|e| Error::config(format!("distribution namespace: {e}")))?;
+        let units = namespace(
+            &self.prefix,
+            "work units namespace",
+            &self.workunits_namespace,
+        )?;
+        let distribution = namespace(
+            &self.prefix,
+            "distribution namespace",
+            &self.distribution_namespace,
+        )?;
         if !(MIN_POLL_INTERVAL..=MAX_POLL_INTERVAL).contains(&self.poll_interval) {
             return Err(Error::config(format!(
                 "poll interval {:?} is outside {MIN_POLL_INTERVAL:?}..={MAX_POLL_INTERVAL:?}",
