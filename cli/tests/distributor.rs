@@ -66,7 +66,7 @@ fn wait_table(
     }
 }
 
-fn units_of<'a>(t: &'a serde_json::Value, s: &str) -> usize {
+fn units_of(t: &serde_json::Value, s: &str) -> usize {
     t["services"][s].as_array().map_or(0, Vec::len)
 }
 
