@@ -478,7 +478,26 @@ async fn bad_input(backend: Backend) {
         .unwrap();
     assert_eq!(d.poll().await.unwrap_err().kind(), ErrorKind::ForeignValue);
     assert_eq!(store.get(&key).await.unwrap().as_deref(), Some("a,b,c"));
+    // Repaired by deleting it: the next table starts above the records' versions, so the
+    // records follow it instead of ignoring it as older.
     store.delete(&key).await.unwrap();
+    let before = distributor::read_assignment(&store, &ns.dist, "one")
+        .await
+        .unwrap()
+        .unwrap()
+        .version;
+    let PollOutcome::Written { version, .. } = d.poll().await.unwrap() else {
+        panic!("expected a table after the repair");
+    };
+    assert!(version > before, "{version} after records at {before}");
+    assert_eq!(
+        distributor::read_assignment(&store, &ns.dist, "one")
+            .await
+            .unwrap()
+            .unwrap()
+            .version,
+        version
+    );
     again.shutdown().await.unwrap();
 }
 

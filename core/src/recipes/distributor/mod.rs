@@ -995,13 +995,22 @@ impl Distributor {
                 );
                 return Ok(PollOutcome::KeptNoHealthyService { version });
             }
-            let next_version = version.checked_add(1).ok_or_else(|| {
+            // Records may be ahead of the table when someone deleted or reset the `table` key:
+            // start above them, or their monotonic writes would ignore the new table for good.
+            let records = self.records().await?;
+            let floor = records
+                .iter()
+                .filter_map(|(s, t)| Assignment::parse(s, t).ok())
+                .map(|a| a.version)
+                .max()
+                .unwrap_or(0);
+            let next_version = version.max(floor).checked_add(1).ok_or_else(|| {
                 Error::foreign(&key, "a table version below u64::MAX", "u64::MAX")
             })?;
             let next = compute_table(&healthy, &down, &units, next_version)?;
             if let Some(cur) = &current {
                 if cur.same_content(&next) {
-                    self.sync_records(cur, None).await?;
+                    self.sync_records(cur, None, records).await?;
                     return Ok(PollOutcome::Unchanged { version });
                 }
             } else if registered.is_empty() {
@@ -1024,7 +1033,7 @@ impl Distributor {
                     removed,
                     "table changed"
                 );
-                self.sync_records(&next, current.as_ref()).await?;
+                self.sync_records(&next, current.as_ref(), records).await?;
                 return Ok(PollOutcome::Written {
                     version: next.version,
                     moved,
@@ -1060,17 +1069,28 @@ impl Distributor {
         *last = seen;
     }
 
-    /// Brings every per-service record to `table`'s version: services that lose units first,
-    /// then the others, then empty records (with a TTL) for services of `previous` that left.
-    async fn sync_records(&self, table: &Table, previous: Option<&Table>) -> Result<()> {
+    /// Every per-service record under the distribution namespace, by service name.
+    async fn records(&self) -> Result<BTreeMap<String, String>> {
         let prefix = self.distribution.key("service:");
-        let existing: BTreeMap<String, String> = self
+        Ok(self
             .store
             .list(&prefix)
             .await?
             .into_iter()
             .map(|(k, v)| (k[prefix.len()..].to_owned(), v))
-            .collect();
+            .collect())
+    }
+
+    /// Brings every per-service record to `table`'s version: services that lose units first,
+    /// then the others, then empty records (with a TTL) for services of `previous` that left.
+    /// `existing` are the records as listed earlier in the poll: a record written since only
+    /// makes one compare-and-set fail and be retried.
+    async fn sync_records(
+        &self,
+        table: &Table,
+        previous: Option<&Table>,
+        existing: BTreeMap<String, String>,
+    ) -> Result<()> {
         let loses = |s: &str, units: &[String]| {
             existing
                 .get(s)
