@@ -122,7 +122,8 @@ impl Drop for HealthServer {
 
 /// Serves `grpc.health.v1.Health` (answering SERVING for the whole server, `""`) on `listener`
 /// in a task, for a service that wants the distributor to see it alive. Bind the listener
-/// yourself (`TcpListener::bind("0.0.0.0:50051")`) and register its address.
+/// yourself (`TcpListener::bind("0.0.0.0:50051")`) and register its address. Call it from
+/// within a Tokio runtime: the server runs in a task spawned there.
 pub fn serve_health(listener: TcpListener) -> Result<HealthServer> {
     let addr = listener
         .local_addr()

@@ -637,7 +637,8 @@ impl Drop for AssignmentWatch {
 /// change reaches the service at most `every` (plus one store round trip) after a distributor
 /// writes it. A read that fails or finds a foreign value is logged and keeps the last units; an
 /// older version than the last seen is ignored. A record that disappears (it expired after the
-/// service left) reads as no units at the last version.
+/// service left) reads as no units at the last version. Call it from within a Tokio runtime: it
+/// spawns the polling task there.
 pub fn watch_assignment(
     store: DynStore,
     distribution: Keyspace,
@@ -1189,7 +1190,8 @@ impl Distributor {
         }
     }
 
-    /// Runs [`Distributor::run`] in a task until the handle is stopped or dropped.
+    /// Runs [`Distributor::run`] in a task (on the current Tokio runtime) until the handle is
+    /// stopped or dropped.
     pub fn spawn(self) -> RunningDistributor {
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
