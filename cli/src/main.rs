@@ -1,6 +1,7 @@
 //! The `headcount` command line.
 
 mod demo;
+mod distributor;
 mod run;
 mod util;
 
@@ -38,6 +39,10 @@ enum Command {
     /// Peers join in stages, scale up, one leaves, one crashes, while task ids flow to them;
     /// prints progress on stderr and a summary (processed, duplicates, lost, convergence).
     Demo(demo::DemoArgs),
+    /// The Distributor (seed 003): match work units to services, ping them every poll interval
+    /// (gRPC health checking, or a TTL heartbeat) and redistribute when one fails. With a
+    /// command: register a service, run one, manage work units, print the table.
+    Distributor(distributor::DistributorArgs),
     /// Run the store conformance suite against the store and print a pass/fail table with the
     /// p50/p99 latency of each primitive.
     Conformance {
@@ -51,15 +56,20 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The distributor logs each change (a service down or back, units moved) at info.
+    let default_filter = match cli.command {
+        Command::Distributor(_) => "warn,headcount_core=info,headcount=info",
+        _ => "warn",
+    };
     // Logs on stderr; stdout is reserved for the command's output.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .init();
-    let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -90,6 +100,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             run::run(store, args).await
         }
         Command::Demo(args) => demo::demo(store, args).await,
+        Command::Distributor(args) => {
+            let store = headcount::connect(store.unwrap_or(DEFAULT_STORE)).await?;
+            distributor::distributor(store, args).await
+        }
     }
 }
 

@@ -120,7 +120,7 @@ fn print_line(group: &str, status: &IntervalStatus, live: Option<usize>) {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() -> Result<(), Error> {
+pub async fn shutdown_signal() -> Result<(), Error> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

@@ -5,9 +5,17 @@
 //!   index transition they leave out.
 //! * [`group`]: group membership with stable slots, store-minted epochs, cooperative hand-off
 //!   and fencing tokens (the default mode).
+//! * [`distributor`]: the Distributor of seed 003: a deterministic matching of services to work
+//!   units kept in the store, recomputed when a service fails its health check.
 
+pub mod distributor;
 pub mod group;
 pub mod interval;
+
+pub use distributor::{
+    Assignment, AssignmentWatch, Distributor, DistributorConfig, Health, Liveness, PollOutcome,
+    Prober, Registration, RunningDistributor, Service, Table,
+};
 
 pub use interval::{
     IntervalConfig, IntervalIndexer, IntervalPeer, IntervalStatus, Ownership, Pair, PeerHealth,
