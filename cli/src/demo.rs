@@ -246,7 +246,8 @@ fn table(outcomes: &[Outcome]) -> String {
         let _ = write!(t, " {:>18}", o.mode.as_str());
     }
     t.push('\n');
-    let rows: [(&str, fn(&Outcome) -> String); 7] = [
+    type Row = (&'static str, fn(&Outcome) -> String);
+    let rows: [Row; 7] = [
         ("elapsed", |o| format!("{:.1} s", o.elapsed.as_secs_f64())),
         ("offered", |o| o.offered.to_string()),
         ("processed", |o| o.processed.to_string()),

@@ -43,37 +43,37 @@ const SLACK: Duration = Duration::from_secs(2);
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test]
-async fn chaos_sqlite() {
-    chaos(Backend::Sqlite).await;
+async fn chaos_sqlite() -> Result<(), String> {
+    chaos(Backend::Sqlite).await
 }
 
 #[tokio::test]
-async fn chaos_postgres() {
-    chaos(Backend::Postgres).await;
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test]
-async fn chaos_redis() {
-    chaos(Backend::Redis).await;
-}
-
-#[cfg(feature = "etcd")]
-#[tokio::test]
-async fn chaos_etcd() {
-    chaos(Backend::Etcd).await;
+async fn chaos_postgres() -> Result<(), String> {
+    chaos(Backend::Postgres).await
 }
 
 #[cfg(feature = "redis")]
 #[tokio::test]
-async fn chaos_redis_cluster() {
-    chaos(Backend::RedisCluster).await;
+async fn chaos_redis() -> Result<(), String> {
+    chaos(Backend::Redis).await
 }
 
 #[cfg(feature = "etcd")]
 #[tokio::test]
-async fn chaos_etcd_cluster() {
-    chaos(Backend::EtcdCluster).await;
+async fn chaos_etcd() -> Result<(), String> {
+    chaos(Backend::Etcd).await
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn chaos_redis_cluster() -> Result<(), String> {
+    chaos(Backend::RedisCluster).await
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn chaos_etcd_cluster() -> Result<(), String> {
+    chaos(Backend::EtcdCluster).await
 }
 
 fn now_ms() -> u64 {
@@ -102,19 +102,20 @@ fn available<T>(backend: Backend, r: Result<T, Unavailable>) -> Result<Option<T>
     }
 }
 
-async fn chaos(backend: Backend) {
+/// Runs one backend's chaos; the error names the seed to replay it with.
+async fn chaos(backend: Backend) -> Result<(), String> {
     let _one = ONE_AT_A_TIME.lock().await;
     let seed = std::env::var("HEADCOUNT_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random::<u64>);
     let long = std::env::var("HEADCOUNT_CHAOS_LONG").is_ok_and(|v| v == "1");
-    if let Err(e) = run(backend, seed, long).await {
-        panic!(
+    run(backend, seed, long).await.map_err(|e| {
+        format!(
             "chaos::{} failed with seed {seed} (replay: HEADCOUNT_CHAOS_SEED={seed}): {e}",
             backend.name()
-        );
-    }
+        )
+    })
 }
 
 /// The store under test: its URL and, except on SQLite, control over its server.
@@ -151,7 +152,8 @@ async fn run(backend: Backend, seed: u64, long: bool) -> Result<(), String> {
     let control = chaos.target.control.take();
     // A dedicated server stops with the last handle to its control, which blocks briefly.
     let _ = tokio::task::spawn_blocking(move || drop(control)).await;
-    result.map_err(|e| format!("{e}\n{}", chaos.journal.join("\n")))
+    // The journal of the run is on stderr, which the test harness shows for a failed test.
+    result
 }
 
 /// A member process and its log.
@@ -273,7 +275,6 @@ struct Chaos {
     next_member: u32,
     generator: Option<tokio::task::JoinHandle<Result<(), String>>>,
     stages: Vec<Stage>,
-    journal: Vec<String>,
     started: Instant,
     /// What the pause proved: whether a late write of the paused member was refused.
     pause_refused: Option<usize>,
@@ -335,7 +336,6 @@ impl Chaos {
             next_member: 1,
             generator: None,
             stages: Vec::new(),
-            journal: Vec::new(),
             started: Instant::now(),
             pause_refused: None,
         })
@@ -344,7 +344,6 @@ impl Chaos {
     fn note(&mut self, line: String) {
         let line = format!("[{:6.2} s] {line}", self.started.elapsed().as_secs_f64());
         eprintln!("chaos::{}: {line}", self.backend.name());
-        self.journal.push(line);
     }
 
     fn heartbeat(&self) -> Duration {
