@@ -264,6 +264,7 @@ struct Chaos {
     backend: Backend,
     rng: StdRng,
     n: u64,
+    long: bool,
     ttl: Duration,
     group: String,
     tables: String,
@@ -325,6 +326,7 @@ impl Chaos {
             backend,
             rng: StdRng::seed_from_u64(seed),
             n: if long { 100_000 } else { 20_000 },
+            long,
             ttl,
             group: format!("chaos-{tag}"),
             tables,
@@ -577,6 +579,28 @@ impl Chaos {
         self.spawn_member()?;
         self.spawn_member()?;
         self.converge("2 members join", t, b).await?;
+        // The short run plays the steps once; the long one plays them again, topping the group
+        // up to five members first, for as long as ids are being offered.
+        for round in 0.. {
+            if round > 0 {
+                if !self.long || self.generator.as_ref().is_none_or(|g| g.is_finished()) {
+                    break;
+                }
+                let t = Instant::now();
+                let missing = 5usize.saturating_sub(self.members.live().count());
+                for _ in 0..missing {
+                    self.spawn_member()?;
+                }
+                self.converge(&format!("{missing} members join"), t, b)
+                    .await?;
+            }
+            self.round(b).await?;
+        }
+        Ok(())
+    }
+
+    /// One round of the shuffled steps.
+    async fn round(&mut self, b: Duration) -> Result<(), String> {
         #[derive(Debug, Clone, Copy)]
         enum Step {
             Leave,
@@ -707,18 +731,28 @@ impl Chaos {
         self.note(format!("SIGSTOP {name}, holding grants {held:?}"));
         let bc = self.bound_crash();
         self.converge(&format!("{name} paused"), t, bc).await?;
-        // The others must have written each of its partitions under a newer epoch.
+        // The others must have written each of its partitions under a newer epoch (looked for
+        // in what they logged since the stop).
+        let seen: Vec<usize> = self
+            .members
+            .procs
+            .iter()
+            .map(|p| p.log.events.len())
+            .collect();
         let deadline = Instant::now() + bc;
         loop {
             self.refresh_logs();
             let taken_over = held.iter().all(|(key, &epoch)| {
-                self.members.live().any(|p| {
-                    p.log.events.iter().any(|v| {
-                        ev(v, "write").is_some()
-                            && v["key"] == key.as_str()
-                            && v["epoch"].as_u64().is_some_and(|e| e > epoch)
-                            && v["fenced"] == false
-                    })
+                self.members.procs.iter().zip(&seen).any(|(p, &from)| {
+                    p.state == State::Live
+                        && p.log.events[from.min(p.log.events.len())..]
+                            .iter()
+                            .any(|v| {
+                                ev(v, "write").is_some()
+                                    && v["key"] == key.as_str()
+                                    && v["epoch"].as_u64().is_some_and(|e| e > epoch)
+                                    && v["fenced"] == false
+                            })
                 })
             });
             if taken_over {
