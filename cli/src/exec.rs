@@ -65,12 +65,7 @@ pub async fn exec(store: DynStore, args: ExecArgs) -> Result<ExitCode, Error> {
         ));
     }
     let mut shutdown = Shutdown::new()?;
-    let config = group_config(
-        &args.group,
-        args.ttl,
-        args.member.as_deref(),
-        args.assignor,
-    );
+    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor);
     let member = Group::join(store, config).await?;
     tracing::info!(member = member.member(), "joined");
     let mut watch = member.watch();

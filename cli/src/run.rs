@@ -56,42 +56,39 @@ pub struct RunArgs {
 pub async fn run(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
     match args.mode {
         Mode::Group => {
-            for (given, flag) in [
-                (args.interval.is_some(), "--interval"),
-                (args.capacity.is_some(), "--capacity"),
-            ] {
-                if given {
-                    return Err(Error::invalid(format!(
-                        "{flag} applies to --mode interval; group mode takes --ttl"
-                    )));
-                }
-            }
+            refuse(
+                &[
+                    (args.interval.is_some(), "--interval"),
+                    (args.capacity.is_some(), "--capacity"),
+                ],
+                "applies to --mode interval; group mode takes --ttl",
+            )?;
             run_group(store, args).await
         }
         Mode::Interval => {
-            for (given, flag) in [
-                (args.ttl.is_some(), "--ttl"),
-                (args.assignor.is_some(), "--assignor"),
-            ] {
-                if given {
-                    return Err(Error::invalid(format!(
-                        "{flag} applies to --mode group; the interval indexer's keys live three intervals"
-                    )));
-                }
-            }
+            refuse(
+                &[
+                    (args.ttl.is_some(), "--ttl"),
+                    (args.assignor.is_some(), "--assignor"),
+                ],
+                "applies to --mode group; the interval indexer's keys live three intervals",
+            )?;
             run_interval(store, args).await
         }
     }
 }
 
+/// The first given flag of `flags` as an error: it belongs to the other mode.
+fn refuse(flags: &[(bool, &str)], why: &str) -> Result<(), Error> {
+    match flags.iter().find(|(given, _)| *given) {
+        Some((_, flag)) => Err(Error::invalid(format!("{flag} {why}"))),
+        None => Ok(()),
+    }
+}
+
 async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
     let mut shutdown = Shutdown::new()?;
-    let config = group_config(
-        &args.group,
-        args.ttl,
-        args.member.as_deref(),
-        args.assignor,
-    );
+    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor);
     let member = Group::join(store, config).await?;
     tracing::info!(member = member.member(), "joined");
     let mut watch = member.watch();

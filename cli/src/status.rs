@@ -161,10 +161,9 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) {
         );
         for (&slot, r) in &s.table.slots {
             let owns = match owned(s, slot) {
-                Some(n) if args.sample > 0 => format!(
-                    "{n} ({:.1}%)",
-                    n as f64 * 100.0 / args.sample as f64
-                ),
+                Some(n) if args.sample > 0 => {
+                    format!("{n} ({:.1}%)", n as f64 * 100.0 / args.sample as f64)
+                }
                 Some(n) => n.to_string(),
                 None => "-".to_owned(),
             };

@@ -116,7 +116,10 @@ fn run_rejects_bad_input_in_one_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}/x.db", dir.path().display());
     for (args, needle) in [
-        (vec!["--group", "g", "--mode", "interval", "--ttl", "5s"], "--ttl"),
+        (
+            vec!["--group", "g", "--mode", "interval", "--ttl", "5s"],
+            "--ttl",
+        ),
         (
             vec!["--group", "g", "--mode", "interval", "--interval", "0s"],
             "interval",
