@@ -22,6 +22,10 @@ use crate::util::{group_config, rfc3339, Shutdown};
 /// deadline passes on the local clock without any notification.
 const CHECK_EVERY: Duration = Duration::from_millis(100);
 
+/// The longest `--grace`: the member's drain timeout (grace plus a heartbeat) must stay within
+/// the recipe's one-hour limit.
+const MAX_GRACE: Duration = Duration::from_secs(30 * 60);
+
 /// The arguments of `exec`.
 #[derive(Debug, clap::Args)]
 pub struct ExecArgs {
@@ -64,8 +68,18 @@ pub async fn exec(store: DynStore, args: ExecArgs) -> Result<ExitCode, Error> {
             "exec needs a command after `--`: headcount exec --group G -- CMD ARGS...",
         ));
     }
+    if args.grace > MAX_GRACE {
+        return Err(Error::invalid(format!(
+            "--grace {:?} is above {MAX_GRACE:?}",
+            args.grace
+        )));
+    }
     let mut shutdown = Shutdown::new()?;
-    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor);
+    let ttl = args.ttl.unwrap_or(crate::util::DEFAULT_GROUP_TTL);
+    // The grant is held while the command stops: let the hand-off wait for the whole grace (and
+    // a heartbeat to reap it) before the member gives up its lease, instead of one TTL.
+    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
+        .with_drain_timeout(ttl.max(args.grace.saturating_add(ttl / 3)));
     let member = Group::join(store, config).await?;
     tracing::info!(member = member.member(), "joined");
     let mut watch = member.watch();

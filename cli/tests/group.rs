@@ -520,6 +520,10 @@ fn bad_arguments_fail_in_one_line_with_status_2() {
             vec!["exec", "--group", "g", "--ttl", "0s", "--", "true"],
             "TTL",
         ),
+        (
+            vec!["exec", "--group", "g", "--grace", "2h", "--", "true"],
+            "--grace",
+        ),
         (vec!["status", "--group", "a:b"], "group name"),
     ] {
         let out = headcount()
