@@ -2,7 +2,9 @@
 
 mod demo;
 mod distributor;
+mod exec;
 mod run;
+mod status;
 mod util;
 
 use std::process::ExitCode;
@@ -36,6 +38,12 @@ enum Command {
     /// Join a group and print one JSON line per change of index, replicas or phase; SIGINT or
     /// SIGTERM leaves the group and exits.
     Run(run::RunArgs),
+    /// Run a command with HEADCOUNT_INDEX, HEADCOUNT_REPLICAS and HEADCOUNT_EPOCH of this
+    /// member's share; stop it (SIGTERM, then SIGKILL after --grace) and restart it when the
+    /// share changes. Exits with the command's code when it exits on its own.
+    Exec(exec::ExecArgs),
+    /// Show a group's members, leases, published view and ownership of a sample of keys.
+    Status(status::StatusArgs),
     /// Peers join in stages, scale up, one leaves, one crashes, while task ids flow to them;
     /// prints progress on stderr and a summary (processed, duplicates, lost, convergence).
     Demo(demo::DemoArgs),
@@ -98,6 +106,14 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Run(args) => {
             let store = headcount::connect(store.unwrap_or(DEFAULT_STORE)).await?;
             run::run(store, args).await
+        }
+        Command::Exec(args) => {
+            let store = headcount::connect(store.unwrap_or(DEFAULT_STORE)).await?;
+            exec::exec(store, args).await
+        }
+        Command::Status(args) => {
+            let store = headcount::connect(store.unwrap_or(DEFAULT_STORE)).await?;
+            status::status(store, args).await
         }
         Command::Demo(args) => demo::demo(store, args).await,
         Command::Distributor(args) => {

@@ -3,16 +3,21 @@
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
+use headcount::assign::AssignorKind;
+use headcount::recipes::group::{Assignment, Group, GroupPhase};
 use headcount::recipes::interval::{IntervalConfig, IntervalIndexer};
 use headcount::recipes::{IntervalStatus, Phase};
 use headcount::{DynStore, Error};
 
-use crate::util::rfc3339;
+use crate::util::{group_config, rfc3339, Shutdown};
+
+/// The interval of `--mode interval` when `--interval` is not given.
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// How `run` coordinates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
-    /// Group membership with stable slots (not available yet).
+    /// Group membership: stable slots held with a lease, epochs minted by the store (default).
     Group,
     /// The interval indexer of the "Distributed Peer Indexing" articles, with the safe transition.
     Interval,
@@ -24,19 +29,25 @@ pub struct RunArgs {
     /// The group to join.
     #[arg(long)]
     pub group: String,
-    /// How to coordinate. `group` lands with group membership; until then only `interval` works.
-    #[arg(long, value_enum, default_value = "interval")]
+    /// How to coordinate.
+    #[arg(long, value_enum, default_value = "group")]
     pub mode: Mode,
-    /// The interval of `--mode interval` (500ms, 5s, 1m...).
-    #[arg(long, default_value = "5s", value_parser = crate::util::parse_duration)]
-    pub interval: Duration,
-    /// The lease TTL of `--mode group`; the interval indexer's keys always live three intervals.
+    /// The interval of `--mode interval` (500ms, 5s, 1m...) [default: 5s].
+    #[arg(long, value_parser = crate::util::parse_duration)]
+    pub interval: Option<Duration>,
+    /// The lease TTL of `--mode group`, renewed every TTL/3 [default: 6s].
     #[arg(long, value_parser = crate::util::parse_duration)]
     pub ttl: Option<Duration>,
-    /// This peer's capacity: a peer of capacity 2 owns twice the share.
-    #[arg(long, default_value_t = 1)]
-    pub capacity: u32,
-    /// The member id shown in health records (random by default).
+    /// How `--mode group` maps keys to slots: jump, rendezvous, memento, ring or modulo
+    /// [default: jump]. Every member of a group must use the same one.
+    #[arg(long, value_parser = crate::util::parse_assignor)]
+    pub assignor: Option<AssignorKind>,
+    /// This peer's capacity in `--mode interval`: a peer of capacity 2 owns twice the share
+    /// [default: 1].
+    #[arg(long)]
+    pub capacity: Option<u32>,
+    /// The member id (random by default); in group mode a restarted member with the same id
+    /// gets its slot back if it is still free.
     #[arg(long)]
     pub member: Option<String>,
 }
@@ -45,19 +56,105 @@ pub struct RunArgs {
 pub async fn run(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
     match args.mode {
         Mode::Group => {
-            return Err(Error::invalid(
-                "--mode group is not available yet; use --mode interval",
-            ))
+            refuse(
+                &[
+                    (args.interval.is_some(), "--interval"),
+                    (args.capacity.is_some(), "--capacity"),
+                ],
+                "applies to --mode interval; group mode takes --ttl",
+            )?;
+            run_group(store, args).await
         }
-        Mode::Interval => {}
+        Mode::Interval => {
+            refuse(
+                &[
+                    (args.ttl.is_some(), "--ttl"),
+                    (args.assignor.is_some(), "--assignor"),
+                ],
+                "applies to --mode group; the interval indexer's keys live three intervals",
+            )?;
+            run_interval(store, args).await
+        }
     }
-    if args.ttl.is_some() {
-        return Err(Error::invalid(
-            "--ttl applies to --mode group; the interval indexer's keys live three intervals",
-        ));
+}
+
+/// The first given flag of `flags` as an error: it belongs to the other mode.
+fn refuse(flags: &[(bool, &str)], why: &str) -> Result<(), Error> {
+    match flags.iter().find(|(given, _)| *given) {
+        Some((_, flag)) => Err(Error::invalid(format!("{flag} {why}"))),
+        None => Ok(()),
     }
-    let mut config =
-        IntervalConfig::new(args.group.clone(), args.interval).with_capacity(args.capacity);
+}
+
+async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
+    let mut shutdown = Shutdown::new()?;
+    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor);
+    let member = Group::join(store, config).await?;
+    tracing::info!(member = member.member(), "joined");
+    let mut watch = member.watch();
+    let failed = loop {
+        let assignment = watch.borrow_and_update().clone();
+        print_group_line(&args.group, &assignment);
+        if assignment.phase == GroupPhase::Failed {
+            break true;
+        }
+        tokio::select! {
+            changed = watch.changed() => {
+                if changed.is_err() {
+                    break true;
+                }
+            }
+            () = shutdown.recv() => break false,
+        }
+    };
+    let last = member.assignment();
+    let left = member.leave().await;
+    let error = match &left {
+        Err(e) => Some(e.to_string()),
+        Ok(()) => last.last_error.clone(),
+    };
+    print_group_line(
+        &args.group,
+        &Assignment {
+            phase: GroupPhase::Stopped,
+            index: None,
+            last_error: error,
+            ..last
+        },
+    );
+    left?;
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// One line of `run --mode group`.
+fn print_group_line(group: &str, a: &Assignment) {
+    let line = serde_json::json!({
+        "group": group,
+        "member": a.member,
+        "mode": "group",
+        "slot": a.slot,
+        "index": a.index,
+        "replicas": a.replicas,
+        "epoch": a.epoch,
+        "live": a.live.len(),
+        "phase": a.phase.as_str(),
+        "at": rfc3339(SystemTime::now()),
+        "error": a.last_error,
+    });
+    println!("{line}");
+}
+
+async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
+    let mut shutdown = Shutdown::new()?;
+    let mut config = IntervalConfig::new(
+        args.group.clone(),
+        args.interval.unwrap_or(DEFAULT_INTERVAL),
+    )
+    .with_capacity(args.capacity.unwrap_or(1));
     if let Some(member) = &args.member {
         config = config.with_member(member.clone());
     }
@@ -65,13 +162,12 @@ pub async fn run(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
     tracing::info!(member = peer.member(), skew = ?peer.skew(), "joined");
     let mut watch = peer.watch();
     let mut last_printed = None;
-    let mut stop = Box::pin(shutdown_signal());
     loop {
         let status = watch.borrow_and_update().clone();
         let key = (status.pair.map(|p| (p.index, p.replicas)), status.phase);
         if last_printed != Some(key) {
             let live = peer.live_peers().await.map(|l| l.len()).ok();
-            print_line(&args.group, &status, live);
+            print_interval_line(&args.group, &status, live);
             last_printed = Some(key);
         }
         tokio::select! {
@@ -80,16 +176,13 @@ pub async fn run(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
                     break;
                 }
             }
-            signal = &mut stop => {
-                signal?;
-                break;
-            }
+            () = shutdown.recv() => break,
         }
     }
     let member = peer.member().to_owned();
     let last = peer.status();
     let stopped = peer.stop().await;
-    print_line(
+    print_interval_line(
         &args.group,
         &IntervalStatus {
             member,
@@ -102,7 +195,7 @@ pub async fn run(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_line(group: &str, status: &IntervalStatus, live: Option<usize>) {
+fn print_interval_line(group: &str, status: &IntervalStatus, live: Option<usize>) {
     let pair = status.pair;
     let line = serde_json::json!({
         "group": group,

@@ -1,6 +1,86 @@
-//! Small helpers of the commands: durations on the command line, timestamps in JSON.
+//! Small helpers of the commands: durations on the command line, timestamps in JSON, signals,
+//! and the group options `run` and `exec` share.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use headcount::assign::AssignorKind;
+use headcount::recipes::group::GroupConfig;
+use headcount::Error;
+
+/// The lease TTL of group mode when `--ttl` is not given: renewed every 2 s, a crashed member's
+/// share moves after at most 6 s plus one heartbeat.
+pub const DEFAULT_GROUP_TTL: Duration = Duration::from_secs(6);
+
+/// Parses an assignor name for clap: jump, rendezvous, memento, ring or modulo.
+pub fn parse_assignor(text: &str) -> Result<AssignorKind, String> {
+    text.parse::<AssignorKind>().map_err(|_| {
+        let names: Vec<&str> = AssignorKind::ALL.iter().map(|k| k.name()).collect();
+        format!("`{text}` is not an assignor (use {})", names.join(", "))
+    })
+}
+
+/// The group configuration of `run --mode group` and `exec`.
+pub fn group_config(
+    group: &str,
+    ttl: Option<Duration>,
+    member: Option<&str>,
+    assignor: Option<AssignorKind>,
+) -> GroupConfig {
+    let mut config = GroupConfig::new(group, ttl.unwrap_or(DEFAULT_GROUP_TTL));
+    if let Some(member) = member {
+        config = config.with_member(member);
+    }
+    if let Some(assignor) = assignor {
+        config = config.with_assignor(assignor);
+    }
+    config
+}
+
+/// SIGINT and SIGTERM, listened for from creation on: a signal that arrives before the first
+/// `recv` is not lost (and does not kill the process with the default action).
+#[derive(Debug)]
+pub struct Shutdown {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Shutdown {
+    /// Installs the handlers (inside the runtime).
+    pub fn new() -> Result<Shutdown, Error> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = |kind: SignalKind, name: &str| {
+                signal(kind).map_err(|e| Error::config(format!("cannot listen for {name}: {e}")))
+            };
+            Ok(Shutdown {
+                term: listen(SignalKind::terminate(), "SIGTERM")?,
+                int: listen(SignalKind::interrupt(), "SIGINT")?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Shutdown {})
+        }
+    }
+
+    /// Resolves at the next SIGINT or SIGTERM.
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => {}
+                _ = self.int.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
 
 /// Parses `500ms`, `5s`, `1.5s`, `2m`, `1h` (a bare number is seconds).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -116,10 +116,19 @@ fn run_rejects_bad_input_in_one_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}/x.db", dir.path().display());
     for (args, needle) in [
-        (vec!["--group", "g", "--mode", "group"], "not available yet"),
-        (vec!["--group", "g", "--interval", "0s"], "interval"),
-        (vec!["--group", "a:b"], "group name"),
-        (vec!["--group", "g", "--capacity", "0"], "capacity"),
+        (
+            vec!["--group", "g", "--mode", "interval", "--ttl", "5s"],
+            "--ttl",
+        ),
+        (
+            vec!["--group", "g", "--mode", "interval", "--interval", "0s"],
+            "interval",
+        ),
+        (vec!["--group", "a:b", "--mode", "interval"], "group name"),
+        (
+            vec!["--group", "g", "--mode", "interval", "--capacity", "0"],
+            "capacity",
+        ),
     ] {
         let out = headcount()
             .args(["run", "--store", &url])

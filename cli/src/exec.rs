@@ -1,0 +1,363 @@
+//! `headcount exec`: run a command under the member's `(index, replicas)` share, restarting it
+//! when the share changes.
+//!
+//! The command runs only while this member holds a share grant ([`Member::share`]). When the
+//! grant stops being valid (the pair changes, or the lease is lost), the command's process group
+//! gets SIGTERM, then SIGKILL after `--grace`; only once it is gone is the grant dropped, which
+//! is what lets the hand-off proceed. A view change that keeps the pair (only the epoch moves)
+//! does not restart the command.
+
+use std::process::{ExitCode, ExitStatus, Stdio};
+use std::time::{Duration, SystemTime};
+
+use headcount::assign::AssignorKind;
+use headcount::recipes::group::{Assignment, Grant, Group, GroupPhase, Member};
+use headcount::{DynStore, Error};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+use crate::util::{group_config, rfc3339, Shutdown};
+
+/// How often a running command's grant is re-checked between assignment changes: the lease
+/// deadline passes on the local clock without any notification.
+const CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// The longest `--grace`: the member's drain timeout (grace plus a heartbeat) must stay within
+/// the recipe's one-hour limit.
+const MAX_GRACE: Duration = Duration::from_secs(30 * 60);
+
+/// The arguments of `exec`.
+#[derive(Debug, clap::Args)]
+pub struct ExecArgs {
+    /// The group to join.
+    #[arg(long)]
+    pub group: String,
+    /// The lease TTL, renewed every TTL/3 [default: 6s].
+    #[arg(long, value_parser = crate::util::parse_duration)]
+    pub ttl: Option<Duration>,
+    /// The member id (random by default): a restarted member with the same id gets its slot back
+    /// if it is still free.
+    #[arg(long)]
+    pub member: Option<String>,
+    /// How keys map to slots (jump, rendezvous, memento, ring, modulo) [default: jump]; only
+    /// the member's own keys depend on it, `HEADCOUNT_INDEX` does not.
+    #[arg(long, value_parser = crate::util::parse_assignor)]
+    pub assignor: Option<AssignorKind>,
+    /// How long the command has to exit after SIGTERM before its process group gets SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = crate::util::parse_duration)]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// Why a running command was stopped, or stopped by itself.
+enum Ended {
+    /// The grant stopped being valid: restart under the next one.
+    Revoked,
+    /// SIGINT or SIGTERM to headcount.
+    Signal,
+    /// The command exited on its own.
+    Exited(ExitStatus),
+}
+
+/// Runs the command under the member's share until it exits, or SIGINT/SIGTERM.
+pub async fn exec(store: DynStore, args: ExecArgs) -> Result<ExitCode, Error> {
+    if args.command.is_empty() {
+        return Err(Error::invalid(
+            "exec needs a command after `--`: headcount exec --group G -- CMD ARGS...",
+        ));
+    }
+    if args.grace > MAX_GRACE {
+        return Err(Error::invalid(format!(
+            "--grace {:?} is above {MAX_GRACE:?}",
+            args.grace
+        )));
+    }
+    let mut shutdown = Shutdown::new()?;
+    let ttl = args.ttl.unwrap_or(crate::util::DEFAULT_GROUP_TTL);
+    // The grant is held while the command stops: let the hand-off wait for the whole grace (and
+    // a heartbeat to reap it) before the member gives up its lease, instead of one TTL.
+    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
+        .with_drain_timeout(ttl.max(args.grace.saturating_add(ttl / 3)));
+    let member = Group::join(store, config).await?;
+    tracing::info!(member = member.member(), "joined");
+    let mut watch = member.watch();
+    let code = loop {
+        let Some((grant, assignment)) = wait_for_share(&member, &mut watch, &mut shutdown).await
+        else {
+            break stopped_code(&member);
+        };
+        let mut child = match spawn(&args, &assignment, &grant) {
+            Ok(child) => child,
+            Err(e) => {
+                drop(grant);
+                let _ = member.leave().await;
+                return Err(e);
+            }
+        };
+        let pid = child.id();
+        event("start", &args.group, &assignment, &grant, pid, None, None);
+        let ended = supervise(&mut child, &grant, &mut watch, &mut shutdown).await;
+        let status = match ended {
+            Ended::Exited(status) => status,
+            Ended::Revoked | Ended::Signal => terminate(&mut child, args.grace).await,
+        };
+        let reason = match ended {
+            Ended::Revoked => "revoked",
+            Ended::Signal => "signal",
+            Ended::Exited(_) => "exited",
+        };
+        event(
+            "stop",
+            &args.group,
+            &assignment,
+            &grant,
+            pid,
+            Some(reason),
+            Some(status),
+        );
+        // Dropping the grant is the acknowledgement: the hand-off may proceed.
+        drop(grant);
+        match ended {
+            Ended::Revoked => continue,
+            Ended::Signal => break ExitCode::SUCCESS,
+            Ended::Exited(status) => break exit_code(status),
+        }
+    };
+    member.leave().await?;
+    Ok(code)
+}
+
+/// Waits for a share grant whose pair the published assignment agrees with; `None` on a
+/// signal or when the member gave up.
+async fn wait_for_share(
+    member: &Member,
+    watch: &mut watch::Receiver<Assignment>,
+    shutdown: &mut Shutdown,
+) -> Option<(Grant, Assignment)> {
+    loop {
+        let assignment = watch.borrow_and_update().clone();
+        if matches!(assignment.phase, GroupPhase::Failed | GroupPhase::Stopped) {
+            tracing::error!(error = ?assignment.last_error, "the member gave up");
+            return None;
+        }
+        if let Some(grant) = member.share() {
+            // The assignment is published just after the state changes: take the pair from it
+            // only when it describes the grant's own view.
+            if assignment.phase == GroupPhase::Active
+                && assignment.epoch == grant.epoch()
+                && assignment.index.is_some()
+                && grant.is_valid()
+            {
+                return Some((grant, assignment));
+            }
+        }
+        tokio::select! {
+            changed = watch.changed() => {
+                if changed.is_err() {
+                    return None;
+                }
+            }
+            () = tokio::time::sleep(CHECK_EVERY) => {}
+            () = shutdown.recv() => return None,
+        }
+    }
+}
+
+/// Waits until the command exits, the grant stops being valid, or a signal comes.
+async fn supervise(
+    child: &mut Child,
+    grant: &Grant,
+    watch: &mut watch::Receiver<Assignment>,
+    shutdown: &mut Shutdown,
+) -> Ended {
+    let mut tick = tokio::time::interval(CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watching = true;
+    loop {
+        if !grant.is_valid() {
+            return Ended::Revoked;
+        }
+        tokio::select! {
+            status = child.wait() => {
+                return match status {
+                    Ok(status) => Ended::Exited(status),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot wait for the command");
+                        Ended::Revoked
+                    }
+                };
+            }
+            changed = watch.changed(), if watching => {
+                if changed.is_err() {
+                    watching = false;
+                }
+            }
+            _ = tick.tick() => {}
+            () = shutdown.recv() => return Ended::Signal,
+        }
+    }
+}
+
+fn spawn(args: &ExecArgs, a: &Assignment, grant: &Grant) -> Result<Child, Error> {
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| Error::invalid("exec needs a command after `--`"))?;
+    let (index, replicas) = a.pair().unwrap_or((0, 0));
+    let mut command = Command::new(program);
+    command
+        .args(rest)
+        .env("HEADCOUNT_INDEX", index.to_string())
+        .env("HEADCOUNT_REPLICAS", replicas.to_string())
+        .env("HEADCOUNT_EPOCH", grant.epoch().to_string())
+        .env("HEADCOUNT_SLOT", grant.slot().to_string())
+        .env("HEADCOUNT_MEMBER", &a.member)
+        .env("HEADCOUNT_GROUP", &args.group)
+        .stdin(Stdio::null())
+        // Its own process group, so a stop reaches everything it started, and a terminal's
+        // Ctrl-C reaches headcount only (which then stops it in order).
+        .process_group(0)
+        .kill_on_drop(true);
+    #[cfg(target_os = "linux")]
+    die_with_parent(&mut command);
+    command
+        .spawn()
+        .map_err(|e| Error::invalid(format!("cannot start `{program}`: {e}")))
+}
+
+/// Asks Linux to SIGKILL the command when headcount dies (kill -9, OOM): it must not work on
+/// without a grant. The parent is the thread that forks: `exec` runs on the main thread (the
+/// future given to `block_on`), which lives as long as the process.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn die_with_parent(command: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the hook runs between fork and exec and calls only prctl(2) and getppid(2), both
+    // async-signal-safe, touching no memory of the parent.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the prctl: exit instead of running orphaned.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::other("headcount exited"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// SIGTERM to the command's process group, SIGKILL after `grace`, and a SIGKILL to whatever is
+/// left of the group once the command is gone, so nothing it started works on without a grant.
+async fn terminate(child: &mut Child, grace: Duration) -> ExitStatus {
+    let pid = child.id();
+    if let Some(pid) = pid {
+        signal_group(pid, Signal::Term);
+    }
+    let status = match tokio::time::timeout(grace, child.wait()).await {
+        Ok(Ok(status)) => Some(status),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "cannot wait for the command");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(?grace, "the command outlived its grace period: SIGKILL");
+            None
+        }
+    };
+    if let Some(pid) = pid {
+        signal_group(pid, Signal::Kill);
+    }
+    match status {
+        Some(status) => status,
+        None => {
+            let _ = child.start_kill();
+            match child.wait().await {
+                Ok(status) => status,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot reap the command");
+                    std::os::unix::process::ExitStatusExt::from_raw(libc::SIGKILL)
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Signal {
+    Term,
+    Kill,
+}
+
+/// Sends a signal to the process group `pgid` (the command's pid: it leads its own group).
+// `kill(2)` on a process group has no safe std API; the argument is a pid std gave us.
+#[allow(unsafe_code)]
+fn signal_group(pgid: u32, signal: Signal) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    if pgid <= 1 {
+        return;
+    }
+    let sig = match signal {
+        Signal::Term => libc::SIGTERM,
+        Signal::Kill => libc::SIGKILL,
+    };
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    let rc = unsafe { libc::kill(-pgid, sig) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            tracing::warn!(pgid, ?signal, error = %err, "cannot signal the command's group");
+        }
+    }
+}
+
+/// The command's exit code, or 128 + the signal that ended it (as a shell reports it).
+fn exit_code(status: ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt as _;
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1);
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Exit status when the member ended before a command ran: 0 after a signal, 1 when it gave up.
+fn stopped_code(member: &Member) -> ExitCode {
+    if member.assignment().phase == GroupPhase::Failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn event(
+    kind: &str,
+    group: &str,
+    a: &Assignment,
+    grant: &Grant,
+    pid: Option<u32>,
+    reason: Option<&str>,
+    status: Option<ExitStatus>,
+) {
+    use std::os::unix::process::ExitStatusExt as _;
+    let line = serde_json::json!({
+        "event": kind,
+        "group": group,
+        "member": a.member,
+        "slot": grant.slot(),
+        "index": a.index,
+        "replicas": a.replicas,
+        "epoch": grant.epoch(),
+        "pid": pid,
+        "reason": reason,
+        "code": status.and_then(|s| s.code()),
+        "signal": status.and_then(|s| s.signal()),
+        "at": rfc3339(SystemTime::now()),
+    });
+    println!("{line}");
+}

@@ -1,0 +1,191 @@
+//! `headcount status`: a group's slots, leases, view and the ownership of a sample of keys.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use headcount::assign::AssignorKind;
+use headcount::recipes::group::{status as group_status, GroupStatus};
+use headcount::{DynStore, Error, DEFAULT_PREFIX};
+
+use crate::util::{rfc3339, Shutdown};
+
+/// The arguments of `status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The group to inspect.
+    #[arg(long)]
+    pub group: String,
+    /// One JSON object (per refresh with `--watch`) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Re-print every second until SIGINT.
+    #[arg(long)]
+    pub watch: bool,
+    /// How many keys (`0`..`N-1` as decimal strings) to map to slots for the ownership summary.
+    #[arg(long, default_value_t = 10_000)]
+    pub sample: u64,
+    /// The assignor the group's members use (jump, rendezvous, memento, ring, modulo).
+    #[arg(long, default_value = "jump", value_parser = crate::util::parse_assignor)]
+    pub assignor: AssignorKind,
+}
+
+/// The most keys `--sample` may map: beyond this the summary costs more than it tells.
+const MAX_SAMPLE: u64 = 10_000_000;
+
+/// Prints the group's status once, or every second with `--watch`.
+pub async fn status(store: DynStore, args: StatusArgs) -> Result<ExitCode, Error> {
+    if args.sample > MAX_SAMPLE {
+        return Err(Error::invalid(format!(
+            "--sample {} is above the limit of {MAX_SAMPLE}",
+            args.sample
+        )));
+    }
+    let mut shutdown = Shutdown::new()?;
+    loop {
+        let s = group_status(
+            &store,
+            DEFAULT_PREFIX,
+            &args.group,
+            args.assignor,
+            args.sample,
+        )
+        .await?;
+        let now = SystemTime::now();
+        if args.json {
+            println!("{}", to_json(&args, &s, now));
+        } else {
+            print_table(&args, &s, now);
+        }
+        if !args.watch {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = shutdown.recv() => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn owned(s: &GroupStatus, slot: u32) -> Option<u64> {
+    s.sample_owned
+        .iter()
+        .find(|(sl, _)| *sl == slot)
+        .map(|&(_, n)| n)
+}
+
+fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::Value {
+    let now_ms = unix_ms(now);
+    let members: Vec<serde_json::Value> = s
+        .table
+        .slots
+        .iter()
+        .map(|(&slot, r)| {
+            serde_json::json!({
+                "slot": slot,
+                "member": r.member,
+                "nonce": format!("{:016x}", r.nonce),
+                "since": rfc3339(UNIX_EPOCH + Duration::from_millis(r.since_ms)),
+                "age_ms": now_ms.saturating_sub(r.since_ms),
+                "ttl_ms": r.ttl_ms,
+                "acked": r.acked,
+                "in_view": s.table.view.as_ref().is_some_and(|v| v.holders.contains(&r.holder(slot))),
+                "sample_owned": owned(s, slot),
+            })
+        })
+        .collect();
+    let foreign: Vec<serde_json::Value> = s
+        .table
+        .foreign
+        .iter()
+        .map(|(slot, value)| serde_json::json!({"slot": slot, "value": value}))
+        .collect();
+    let view = s.table.view.as_ref().map(|v| {
+        serde_json::json!({
+            "epoch": v.epoch,
+            "slots": v.slots().collect::<Vec<u32>>(),
+        })
+    });
+    serde_json::json!({
+        "group": args.group,
+        "at": rfc3339(now),
+        "assignor": args.assignor.name(),
+        "members": members,
+        "foreign": foreign,
+        "view": view,
+        "view_text": if s.table.view.is_none() { s.table.view_text.clone() } else { None },
+        "view_current": s.view_current,
+        "sample": args.sample,
+        "sample_owned": s.sample_owned.iter().map(|&(slot, n)| serde_json::json!({"slot": slot, "keys": n})).collect::<Vec<_>>(),
+    })
+}
+
+fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) {
+    let now_ms = unix_ms(now);
+    let view = match (&s.table.view, &s.table.view_text) {
+        (Some(v), _) => format!(
+            "epoch {} over slots {:?} ({})",
+            v.epoch,
+            v.slots().collect::<Vec<u32>>(),
+            if s.view_current {
+                "matches the live slots"
+            } else {
+                "does NOT match the live slots yet"
+            }
+        ),
+        (None, Some(text)) => format!("unreadable: {text:?}"),
+        (None, None) => "none published".to_owned(),
+    };
+    println!("group {}  at {}", args.group, rfc3339(now));
+    println!("view  {view}");
+    println!();
+    if s.table.slots.is_empty() {
+        println!("no live members");
+    } else {
+        let width = s
+            .table
+            .slots
+            .values()
+            .map(|r| r.member.len())
+            .max()
+            .unwrap_or(6)
+            .max(6);
+        println!(
+            "{:>4}  {:<width$}  {:<16}  {:<24}  {:>9}  {:>8}  {:>6}  {:>10}",
+            "slot", "member", "nonce", "since", "age", "ttl", "acked", "owns"
+        );
+        for (&slot, r) in &s.table.slots {
+            let owns = match owned(s, slot) {
+                Some(n) if args.sample > 0 => {
+                    format!("{n} ({:.1}%)", n as f64 * 100.0 / args.sample as f64)
+                }
+                Some(n) => n.to_string(),
+                None => "-".to_owned(),
+            };
+            println!(
+                "{:>4}  {:<width$}  {:016x}  {:<24}  {:>8.1}s  {:>6}ms  {:>6}  {:>10}",
+                slot,
+                r.member,
+                r.nonce,
+                rfc3339(UNIX_EPOCH + Duration::from_millis(r.since_ms)),
+                now_ms.saturating_sub(r.since_ms) as f64 / 1000.0,
+                r.ttl_ms,
+                r.acked,
+                owns
+            );
+        }
+    }
+    for (slot, value) in &s.table.foreign {
+        println!("slot {slot}: foreign value {value:?} (occupied, not a member)");
+    }
+    println!(
+        "owns: of {} sample keys under the published view ({} assignor)",
+        args.sample,
+        args.assignor.name()
+    );
+}
