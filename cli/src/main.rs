@@ -1,6 +1,7 @@
 //! The `headcount` command line.
 
 mod demo;
+mod ids;
 mod run;
 mod util;
 
@@ -38,6 +39,10 @@ enum Command {
     /// Peers join in stages, scale up, one leaves, one crashes, while task ids flow to them;
     /// prints progress on stderr and a summary (processed, duplicates, lost, convergence).
     Demo(demo::DemoArgs),
+    /// Monotonically increasing IDs (fencing tokens) agreed by a majority of independent stores
+    /// (`--stores`, not `--store`); fails closed without a majority.
+    #[command(subcommand)]
+    Ids(ids::IdsCommand),
     /// Run the store conformance suite against the store and print a pass/fail table with the
     /// p50/p99 latency of each primitive.
     Conformance {
@@ -90,6 +95,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             run::run(store, args).await
         }
         Command::Demo(args) => demo::demo(store, args).await,
+        Command::Ids(command) => ids::ids(command).await,
     }
 }
 

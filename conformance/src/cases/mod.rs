@@ -10,6 +10,7 @@
 
 mod cas;
 mod counters;
+mod durability;
 mod faults;
 pub mod interval;
 mod keys;
@@ -19,6 +20,7 @@ mod ttl;
 
 pub use cas::*;
 pub use counters::*;
+pub use durability::*;
 pub use faults::*;
 pub use interval::{
     incr_and_get_fused, interval_article_timeline, interval_bad_input_and_outage,
