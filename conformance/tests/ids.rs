@@ -379,7 +379,7 @@ async fn redis5_kill_two_then_three_fails_closed_then_resumes_above() {
         .filter(|c| c.id.is_none() && c.start < t3)
         .count();
     say(&format!(
-        "kill test: {} calls, {} IDs, {failed} failed before the third kill",
+        "kill test: {} calls, {} IDs, {failed} failed among calls started before the third kill (in flight when it happened)",
         calls.len(),
         calls.iter().filter(|c| c.id.is_some()).count()
     ));
