@@ -887,7 +887,7 @@ fn sqlite_durability(synchronous: i64, journal: &str) -> Durability {
         _ => "unknown",
     };
     let journal = journal.to_ascii_lowercase();
-    let detail = format!("synchronous {name} ({synchronous}), journal_mode {journal}");
+    let detail = format!("synchronous {name}, journal_mode {journal}");
     let synced_journal = matches!(journal.as_str(), "wal" | "delete" | "truncate" | "persist");
     if matches!(synchronous, 2 | 3) && synced_journal {
         Durability::durable(detail)

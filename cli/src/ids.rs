@@ -18,8 +18,11 @@ pub enum IdsCommand {
 /// The arguments of `ids next`.
 #[derive(Debug, clap::Args)]
 pub struct NextArgs {
-    /// The stores, comma-separated (an odd number, each a different server or file).
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// The stores, comma-separated (an odd number, each a different server or file). A piece
+    /// that does not start with a store scheme (`redis:`, `etcd:`, ...) continues the previous
+    /// URL's host list, so `redis+cluster://h:7000,h:7001,sqlite://ids.db` is two stores. May be
+    /// repeated.
+    #[arg(long, required = true)]
     pub stores: Vec<String>,
     /// The generator's name: the key is hc:{ids}:id:<KEY> on every store.
     #[arg(long, default_value = "default")]
@@ -66,14 +69,48 @@ async fn next(args: NextArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Trims the URLs and rejects an empty list and duplicates (which would let one server count
-/// twice toward a majority).
+/// The schemes that start a new URL in `--stores`; any other piece continues a host list.
+const SCHEMES: &[&str] = &[
+    "sqlite",
+    "postgres",
+    "postgresql",
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "etcd",
+    "etcds",
+];
+
+fn starts_a_url(piece: &str) -> bool {
+    piece
+        .split_once(':')
+        .is_some_and(|(scheme, _)| SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(scheme)))
+}
+
+/// Splits the `--stores` values into URLs (a piece without a scheme joins the previous URL's
+/// host list), trims them, and rejects an empty list and duplicates (which would let one server
+/// count twice toward a majority).
 fn check_urls(raw: &[String]) -> Result<Vec<String>> {
-    let urls: Vec<String> = raw
-        .iter()
-        .map(|u| u.trim().to_owned())
-        .filter(|u| !u.is_empty())
-        .collect();
+    let mut urls: Vec<String> = Vec::new();
+    for value in raw {
+        // Each `--stores` value starts afresh: a host list never spans two of them.
+        let mut current: Option<String> = None;
+        for piece in value.split(',').map(str::trim) {
+            match &mut current {
+                Some(url) if !piece.is_empty() && !starts_a_url(piece) => {
+                    url.push(',');
+                    url.push_str(piece);
+                }
+                _ => {
+                    urls.extend(current.take());
+                    current = Some(piece.to_owned());
+                }
+            }
+        }
+        urls.extend(current);
+    }
+    urls.retain(|u| !u.is_empty());
     if urls.is_empty() {
         return Err(Error::invalid("--stores names no store"));
     }
@@ -173,8 +210,21 @@ mod tests {
             "{dup:?}"
         );
         assert_eq!(
-            check_urls(&list(&["sqlite://a.db", "sqlite://b.db"])).ok(),
+            check_urls(&list(&["sqlite://a.db,sqlite://b.db"])).ok(),
             Some(list(&["sqlite://a.db", "sqlite://b.db"]))
+        );
+        assert_eq!(
+            check_urls(&list(&[
+                "redis+cluster://h:7000,h:7001, etcd://e:2379,e2:2379,sqlite://c.db",
+                "redis://r:6379",
+            ]))
+            .ok(),
+            Some(list(&[
+                "redis+cluster://h:7000,h:7001",
+                "etcd://e:2379,e2:2379",
+                "sqlite://c.db",
+                "redis://r:6379"
+            ]))
         );
     }
 }

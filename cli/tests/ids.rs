@@ -114,3 +114,68 @@ fn no_majority_fails_closed_within_the_deadline() {
         started.elapsed()
     );
 }
+
+/// The value, or None with a SKIP line when the backend is missing and not required.
+fn available<T>(
+    backend: headcount_conformance::harness::Backend,
+    r: Result<T, headcount_conformance::harness::Unavailable>,
+) -> Option<T> {
+    use headcount_conformance::harness::Unavailable;
+    match r {
+        Ok(v) => Some(v),
+        Err(Unavailable::Missing(why)) if !backend.required() => {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "SKIP cli ids: {why}");
+            None
+        }
+        Err(e) => panic!("{}: {e}", backend.name()),
+    }
+}
+
+/// Every store the README names, in one set: Redis (AOF always), PostgreSQL (fsync on), etcd,
+/// a SQLite file (synchronous=full), and a Redis Cluster, which the harness runs without
+/// persistence: refused until `--allow-non-durable`.
+#[test]
+#[allow(clippy::panic)]
+fn every_readme_store_in_one_set() {
+    use headcount_conformance::harness::{Backend, KvStore, PgServer};
+    let aof = &["--appendonly", "yes", "--appendfsync", "always"];
+    let Some(redis) = available(Backend::Redis, KvStore::redis_with(None, aof)) else {
+        return;
+    };
+    let Some(pg) = available(Backend::Postgres, PgServer::start_with(None, &["fsync=on"])) else {
+        return;
+    };
+    let Some(etcd) = available(Backend::Etcd, KvStore::etcd(1, None)) else {
+        return;
+    };
+    let Some(cluster) = available(Backend::RedisCluster, KvStore::redis_cluster(None, None)) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let durable = [
+        redis.url(),
+        pg.url(),
+        etcd.url(),
+        sqlite_urls(&dir, 1, "?synchronous=full"),
+    ]
+    .join(",");
+    let got = ids(&headcount(&[
+        "ids", "next", "--stores", &durable, "-n", "3",
+    ]));
+    assert_eq!(got, vec![1, 2, 3]);
+    // The cluster's URL lists three hosts: its commas join them, the next scheme starts a store.
+    let with_cluster = format!("{durable},{}", cluster.url());
+    let refused = error_line(&headcount(&["ids", "next", "--stores", &with_cluster]));
+    assert!(refused.contains("store #4 (redis)"), "{refused}");
+    let got = ids(&headcount(&[
+        "ids",
+        "next",
+        "--stores",
+        &with_cluster,
+        "--allow-non-durable",
+        "-n",
+        "2",
+    ]));
+    assert_eq!(got, vec![4, 5]);
+}

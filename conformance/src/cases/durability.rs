@@ -11,21 +11,24 @@ pub async fn durability_probe(ctx: &Ctx) -> CaseResult {
     let detail = first.detail.as_str();
     ensure!(!detail.is_empty(), "durability() gave an empty detail");
     let backend = ctx.caps().backend;
+    // The settings as read, without the hint that may follow in parentheses.
+    let read = detail.split(" (").next().unwrap_or(detail);
     // What the detail must mention, and the verdict those settings call for.
     let (names, durable): (&[&str], bool) = match backend {
         "redis" => (
             &["appendonly", "appendfsync"],
-            detail.starts_with("appendonly yes, appendfsync always"),
+            read == "appendonly yes, appendfsync always",
         ),
         "postgres" => (
             &["fsync", "synchronous_commit"],
-            detail.starts_with("fsync on,") && !detail.contains("synchronous_commit off"),
+            read.starts_with("fsync on,") && !read.ends_with("synchronous_commit off"),
         ),
         "sqlite" => (
             &["synchronous", "journal_mode"],
-            (detail.contains("FULL") || detail.contains("EXTRA"))
-                && !detail.contains("journal_mode memory")
-                && !detail.contains("in-memory"),
+            (read.starts_with("synchronous FULL") || read.starts_with("synchronous EXTRA"))
+                && ["wal", "delete", "truncate", "persist"]
+                    .iter()
+                    .any(|j| read.ends_with(&format!("journal_mode {j}"))),
         ),
         "etcd" => (&["WAL"], true),
         // Another backend: only the call itself is checked.

@@ -10,6 +10,9 @@
 //! 1. sends `get` to all `N` stores at once and waits for the first majority `M = N / 2 + 1` of
 //!    answers (an absent key reads as 0);
 //! 2. proposes `P = max + 1`;
+//!    (the first attempt of a call skips the read when the generator already saw a number, and
+//!    proposes one above the largest it saw: with no rival since, that wins in one round trip;
+//!    when it loses, the next attempt reads. Safety never rests on the read: see below);
 //! 3. sends `set_max(key, P)` to all `N` stores at once and returns `P` as soon as `M` of them
 //!    answered `true` (they held less than `P` and now hold `P`);
 //! 4. otherwise (too few answers, or proposals lost to larger ones) sleeps a random time in
@@ -30,10 +33,13 @@
 //! rival, answers `false`; counting it would let both rivals return `P`.)
 //!
 //! *Every ID is greater than every ID returned before its request started.* When a call returned
-//! `P`, a majority held `P` or more, and stored numbers never decrease (`set_max` never moves
-//! backwards, the key has no TTL, and the stores are durable). A call that starts later reads a
-//! majority, which shares at least one store with that one, so its `max >= P` and its proposal is
-//! greater than `P`.
+//! `Q`, a majority held `Q` or more, and stored numbers never decrease (`set_max` never moves
+//! backwards, the key has no TTL, and the stores are durable). A call that starts later returns
+//! `P` only if a majority answered `true`, that is held less than `P` just before; that majority
+//! shares at least one store with the first, which held `Q` or more and less than `P`: `P > Q`.
+//!
+//! Neither argument uses what the read returned: the read only makes a winning proposal likely.
+//! That is why the first attempt may propose from the generator's own hint instead.
 //!
 //! Both arguments need the stores to keep what they acknowledged: a store that forgets (restarted
 //! without persistence) can let a later majority read a smaller number, and hand out an ID again.
@@ -69,7 +75,7 @@
 //! * A counter at `i64::MAX` cannot grow: [`Error::Rejected`].
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -239,6 +245,8 @@ pub struct MajorityIds {
     key: String,
     config: IdsConfig,
     stats: Stats,
+    /// The largest counter value this generator has read or had accepted; 0 before any.
+    hint: AtomicI64,
 }
 
 impl fmt::Debug for MajorityIds {
@@ -319,6 +327,7 @@ impl MajorityIds {
             key,
             config,
             stats: Stats::default(),
+            hint: AtomicI64::new(0),
         })
     }
 
@@ -356,7 +365,7 @@ impl MajorityIds {
         let mut attempt: u32 = 0;
         loop {
             self.stats.attempts.fetch_add(1, Ordering::Relaxed);
-            let outcome = self.attempt(deadline).await;
+            let outcome = self.attempt(deadline, attempt == 0).await;
             let lost = match outcome {
                 Ok(id) => {
                     self.stats.ids.fetch_add(1, Ordering::Relaxed);
@@ -396,23 +405,30 @@ impl MajorityIds {
     }
 
     /// One round: read a majority, propose the maximum plus one to every store.
-    async fn attempt(&self, deadline: Instant) -> std::result::Result<i64, Lost> {
-        let reads: FuturesUnordered<_> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| async move { (i, self.read(node, deadline).await) })
-            .collect();
-        let reads = self.first_majority(reads).await;
-        let mut summary = Summary {
-            answered: reads.ok.len(),
-            ..Summary::default()
+    async fn attempt(&self, deadline: Instant, optimistic: bool) -> std::result::Result<i64, Lost> {
+        let mut summary = Summary::default();
+        let hint = self.hint.load(Ordering::Relaxed);
+        let max = if optimistic && hint > 0 {
+            // The largest number this generator saw: with no rival since, the majority holds
+            // exactly it, and proposing one more wins in one round trip.
+            hint
+        } else {
+            let reads: FuturesUnordered<_> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| async move { (i, self.read(node, deadline).await) })
+                .collect();
+            let reads = self.first_majority(reads).await;
+            summary.answered = Some(reads.ok.len());
+            if reads.ok.len() < self.majority {
+                summary.errors = reads.errors;
+                return Err(self.lost(summary));
+            }
+            let max = reads.ok.iter().map(|(_, v)| *v).max().unwrap_or(0).max(0);
+            self.hint.fetch_max(max, Ordering::Relaxed);
+            max
         };
-        if reads.ok.len() < self.majority {
-            summary.errors = reads.errors;
-            return Err(self.lost(summary));
-        }
-        let max = reads.ok.iter().map(|(_, v)| *v).max().unwrap_or(0).max(0);
         let Some(proposal) = max.checked_add(1) else {
             return Err(Lost::Permanent(Error::Rejected {
                 backend: RECIPE,
@@ -428,6 +444,7 @@ impl MajorityIds {
             .collect();
         let writes = self.first_majority_true(writes).await;
         if writes.accepted >= self.majority {
+            self.hint.fetch_max(proposal, Ordering::Relaxed);
             return Ok(proposal);
         }
         summary.accepted = writes.accepted;
@@ -480,7 +497,11 @@ impl MajorityIds {
     /// `set_max(proposal)` on one node, if it passed its durability check.
     async fn write(&self, node: &Node, proposal: i64, deadline: Instant) -> Result<bool> {
         if !node.checked.load(Ordering::Acquire) {
-            return Ok(false);
+            return Err(Error::Unavailable {
+                backend: node.store.capabilities().backend,
+                message: "not used until it answers the durability check".into(),
+                source: None,
+            });
         }
         tokio::time::timeout_at(deadline, node.store.set_max(&self.key, proposal, None))
             .await
@@ -563,7 +584,8 @@ struct Writes {
 /// What one lost attempt saw, for the error at the deadline.
 #[derive(Default)]
 struct Summary {
-    answered: usize,
+    /// How many stores answered the read; `None` when the attempt proposed from its hint.
+    answered: Option<usize>,
     accepted: usize,
     refused: usize,
     errors: Vec<(usize, Error)>,
@@ -571,10 +593,14 @@ struct Summary {
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.answered {
+            Some(n) => write!(f, "{n} stores answered the read, ")?,
+            None => write!(f, "proposed one above the last ID seen without a read, ")?,
+        }
         write!(
             f,
-            "{} stores answered the read, {} accepted the proposal, {} held a larger one",
-            self.answered, self.accepted, self.refused
+            "{} accepted the proposal, {} held as much or more",
+            self.accepted, self.refused
         )?;
         if let Some((i, e)) = self.errors.first() {
             write!(f, "; store #{i}: {e}")?;
