@@ -24,7 +24,7 @@ pub struct NextArgs {
     /// repeated.
     #[arg(long, required = true)]
     pub stores: Vec<String>,
-    /// The generator's name: the key is hc:{ids}:id:<KEY> on every store.
+    /// The generator's name: the key is `hc:{ids}:id:K` on every store.
     #[arg(long, default_value = "default")]
     pub key: String,
     /// How many IDs to print.

@@ -1,6 +1,6 @@
 //! `headcount ids next` end to end on SQLite files (and unreachable Redis URLs for the
 //! no-majority case).
-#![allow(clippy::expect_used)] // test helpers fail the test by panicking
+#![allow(clippy::expect_used, clippy::panic)] // test helpers fail the test by panicking
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -136,7 +136,6 @@ fn available<T>(
 /// a SQLite file (synchronous=full), and a Redis Cluster, which the harness runs without
 /// persistence: refused until `--allow-non-durable`.
 #[test]
-#[allow(clippy::panic)]
 fn every_readme_store_in_one_set() {
     use headcount_conformance::harness::{Backend, KvStore, PgServer};
     let aof = &["--appendonly", "yes", "--appendfsync", "always"];

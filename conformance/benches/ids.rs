@@ -22,6 +22,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, IdsStats, MajorityIds, MediatedIds};
 use headcount::DynStore;
 use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount_conformance::percentile;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
 const CLIENTS: usize = 16;
@@ -169,14 +170,6 @@ fn bench(c: &mut Criterion) {
         group.finish();
     }
     print_table(&results.lock().unwrap());
-}
-
-fn percentile(sorted: &[Duration], p: usize) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = (p * sorted.len()).div_ceil(100).max(1);
-    sorted[rank - 1]
 }
 
 fn print_table(results: &BTreeMap<(&'static str, usize, &'static str), Stats>) {

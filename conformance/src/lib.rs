@@ -7,7 +7,7 @@ mod suite;
 mod timed;
 
 pub use case::{Case, CaseFn, CaseResult, Ctx, Failure, Needs, ResultExt, ServerControl, CASES};
-pub use suite::{run_suite, CaseReport, Outcome, PrimitiveStats, Report, SuiteOptions};
+pub use suite::{percentile, run_suite, CaseReport, Outcome, PrimitiveStats, Report, SuiteOptions};
 pub use timed::Timed;
 
 /// What the macros expand to needs, re-exported so the crate invoking them needs no dependency of

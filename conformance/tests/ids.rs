@@ -386,16 +386,20 @@ async fn redis5_kill_two_then_three_fails_closed_then_resumes_above() {
     check_history(&calls);
 }
 
+/// Two Redis servers with AOF always and a third without persistence, which forgets everything
+/// when it restarts.
+async fn two_durable_one_forgetful(test: &str) -> Option<Vec<Arc<KvStore>>> {
+    let mut servers = redis_servers(2, AOF_ALWAYS, test).await?;
+    servers.extend(redis_servers(1, &[], test).await?);
+    Some(servers)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_non_durable_node_is_refused_when_the_check_is_on() {
-    let test = "non_durable_refused";
-    let Some(durable) = redis_servers(2, AOF_ALWAYS, test).await else {
+    let Some(abc) = two_durable_one_forgetful("non_durable_refused").await else {
         return;
     };
-    let Some(forgetful) = redis_servers(1, &[], test).await else {
-        return;
-    };
-    let urls: Vec<String> = durable.iter().chain(&forgetful).map(|s| s.url()).collect();
+    let urls: Vec<String> = abc.iter().map(|s| s.url()).collect();
     let err = MajorityIds::new(connect_all(&urls).await, IdsConfig::new(generator_name()))
         .await
         .unwrap_err();
@@ -411,14 +415,10 @@ async fn a_non_durable_node_is_refused_when_the_check_is_on() {
 /// smaller number: this schedule provably repeats an ID, and the test expects it to.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_the_check_off_a_forgetful_node_repeats_an_id() {
-    let test = "forgetful_repeats";
-    let Some(durable) = redis_servers(2, AOF_ALWAYS, test).await else {
+    let Some(abc) = two_durable_one_forgetful("forgetful_repeats").await else {
         return;
     };
-    let Some(forgetful) = redis_servers(1, &[], test).await else {
-        return;
-    };
-    let (a, b, c) = (&durable[0], &durable[1], &forgetful[0]);
+    let (a, b, c) = (&abc[0], &abc[1], &abc[2]);
     let urls = vec![a.url(), b.url(), c.url()];
     let config = IdsConfig::new(generator_name())
         .with_deadline(Duration::from_secs(5))
@@ -545,6 +545,15 @@ async fn mediated_calls_take_turns_and_stay_unique() {
     // One process, one turn at a time: no attempt was lost to a rival.
     assert_eq!(mediated.inner().stats().retry_rate(), 0.0);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn probe(url: &str) -> headcount::Durability {
+    headcount::connect(url)
+        .await
+        .unwrap()
+        .durability()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

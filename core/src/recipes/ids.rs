@@ -53,7 +53,7 @@
 //!
 //! # Durability
 //!
-//! [`MajorityIds::new`] asks every store [`Store::durability`] (Redis `appendonly yes` with
+//! [`MajorityIds::new`] asks every store [`Store::durability`](crate::Store::durability) (Redis `appendonly yes` with
 //! `appendfsync always`, PostgreSQL `fsync` and `synchronous_commit`, SQLite `synchronous=FULL`,
 //! etcd always) and, under [`DurabilityPolicy::Require`] (the default), refuses the set with
 //! [`Error::InvalidConfig`] when one answers "not durable". A store that cannot be reached at
@@ -419,13 +419,13 @@ impl MajorityIds {
                 .enumerate()
                 .map(|(i, node)| async move { (i, self.read(node, deadline).await) })
                 .collect();
-            let reads = self.first_majority(reads).await;
-            summary.answered = Some(reads.ok.len());
-            if reads.ok.len() < self.majority {
+            let reads = self.first_majority(reads, |_| true).await;
+            summary.answered = Some(reads.counted);
+            if reads.counted < self.majority {
                 summary.errors = reads.errors;
                 return Err(self.lost(summary));
             }
-            let max = reads.ok.iter().map(|(_, v)| *v).max().unwrap_or(0).max(0);
+            let max = reads.ok.iter().copied().max().unwrap_or(0).max(0);
             self.hint.fetch_max(max, Ordering::Relaxed);
             max
         };
@@ -442,13 +442,14 @@ impl MajorityIds {
             .enumerate()
             .map(|(i, node)| async move { (i, self.write(node, proposal, deadline).await) })
             .collect();
-        let writes = self.first_majority_true(writes).await;
-        if writes.accepted >= self.majority {
+        // Only `true` counts: see "Why it is safe" in the module docs.
+        let writes = self.first_majority(writes, |wrote| *wrote).await;
+        if writes.counted >= self.majority {
             self.hint.fetch_max(proposal, Ordering::Relaxed);
             return Ok(proposal);
         }
-        summary.accepted = writes.accepted;
-        summary.refused = writes.refused;
+        summary.accepted = writes.counted;
+        summary.refused = writes.ok.len() - writes.counted;
         summary.errors = writes.errors;
         Err(self.lost(summary))
     }
@@ -508,43 +509,32 @@ impl MajorityIds {
             .unwrap_or_else(|_| Err(deadline_error("set_max", self.config.deadline)))
     }
 
-    /// Collects reads until a majority answered or too many failed for one to answer.
-    async fn first_majority<F>(&self, mut pending: FuturesUnordered<F>) -> Reads
+    /// Collects answers until `M` of them count (`counts`) or too few remain for that.
+    async fn first_majority<T, F>(
+        &self,
+        mut pending: FuturesUnordered<F>,
+        counts: impl Fn(&T) -> bool,
+    ) -> Answers<T>
     where
-        F: std::future::Future<Output = (usize, Result<i64>)>,
+        F: std::future::Future<Output = (usize, Result<T>)>,
     {
-        let mut out = Reads::default();
+        let mut out = Answers {
+            ok: Vec::new(),
+            counted: 0,
+            errors: Vec::new(),
+        };
         while let Some((i, answer)) = pending.next().await {
             match answer {
-                Ok(v) => out.ok.push((i, v)),
+                Ok(v) => {
+                    out.counted += usize::from(counts(&v));
+                    out.ok.push(v);
+                }
                 Err(e) => {
                     self.log_node_error(i, &e);
                     out.errors.push((i, e));
                 }
             }
-            if out.ok.len() >= self.majority || out.ok.len() + pending.len() < self.majority {
-                break;
-            }
-        }
-        out
-    }
-
-    /// Collects writes until a majority accepted or too few remain for one to.
-    async fn first_majority_true<F>(&self, mut pending: FuturesUnordered<F>) -> Writes
-    where
-        F: std::future::Future<Output = (usize, Result<bool>)>,
-    {
-        let mut out = Writes::default();
-        while let Some((i, answer)) = pending.next().await {
-            match answer {
-                Ok(true) => out.accepted += 1,
-                Ok(false) => out.refused += 1,
-                Err(e) => {
-                    self.log_node_error(i, &e);
-                    out.errors.push((i, e));
-                }
-            }
-            if out.accepted >= self.majority || out.accepted + pending.len() < self.majority {
+            if out.counted >= self.majority || out.counted + pending.len() < self.majority {
                 break;
             }
         }
@@ -568,16 +558,11 @@ fn deadline_error(op: &'static str, after: Duration) -> Error {
     }
 }
 
-#[derive(Default)]
-struct Reads {
-    ok: Vec<(usize, i64)>,
-    errors: Vec<(usize, Error)>,
-}
-
-#[derive(Default)]
-struct Writes {
-    accepted: usize,
-    refused: usize,
+/// The answers of one phase: the values, how many of them count toward the majority, the
+/// failures.
+struct Answers<T> {
+    ok: Vec<T>,
+    counted: usize,
     errors: Vec<(usize, Error)>,
 }
 
