@@ -374,12 +374,18 @@ async fn redis5_kill_two_then_three_fails_closed_then_resumes_above() {
             );
         }
     }
-    let failed = calls
+    // Not asserted: with 2 of 5 down every one of the 3 live nodes must accept, so contending
+    // clients can run out of deadline; the count is printed so a run shows it.
+    let failed_early = calls
         .iter()
-        .filter(|c| c.id.is_none() && c.start < t3)
+        .filter(|c| c.id.is_none() && c.end < t3)
+        .count();
+    let in_flight = calls
+        .iter()
+        .filter(|c| c.id.is_none() && c.start < t3 && c.end >= t3)
         .count();
     say(&format!(
-        "kill test: {} calls, {} IDs, {failed} failed among calls started before the third kill (in flight when it happened)",
+        "kill test: {} calls, {} IDs; failed before the third kill: {failed_early}, in flight at it: {in_flight}",
         calls.len(),
         calls.iter().filter(|c| c.id.is_some()).count()
     ));
@@ -561,20 +567,10 @@ async fn durability_probe_follows_how_the_harness_started_each_server() {
     let test = "durability_probe";
     // Redis: the harness default has no AOF; with AOF always it is durable.
     if let Some(plain) = redis_servers(1, &[], test).await {
-        let d = headcount::connect(&plain[0].url())
-            .await
-            .unwrap()
-            .durability()
-            .await
-            .unwrap();
+        let d = probe(&plain[0].url()).await;
         assert!(!d.durable && d.detail.contains("appendonly no"), "{d:?}");
         let aof = redis_servers(1, AOF_ALWAYS, test).await.unwrap();
-        let d = headcount::connect(&aof[0].url())
-            .await
-            .unwrap()
-            .durability()
-            .await
-            .unwrap();
+        let d = probe(&aof[0].url()).await;
         assert!(
             d.durable && d.detail == "appendonly yes, appendfsync always",
             "{d:?}"
@@ -582,12 +578,7 @@ async fn durability_probe_follows_how_the_harness_started_each_server() {
         let everysec: &'static [&'static str] =
             &["--appendonly", "yes", "--appendfsync", "everysec"];
         let sec = redis_servers(1, everysec, test).await.unwrap();
-        let d = headcount::connect(&sec[0].url())
-            .await
-            .unwrap()
-            .durability()
-            .await
-            .unwrap();
+        let d = probe(&sec[0].url()).await;
         assert!(!d.durable && d.detail.contains("everysec"), "{d:?}");
     }
     // PostgreSQL: the harness runs with fsync=off; fsync=on is durable, synchronous_commit=off
@@ -608,12 +599,7 @@ async fn durability_probe_follows_how_the_harness_started_each_server() {
         let Some(pg) = available(Backend::Postgres, test, started) else {
             break;
         };
-        let d = headcount::connect(&pg.url())
-            .await
-            .unwrap()
-            .durability()
-            .await
-            .unwrap();
+        let d = probe(&pg.url()).await;
         assert_eq!(d.durable, durable, "{d:?}");
         assert!(d.detail.contains(needle), "{d:?}");
         tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
@@ -623,12 +609,7 @@ async fn durability_probe_follows_how_the_harness_started_each_server() {
         .await
         .unwrap();
     if let Some(etcd) = available(Backend::Etcd, test, started) {
-        let d = headcount::connect(&etcd.url())
-            .await
-            .unwrap()
-            .durability()
-            .await
-            .unwrap();
+        let d = probe(&etcd.url()).await;
         assert!(d.durable && d.detail.contains("WAL"), "{d:?}");
         tokio::task::spawn_blocking(move || drop(etcd))
             .await
