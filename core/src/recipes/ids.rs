@@ -632,3 +632,38 @@ impl MediatedIds {
         &self.ids
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_are_checked() {
+        assert!(IdsConfig::new("orders").check().is_ok());
+        for bad in [
+            IdsConfig::new("a:b"),
+            IdsConfig::new(""),
+            IdsConfig::new("x").with_deadline(Duration::ZERO),
+            IdsConfig::new("x").with_backoff(Duration::ZERO, Duration::from_millis(1)),
+            IdsConfig::new("x").with_backoff(Duration::from_millis(2), Duration::from_millis(1)),
+        ] {
+            assert!(
+                matches!(bad.check(), Err(Error::InvalidArgument { .. })),
+                "{bad:?}"
+            );
+        }
+        let named = IdsConfig::new("a b").check().unwrap_err().to_string();
+        assert!(named.contains("ID generator name"), "{named}");
+    }
+
+    #[test]
+    fn retry_rate_counts_attempts_without_an_id() {
+        assert_eq!(IdsStats::default().retry_rate(), 0.0);
+        let s = IdsStats {
+            ids: 1,
+            attempts: 4,
+            failures: 0,
+        };
+        assert_eq!(s.retry_rate(), 0.75);
+    }
+}
