@@ -19,7 +19,7 @@ use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
     check_ttl, parse_counter,
 };
-use headcount_core::{Capabilities, Error, Result, Store};
+use headcount_core::{Capabilities, Durability, Error, Result, Store};
 
 pub use config::{EtcdConfig, DEFAULT_PORT};
 use errors::BACKEND;
@@ -555,6 +555,15 @@ impl Store for EtcdStore {
             Ok((renewed, listed))
         })
         .await
+    }
+
+    /// Durable: etcd fsyncs its write-ahead log, and commits through a Raft majority, before it
+    /// acknowledges a write. The one way to turn that off, `--unsafe-no-fsync`, is not visible
+    /// through the client API, so this is the documented behaviour rather than a probe.
+    async fn durability(&self) -> Result<Durability> {
+        Ok(Durability::durable(
+            "etcd fsyncs its WAL before acknowledging a write (unless started with --unsafe-no-fsync, which the API cannot see)",
+        ))
     }
 }
 

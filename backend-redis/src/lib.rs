@@ -14,7 +14,7 @@ use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
     check_ttl, ttl_millis,
 };
-use headcount_core::{Capabilities, Error, Result, Store};
+use headcount_core::{Capabilities, Durability, Error, Result, Store};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -703,6 +703,100 @@ impl Store for RedisStore {
             .await?;
         written_or_foreign(key, "a decimal integer", reply)
     }
+
+    /// Durable only with `appendonly yes` and `appendfsync always` (on every primary of a
+    /// Cluster): then Redis fsyncs the AOF before it replies. A server that refuses `CONFIG GET`
+    /// (disabled or renamed, an ACL without `+config`) cannot tell, and answers not durable.
+    async fn durability(&self) -> Result<Durability> {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("append*");
+        let reply: Result<Value> = self
+            .run("durability", None, |c| async move {
+                match c {
+                    Conn::Cluster(mut c) => {
+                        c.route_command(
+                            &cmd,
+                            RoutingInfo::MultiNode((
+                                MultipleNodeRoutingInfo::AllMasters,
+                                Some(ResponsePolicy::CombineArrays),
+                            )),
+                        )
+                        .await
+                    }
+                    Conn::Single(mut c) => cmd.query_async(&mut c).await,
+                }
+            })
+            .await;
+        match reply {
+            Ok(value) => Ok(durability_of(&value)),
+            Err(e) if e.is_retryable() => Err(e),
+            Err(e) => Ok(Durability::not_durable(format!(
+                "cannot read appendonly/appendfsync with CONFIG GET (disabled, renamed or not permitted?): {e}"
+            ))),
+        }
+    }
+}
+
+/// Judges the reply of `CONFIG GET append*` (one or several nodes' pairs, concatenated).
+fn durability_of(reply: &Value) -> Durability {
+    let mut words = Vec::new();
+    flatten_strings(reply, &mut words);
+    let mut appendonly = Vec::new();
+    let mut appendfsync = Vec::new();
+    for pair in words.chunks_exact(2) {
+        match pair[0].as_str() {
+            "appendonly" => appendonly.push(pair[1].clone()),
+            "appendfsync" => appendfsync.push(pair[1].clone()),
+            _ => {}
+        }
+    }
+    let detail = format!(
+        "appendonly {}, appendfsync {}",
+        show_settings(&appendonly),
+        show_settings(&appendfsync)
+    );
+    let durable = !appendonly.is_empty()
+        && !appendfsync.is_empty()
+        && appendonly.iter().all(|v| v == "yes")
+        && appendfsync.iter().all(|v| v == "always");
+    if durable {
+        Durability::durable(detail)
+    } else {
+        Durability::not_durable(format!(
+            "{detail} (durable needs appendonly yes and appendfsync always)"
+        ))
+    }
+}
+
+/// The values one setting has across nodes, deduplicated: `yes`, or `yes/no` when nodes differ.
+fn show_settings(values: &[String]) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for v in values {
+        if !seen.contains(&v.as_str()) {
+            seen.push(v);
+        }
+    }
+    if seen.is_empty() {
+        "(not reported)".to_owned()
+    } else {
+        seen.join("/")
+    }
+}
+
+/// Every string of a reply in order, maps flattened to key, value.
+fn flatten_strings(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => out.push(s.clone()),
+        Value::Array(items) | Value::Set(items) => {
+            items.iter().for_each(|v| flatten_strings(v, out));
+        }
+        Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
+            flatten_strings(k, out);
+            flatten_strings(v, out);
+        }),
+        _ => {}
+    }
 }
 
 /// Merges the replies of the list script from several nodes (combined into one array of
@@ -800,6 +894,39 @@ mod tests {
             list_reply(merged).unwrap(),
             vec![("a".into(), "1".into()), ("b".into(), "2".into())]
         );
+    }
+
+    #[test]
+    fn durability_needs_aof_always_on_every_node() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let reply = |pairs: &[(&str, &str)]| {
+            Value::Array(pairs.iter().flat_map(|(k, v)| [bulk(k), bulk(v)]).collect())
+        };
+        let durable = reply(&[("appendonly", "yes"), ("appendfsync", "always")]);
+        let d = durability_of(&durable);
+        assert!(
+            d.durable && d.detail == "appendonly yes, appendfsync always",
+            "{d:?}"
+        );
+        let everysec = durability_of(&reply(&[
+            ("appendonly", "yes"),
+            ("appendfsync", "everysec"),
+        ]));
+        assert!(!everysec.durable && everysec.detail.contains("everysec"));
+        let mixed = reply(&[
+            ("appendonly", "yes"),
+            ("appendfsync", "always"),
+            ("appendonly", "no"),
+            ("appendfsync", "always"),
+        ]);
+        let d = durability_of(&mixed);
+        assert!(!d.durable && d.detail.contains("yes/no"), "{d:?}");
+        assert!(!durability_of(&Value::Array(vec![])).durable);
+        let map = Value::Map(vec![
+            (bulk("appendonly"), bulk("yes")),
+            (bulk("appendfsync"), bulk("always")),
+        ]);
+        assert!(durability_of(&map).durable);
     }
 
     #[tokio::test]

@@ -19,7 +19,7 @@ use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
     check_ttl, ttl_millis,
 };
-use headcount_core::{Capabilities, Error, Result, Store};
+use headcount_core::{Capabilities, Durability, Error, Result, Store};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
@@ -716,6 +716,50 @@ impl Store for PostgresStore {
             .map_err(|e| Error::rejected(BACKEND, format!("unexpected result column: {e}"), e))?;
         Ok((value, read))
     }
+
+    /// Durable when `fsync` is on and `synchronous_commit` is anything but `off`: `local`, `on`,
+    /// `remote_write` and `remote_apply` all wait for the local WAL flush before the commit is
+    /// acknowledged (the last three also wait for standbys, which only adds safety). Read with
+    /// `current_setting` on one of this store's own connections, so a per-role or per-database
+    /// override is what counts.
+    async fn durability(&self) -> Result<Durability> {
+        let rows = self
+            .inner
+            .query(
+                "durability",
+                "SELECT current_setting('fsync'), current_setting('synchronous_commit')",
+                &[],
+                None,
+            )
+            .await?;
+        let settings = rows
+            .first()
+            .map(|row| {
+                Ok::<(String, String), tokio_postgres::Error>((row.try_get(0)?, row.try_get(1)?))
+            })
+            .transpose()
+            .map_err(|e| Error::rejected(BACKEND, format!("unexpected result column: {e}"), e))?;
+        let Some((fsync, commit)) = settings else {
+            return Err(Error::Rejected {
+                backend: BACKEND,
+                message: "current_setting('fsync') returned no row".into(),
+                source: None,
+            });
+        };
+        Ok(settings_durability(&fsync, &commit))
+    }
+}
+
+/// Judges PostgreSQL's `fsync` and `synchronous_commit` settings.
+fn settings_durability(fsync: &str, synchronous_commit: &str) -> Durability {
+    let detail = format!("fsync {fsync}, synchronous_commit {synchronous_commit}");
+    if fsync == "on" && synchronous_commit != "off" {
+        Durability::durable(detail)
+    } else {
+        Durability::not_durable(format!(
+            "{detail} (durable needs fsync on and synchronous_commit other than off)"
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -723,6 +767,16 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
+
+    #[test]
+    fn durability_needs_fsync_and_a_waiting_commit() {
+        for commit in ["on", "local", "remote_write", "remote_apply"] {
+            assert!(settings_durability("on", commit).durable, "{commit}");
+        }
+        let off = settings_durability("on", "off");
+        assert!(!off.durable && off.detail.contains("synchronous_commit off"));
+        assert!(!settings_durability("off", "on").durable);
+    }
 
     #[test]
     fn like_patterns_escape_wildcards() {

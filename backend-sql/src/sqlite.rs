@@ -19,7 +19,7 @@ use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
     check_ttl, parse_counter, ttl_millis,
 };
-use headcount_core::{Capabilities, Error, Result, Store};
+use headcount_core::{Capabilities, Durability, Error, Result, Store};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::oneshot;
@@ -892,6 +892,50 @@ impl Store for SqliteStore {
             renew_and_list(conn, &key, &holder, ttl_ms, &prefix)
         })
         .await
+    }
+
+    /// Durable when the connection's `PRAGMA synchronous` is FULL or EXTRA and the journal is
+    /// WAL or DELETE (or TRUNCATE/PERSIST): then every commit is synced before it returns. An
+    /// in-memory database is never durable.
+    async fn durability(&self) -> Result<Durability> {
+        if self.inner.location == Location::Memory {
+            return Ok(Durability::not_durable(
+                "an in-memory SQLite database is gone when its process exits",
+            ));
+        }
+        let (synchronous, journal) = self
+            .call("durability", |conn| {
+                let synchronous: i64 = conn
+                    .query_row("PRAGMA synchronous", [], |row| row.get(0))
+                    .sql()?;
+                let journal: String = conn
+                    .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+                    .sql()?;
+                Ok((synchronous, journal))
+            })
+            .await?;
+        Ok(sqlite_durability(synchronous, &journal))
+    }
+}
+
+/// Judges `PRAGMA synchronous` (0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA) and `PRAGMA journal_mode`.
+fn sqlite_durability(synchronous: i64, journal: &str) -> Durability {
+    let name = match synchronous {
+        0 => "OFF",
+        1 => "NORMAL",
+        2 => "FULL",
+        3 => "EXTRA",
+        _ => "unknown",
+    };
+    let journal = journal.to_ascii_lowercase();
+    let detail = format!("synchronous {name}, journal_mode {journal}");
+    let synced_journal = matches!(journal.as_str(), "wal" | "delete" | "truncate" | "persist");
+    if matches!(synchronous, 2 | 3) && synced_journal {
+        Durability::durable(detail)
+    } else {
+        Durability::not_durable(format!(
+            "{detail} (durable needs synchronous FULL or EXTRA, e.g. ?synchronous=full, and an on-disk journal)"
+        ))
     }
 }
 

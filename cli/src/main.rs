@@ -3,6 +3,7 @@
 mod demo;
 mod distributor;
 mod exec;
+mod ids;
 mod run;
 mod status;
 mod util;
@@ -51,6 +52,10 @@ enum Command {
     /// (gRPC health checking, or a TTL heartbeat) and redistribute when one fails. With a
     /// command: register a service, run one, manage work units, print the table.
     Distributor(distributor::DistributorArgs),
+    /// Monotonically increasing IDs (fencing tokens) agreed by a majority of independent stores
+    /// (`--stores`, not `--store`); fails closed without a majority.
+    #[command(subcommand)]
+    Ids(ids::IdsCommand),
     /// Run the store conformance suite against the store and print a pass/fail table with the
     /// p50/p99 latency of each primitive.
     Conformance {
@@ -120,6 +125,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let store = headcount::connect(store.unwrap_or(DEFAULT_STORE)).await?;
             distributor::distributor(store, args).await
         }
+        Command::Ids(command) => ids::ids(command).await,
     }
 }
 

@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use headcount::DynStore;
 use headcount_conformance::harness::Backend;
+use headcount_conformance::percentile;
 
 const TTL: Duration = Duration::from_secs(60);
 const CONCURRENCY: [usize; 2] = [1, 16];
@@ -473,14 +474,6 @@ fn bench(c: &mut Criterion) {
         }
     }
     print_table(&results.lock().unwrap());
-}
-
-fn percentile(sorted: &[Duration], p: usize) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = (p * sorted.len()).div_ceil(100).max(1);
-    sorted[rank - 1]
 }
 
 fn print_table(results: &BTreeMap<(String, &'static str, usize, bool), Stats>) {

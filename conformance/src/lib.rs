@@ -7,7 +7,7 @@ mod suite;
 mod timed;
 
 pub use case::{Case, CaseFn, CaseResult, Ctx, Failure, Needs, ResultExt, ServerControl, CASES};
-pub use suite::{run_suite, CaseReport, Outcome, PrimitiveStats, Report, SuiteOptions};
+pub use suite::{percentile, run_suite, CaseReport, Outcome, PrimitiveStats, Report, SuiteOptions};
 pub use timed::Timed;
 
 /// What the macros expand to needs, re-exported so the crate invoking them needs no dependency of
@@ -105,6 +105,7 @@ macro_rules! for_each_case {
             { renew_and_list_extends_ttl, Store, "renew_and_list by the holder resets the key's TTL to ttl from now and keeps its value (outlives the old TTL, expires on a new short one); an expired key is not renewed or recreated" },
             { renew_and_list_refuses_others, Store, "renew_and_list by another holder returns false and leaves value and expiry untouched; an absent key returns false and is not created" },
             { renew_and_list_lists_prefix, Store, "renew_and_list lists what list does (live keys under the prefix, sorted, with the renewed key); a key outside the prefix or in another hash slot is renewed and not listed; bad arguments are InvalidArgument and renew nothing" },
+            { durability_probe, Store, "durability() answers the same twice, its detail names the settings it read (appendonly/appendfsync, fsync/synchronous_commit, synchronous/journal_mode, etcd's WAL), and its verdict follows them" },
             { interval_article_timeline, Store, "interval indexer: seed 001's timeline (A, B in interval 1, C in interval 3, 30 s): the article's increments, seed 000's pairs, heartbeats list the live peers" },
             { interval_skewed_peers_converge, Store, "interval indexer: 5 peers with clocks up to a quarter interval apart reach indices 1..=5 and replicas 5 within 2.5 intervals of the last join (a join late in an interval waits for the next one), and no task is ever owned by two peers at once" },
             { interval_scale_exactly_once, Store, "interval indexer: scaling 3 -> 5 -> 2 with 10,000 task ids per interval offered to every peer, the safe transition processes every id exactly once" },

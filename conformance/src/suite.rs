@@ -207,8 +207,8 @@ fn stats(primitive: &'static str, mut samples: Vec<Duration>) -> PrimitiveStats 
     }
 }
 
-/// The nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[Duration], p: usize) -> Duration {
+/// The nearest-rank percentile `p` (0..=100) of sorted samples; zero for none.
+pub fn percentile(sorted: &[Duration], p: usize) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }

@@ -514,3 +514,28 @@ async fn synchronous_is_applied() {
     assert_eq!(mode, "wal");
     assert!(format!("{store:?}").contains("hc.db"));
 }
+
+#[tokio::test]
+async fn durability_follows_synchronous() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = SqliteStore::connect(&format!("{}?synchronous=full", file_url(&dir, "full.db")))
+        .await
+        .unwrap();
+    let d = full.durability().await.unwrap();
+    assert!(d.durable, "{d:?}");
+    assert!(
+        d.detail.contains("FULL") && d.detail.contains("wal"),
+        "{d:?}"
+    );
+    let normal = SqliteStore::connect(&file_url(&dir, "normal.db"))
+        .await
+        .unwrap();
+    let d = normal.durability().await.unwrap();
+    assert!(!d.durable && d.detail.contains("NORMAL"), "{d:?}");
+    let memory = SqliteStore::connect("sqlite::memory:?synchronous=full")
+        .await
+        .unwrap();
+    assert!(!memory.durability().await.unwrap().durable);
+    assert!(!sqlite_durability(2, "memory").durable);
+    assert!(sqlite_durability(3, "DELETE").durable);
+}

@@ -10,6 +10,7 @@
 
 mod cas;
 mod counters;
+mod durability;
 mod faults;
 mod group;
 pub mod interval;
@@ -21,6 +22,7 @@ mod ttl;
 
 pub use cas::*;
 pub use counters::*;
+pub use durability::*;
 pub use faults::*;
 pub use group::*;
 pub use interval::{

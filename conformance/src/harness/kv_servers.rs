@@ -54,6 +54,8 @@ pub struct KvServer {
     name: String,
     initial_cluster: String,
     token: String,
+    /// Arguments appended after the defaults (for Redis, later arguments win).
+    extra_args: Vec<String>,
     process: Arc<ServerProcess>,
 }
 
@@ -71,6 +73,7 @@ impl KvServer {
             initial_cluster: String::new(),
             token: String::new(),
             announce_port: None,
+            extra_args: Vec::new(),
             // redis-server shuts down on SIGTERM, etcd too.
             process: ServerProcess::new(libc::SIGTERM),
         })
@@ -121,6 +124,7 @@ impl KvServer {
                     .args(["--log-level", "warn"]);
             }
         }
+        command.args(&self.extra_args);
         command.current_dir(&self.root);
         command
     }
@@ -286,9 +290,18 @@ impl KvStore {
 
     /// A single Redis server.
     pub fn redis(op_timeout: Option<Duration>) -> Result<KvStore, Unavailable> {
+        Self::redis_with(op_timeout, &[])
+    }
+
+    /// A single Redis server with `args` after the harness's own (which they override: the
+    /// defaults include `--appendonly no`), such as `["--appendonly", "yes", "--appendfsync",
+    /// "always"]` for a durable server.
+    pub fn redis_with(op_timeout: Option<Duration>, args: &[&str]) -> Result<KvStore, Unavailable> {
         let bin = redis_bin()?;
         let failed = |e: io::Error| Unavailable::Failed(format!("redis-server: {e}"));
-        let server = KvServer::new(Kind::Redis { cluster: false }, bin, "redis").map_err(failed)?;
+        let mut server =
+            KvServer::new(Kind::Redis { cluster: false }, bin, "redis").map_err(failed)?;
+        server.extra_args = args.iter().map(|a| (*a).to_owned()).collect();
         server.start().map_err(failed)?;
         Ok(KvStore {
             servers: vec![server],

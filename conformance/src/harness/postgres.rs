@@ -108,12 +108,23 @@ pub struct PgServer {
     run_as: Option<RunAs>,
     process: Arc<ServerProcess>,
     op_timeout: Option<Duration>,
+    /// `-c name=value` settings after the defaults, which they override.
+    settings: Vec<String>,
 }
 
 impl PgServer {
     /// Creates a data directory from the template and starts a server on it. `op_timeout` goes
     /// into the URL's `timeout` option (the store's per-operation deadline) when given.
     pub fn start_new(op_timeout: Option<Duration>) -> Result<PgServer, Unavailable> {
+        Self::start_with(op_timeout, &[])
+    }
+
+    /// Like [`start_new`](Self::start_new), with `settings` (`name=value`, each passed as `-c`)
+    /// after the harness's own, which they override: `["fsync=on"]` for a durable server.
+    pub fn start_with(
+        op_timeout: Option<Duration>,
+        settings: &[&str],
+    ) -> Result<PgServer, Unavailable> {
         let bin = find_bin_dir()?;
         let run_as = run_as()?;
         let failed = |what: &str, e: io::Error| {
@@ -131,6 +142,7 @@ impl PgServer {
             run_as,
             process: ServerProcess::new(libc::SIGQUIT),
             op_timeout,
+            settings: settings.iter().map(|s| (*s).to_owned()).collect(),
         };
         server
             .prepare(&template)
@@ -236,6 +248,7 @@ impl PgServer {
             .arg("-k")
             .arg(&self.sock)
             .args(args.iter().flat_map(|a| a.iter()))
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .current_dir(&self.root)
             .stdin(std::process::Stdio::null());
         let log = process::open_log(&self.log, self.run_as)?;

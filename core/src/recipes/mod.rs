@@ -7,15 +7,19 @@
 //!   and fencing tokens (the default mode).
 //! * [`distributor`]: the Distributor of seed 003: a deterministic matching of services to work
 //!   units kept in the store, recomputed when a service fails its health check.
+//! * [`ids`]: monotonically increasing IDs (fencing tokens) agreed by a majority of independent
+//!   stores, failing closed.
 
 pub mod distributor;
 pub mod group;
+pub mod ids;
 pub mod interval;
 
 pub use distributor::{
     Assignment, AssignmentWatch, Distributor, DistributorConfig, Health, Liveness, PollOutcome,
     Prober, Registration, RunningDistributor, Service, Table,
 };
+pub use ids::{DurabilityPolicy, IdsConfig, IdsStats, MajorityIds, MediatedIds};
 
 pub use interval::{
     IntervalConfig, IntervalIndexer, IntervalPeer, IntervalStatus, Ownership, Pair, PeerHealth,

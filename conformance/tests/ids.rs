@@ -1,0 +1,618 @@
+//! Majority IDs on real servers: five `redis-server`s with `appendonly yes` + `appendfsync
+//! always`, and a mixed set of three SQLite files (`synchronous=full`) and two PostgreSQL servers
+//! (`fsync=on`). Concurrent clients, a linearizability check over the recorded history, nodes
+//! killed and restarted, a node that forgets its data, and bad input.
+//!
+//! A missing server binary skips a test with a `SKIP` line, or fails it when
+//! `HEADCOUNT_REQUIRE_BACKENDS` requires the backend.
+
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![cfg(all(feature = "redis", feature = "sqlite", feature = "postgres"))]
+
+use std::collections::HashSet;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds, MediatedIds};
+use headcount::{DynStore, ErrorKind};
+use headcount_conformance::harness::{Backend, KvStore, PgServer, Unavailable};
+use tokio::time::Instant;
+
+const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The value, or None with a SKIP line when the backend is missing and not required.
+fn available<T>(backend: Backend, test: &str, r: Result<T, Unavailable>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(Unavailable::Missing(why)) if !backend.required() => {
+            say(&format!(
+                "SKIP ids::{test}: {why} (set HEADCOUNT_REQUIRE_BACKENDS=all to make this a failure)"
+            ));
+            None
+        }
+        Err(e) => panic!("ids::{test}: {}: {e}", backend.name()),
+    }
+}
+
+/// `n` single Redis servers started with `args`, each with a 1 s operation timeout.
+async fn redis_servers(
+    n: usize,
+    args: &'static [&'static str],
+    test: &str,
+) -> Option<Vec<Arc<KvStore>>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let started = tokio::task::spawn_blocking(move || {
+            KvStore::redis_with(Some(Duration::from_secs(1)), args)
+        })
+        .await
+        .unwrap();
+        out.push(Arc::new(available(Backend::Redis, test, started)?));
+    }
+    Some(out)
+}
+
+/// A fresh directory for SQLite files, removed by the caller.
+fn temp_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hc-ids-{:016x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn connect_all(urls: &[String]) -> Vec<DynStore> {
+    let mut stores = Vec::new();
+    for url in urls {
+        stores.push(headcount::connect(url).await.unwrap());
+    }
+    stores
+}
+
+fn generator_name() -> String {
+    format!("t{:08x}", rand::random::<u32>())
+}
+
+/// One call of `next`, as a client saw it.
+#[derive(Debug, Clone)]
+struct Call {
+    client: usize,
+    start: Instant,
+    end: Instant,
+    id: Option<i64>,
+}
+
+/// Every returned ID is unique, each client's IDs increase, and every ID is greater than every
+/// ID whose call completed before its call started.
+fn check_history(calls: &[Call]) {
+    let ok: Vec<&Call> = calls.iter().filter(|c| c.id.is_some()).collect();
+    let mut seen = HashSet::new();
+    for c in &ok {
+        assert!(seen.insert(c.id), "ID {:?} was returned twice", c.id);
+    }
+    let clients: HashSet<usize> = ok.iter().map(|c| c.client).collect();
+    for client in clients {
+        let mut mine: Vec<&&Call> = ok.iter().filter(|c| c.client == client).collect();
+        mine.sort_by_key(|c| c.start);
+        for pair in mine.windows(2) {
+            assert!(
+                pair[0].id < pair[1].id,
+                "client {client} got {:?} then {:?}",
+                pair[0].id,
+                pair[1].id
+            );
+        }
+    }
+    // Sorted by completion: the largest ID among the calls that completed before a start.
+    let mut by_end = ok.clone();
+    by_end.sort_by_key(|c| c.end);
+    let mut prefix_max = Vec::with_capacity(by_end.len());
+    let mut max = i64::MIN;
+    for c in &by_end {
+        max = max.max(c.id.unwrap_or(i64::MIN));
+        prefix_max.push(max);
+    }
+    for c in &ok {
+        let before = by_end.partition_point(|d| d.end < c.start);
+        if before > 0 {
+            let floor = prefix_max[before - 1];
+            assert!(
+                c.id.unwrap_or(i64::MIN) > floor,
+                "linearizability: client {} got {:?}, but {floor} was returned before its call started",
+                c.client,
+                c.id
+            );
+        }
+    }
+}
+
+/// `clients` clients, each with its own connections and generator, take `per` IDs each, all
+/// starting together.
+async fn run_clients(urls: &[String], clients: usize, per: usize, config: IdsConfig) -> Vec<Call> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(clients));
+    let mut tasks = Vec::new();
+    for client in 0..clients {
+        let urls = urls.to_vec();
+        let config = config.clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            let ids = MajorityIds::new(connect_all(&urls).await, config)
+                .await
+                .unwrap();
+            barrier.wait().await;
+            let mut calls = Vec::with_capacity(per);
+            for _ in 0..per {
+                let start = Instant::now();
+                let id = ids.next().await.unwrap();
+                calls.push(Call {
+                    client,
+                    start,
+                    end: Instant::now(),
+                    id: Some(id),
+                });
+            }
+            (calls, ids.stats())
+        }));
+    }
+    let mut all = Vec::new();
+    let (mut attempts, mut got) = (0, 0);
+    for t in tasks {
+        let (calls, stats) = t.await.unwrap();
+        attempts += stats.attempts;
+        got += stats.ids;
+        all.extend(calls);
+    }
+    say(&format!(
+        "{clients} clients x {per} IDs: {got} IDs in {attempts} attempts"
+    ));
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis5_8_clients_x_500_unique_increasing_linearizable() {
+    let Some(servers) = redis_servers(5, AOF_ALWAYS, "redis5_8x500").await else {
+        return;
+    };
+    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let config = IdsConfig::new(generator_name()).with_deadline(Duration::from_secs(30));
+    let calls = run_clients(&urls, 8, 500, config).await;
+    assert_eq!(calls.len(), 4000);
+    check_history(&calls);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mixed_3_sqlite_2_postgres_8_clients_x_500() {
+    let test = "mixed_8x500";
+    let mut pgs = Vec::new();
+    for _ in 0..2 {
+        let started = tokio::task::spawn_blocking(|| {
+            PgServer::start_with(None, &["fsync=on", "synchronous_commit=on"])
+        })
+        .await
+        .unwrap();
+        let Some(pg) = available(Backend::Postgres, test, started) else {
+            return;
+        };
+        pgs.push(pg);
+    }
+    let dir = temp_dir();
+    let mut urls: Vec<String> = (0..3)
+        .map(|i| {
+            format!(
+                "sqlite://{}/ids{i}.db?synchronous=full&timeout=30s",
+                dir.display()
+            )
+        })
+        .collect();
+    urls.extend(pgs.iter().map(PgServer::url));
+    let config = IdsConfig::new(generator_name()).with_deadline(Duration::from_secs(30));
+    let calls = run_clients(&urls, 8, 500, config).await;
+    assert_eq!(calls.len(), 4000);
+    check_history(&calls);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Clients that take IDs until told to stop, recording every call, failed ones included.
+struct Load {
+    calls: Arc<Mutex<Vec<Call>>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    async fn start(urls: &[String], clients: usize, config: &IdsConfig) -> Load {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for client in 0..clients {
+            let ids = MajorityIds::new(connect_all(urls).await, config.clone())
+                .await
+                .unwrap();
+            let (calls, stop) = (calls.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    let id = ids.next().await.ok();
+                    let end = Instant::now();
+                    calls.lock().unwrap().push(Call {
+                        client,
+                        start,
+                        end,
+                        id,
+                    });
+                }
+            }));
+        }
+        Load { calls, stop, tasks }
+    }
+
+    fn snapshot(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` calls that started after `since` returned an ID, or fails after `within`.
+    async fn wait_ids(&self, since: Instant, n: usize, within: Duration, what: &str) {
+        let end = Instant::now() + within;
+        loop {
+            let got = self
+                .snapshot()
+                .iter()
+                .filter(|c| c.start >= since && c.id.is_some())
+                .count();
+            if got >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "{what}: only {got} of {n} IDs within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn stop(self) -> Vec<Call> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        let calls = self.calls.lock().unwrap().clone();
+        calls
+    }
+}
+
+async fn kill(server: &Arc<KvStore>) {
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.servers[0].kill())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+async fn restart(server: &Arc<KvStore>) {
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.servers[0].start())
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis5_kill_two_then_three_fails_closed_then_resumes_above() {
+    let Some(servers) = redis_servers(5, AOF_ALWAYS, "redis5_kill").await else {
+        return;
+    };
+    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let deadline = Duration::from_secs(2);
+    let config = IdsConfig::new(generator_name()).with_deadline(deadline);
+    let load = Load::start(&urls, 4, &config).await;
+    let t0 = Instant::now();
+    load.wait_ids(t0, 200, Duration::from_secs(60), "all 5 up")
+        .await;
+
+    // Two of five down: a majority (3) remains, IDs keep coming.
+    kill(&servers[0]).await;
+    kill(&servers[1]).await;
+    let t2 = Instant::now();
+    load.wait_ids(t2, 200, Duration::from_secs(60), "2 of 5 killed")
+        .await;
+
+    // Three down: every call that starts now fails, within the deadline, with no ID.
+    kill(&servers[2]).await;
+    let t3 = Instant::now();
+    let slack = Duration::from_secs(1);
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let after: Vec<Call> = load
+            .snapshot()
+            .into_iter()
+            .filter(|c| c.start >= t3)
+            .collect();
+        let clients: HashSet<usize> = after.iter().map(|c| c.client).collect();
+        if after.len() >= 8 && clients.len() == 4 {
+            for c in &after {
+                assert!(
+                    c.id.is_none(),
+                    "an ID {:?} was returned with 3 of 5 nodes down",
+                    c.id
+                );
+                assert!(
+                    c.end - c.start <= deadline + slack,
+                    "a call failed only after {:?} (deadline {deadline:?})",
+                    c.end - c.start
+                );
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "too few failed calls after the third kill: {}",
+            after.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before_restart: i64 = load.snapshot().iter().filter_map(|c| c.id).max().unwrap();
+
+    // Back up (from their append-only files): IDs resume above every earlier one.
+    for s in &servers[..3] {
+        restart(s).await;
+    }
+    let t4 = Instant::now();
+    load.wait_ids(t4, 100, Duration::from_secs(60), "after the restarts")
+        .await;
+    let calls = load.stop().await;
+    for c in calls.iter().filter(|c| c.start >= t4) {
+        if let Some(id) = c.id {
+            assert!(
+                id > before_restart,
+                "{id} after the restart is not above {before_restart}"
+            );
+        }
+    }
+    // Not asserted: with 2 of 5 down every one of the 3 live nodes must accept, so contending
+    // clients can run out of deadline; the count is printed so a run shows it.
+    let failed_early = calls
+        .iter()
+        .filter(|c| c.id.is_none() && c.end < t3)
+        .count();
+    let in_flight = calls
+        .iter()
+        .filter(|c| c.id.is_none() && c.start < t3 && c.end >= t3)
+        .count();
+    say(&format!(
+        "kill test: {} calls, {} IDs; failed before the third kill: {failed_early}, in flight at it: {in_flight}",
+        calls.len(),
+        calls.iter().filter(|c| c.id.is_some()).count()
+    ));
+    check_history(&calls);
+}
+
+/// Two Redis servers with AOF always and a third without persistence, which forgets everything
+/// when it restarts.
+async fn two_durable_one_forgetful(test: &str) -> Option<Vec<Arc<KvStore>>> {
+    let mut servers = redis_servers(2, AOF_ALWAYS, test).await?;
+    servers.extend(redis_servers(1, &[], test).await?);
+    Some(servers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_non_durable_node_is_refused_when_the_check_is_on() {
+    let Some(abc) = two_durable_one_forgetful("non_durable_refused").await else {
+        return;
+    };
+    let urls: Vec<String> = abc.iter().map(|s| s.url()).collect();
+    let err = MajorityIds::new(connect_all(&urls).await, IdsConfig::new(generator_name()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("store #2") && msg.contains("appendonly no"),
+        "{msg}"
+    );
+}
+
+/// With the check off, a node that forgets (no AOF, restarted) lets a later majority read a
+/// smaller number: this schedule provably repeats an ID, and the test expects it to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_check_off_a_forgetful_node_repeats_an_id() {
+    let Some(abc) = two_durable_one_forgetful("forgetful_repeats").await else {
+        return;
+    };
+    let (a, b, c) = (&abc[0], &abc[1], &abc[2]);
+    let urls = vec![a.url(), b.url(), c.url()];
+    let config = IdsConfig::new(generator_name())
+        .with_deadline(Duration::from_secs(5))
+        .with_durability(DurabilityPolicy::AllowNonDurable);
+    let ids = MajorityIds::new(connect_all(&urls).await, config.clone())
+        .await
+        .unwrap();
+    // Another client, used only at the end (connected now, while every server runs).
+    let later = MajorityIds::new(connect_all(&urls).await, config)
+        .await
+        .unwrap();
+    // All up: 1 is on A, B and C.
+    assert_eq!(ids.next().await.unwrap(), 1);
+    // A down: B and C are the majority and reach 5.
+    kill(a).await;
+    let mut last = 1;
+    for _ in 0..4 {
+        last = ids.next().await.unwrap();
+    }
+    assert_eq!(last, 5);
+    // C crashes and comes back empty; A comes back with 1; B goes down.
+    kill(c).await;
+    restart(c).await;
+    restart(a).await;
+    kill(b).await;
+    // The only majority is {A (1), C (nothing)}: a client with no memory of earlier IDs reads
+    // 1 from it and the two agree on 2, which was handed out before.
+    let repeated = later.next().await.unwrap();
+    assert_eq!(
+        repeated, 2,
+        "expected the violation the article warns about: ID 2 again after 5"
+    );
+    assert!(repeated <= last);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_gives_typed_errors() {
+    let dir = temp_dir();
+    let url = |i: usize| format!("sqlite://{}/bad{i}.db?synchronous=full", dir.display());
+    let stores = connect_all(&[url(0), url(1), url(2), url(3)]).await;
+    let name = generator_name();
+    let config = IdsConfig::new(&name);
+
+    let empty = MajorityIds::new(Vec::new(), config.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(empty.kind(), ErrorKind::InvalidArgument, "{empty}");
+    let twice = MajorityIds::new(vec![stores[0].clone(), stores[0].clone()], config.clone())
+        .await
+        .unwrap_err();
+    assert!(twice.to_string().contains("passed again"), "{twice}");
+    let bad_name = MajorityIds::new(stores.clone(), IdsConfig::new("a:b"))
+        .await
+        .unwrap_err();
+    assert_eq!(bad_name.kind(), ErrorKind::InvalidArgument, "{bad_name}");
+    let in_memory = headcount::connect("sqlite::memory:").await.unwrap();
+    let refused = MajorityIds::new(vec![in_memory], config.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Config, "{refused}");
+
+    // Four stores: the majority is three.
+    let four = MajorityIds::new(stores.clone(), config.clone())
+        .await
+        .unwrap();
+    assert_eq!((four.stores(), four.majority()), (4, 3));
+    assert_eq!(four.next().await.unwrap(), 1);
+
+    // A foreign value on one of three stores: that store counts as failing, the other two serve.
+    let three = MajorityIds::new(stores[..3].to_vec(), config.clone())
+        .await
+        .unwrap();
+    stores[0].delete(three.key()).await.unwrap();
+    assert!(stores[0]
+        .compare_and_set(three.key(), None, "abc", None)
+        .await
+        .unwrap());
+    let id = three.next().await.unwrap();
+    assert!(id >= 2, "{id}");
+    // On two of three, no majority can answer: the typed error at once, not at the deadline.
+    stores[1].delete(three.key()).await.unwrap();
+    assert!(stores[1]
+        .compare_and_set(three.key(), None, "xyz", None)
+        .await
+        .unwrap());
+    let started = Instant::now();
+    let err = three.next().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ForeignValue, "{err}");
+    assert!(
+        started.elapsed() < config.deadline(),
+        "{:?}",
+        started.elapsed()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mediated_calls_take_turns_and_stay_unique() {
+    let dir = temp_dir();
+    let urls: Vec<String> = (0..3)
+        .map(|i| format!("sqlite://{}/med{i}.db?synchronous=full", dir.display()))
+        .collect();
+    let ids = MajorityIds::new(connect_all(&urls).await, IdsConfig::new(generator_name()))
+        .await
+        .unwrap();
+    let mediated = Arc::new(MediatedIds::new(ids));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let m = mediated.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..20 {
+                got.push(m.next().await.unwrap());
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_unstable();
+    assert_eq!(all, (1..=320).collect::<Vec<i64>>());
+    // One process, one turn at a time: no attempt was lost to a rival.
+    assert_eq!(mediated.inner().stats().retry_rate(), 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn probe(url: &str) -> headcount::Durability {
+    headcount::connect(url)
+        .await
+        .unwrap()
+        .durability()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn durability_probe_follows_how_the_harness_started_each_server() {
+    let test = "durability_probe";
+    // Redis: the harness default has no AOF; with AOF always it is durable.
+    if let Some(plain) = redis_servers(1, &[], test).await {
+        let d = probe(&plain[0].url()).await;
+        assert!(!d.durable && d.detail.contains("appendonly no"), "{d:?}");
+        let aof = redis_servers(1, AOF_ALWAYS, test).await.unwrap();
+        let d = probe(&aof[0].url()).await;
+        assert!(
+            d.durable && d.detail == "appendonly yes, appendfsync always",
+            "{d:?}"
+        );
+        let everysec: &'static [&'static str] =
+            &["--appendonly", "yes", "--appendfsync", "everysec"];
+        let sec = redis_servers(1, everysec, test).await.unwrap();
+        let d = probe(&sec[0].url()).await;
+        assert!(!d.durable && d.detail.contains("everysec"), "{d:?}");
+    }
+    // PostgreSQL: the harness runs with fsync=off; fsync=on is durable, synchronous_commit=off
+    // is not.
+    for (settings, durable, needle) in [
+        (&[][..], false, "fsync off"),
+        (&["fsync=on"][..], true, "fsync on, synchronous_commit on"),
+        (
+            &["fsync=on", "synchronous_commit=off"][..],
+            false,
+            "synchronous_commit off",
+        ),
+    ] {
+        let settings: Vec<&'static str> = settings.to_vec();
+        let started = tokio::task::spawn_blocking(move || PgServer::start_with(None, &settings))
+            .await
+            .unwrap();
+        let Some(pg) = available(Backend::Postgres, test, started) else {
+            break;
+        };
+        let d = probe(&pg.url()).await;
+        assert_eq!(d.durable, durable, "{d:?}");
+        assert!(d.detail.contains(needle), "{d:?}");
+        tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
+    }
+    // etcd: durable by construction.
+    let started = tokio::task::spawn_blocking(|| KvStore::etcd(1, None))
+        .await
+        .unwrap();
+    if let Some(etcd) = available(Backend::Etcd, test, started) {
+        let d = probe(&etcd.url()).await;
+        assert!(d.durable && d.detail.contains("WAL"), "{d:?}");
+        tokio::task::spawn_blocking(move || drop(etcd))
+            .await
+            .unwrap();
+    }
+}

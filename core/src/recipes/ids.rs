@@ -1,0 +1,669 @@
+//! Majority IDs: monotonically increasing IDs (fencing tokens) agreed by a majority of `N`
+//! independent stores, any mix of backends, failing closed without a majority (seed 004).
+//!
+//! # The algorithm
+//!
+//! One counter key per generator name, `hc:{ids}:id:{name}` (under the [`Keyspace`] of the
+//! group `ids`; the prefix is configurable), holding the highest ID proposed to that store, with
+//! no TTL. To draw an ID, [`MajorityIds::next`]:
+//!
+//! 1. sends `get` to all `N` stores at once and waits for the first majority `M = N / 2 + 1` of
+//!    answers (an absent key reads as 0);
+//! 2. proposes `P = max + 1`;
+//!    (the first attempt of a call skips the read when the generator already saw a number, and
+//!    proposes one above the largest it saw: with no rival since, that wins in one round trip;
+//!    when it loses, the next attempt reads. Safety never rests on the read: see below);
+//! 3. sends `set_max(key, P)` to all `N` stores at once and returns `P` as soon as `M` of them
+//!    answered `true` (they held less than `P` and now hold `P`);
+//! 4. otherwise (too few answers, or proposals lost to larger ones) sleeps a random time in
+//!    `[0, min(backoff_max, backoff_base * 2^attempt))` and starts again at 1, until the
+//!    deadline, when it fails with [`Error::Unavailable`] saying how many stores answered.
+//!
+//! Holes in the sequence are allowed (a proposal that lost burns its number); repeats and
+//! regressions are not.
+//!
+//! # Why it is safe
+//!
+//! *Only `set_max == true` counts.* A store answers `true` to `set_max(P)` only when it held less
+//! than `P` and now holds `P`, atomically. So of all the clients proposing the same `P`, at most
+//! one hears `true` from any one store: after the first write the store holds `P`, and every
+//! later `set_max(P)` there sees `P >= P` and answers `false`. The sets of stores that said `true`
+//! to two clients for the same `P` are disjoint, and two disjoint sets cannot both be majorities:
+//! **no two calls ever return the same ID**. (A store that already held exactly `P`, written by a
+//! rival, answers `false`; counting it would let both rivals return `P`.)
+//!
+//! *Every ID is greater than every ID returned before its request started.* When a call returned
+//! `Q`, a majority held `Q` or more, and stored numbers never decrease (`set_max` never moves
+//! backwards, the key has no TTL, and the stores are durable). A call that starts later returns
+//! `P` only if a majority answered `true`, that is held less than `P` just before; that majority
+//! shares at least one store with the first, which held `Q` or more and less than `P`: `P > Q`.
+//!
+//! Neither argument uses what the read returned: the read only makes a winning proposal likely.
+//! That is why the first attempt may propose from the generator's own hint instead.
+//!
+//! Both arguments need the stores to keep what they acknowledged: a store that forgets (restarted
+//! without persistence) can let a later majority read a smaller number, and hand out an ID again.
+//! Hence the durability check below.
+//!
+//! # Majority
+//!
+//! `M = N / 2 + 1` for every `N`: 1 of 1, 2 of 2, 2 of 3, 3 of 4, 3 of 5, 4 of 6. With an even
+//! `N` a majority is more than half, so `N = 4` tolerates one unreachable store, like `N = 3`,
+//! and `N = 2` tolerates none; odd `N` are the sensible choices.
+//!
+//! # Durability
+//!
+//! [`MajorityIds::new`] asks every store [`Store::durability`](crate::Store::durability) (Redis `appendonly yes` with
+//! `appendfsync always`, PostgreSQL `fsync` and `synchronous_commit`, SQLite `synchronous=FULL`,
+//! etcd always) and, under [`DurabilityPolicy::Require`] (the default), refuses the set with
+//! [`Error::InvalidConfig`] when one answers "not durable". A store that cannot be reached at
+//! construction is probed again before its first use, and excluded until it answers durable.
+//! [`DurabilityPolicy::AllowNonDurable`] uses such stores anyway and logs a warning for each:
+//! a crash of one of them can then repeat an ID.
+//!
+//! # Bad input and faults
+//!
+//! * An empty store list is [`Error::InvalidArgument`]; so is one store handle passed twice
+//!   (the same `Arc`). Two different handles to the same server cannot be told apart here: the
+//!   `headcount ids next` command rejects duplicate URLs, a library caller must not pass them
+//!   (they would make a minority look like a majority).
+//! * A store that fails (unreachable, timed out) counts as not answering for that attempt.
+//! * A store that holds something other than a decimal integer at the key answers
+//!   [`Error::ForeignValue`]: it is logged and counted as not answering, so the other stores keep
+//!   serving; when so many stores fail permanently (foreign values, refusals) that no majority
+//!   remains, the call fails at once with that error instead of waiting for the deadline.
+//! * A counter at `i64::MAX` cannot grow: [`Error::Rejected`].
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::keys::{validate_group, Keyspace, DEFAULT_PREFIX};
+use crate::store::parse_counter;
+use crate::DynStore;
+
+/// The name errors of this recipe give as their `backend`.
+const RECIPE: &str = "majority ids";
+
+/// The group under which every generator's key lives: `hc:{ids}:id:{name}`.
+pub const IDS_GROUP: &str = "ids";
+
+/// Default for [`IdsConfig::with_deadline`].
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Default first backoff bound of [`IdsConfig::with_backoff`].
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(1);
+
+/// Default largest backoff of [`IdsConfig::with_backoff`].
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_millis(100);
+
+/// What to do with a store that is not known to be durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DurabilityPolicy {
+    /// Refuse it: [`MajorityIds::new`] fails, a store probed later is excluded. The default.
+    #[default]
+    Require,
+    /// Use it and log a warning: a crash of such a store can make a later ID repeat an earlier
+    /// one.
+    AllowNonDurable,
+}
+
+/// The configuration of a [`MajorityIds`] generator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdsConfig {
+    name: String,
+    prefix: String,
+    deadline: Duration,
+    backoff_base: Duration,
+    backoff_max: Duration,
+    durability: DurabilityPolicy,
+}
+
+impl IdsConfig {
+    /// The generator `name` (the alphabet of a group name: `A-Z a-z 0-9 _ - .`), with the
+    /// defaults: prefix `hc`, deadline 5 s, backoff from 1 ms up to 100 ms, durability required.
+    pub fn new(name: impl Into<String>) -> Self {
+        IdsConfig {
+            name: name.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            deadline: DEFAULT_DEADLINE,
+            backoff_base: DEFAULT_BACKOFF_BASE,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+            durability: DurabilityPolicy::Require,
+        }
+    }
+
+    /// The key prefix instead of `hc`.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long [`MajorityIds::next`] (and the durability probe of [`MajorityIds::new`]) may
+    /// take before it gives up.
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The randomized exponential backoff between attempts: attempt `k` (from 0) sleeps a
+    /// uniform random time below `min(max, base * 2^k)`.
+    pub fn with_backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff_base = base;
+        self.backoff_max = max;
+        self
+    }
+
+    /// What to do with stores that are not durable.
+    pub fn with_durability(mut self, policy: DurabilityPolicy) -> Self {
+        self.durability = policy;
+        self
+    }
+
+    /// The generator name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The deadline of one call.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    fn check(&self) -> Result<()> {
+        validate_group(&self.name).map_err(|e| match e {
+            Error::InvalidArgument { message } => {
+                Error::invalid(message.replacen("group name", "ID generator name", 1))
+            }
+            other => other,
+        })?;
+        if self.deadline.is_zero() {
+            return Err(Error::invalid("the deadline of majority IDs is zero"));
+        }
+        if self.backoff_base.is_zero() || self.backoff_max < self.backoff_base {
+            return Err(Error::invalid(format!(
+                "backoff base {:?} must be positive and at most the maximum {:?}",
+                self.backoff_base, self.backoff_max
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Counters of a generator since it was made, for benchmarks and monitoring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct IdsStats {
+    /// IDs returned.
+    pub ids: u64,
+    /// Rounds of read + propose, successful or not.
+    pub attempts: u64,
+    /// Calls that failed (deadline or permanent errors).
+    pub failures: u64,
+}
+
+impl IdsStats {
+    /// Attempts that returned no ID, per attempt: 0 without contention or faults.
+    pub fn retry_rate(&self) -> f64 {
+        if self.attempts == 0 {
+            return 0.0;
+        }
+        self.attempts.saturating_sub(self.ids) as f64 / self.attempts as f64
+    }
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    ids: AtomicU64,
+    attempts: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// One store of the set.
+struct Node {
+    store: DynStore,
+    /// Whether the store passed the durability check (always true under `AllowNonDurable`).
+    checked: AtomicBool,
+}
+
+/// A generator of monotonically increasing IDs agreed by a majority of independent stores; see
+/// the [module docs](self) for the algorithm and why it is safe.
+///
+/// Cheap to share behind an `Arc`; any number of tasks (and processes) may call
+/// [`next`](Self::next) at once: concurrent calls contend, and lose attempts to each other, so a
+/// busy process should put one [`MediatedIds`] in front of them.
+pub struct MajorityIds {
+    nodes: Vec<Node>,
+    majority: usize,
+    key: String,
+    config: IdsConfig,
+    stats: Stats,
+    /// The largest counter value this generator has read or had accepted; 0 before any.
+    hint: AtomicI64,
+}
+
+impl fmt::Debug for MajorityIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MajorityIds")
+            .field("key", &self.key)
+            .field("stores", &self.nodes.len())
+            .field("majority", &self.majority)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MajorityIds {
+    /// A generator over `stores` (at least one; an odd number is sensible) with `config`, after
+    /// checking that every store is durable (see the module docs). Fails with
+    /// [`Error::InvalidArgument`] for an empty list, a handle passed twice or a bad name,
+    /// [`Error::InvalidConfig`] for a store that is not durable under
+    /// [`DurabilityPolicy::Require`].
+    pub async fn new(stores: Vec<DynStore>, config: IdsConfig) -> Result<Self> {
+        config.check()?;
+        if stores.is_empty() {
+            return Err(Error::invalid("majority IDs need at least one store"));
+        }
+        for (i, a) in stores.iter().enumerate() {
+            if let Some(j) = stores[..i].iter().position(|b| Arc::ptr_eq(a, b)) {
+                return Err(Error::invalid(format!(
+                    "store #{j} is passed again as store #{i}: a majority must be of distinct stores"
+                )));
+            }
+        }
+        let key = Keyspace::with_prefix(&config.prefix, IDS_GROUP)?
+            .key(format_args!("id:{}", config.name));
+        let majority = stores.len() / 2 + 1;
+        let allow = config.durability == DurabilityPolicy::AllowNonDurable;
+        let deadline = Instant::now() + config.deadline;
+        let probes = stores.iter().map(|s| async move {
+            tokio::time::timeout_at(deadline, s.durability())
+                .await
+                .unwrap_or_else(|_| Err(deadline_error("durability", config.deadline)))
+        });
+        let answers = futures::future::join_all(probes).await;
+        let mut nodes = Vec::with_capacity(stores.len());
+        for (i, (store, answer)) in stores.into_iter().zip(answers).enumerate() {
+            let backend = store.capabilities().backend;
+            let checked = match answer {
+                Ok(d) if d.durable => true,
+                Ok(d) if allow => {
+                    tracing::warn!(
+                        store = i,
+                        backend,
+                        detail = %d.detail,
+                        "majority IDs use a store that is not durable, as told: a crash of it can repeat an ID"
+                    );
+                    true
+                }
+                Ok(d) => {
+                    return Err(Error::config(format!(
+                        "store #{i} ({backend}) is not durable: {}; majority IDs need every acknowledged write on disk (or opt out explicitly: AllowNonDurable, --allow-non-durable)",
+                        d.detail
+                    )))
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(store = i, backend, error = %e,
+                        "cannot check whether this ID store is durable yet; it is checked again before its first use");
+                    allow
+                }
+                Err(e) => return Err(e),
+            };
+            nodes.push(Node {
+                store,
+                checked: AtomicBool::new(checked),
+            });
+        }
+        Ok(MajorityIds {
+            nodes,
+            majority,
+            key,
+            config,
+            stats: Stats::default(),
+            hint: AtomicI64::new(0),
+        })
+    }
+
+    /// The key every store holds the counter at: `hc:{ids}:id:{name}`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How many stores must store an ID: `N / 2 + 1`.
+    pub fn majority(&self) -> usize {
+        self.majority
+    }
+
+    /// How many stores the generator runs over.
+    pub fn stores(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Counters since the generator was made.
+    pub fn stats(&self) -> IdsStats {
+        IdsStats {
+            ids: self.stats.ids.load(Ordering::Relaxed),
+            attempts: self.stats.attempts.load(Ordering::Relaxed),
+            failures: self.stats.failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The next ID: greater than every ID any caller got before this call started, and never
+    /// returned to anyone else. Fails closed, returning no ID, when no majority stored one within
+    /// the deadline ([`Error::Unavailable`], retryable), or at once when so many stores fail
+    /// permanently that no majority can answer (their error, such as [`Error::ForeignValue`]).
+    pub async fn next(&self) -> Result<i64> {
+        let started = Instant::now();
+        let deadline = started + self.config.deadline;
+        let mut attempt: u32 = 0;
+        loop {
+            self.stats.attempts.fetch_add(1, Ordering::Relaxed);
+            let outcome = self.attempt(deadline, attempt == 0).await;
+            let lost = match outcome {
+                Ok(id) => {
+                    self.stats.ids.fetch_add(1, Ordering::Relaxed);
+                    return Ok(id);
+                }
+                Err(Lost::Permanent(e)) => {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+                Err(Lost::Retry(lost)) => lost,
+            };
+            let now = Instant::now();
+            let bound = self
+                .config
+                .backoff_base
+                .saturating_mul(1u32 << attempt.min(20))
+                .min(self.config.backoff_max);
+            let pause = rand::rng().random_range(Duration::ZERO..=bound);
+            if now + pause >= deadline {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::Unavailable {
+                    backend: RECIPE,
+                    message: format!(
+                        "no majority ({} of {}) stored an ID within {:?} ({} attempts); last attempt: {}",
+                        self.majority,
+                        self.nodes.len(),
+                        self.config.deadline,
+                        attempt + 1,
+                        lost
+                    ),
+                    source: None,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// One round: read a majority, propose the maximum plus one to every store.
+    async fn attempt(&self, deadline: Instant, optimistic: bool) -> std::result::Result<i64, Lost> {
+        let mut summary = Summary::default();
+        let hint = self.hint.load(Ordering::Relaxed);
+        let max = if optimistic && hint > 0 {
+            // The largest number this generator saw: with no rival since, the majority holds
+            // exactly it, and proposing one more wins in one round trip.
+            hint
+        } else {
+            let reads: FuturesUnordered<_> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| async move { (i, self.read(node, deadline).await) })
+                .collect();
+            let reads = self.first_majority(reads, |_| true).await;
+            summary.answered = Some(reads.counted);
+            if reads.counted < self.majority {
+                summary.errors = reads.errors;
+                return Err(self.lost(summary));
+            }
+            let max = reads.ok.iter().copied().max().unwrap_or(0).max(0);
+            self.hint.fetch_max(max, Ordering::Relaxed);
+            max
+        };
+        let Some(proposal) = max.checked_add(1) else {
+            return Err(Lost::Permanent(Error::Rejected {
+                backend: RECIPE,
+                message: format!("the ID counter `{}` reached i64::MAX", self.key),
+                source: None,
+            }));
+        };
+        let writes: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| async move { (i, self.write(node, proposal, deadline).await) })
+            .collect();
+        // Only `true` counts: see "Why it is safe" in the module docs.
+        let writes = self.first_majority(writes, |wrote| *wrote).await;
+        if writes.counted >= self.majority {
+            self.hint.fetch_max(proposal, Ordering::Relaxed);
+            return Ok(proposal);
+        }
+        summary.accepted = writes.counted;
+        summary.refused = writes.ok.len() - writes.counted;
+        summary.errors = writes.errors;
+        Err(self.lost(summary))
+    }
+
+    /// A lost attempt: permanent when the stores that failed for good leave no majority.
+    fn lost(&self, mut summary: Summary) -> Lost {
+        let permanent = summary
+            .errors
+            .iter()
+            .filter(|(_, e)| !e.is_retryable())
+            .count();
+        if permanent > 0 && self.nodes.len() - permanent < self.majority {
+            if let Some(at) = summary.errors.iter().position(|(_, e)| !e.is_retryable()) {
+                let (i, e) = summary.errors.swap_remove(at);
+                tracing::warn!(store = i, error = %e, "majority IDs: too many stores fail for good");
+                return Lost::Permanent(e);
+            }
+        }
+        Lost::Retry(summary)
+    }
+
+    /// `get` on one node (after its durability check, if it still owes one), parsed.
+    async fn read(&self, node: &Node, deadline: Instant) -> Result<i64> {
+        let work = async {
+            if !node.checked.load(Ordering::Acquire) {
+                let d = node.store.durability().await?;
+                if !d.durable {
+                    return Err(Error::Rejected {
+                        backend: node.store.capabilities().backend,
+                        message: format!("not durable: {}", d.detail),
+                        source: None,
+                    });
+                }
+                node.checked.store(true, Ordering::Release);
+            }
+            match node.store.get(&self.key).await? {
+                None => Ok(0),
+                Some(text) => parse_counter(&self.key, &text),
+            }
+        };
+        tokio::time::timeout_at(deadline, work)
+            .await
+            .unwrap_or_else(|_| Err(deadline_error("get", self.config.deadline)))
+    }
+
+    /// `set_max(proposal)` on one node, if it passed its durability check.
+    async fn write(&self, node: &Node, proposal: i64, deadline: Instant) -> Result<bool> {
+        if !node.checked.load(Ordering::Acquire) {
+            return Err(Error::Unavailable {
+                backend: node.store.capabilities().backend,
+                message: "not used until it answers the durability check".into(),
+                source: None,
+            });
+        }
+        tokio::time::timeout_at(deadline, node.store.set_max(&self.key, proposal, None))
+            .await
+            .unwrap_or_else(|_| Err(deadline_error("set_max", self.config.deadline)))
+    }
+
+    /// Collects answers until `M` of them count (`counts`) or too few remain for that.
+    async fn first_majority<T, F>(
+        &self,
+        mut pending: FuturesUnordered<F>,
+        counts: impl Fn(&T) -> bool,
+    ) -> Answers<T>
+    where
+        F: std::future::Future<Output = (usize, Result<T>)>,
+    {
+        let mut out = Answers {
+            ok: Vec::new(),
+            counted: 0,
+            errors: Vec::new(),
+        };
+        while let Some((i, answer)) = pending.next().await {
+            match answer {
+                Ok(v) => {
+                    out.counted += usize::from(counts(&v));
+                    out.ok.push(v);
+                }
+                Err(e) => {
+                    self.log_node_error(i, &e);
+                    out.errors.push((i, e));
+                }
+            }
+            if out.counted >= self.majority || out.counted + pending.len() < self.majority {
+                break;
+            }
+        }
+        out
+    }
+
+    fn log_node_error(&self, i: usize, e: &Error) {
+        if e.is_retryable() {
+            tracing::debug!(store = i, error = %e, "majority IDs: a store did not answer");
+        } else {
+            tracing::warn!(store = i, error = %e, "majority IDs: a store fails for good");
+        }
+    }
+}
+
+fn deadline_error(op: &'static str, after: Duration) -> Error {
+    Error::Timeout {
+        backend: RECIPE,
+        op,
+        after,
+    }
+}
+
+/// The answers of one phase: the values, how many of them count toward the majority, the
+/// failures.
+struct Answers<T> {
+    ok: Vec<T>,
+    counted: usize,
+    errors: Vec<(usize, Error)>,
+}
+
+/// What one lost attempt saw, for the error at the deadline.
+#[derive(Default)]
+struct Summary {
+    /// How many stores answered the read; `None` when the attempt proposed from its hint.
+    answered: Option<usize>,
+    accepted: usize,
+    refused: usize,
+    errors: Vec<(usize, Error)>,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.answered {
+            Some(n) => write!(f, "{n} stores answered the read, ")?,
+            None => write!(f, "proposed one above the last ID seen without a read, ")?,
+        }
+        write!(
+            f,
+            "{} accepted the proposal, {} held as much or more",
+            self.accepted, self.refused
+        )?;
+        if let Some((i, e)) = self.errors.first() {
+            write!(f, "; store #{i}: {e}")?;
+            if self.errors.len() > 1 {
+                write!(f, " (and {} more failed)", self.errors.len() - 1)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Lost {
+    Retry(Summary),
+    Permanent(Error),
+}
+
+/// The in-process mediator the seed suggests: one [`MajorityIds`] whose calls take turns, so the
+/// callers of one process never make each other's proposals lose. Calls from other processes
+/// still contend as usual.
+#[derive(Debug)]
+pub struct MediatedIds {
+    ids: MajorityIds,
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl MediatedIds {
+    /// Serializes the calls of `ids`.
+    pub fn new(ids: MajorityIds) -> Self {
+        MediatedIds {
+            ids,
+            turn: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// [`MajorityIds::next`], one call at a time (in FIFO order). The deadline runs from the
+    /// start of the call's own turn.
+    pub async fn next(&self) -> Result<i64> {
+        let _turn = self.turn.lock().await;
+        self.ids.next().await
+    }
+
+    /// The generator behind the mediator.
+    pub fn inner(&self) -> &MajorityIds {
+        &self.ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_are_checked() {
+        assert!(IdsConfig::new("orders").check().is_ok());
+        for bad in [
+            IdsConfig::new("a:b"),
+            IdsConfig::new(""),
+            IdsConfig::new("x").with_deadline(Duration::ZERO),
+            IdsConfig::new("x").with_backoff(Duration::ZERO, Duration::from_millis(1)),
+            IdsConfig::new("x").with_backoff(Duration::from_millis(2), Duration::from_millis(1)),
+        ] {
+            assert!(
+                matches!(bad.check(), Err(Error::InvalidArgument { .. })),
+                "{bad:?}"
+            );
+        }
+        let named = IdsConfig::new("a b").check().unwrap_err().to_string();
+        assert!(named.contains("ID generator name"), "{named}");
+    }
+
+    #[test]
+    fn retry_rate_counts_attempts_without_an_id() {
+        assert_eq!(IdsStats::default().retry_rate(), 0.0);
+        let s = IdsStats {
+            ids: 1,
+            attempts: 4,
+            failures: 0,
+        };
+        assert_eq!(s.retry_rate(), 0.75);
+    }
+}
