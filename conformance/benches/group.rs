@@ -5,6 +5,7 @@
 //! HEADCOUNT_REQUIRE_BACKENDS=all cargo bench -p headcount-conformance --bench group
 //! # parts and sizes:
 //! cargo bench -p headcount-conformance --bench group -- --only convergence --reps 5
+//! cargo bench -p headcount-conformance --bench group -- --only convergence --backends etcd --ttl 3
 //! cargo bench -p headcount-conformance --bench group -- --only scale --scale 100,1000 --scale-ttl 6
 //! ```
 //!
@@ -12,15 +13,17 @@
 //! `HEADCOUNT_TEST_<BACKEND>_URL` stores). Every member runs in this process over one store
 //! wrapped in a counter of calls by method.
 //!
-//! * **convergence** (each backend; 5 members, TTL 1.5 s, etcd 3 s): per repetition a join (slot
-//!   5), a graceful leave of it, a join again, a crash of it (the member dropped without leave),
-//!   a crash of the lowest slot (the one that publishes at once), and a join that fills that
-//!   hole. For each event two times from the event: *view* (every remaining member adopted a view
-//!   newer than the one before the event) and *active* (every remaining member `Active` on one
-//!   epoch newer than before, with the expected live count). Polled every 2 ms.
+//! * **convergence** (each backend; 5 members, TTL 1.5 s or `--ttl`, raised to the backend's
+//!   shortest lease: etcd 2 s): per repetition a join (slot 5), a graceful leave of it, a join
+//!   again, a crash of it (the member dropped without leave), a crash of the lowest slot (the
+//!   one that publishes at once), and a join that fills that hole. For each event two times
+//!   from the event: *view* (every remaining member adopted a view newer than the one before
+//!   the event) and *active* (every remaining member `Active` on one epoch newer than before,
+//!   with the expected live count). Polled every 2 ms.
 //! * **load** (each backend, same group, before the events): the calls of every method over 10
 //!   heartbeats with nothing changing, per member per heartbeat.
-//! * **scale** (Redis): `n` members (default 100 and 1000, TTL 6 s) joined one after the other;
+//! * **scale** (Redis): `n` members (default 100 and 1000, TTL 6 s) joined one after the other
+//!   (giving up after 150 s of joining);
 //!   the join time, the time to converge, the steady-state calls (the wrapper's and the server's
 //!   `INFO commandstats`), the server's and this process's CPU, the view record's size, and the
 //!   convergence after one graceful leave and one crash.
@@ -180,6 +183,8 @@ struct Opts {
     reps: usize,
     scale: Vec<usize>,
     scale_ttl: Duration,
+    /// The convergence part's lease TTL (default 1.5 s, raised to the backend's minimum).
+    ttl: Option<Duration>,
 }
 
 fn opts() -> Opts {
@@ -194,6 +199,7 @@ fn opts() -> Opts {
         reps: 5,
         scale: vec![100, 1000],
         scale_ttl: Duration::from_secs(6),
+        ttl: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -220,6 +226,7 @@ fn opts() -> Opts {
                     .map(|n| n.parse().expect("--scale N,N"))
                     .collect()
             }
+            "--ttl" => o.ttl = Some(Duration::from_secs_f64(value().parse().unwrap())),
             "--scale-ttl" => o.scale_ttl = Duration::from_secs_f64(value().parse().unwrap()),
             _ => {}
         }
@@ -385,6 +392,7 @@ async fn convergence(
     backend: Backend,
     url: &str,
     reps: usize,
+    ttl: Option<Duration>,
     conv: &mut Vec<String>,
     load: &mut Vec<String>,
 ) -> std::result::Result<(), String> {
@@ -392,7 +400,7 @@ async fn convergence(
     let caps = inner.capabilities();
     let counting = Counting::new(inner);
     let store: DynStore = counting.clone();
-    let ttl = Duration::from_millis(1500).max(caps.min_ttl);
+    let ttl = ttl.unwrap_or(Duration::from_millis(1500)).max(caps.min_ttl);
     let hb = ttl / 3;
     let limit = ttl * 6 + Duration::from_secs(5);
     let poll = Duration::from_millis(2);
@@ -604,6 +612,7 @@ async fn scale(
         .map_err(|e| e.to_string())?;
     let hb = ttl / 3;
     let limit = ttl * 20 + Duration::from_secs(60);
+    let join_cap = Duration::from_secs(150);
     let mut fleet = Fleet {
         store: store.clone(),
         group: group_name(),
@@ -613,6 +622,22 @@ async fn scale(
     let t0 = Instant::now();
     for i in 0..n {
         fleet.join(&format!("m{i}")).await?;
+        if (i + 1) % 100 == 0 {
+            eprintln!(
+                "scale {n}: {} joined after {:.1} s",
+                i + 1,
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        if t0.elapsed() > join_cap {
+            let rate = (i + 1) as f64 / t0.elapsed().as_secs_f64();
+            drop(fleet);
+            return Err(format!(
+                "gave up joining after {:.0} s with {} of {n} members joined ({rate:.1} joins/s on average)",
+                t0.elapsed().as_secs_f64(),
+                i + 1
+            ));
+        }
     }
     let joined = t0.elapsed();
     let e_join = fleet.settle(n as u32, limit).await?;
@@ -676,7 +701,7 @@ async fn scale(
         .measure(t0, e0, n as u32 - 2, Duration::from_millis(10), limit)
         .await?;
 
-    rows.push(format!(
+    let row = format!(
         "| {n} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B |",
         ms(ttl),
         joined.as_secs_f64(),
@@ -693,7 +718,9 @@ async fn scale(
         ms(ca),
         view_len,
         slot_len,
-    ));
+    );
+    eprintln!("{row}");
+    rows.push(row);
     detail.push(format!(
         "{n} members{steady}: wrapper calls {calls:?}; server commands {server_cmds:?} over {secs:.1} s"
     ));
@@ -724,7 +751,7 @@ fn main() {
                 let Some(url) = url_of(backend).await else {
                     continue;
                 };
-                if let Err(e) = convergence(backend, &url, o.reps, &mut conv, &mut load).await {
+                if let Err(e) = convergence(backend, &url, o.reps, o.ttl, &mut conv, &mut load).await {
                     panic!("{}: {e}", backend.name());
                 }
             }
