@@ -23,10 +23,9 @@
 //! * **load** (each backend, same group, before the events): the calls of every method over 10
 //!   heartbeats with nothing changing, per member per heartbeat.
 //! * **scale** (Redis): `n` members (default 100 and 1000, TTL 6 s) joined one after the other
-//!   (giving up after 150 s of joining);
-//!   the join time, the time to converge, the steady-state calls (the wrapper's and the server's
-//!   `INFO commandstats`), the server's and this process's CPU, the view record's size, and the
-//!   convergence after one graceful leave and one crash.
+//!   (giving up after 150 s of joining); the join time, the time to converge, the steady-state
+//!   calls (the wrapper's and the server's `INFO commandstats`), the server's and this process's
+//!   CPU, the view record's size, and the convergence after one graceful leave and one crash.
 //!
 //! It prints Markdown tables; `docs/benchmarks.md` ("Group membership") holds a run of it.
 
