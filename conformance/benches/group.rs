@@ -27,7 +27,9 @@
 //!   calls (the wrapper's and the server's `INFO commandstats`), the server's and this process's
 //!   CPU, the view record's size, and the convergence after one graceful leave and one crash.
 //!
-//! It prints Markdown tables; `docs/benchmarks.md` ("Group membership") holds a run of it.
+//! Run without `--bench` (as `cargo test --all-targets` does) it makes one SQLite convergence
+//! repetition only, unless the arguments say otherwise. It prints Markdown tables;
+//! `docs/benchmarks.md` ("Group membership") holds a run of it.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -200,6 +202,13 @@ fn opts() -> Opts {
         scale_ttl: Duration::from_secs(6),
         ttl: None,
     };
+    // `cargo test --all-targets` runs this binary without `--bench`, in a debug build: a smoke
+    // run (SQLite, one repetition, no large group) shows it works without taking minutes.
+    if !std::env::args().any(|a| a == "--bench") {
+        o.only = vec!["convergence".into()];
+        o.backends = vec![Backend::Sqlite];
+        o.reps = 1;
+    }
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         // `cargo bench` passes `--bench`; other unknown arguments are ignored too.
