@@ -1,0 +1,804 @@
+//! Group membership measured on real servers: convergence per event, store calls per member per
+//! heartbeat in the steady state, and a large group on one Redis.
+//!
+//! ```sh
+//! HEADCOUNT_REQUIRE_BACKENDS=all cargo bench -p headcount-conformance --bench group
+//! # parts and sizes:
+//! cargo bench -p headcount-conformance --bench group -- --only convergence --reps 5
+//! cargo bench -p headcount-conformance --bench group -- --only convergence --backends etcd --ttl 3
+//! cargo bench -p headcount-conformance --bench group -- --only scale --scale 100,1000 --scale-ttl 6
+//! ```
+//!
+//! Servers come from the conformance harness (started from their binaries on loopback, or the
+//! `HEADCOUNT_TEST_<BACKEND>_URL` stores). Every member runs in this process over one store
+//! wrapped in a counter of calls by method.
+//!
+//! * **convergence** (each backend; 5 members, TTL 1.5 s or `--ttl`, raised to the backend's
+//!   shortest lease: etcd 2 s): per repetition a join (slot 5), a graceful leave of it, a join
+//!   again, a crash of it (the member dropped without leave), a crash of the lowest slot (the
+//!   one that publishes at once), and a join that fills that hole. For each event two times
+//!   from the event: *view* (every remaining member adopted a view newer than the one before
+//!   the event) and *active* (every remaining member `Active` on one epoch newer than before,
+//!   with the expected live count). Polled every 2 ms.
+//! * **load** (each backend, same group, before the events): the calls of every method over 10
+//!   heartbeats with nothing changing, per member per heartbeat.
+//! * **scale** (Redis): `n` members (default 100 and 1000, TTL 6 s) joined one after the other
+//!   (giving up after 150 s of joining); the join time, the time to converge, the steady-state
+//!   calls (the wrapper's and the server's `INFO commandstats`), the server's and this process's
+//!   CPU, the view record's size, and the convergence after one graceful leave and one crash.
+//!
+//! Run without `--bench` (as `cargo test --all-targets` does) it makes one SQLite convergence
+//! repetition only, unless the arguments say otherwise. It prints Markdown tables;
+//! `docs/benchmarks.md` ("Group membership") holds a run of it.
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use headcount::recipes::group::{Assignment, Group, GroupConfig, GroupPhase, Member};
+use headcount::{Capabilities, Durability, DynStore, Result, Store};
+use headcount_conformance::harness::Backend;
+use tokio::sync::watch;
+
+const PREFIX: &str = "hcb";
+const METHODS: [&str; 11] = [
+    "incr",
+    "get",
+    "expire",
+    "compare_and_set",
+    "delete",
+    "list",
+    "set_max",
+    "incr_and_get",
+    "renew_and_list",
+    "durability",
+    "capabilities",
+];
+
+/// A store that counts the calls made through it, by method, and delegates each to the inner
+/// store (so a backend's native `renew_and_list` is used when it has one).
+#[derive(Debug)]
+struct Counting {
+    inner: DynStore,
+    calls: [AtomicU64; METHODS.len()],
+}
+
+impl Counting {
+    fn new(inner: DynStore) -> Arc<Counting> {
+        Arc::new(Counting {
+            inner,
+            calls: Default::default(),
+        })
+    }
+
+    fn hit(&self, method: &str) {
+        let i = METHODS.iter().position(|m| *m == method).unwrap();
+        self.calls[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> BTreeMap<&'static str, u64> {
+        METHODS
+            .iter()
+            .zip(&self.calls)
+            .map(|(m, c)| (*m, c.load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Store for Counting {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
+        self.hit("incr");
+        self.inner.incr(key, ttl).await
+    }
+    async fn get(&self, key: &str) -> Result<Option<String>> {
+        self.hit("get");
+        self.inner.get(key).await
+    }
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
+        self.hit("expire");
+        self.inner.expire(key, ttl).await
+    }
+    async fn compare_and_set(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+        ttl: Option<Duration>,
+    ) -> Result<bool> {
+        self.hit("compare_and_set");
+        self.inner.compare_and_set(key, expected, new, ttl).await
+    }
+    async fn delete(&self, key: &str) -> Result<bool> {
+        self.hit("delete");
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        self.hit("list");
+        self.inner.list(prefix).await
+    }
+    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
+        self.hit("set_max");
+        self.inner.set_max(key, value, ttl).await
+    }
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        self.hit("incr_and_get");
+        self.inner.incr_and_get(incr_key, by, ttl, get_key).await
+    }
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        self.hit("renew_and_list");
+        self.inner.renew_and_list(key, holder, ttl, prefix).await
+    }
+    async fn durability(&self) -> Result<Durability> {
+        self.hit("durability");
+        self.inner.durability().await
+    }
+}
+
+/// Calls per method between two snapshots, and the store round trips they make: a provided
+/// (non-native) `renew_and_list` is two round trips.
+fn delta(
+    before: &BTreeMap<&'static str, u64>,
+    after: &BTreeMap<&'static str, u64>,
+) -> BTreeMap<&'static str, u64> {
+    after
+        .iter()
+        .map(|(m, a)| (*m, a - before.get(m).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d > 0)
+        .collect()
+}
+
+fn round_trips(calls: &BTreeMap<&'static str, u64>, caps: &Capabilities) -> u64 {
+    calls
+        .iter()
+        .map(|(m, n)| match *m {
+            "renew_and_list" if !caps.native_renew_and_list => 2 * n,
+            "incr_and_get" if !caps.native_incr_and_get => 2 * n,
+            _ => *n,
+        })
+        .sum()
+}
+
+struct Opts {
+    only: Vec<String>,
+    backends: Vec<Backend>,
+    reps: usize,
+    scale: Vec<usize>,
+    scale_ttl: Duration,
+    /// The convergence part's lease TTL (default 1.5 s, raised to the backend's minimum).
+    ttl: Option<Duration>,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        only: vec!["convergence".into(), "scale".into()],
+        backends: vec![
+            Backend::Sqlite,
+            Backend::Postgres,
+            Backend::Redis,
+            Backend::Etcd,
+        ],
+        reps: 5,
+        scale: vec![100, 1000],
+        scale_ttl: Duration::from_secs(6),
+        ttl: None,
+    };
+    // `cargo test --all-targets` runs this binary without `--bench`, in a debug build: a smoke
+    // run (SQLite, one repetition, no large group) shows it works without taking minutes.
+    if !std::env::args().any(|a| a == "--bench") {
+        o.only = vec!["convergence".into()];
+        o.backends = vec![Backend::Sqlite];
+        o.reps = 1;
+    }
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        // `cargo bench` passes `--bench`; other unknown arguments are ignored too.
+        let mut value = || args.next().unwrap_or_default();
+        match a.as_str() {
+            "--only" => o.only = value().split(',').map(str::to_owned).collect(),
+            "--backends" => {
+                o.backends = value()
+                    .split(',')
+                    .map(|b| match b {
+                        "sqlite" => Backend::Sqlite,
+                        "postgres" => Backend::Postgres,
+                        "redis" => Backend::Redis,
+                        "etcd" => Backend::Etcd,
+                        other => panic!("unknown backend {other}"),
+                    })
+                    .collect()
+            }
+            "--reps" => o.reps = value().parse().expect("--reps N"),
+            "--scale" => {
+                o.scale = value()
+                    .split(',')
+                    .map(|n| n.parse().expect("--scale N,N"))
+                    .collect()
+            }
+            "--ttl" => o.ttl = Some(Duration::from_secs_f64(value().parse().unwrap())),
+            "--scale-ttl" => o.scale_ttl = Duration::from_secs_f64(value().parse().unwrap()),
+            _ => {}
+        }
+    }
+    o
+}
+
+async fn url_of(backend: Backend) -> Option<String> {
+    match backend.shared().await {
+        Ok(url) => Some(url),
+        Err(e) => {
+            assert!(!backend.required(), "{}: {e}", backend.name());
+            eprintln!("SKIP group bench on {}: {e}", backend.name());
+            None
+        }
+    }
+}
+
+fn group_name() -> String {
+    format!("gb{:08x}", rand::random::<u32>())
+}
+
+/// The members of one group under test, with a watch of each one's assignment.
+struct Fleet {
+    store: DynStore,
+    group: String,
+    ttl: Duration,
+    members: Vec<(Member, watch::Receiver<Assignment>)>,
+}
+
+impl Fleet {
+    async fn join(&mut self, id: &str) -> std::result::Result<(), String> {
+        let cfg = GroupConfig::new(&self.group, self.ttl)
+            .with_prefix(PREFIX)
+            .with_member(id);
+        let m = Group::join(self.store.clone(), cfg)
+            .await
+            .map_err(|e| format!("join of {id}: {e}"))?;
+        let rx = m.watch();
+        self.members.push((m, rx));
+        Ok(())
+    }
+
+    fn index_of_slot(&self, slot: u32) -> usize {
+        self.members
+            .iter()
+            .position(|(_, rx)| rx.borrow().slot == Some(slot))
+            .unwrap_or_else(|| panic!("no member holds slot {slot}"))
+    }
+
+    /// The common active epoch when every member is active on one epoch with `n` live slots.
+    fn converged(&self, n: u32) -> Option<u64> {
+        let first = self.members.first()?.1.borrow().epoch;
+        self.members
+            .iter()
+            .all(|(_, rx)| {
+                let a = rx.borrow();
+                a.phase == GroupPhase::Active && a.epoch == first && a.replicas == n
+            })
+            .then_some(first)
+    }
+
+    /// Every member has adopted a view newer than `e0` (active, or pending in a hand-off).
+    fn adopted(&self, e0: u64) -> bool {
+        self.members.iter().all(|(_, rx)| {
+            let a = rx.borrow();
+            a.epoch > e0 || a.phase == GroupPhase::Handoff
+        })
+    }
+
+    fn active_after(&self, e0: u64, n: u32) -> bool {
+        self.converged(n).is_some_and(|e| e > e0)
+    }
+
+    fn dump(&self) -> String {
+        self.members
+            .iter()
+            .map(|(_, rx)| {
+                let a = rx.borrow();
+                format!(
+                    "{}:slot={:?},epoch={},replicas={},{}",
+                    a.member,
+                    a.slot,
+                    a.epoch,
+                    a.replicas,
+                    a.phase.as_str()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    async fn settle(&self, n: u32, limit: Duration) -> std::result::Result<u64, String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(e) = self.converged(n) {
+                return Ok(e);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "no convergence on {n} live slots within {limit:?}: {}",
+                    self.dump()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// From `t0`, the times to every member adopting a view newer than `e0`, and to every member
+    /// active on it with `n` live slots.
+    async fn measure(
+        &self,
+        t0: Instant,
+        e0: u64,
+        n: u32,
+        poll: Duration,
+        limit: Duration,
+    ) -> std::result::Result<(Duration, Duration), String> {
+        let mut view = None;
+        loop {
+            let now = Instant::now();
+            if view.is_none() && self.adopted(e0) {
+                view = Some(now - t0);
+            }
+            if self.active_after(e0, n) {
+                let active = now - t0;
+                return Ok((view.unwrap_or(active), active));
+            }
+            if now - t0 >= limit {
+                return Err(format!(
+                    "no convergence within {limit:?} (epoch before {e0}, want {n} live): {}",
+                    self.dump()
+                ));
+            }
+            tokio::time::sleep(poll).await;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Samples(BTreeMap<&'static str, (Vec<Duration>, Vec<Duration>)>);
+
+impl Samples {
+    fn add(&mut self, event: &'static str, (view, active): (Duration, Duration)) {
+        let e = self.0.entry(event).or_default();
+        e.0.push(view);
+        e.1.push(active);
+    }
+}
+
+fn median_max(v: &[Duration]) -> (Duration, Duration) {
+    let mut s = v.to_vec();
+    s.sort();
+    (s[s.len() / 2], s[s.len() - 1])
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1000.0)
+}
+
+/// The convergence and steady-state load of one backend; appends Markdown rows to the tables.
+async fn convergence(
+    backend: Backend,
+    url: &str,
+    reps: usize,
+    ttl: Option<Duration>,
+    conv: &mut Vec<String>,
+    load: &mut Vec<String>,
+) -> std::result::Result<(), String> {
+    let inner = headcount::connect(url).await.map_err(|e| e.to_string())?;
+    let caps = inner.capabilities();
+    let counting = Counting::new(inner);
+    let store: DynStore = counting.clone();
+    let ttl = ttl.unwrap_or(Duration::from_millis(1500)).max(caps.min_ttl);
+    let hb = ttl / 3;
+    let limit = ttl * 6 + Duration::from_secs(5);
+    let poll = Duration::from_millis(2);
+    let mut fleet = Fleet {
+        store,
+        group: group_name(),
+        ttl,
+        members: Vec::new(),
+    };
+    for i in 0..5 {
+        fleet.join(&format!("m{i}")).await?;
+    }
+    fleet.settle(5, limit).await?;
+
+    // Steady state: 10 heartbeats with nothing changing.
+    let beats = 10u32;
+    let e0 = fleet.settle(5, limit).await?;
+    let before = counting.snapshot();
+    let t = Instant::now();
+    tokio::time::sleep(hb * beats).await;
+    let elapsed = t.elapsed();
+    let calls = delta(&before, &counting.snapshot());
+    let e1 = fleet.settle(5, limit).await?;
+    if e1 != e0 {
+        return Err(format!(
+            "the view changed during the steady-state window ({e0} -> {e1})"
+        ));
+    }
+    let per = |n: u64| n as f64 / 5.0 / (elapsed.as_secs_f64() / hb.as_secs_f64());
+    let methods = calls
+        .iter()
+        .map(|(m, n)| format!("{m} {:.2}", per(*n)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    load.push(format!(
+        "| {} | {} | {:.2} | {:.2} | {} | {} |",
+        backend.name(),
+        ms(ttl),
+        per(calls.values().sum()),
+        per(round_trips(&calls, &caps)),
+        methods,
+        if caps.native_renew_and_list {
+            "native (1 round trip)"
+        } else {
+            "provided: compare_and_set + list (2)"
+        }
+    ));
+
+    let mut samples = Samples::default();
+    for rep in 0..reps {
+        // Join of slot 5.
+        let e0 = fleet.settle(5, limit).await?;
+        let t0 = Instant::now();
+        fleet.join(&format!("x{rep}")).await?;
+        samples.add(
+            "join (new slot 5)",
+            fleet.measure(t0, e0, 6, poll, limit).await?,
+        );
+
+        // Graceful leave of slot 5.
+        let e0 = fleet.settle(6, limit).await?;
+        let i = fleet.index_of_slot(5);
+        let (m, _) = fleet.members.remove(i);
+        let t0 = Instant::now();
+        let leaving = tokio::spawn(m.leave());
+        samples.add(
+            "graceful leave",
+            fleet.measure(t0, e0, 5, poll, limit).await?,
+        );
+        leaving
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+
+        // Join again, then crash it.
+        let e0 = fleet.settle(5, limit).await?;
+        let t0 = Instant::now();
+        fleet.join(&format!("y{rep}")).await?;
+        samples.add(
+            "join (new slot 5)",
+            fleet.measure(t0, e0, 6, poll, limit).await?,
+        );
+        let e0 = fleet.settle(6, limit).await?;
+        let i = fleet.index_of_slot(5);
+        let t0 = Instant::now();
+        drop(fleet.members.remove(i));
+        samples.add(
+            "crash (slot 5)",
+            fleet.measure(t0, e0, 5, poll, limit).await?,
+        );
+
+        // Crash of the lowest slot, the one that publishes a changed view at once.
+        let e0 = fleet.settle(5, limit).await?;
+        let i = fleet.index_of_slot(0);
+        let (m, _) = fleet.members.remove(i);
+        let id = m.member().to_owned();
+        let t0 = Instant::now();
+        drop(m);
+        samples.add(
+            "crash (lowest slot 0)",
+            fleet.measure(t0, e0, 4, poll, limit).await?,
+        );
+        // The same member id comes back and fills the hole at slot 0.
+        let e0 = fleet.settle(4, limit).await?;
+        let t0 = Instant::now();
+        fleet.join(&id).await?;
+        samples.add(
+            "join (fills slot 0)",
+            fleet.measure(t0, e0, 5, poll, limit).await?,
+        );
+        eprintln!("{}: repetition {} done", backend.name(), rep + 1);
+    }
+    let goal = |event: &str| {
+        if event.starts_with("crash") {
+            ttl + hb
+        } else {
+            hb
+        }
+    };
+    for (event, (views, actives)) in &samples.0 {
+        let (vm, vx) = median_max(views);
+        let (am, ax) = median_max(actives);
+        let g = goal(event);
+        conv.push(format!(
+            "| {} | {} | {event} | {} | {} / {} | {} / {} | {} | {:.2} |",
+            backend.name(),
+            ms(ttl),
+            views.len(),
+            ms(vm),
+            ms(vx),
+            ms(am),
+            ms(ax),
+            ms(g),
+            am.as_secs_f64() / g.as_secs_f64(),
+        ));
+    }
+    for (m, _) in fleet.members.drain(..) {
+        let _ = m.leave().await;
+    }
+    Ok(())
+}
+
+/// `INFO commandstats` (calls per command) and `INFO cpu` (server CPU seconds) of a Redis.
+async fn redis_info(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> (BTreeMap<String, u64>, f64, u64) {
+    let text: String = redis::cmd("INFO")
+        .arg("all")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut calls = BTreeMap::new();
+    let mut cpu = 0.0;
+    let mut total = 0;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("cmdstat_") {
+            if let Some((cmd, stats)) = rest.split_once(':') {
+                let n = stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("calls="))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                calls.insert(cmd.to_owned(), n);
+            }
+        } else if let Some(v) = line
+            .strip_prefix("used_cpu_sys:")
+            .or_else(|| line.strip_prefix("used_cpu_user:"))
+        {
+            cpu += v.trim().parse::<f64>().unwrap_or(0.0);
+        } else if let Some(v) = line.strip_prefix("total_commands_processed:") {
+            total = v.trim().parse().unwrap_or(0);
+        }
+    }
+    (calls, cpu, total)
+}
+
+/// CPU seconds (user + system) used by this process so far.
+#[allow(unsafe_code)]
+fn own_cpu() -> f64 {
+    // SAFETY: rusage is a plain C struct of integers, so all-zero is a valid value, and
+    // getrusage only writes into the struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
+            return 0.0;
+        }
+        ru
+    };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// `n` members on one Redis; appends a Markdown row.
+async fn scale(
+    url: &str,
+    n: usize,
+    ttl: Duration,
+    rows: &mut Vec<String>,
+    detail: &mut Vec<String>,
+) -> std::result::Result<(), String> {
+    let inner = headcount::connect(url).await.map_err(|e| e.to_string())?;
+    let caps = inner.capabilities();
+    let counting = Counting::new(inner);
+    let store: DynStore = counting.clone();
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let hb = ttl / 3;
+    let limit = ttl * 20 + Duration::from_secs(60);
+    let join_cap = Duration::from_secs(150);
+    let mut fleet = Fleet {
+        store: store.clone(),
+        group: group_name(),
+        ttl,
+        members: Vec::new(),
+    };
+    let t0 = Instant::now();
+    for i in 0..n {
+        fleet.join(&format!("m{i}")).await?;
+        if (i + 1) % 100 == 0 {
+            eprintln!(
+                "scale {n}: {} joined after {:.1} s",
+                i + 1,
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        if t0.elapsed() > join_cap {
+            let rate = (i + 1) as f64 / t0.elapsed().as_secs_f64();
+            drop(fleet);
+            return Err(format!(
+                "gave up joining after {:.0} s with {} of {n} members joined ({rate:.1} joins/s on average)",
+                t0.elapsed().as_secs_f64(),
+                i + 1
+            ));
+        }
+    }
+    let joined = t0.elapsed();
+    let e_join = fleet.settle(n as u32, limit).await?;
+    let converged = t0.elapsed();
+
+    // Steady state over 5 heartbeats.
+    let beats = 5u32;
+    let e0 = fleet.settle(n as u32, limit).await?;
+    let (rc0, cpu0, tot0) = redis_info(&mut conn).await;
+    let own0 = own_cpu();
+    let before = counting.snapshot();
+    let t = Instant::now();
+    tokio::time::sleep(hb * beats).await;
+    let secs = t.elapsed().as_secs_f64();
+    let calls = delta(&before, &counting.snapshot());
+    let own = own_cpu() - own0;
+    let (rc1, cpu1, tot1) = redis_info(&mut conn).await;
+    let e1 = fleet.settle(n as u32, limit).await?;
+    let steady = if e0 == e1 {
+        ""
+    } else {
+        " (the view changed during the window!)"
+    };
+    let server_cmds: BTreeMap<String, u64> = rc1
+        .iter()
+        .map(|(c, v)| (c.clone(), v - rc0.get(c).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d > 0)
+        .collect();
+    let heartbeats = secs / hb.as_secs_f64();
+    let per_member_hb = |x: u64| x as f64 / n as f64 / heartbeats;
+    let view_key = format!("{PREFIX}:{{{}}}:slot:view", fleet.group);
+    let view_len = store
+        .get(&view_key)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_or(0, |v| v.len());
+    let slot_len = store
+        .get(&format!("{PREFIX}:{{{}}}:slot:0", fleet.group))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_or(0, |v| v.len());
+
+    // One graceful leave of a middle slot, then one crash of another middle slot.
+    let e0 = fleet.settle(n as u32, limit).await?;
+    let i = fleet.index_of_slot(n as u32 / 2);
+    let (m, _) = fleet.members.remove(i);
+    let t0 = Instant::now();
+    let leaving = tokio::spawn(m.leave());
+    let (lv, la) = fleet
+        .measure(t0, e0, n as u32 - 1, Duration::from_millis(10), limit)
+        .await?;
+    leaving
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let e0 = fleet.settle(n as u32 - 1, limit).await?;
+    let i = fleet.index_of_slot(n as u32 / 3);
+    let t0 = Instant::now();
+    drop(fleet.members.remove(i));
+    let (cv, ca) = fleet
+        .measure(t0, e0, n as u32 - 2, Duration::from_millis(10), limit)
+        .await?;
+
+    let row = format!(
+        "| {n} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B |",
+        ms(ttl),
+        joined.as_secs_f64(),
+        converged.as_secs_f64(),
+        round_trips(&calls, &caps) as f64 / secs,
+        per_member_hb(round_trips(&calls, &caps)),
+        (tot1 - tot0) as f64 / secs,
+        per_member_hb(tot1 - tot0),
+        (cpu1 - cpu0) / secs * 100.0,
+        own / secs * 100.0,
+        ms(lv),
+        ms(la),
+        ms(cv),
+        ms(ca),
+        view_len,
+        slot_len,
+    );
+    eprintln!("{row}");
+    rows.push(row);
+    detail.push(format!(
+        "{n} members{steady}: wrapper calls {calls:?}; server commands {server_cmds:?} over {secs:.1} s"
+    ));
+    // Leave without waiting on each one in turn: the group is being torn down.
+    let leaves: Vec<_> = fleet
+        .members
+        .drain(..)
+        .map(|(m, _)| tokio::spawn(m.leave()))
+        .collect();
+    for l in leaves {
+        let _ = l.await;
+    }
+    Ok(())
+}
+
+fn main() {
+    let o = opts();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        if o.only.iter().any(|p| p == "convergence") {
+            let mut conv = Vec::new();
+            let mut load = Vec::new();
+            for &backend in &o.backends {
+                let Some(url) = url_of(backend).await else {
+                    continue;
+                };
+                if let Err(e) = convergence(backend, &url, o.reps, o.ttl, &mut conv, &mut load).await {
+                    panic!("{}: {e}", backend.name());
+                }
+            }
+            println!("\n### Steady state: store calls per member per heartbeat (5 members, 10 heartbeats)\n");
+            println!("| backend | TTL ms | calls | round trips | by method | renew_and_list |");
+            println!("|---|---:|---:|---:|---|---|");
+            for r in &load {
+                println!("{r}");
+            }
+            println!("\n### Convergence per event (5 members; ms, median / max)\n");
+            println!("| backend | TTL ms | event | n | view adopted | all active | goal | active median / goal |");
+            println!("|---|---:|---|---:|---:|---:|---:|---:|");
+            for r in &conv {
+                println!("{r}");
+            }
+        }
+        if o.only.iter().any(|p| p == "scale") {
+            let Some(url) = url_of(Backend::Redis).await else {
+                return;
+            };
+            let mut rows = Vec::new();
+            let mut detail = Vec::new();
+            for &n in &o.scale {
+                eprintln!("scale: {n} members");
+                if let Err(e) = scale(&url, n, o.scale_ttl, &mut rows, &mut detail).await {
+                    eprintln!("scale {n}: FAILED: {e}");
+                    rows.push(format!("| {n} | failed: {e} |"));
+                }
+            }
+            println!("\n### One group on one local Redis\n");
+            println!("| members | TTL ms | all joined | all active | round trips/s (wrapper) | per member per heartbeat | server commands/s | per member per heartbeat | Redis CPU | client CPU | leave: view / active ms | crash: view / active ms | view record | slot record |");
+            println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+            for r in &rows {
+                println!("{r}");
+            }
+            println!();
+            for d in &detail {
+                println!("- {d}");
+            }
+        }
+    });
+}
