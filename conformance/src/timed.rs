@@ -115,4 +115,22 @@ impl Store for Timed {
         )
         .await
     }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        self.time(
+            "renew_and_list",
+            self.inner.renew_and_list(key, holder, ttl, prefix),
+        )
+        .await
+    }
+
+    async fn durability(&self) -> Result<headcount::Durability> {
+        self.inner.durability().await
+    }
 }

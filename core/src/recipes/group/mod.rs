@@ -4,7 +4,7 @@
 //! # Membership
 //!
 //! A member claims the lowest free slot `hc:{group}:slot:{i}` with a compare-and-set "only if
-//! absent" and the lease TTL, and renews it every TTL/3 (one [`Store::renew_and_list`] round
+//! absent" and the lease TTL, and renews it every TTL/3 (one [`Store::renew_and_list`](crate::Store::renew_and_list) round
 //! trip: renew the slot and read the slot table and the published view). A member that leaves
 //! gracefully stops its work, deletes its slot and publishes the view without it, so the others
 //! move on at their next heartbeat instead of waiting for the TTL. A member whose renewal fails
@@ -703,9 +703,18 @@ impl Member {
         self.shared.grant(Scope::Share)
     }
 
-    /// The current assignment.
+    /// The current assignment. A member whose lease deadline passed while its heartbeat task
+    /// could not run (a paused process) reports `Rejoining` at once, before that task catches
+    /// up and publishes it.
     pub fn assignment(&self) -> Assignment {
-        self.shared.assignment.borrow().clone()
+        let mut a = self.shared.assignment.borrow().clone();
+        let now = self.shared.clock.monotonic();
+        let lapsed = self.shared.lock().deadline.is_some_and(|d| now >= d);
+        if lapsed && matches!(a.phase, GroupPhase::Active | GroupPhase::Handoff) {
+            a.phase = GroupPhase::Rejoining;
+            a.index = None;
+        }
+        a
     }
 
     /// A watch of the assignment.
