@@ -25,8 +25,9 @@
 //! slots differ from the published view `hc:{group}:slot:view` publishes `{epoch + 1, slots}`
 //! with a compare-and-set against the view it read, so exactly one of the members that try wins
 //! and the epoch is minted by the store. The lowest live slot publishes at once; any other member
-//! publishes when it sees the same difference at two heartbeats in a row (the lowest may be the
-//! one that died); a member that joins or leaves publishes its own change. The new epoch is one
+//! polls at a quarter heartbeat while it sees a difference (so it adopts the new view soon after
+//! it is published) and publishes itself when the same difference outlasts a heartbeat (the
+//! lowest may be the one that died); a member that joins or leaves publishes its own change. The new epoch is one
 //! above the highest the publisher has seen in any view *or in any live member's
 //! acknowledgement*, so a view that does not decode, was deleted, or went back (a store that
 //! lost its data) is replaced by one above every epoch a live member acted on: epochs only
@@ -803,7 +804,10 @@ struct Runner {
     preferred: Option<u32>,
     /// The highest epoch seen in any view.
     highest: u64,
-    last_discrepancy: Option<Vec<Holder>>,
+    /// The live holders of a listing that disagreed with the published view, and since when
+    /// (monotonic): while it lasts the member polls at a quarter heartbeat so it adopts the view
+    /// the lowest slot publishes soon after, and publishes itself when it outlasts a heartbeat.
+    last_discrepancy: Option<(Vec<Holder>, Duration)>,
     pending_since: Option<Duration>,
     /// Gave up renewing (drain timeout): waits for its lease to pass, then claims again.
     abandoned: bool,
@@ -934,7 +938,9 @@ impl Runner {
     async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<()> {
         let mut next = self.clock.monotonic() + self.heartbeat;
         loop {
-            let fast = self.pending_since.is_some() || self.record.is_none();
+            let fast = self.pending_since.is_some()
+                || self.record.is_none()
+                || self.last_discrepancy.is_some();
             let wake = if fast {
                 next.min(self.clock.monotonic() + self.heartbeat / 4)
             } else {
@@ -1124,7 +1130,12 @@ impl Runner {
         self.highest = floor;
         if stale {
             let lowest = live.first().map(|h| h.slot) == my_slot && my_slot.is_some();
-            let again = self.last_discrepancy.as_ref() == Some(&live);
+            let now = self.clock.monotonic();
+            let since = match &self.last_discrepancy {
+                Some((seen, since)) if *seen == live => *since,
+                _ => now,
+            };
+            let again = now.saturating_sub(since) >= self.heartbeat;
             if own_change || lowest || again {
                 let next = ViewRecord {
                     epoch: self.highest.saturating_add(1),
@@ -1146,14 +1157,14 @@ impl Runner {
                         newest = Some(next);
                         self.last_discrepancy = None;
                     }
-                    Ok(false) => self.last_discrepancy = Some(live),
+                    Ok(false) => self.last_discrepancy = Some((live, since)),
                     Err(e) => {
                         self.set_error(Some(&e));
-                        self.last_discrepancy = Some(live);
+                        self.last_discrepancy = Some((live, since));
                     }
                 }
             } else {
-                self.last_discrepancy = Some(live);
+                self.last_discrepancy = Some((live, since));
             }
         } else {
             self.last_discrepancy = None;
