@@ -100,7 +100,26 @@ pub async fn exec(store: DynStore, args: ExecArgs) -> Result<ExitCode, Error> {
         event("start", &args.group, &assignment, &grant, pid, None, None);
         let ended = supervise(&mut child, &grant, &mut watch, &mut shutdown).await;
         let status = match ended {
-            Ended::Exited(status) => status,
+            Ended::Exited(status) => {
+                // The command is gone, but what it started in its group is not: nothing may
+                // keep working once the grant is dropped.
+                if let Some(pid) = pid {
+                    signal_group(pid, Signal::Kill);
+                }
+                status
+            }
+            // A lapsed lease (the member could not renew in time) is no cooperative hand-off:
+            // the others stop waiting for this grant once the slot expires, so the command
+            // gets no grace period.
+            Ended::Revoked
+                if matches!(
+                    member.assignment().phase,
+                    GroupPhase::Rejoining | GroupPhase::Joining
+                ) =>
+            {
+                tracing::warn!("the lease lapsed: stopping the command at once");
+                terminate(&mut child, Duration::ZERO).await
+            }
             Ended::Revoked | Ended::Signal => terminate(&mut child, args.grace).await,
         };
         let reason = match ended {

@@ -209,6 +209,28 @@ fn signal(child: &Child, sig: libc::c_int) {
     }
 }
 
+/// Waits (up to 2 s) until every thread of a SIGSTOPped child is stopped: kill(2) returns before
+/// they all are, and a thread still running could log and send a write after the caller looked.
+async fn wait_stopped(child: &Child) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let dir = PathBuf::from(format!("/proc/{}/task", child.id()));
+    while Instant::now() < deadline {
+        let all_stopped = std::fs::read_dir(&dir).is_ok_and(|tasks| {
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+                    stat.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.trim_start().chars().next())
+                        .is_some_and(|state| matches!(state, 'T' | 't'))
+                })
+            })
+        });
+        if all_stopped {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// Reads a member's JSON-lines log incrementally.
 struct LogTail {
     path: PathBuf,
@@ -713,6 +735,7 @@ impl Chaos {
         for _ in 0..200 {
             t = Instant::now();
             signal(&self.members.procs[i].child, libc::SIGSTOP);
+            wait_stopped(&self.members.procs[i].child).await;
             self.refresh_logs();
             held = self.in_flight(i);
             if !held.is_empty() {

@@ -216,6 +216,7 @@ async fn run(args: Args) -> Result<(), String> {
 
 struct Sql {
     advance: String,
+    pending: String,
     write: String,
 }
 
@@ -225,14 +226,21 @@ impl Sql {
             advance: format!(
                 "UPDATE {t}_fence SET token = $2 WHERE part = $1 AND token <= $2 RETURNING 1"
             ),
+            // What is left to do, read after the fence was advanced: every write of an older
+            // owner either committed before the advance (and is seen here) or is refused.
+            pending: format!(
+                "SELECT o.id FROM {t}_offered o WHERE o.part = $1 \
+                 AND NOT EXISTS (SELECT 1 FROM {t}_accepted a WHERE a.id = o.id)"
+            ),
             // The fence check and the write in one statement: the UPDATE locks the fence row,
             // so an older token cannot write in between, and refuses a token below the newest.
+            // The ids are exactly those read as pending, with no re-check against `accepted`:
+            // a broken hand-off shows up as ids accepted twice.
             write: format!(
                 "WITH f AS (UPDATE {t}_fence SET token = $2 WHERE part = $1 AND token <= $2 \
                  RETURNING 1), \
                  ins AS (INSERT INTO {t}_accepted (id, token, member) \
-                 SELECT o.id, $2, $3 FROM {t}_offered o, f WHERE o.part = $1 \
-                 AND NOT EXISTS (SELECT 1 FROM {t}_accepted a WHERE a.id = o.id) RETURNING 1) \
+                 SELECT x, $2, $3 FROM unnest($4::bigint[]) AS x, f RETURNING 1) \
                  SELECT (SELECT count(*) FROM f), (SELECT count(*) FROM ins)"
             ),
         }
@@ -273,6 +281,13 @@ async fn work_round(
         log.line(json!({
             "ev": "advanced", "member": args.member, "key": format!("p{part}"), "epoch": token,
         }));
+        let pending: Vec<i64> = sink
+            .query(&sql.pending, &[&part])
+            .await
+            .map_err(|e| format!("pending: {e}"))?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
         let work = 20 + rand::random::<u64>() % 31;
         tokio::time::sleep(Duration::from_millis(work)).await;
         // Logged before the statement goes out: a member stopped before this line writes late.
@@ -280,7 +295,7 @@ async fn work_round(
             "ev": "sending", "member": args.member, "key": format!("p{part}"), "epoch": token,
         }));
         let row = sink
-            .query_one(&sql.write, &[&part, &token, &args.member])
+            .query_one(&sql.write, &[&part, &token, &args.member, &pending])
             .await
             .map_err(|e| format!("write: {e}"))?;
         let fenced: i64 = row.get(0);

@@ -360,8 +360,11 @@ impl MajorityIds {
     /// the deadline ([`Error::Unavailable`], retryable), or at once when so many stores fail
     /// permanently that no majority can answer (their error, such as [`Error::ForeignValue`]).
     pub async fn next(&self) -> Result<i64> {
-        let started = Instant::now();
-        let deadline = started + self.config.deadline;
+        self.next_until(Instant::now() + self.config.deadline).await
+    }
+
+    /// [`MajorityIds::next`] with the deadline given as an instant.
+    async fn next_until(&self, deadline: Instant) -> Result<i64> {
         let mut attempt: u32 = 0;
         loop {
             self.stats.attempts.fetch_add(1, Ordering::Relaxed);
@@ -621,10 +624,22 @@ impl MediatedIds {
     }
 
     /// [`MajorityIds::next`], one call at a time (in FIFO order). The deadline runs from the
-    /// start of the call's own turn.
+    /// call, waiting for its turn included: a caller queued behind others fails closed within
+    /// its own deadline, not after theirs.
     pub async fn next(&self) -> Result<i64> {
-        let _turn = self.turn.lock().await;
-        self.ids.next().await
+        let deadline = Instant::now() + self.ids.config.deadline;
+        let Ok(_turn) = tokio::time::timeout_at(deadline, self.turn.lock()).await else {
+            self.ids.stats.failures.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Unavailable {
+                backend: RECIPE,
+                message: format!(
+                    "no turn within {:?}: the callers ahead of this one took the whole deadline",
+                    self.ids.config.deadline
+                ),
+                source: None,
+            });
+        };
+        self.ids.next_until(deadline).await
     }
 
     /// The generator behind the mediator.

@@ -41,7 +41,7 @@
 //! increase. A per-service record is always one service's complete list at the version it states,
 //! and its version never decreases. During an update (between the table CAS and the last record,
 //! normally milliseconds; until the next poll if the writer died), records of different services
-//! may belong to consecutive versions: a unit that moved may be listed by its old owner and its
+//! be at different versions (older ones until a sync completes, not only the previous one): a unit that moved may be listed by its old owner and its
 //! new one, or by neither. A service that must never overlap with another compares its record's
 //! version with the `table` record's, or fences its work with the version (recipe 4).
 //!
@@ -117,7 +117,7 @@ pub enum Liveness {
 
 impl Liveness {
     /// A gRPC address, checked and normalised: `host:port` becomes `http://host:port`; the scheme
-    /// must be `http` or `https` and a port is required.
+    /// must be `http` (TLS health checks are not supported yet) and a port is required.
     pub fn grpc(address: &str) -> Result<Self> {
         Ok(Liveness::Grpc(parse_grpc_address(address)?))
     }
@@ -155,8 +155,13 @@ fn parse_grpc_address(address: &str) -> Result<String> {
         ))
     };
     let (scheme, rest) = full.split_once("://").ok_or_else(|| bad("has no scheme"))?;
-    if !matches!(scheme, "http" | "https") {
-        return Err(bad("has a scheme other than http or https"));
+    if scheme == "https" {
+        return Err(bad(
+            "asks for TLS, which the health prober does not speak yet (register the plaintext health port)",
+        ));
+    }
+    if scheme != "http" {
+        return Err(bad("has a scheme other than http"));
     }
     let authority = rest.trim_end_matches('/');
     if authority.is_empty() || authority.contains(['/', '?', '#', '@', ' ']) {
@@ -401,9 +406,14 @@ pub async fn list_units(store: &DynStore, units: &Keyspace) -> Result<Vec<String
     for (key, _) in store.list(&prefix).await? {
         let encoded = &key[prefix.len()..];
         match percent_decode_str(encoded).decode_utf8() {
-            Ok(name) if check_unit_name(&name).is_ok() => names.push(name.into_owned()),
+            // Only the canonical key of a name counts: `unit:a%2Cb` written by hand beside
+            // `unit:a,b` would otherwise give the matching the same name twice, and it refuses
+            // duplicates, which would stop every redistribution.
+            Ok(name) if check_unit_name(&name).is_ok() && unit_key(units, &name) == key => {
+                names.push(name.into_owned())
+            }
             _ => {
-                tracing::warn!(key = %key.escape_debug(), "skipping a work unit key that does not decode")
+                tracing::warn!(key = %key.escape_debug(), "skipping a work unit key that does not decode to a name whose key it is")
             }
         }
     }
@@ -769,6 +779,12 @@ impl DistributorConfig {
             "distribution namespace",
             &self.distribution_namespace,
         )?;
+        if services.contains(&distribution) {
+            return Err(Error::config(format!(
+                "the distribution namespace `{}` is also a services namespace: both keep records under `service:`, so the table would overwrite the registrations",
+                self.distribution_namespace
+            )));
+        }
         if !(MIN_POLL_INTERVAL..=MAX_POLL_INTERVAL).contains(&self.poll_interval) {
             return Err(Error::config(format!(
                 "poll interval {:?} is outside {MIN_POLL_INTERVAL:?}..={MAX_POLL_INTERVAL:?}",
@@ -1247,10 +1263,10 @@ mod tests {
             Liveness::grpc("127.0.0.1:5000").unwrap(),
             Liveness::Grpc("http://127.0.0.1:5000".into())
         );
-        assert_eq!(
-            Liveness::grpc("https://svc.local:443/").unwrap(),
-            Liveness::Grpc("https://svc.local:443".into())
-        );
+        assert!(Liveness::grpc("https://svc.local:443/")
+            .unwrap_err()
+            .to_string()
+            .contains("TLS"));
         assert!(Liveness::grpc("[::1]:80").is_ok());
         for bad in [
             "",
@@ -1345,5 +1361,16 @@ mod tests {
             .with_poll_interval(Duration::from_secs(365 * 86400))
             .validate()
             .is_err());
+        // The table's per-service records would overwrite the registrations.
+        assert!(DistributorConfig::new(["a", "d"], "u", "d")
+            .validate()
+            .is_err());
+    }
+
+    #[test]
+    fn only_canonical_unit_keys_count() {
+        let ks = Keyspace::new("units").unwrap();
+        assert_eq!(unit_key(&ks, "a,b"), format!("{}a,b", ks.key("unit:")));
+        assert_ne!(unit_key(&ks, "a,b"), format!("{}a%2Cb", ks.key("unit:")));
     }
 }
