@@ -65,8 +65,10 @@
 //!
 //! * An empty store list is [`Error::InvalidArgument`]; so is one store handle passed twice
 //!   (the same `Arc`). Two different handles to the same server cannot be told apart here: the
-//!   `headcount ids next` command rejects duplicate URLs, a library caller must not pass them
-//!   (they would make a minority look like a majority).
+//!   `headcount ids next` command rejects duplicate URLs, a library caller should not pass
+//!   them. They cannot break uniqueness (a server answers `true` at most once for a value,
+//!   whichever handle asks), but the fault tolerance is not what N suggests: the server behind
+//!   two of three handles is a single point of failure.
 //! * A store that fails (unreachable, timed out) counts as not answering for that attempt.
 //! * A store that holds something other than a decimal integer at the key answers
 //!   [`Error::ForeignValue`]: it is logged and counted as not answering, so the other stores keep
