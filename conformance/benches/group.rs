@@ -40,8 +40,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use headcount::recipes::group::{Assignment, Group, GroupConfig, GroupPhase, Member};
-use headcount::{Capabilities, Durability, DynStore, Result, Store};
+use headcount::{Capabilities, DynStore};
 use headcount_conformance::harness::Backend;
+use headcount_conformance::{Decorated, Hooks};
 use tokio::sync::watch;
 
 const PREFIX: &str = "hcb";
@@ -59,20 +60,23 @@ const METHODS: [&str; 11] = [
     "capabilities",
 ];
 
-/// A store that counts the calls made through it, by method, and delegates each to the inner
-/// store (so a backend's native `renew_and_list` is used when it has one).
-#[derive(Debug)]
+/// Counts the calls made through a [`Decorated`] store, by method; the store delegates each to
+/// the inner store (so a backend's native `renew_and_list` is used when it has one).
+#[derive(Debug, Default)]
 struct Counting {
-    inner: DynStore,
     calls: [AtomicU64; METHODS.len()],
 }
 
+#[async_trait]
+impl Hooks for Counting {
+    async fn before(&self, op: &'static str) {
+        self.hit(op);
+    }
+}
+
 impl Counting {
-    fn new(inner: DynStore) -> Arc<Counting> {
-        Arc::new(Counting {
-            inner,
-            calls: Default::default(),
-        })
+    fn new(inner: DynStore) -> Arc<Decorated<Counting>> {
+        Arc::new(Decorated::with(inner, Counting::default()))
     }
 
     fn hit(&self, method: &str) {
@@ -86,71 +90,6 @@ impl Counting {
             .zip(&self.calls)
             .map(|(m, c)| (*m, c.load(Ordering::Relaxed)))
             .collect()
-    }
-}
-
-#[async_trait]
-impl Store for Counting {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        self.hit("incr");
-        self.inner.incr(key, ttl).await
-    }
-    async fn get(&self, key: &str) -> Result<Option<String>> {
-        self.hit("get");
-        self.inner.get(key).await
-    }
-    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        self.hit("expire");
-        self.inner.expire(key, ttl).await
-    }
-    async fn compare_and_set(
-        &self,
-        key: &str,
-        expected: Option<&str>,
-        new: &str,
-        ttl: Option<Duration>,
-    ) -> Result<bool> {
-        self.hit("compare_and_set");
-        self.inner.compare_and_set(key, expected, new, ttl).await
-    }
-    async fn delete(&self, key: &str) -> Result<bool> {
-        self.hit("delete");
-        self.inner.delete(key).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        self.hit("list");
-        self.inner.list(prefix).await
-    }
-    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        self.hit("set_max");
-        self.inner.set_max(key, value, ttl).await
-    }
-    async fn incr_and_get(
-        &self,
-        incr_key: &str,
-        by: i64,
-        ttl: Option<Duration>,
-        get_key: &str,
-    ) -> Result<(i64, Option<String>)> {
-        self.hit("incr_and_get");
-        self.inner.incr_and_get(incr_key, by, ttl, get_key).await
-    }
-    async fn renew_and_list(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-        prefix: &str,
-    ) -> Result<(bool, Vec<(String, String)>)> {
-        self.hit("renew_and_list");
-        self.inner.renew_and_list(key, holder, ttl, prefix).await
-    }
-    async fn durability(&self) -> Result<Durability> {
-        self.hit("durability");
-        self.inner.durability().await
     }
 }
 
@@ -426,11 +365,11 @@ async fn convergence(
     // Steady state: 10 heartbeats with nothing changing.
     let beats = 10u32;
     let e0 = fleet.settle(5, limit).await?;
-    let before = counting.snapshot();
+    let before = counting.hooks().snapshot();
     let t = Instant::now();
     tokio::time::sleep(hb * beats).await;
     let elapsed = t.elapsed();
-    let calls = delta(&before, &counting.snapshot());
+    let calls = delta(&before, &counting.hooks().snapshot());
     let e1 = fleet.settle(5, limit).await?;
     if e1 != e0 {
         return Err(format!(
@@ -656,11 +595,11 @@ async fn scale(
     let e0 = fleet.settle(n as u32, limit).await?;
     let (rc0, cpu0, tot0) = redis_info(&mut conn).await;
     let own0 = own_cpu();
-    let before = counting.snapshot();
+    let before = counting.hooks().snapshot();
     let t = Instant::now();
     tokio::time::sleep(hb * beats).await;
     let secs = t.elapsed().as_secs_f64();
-    let calls = delta(&before, &counting.snapshot());
+    let calls = delta(&before, &counting.hooks().snapshot());
     let own = own_cpu() - own0;
     let (rc1, cpu1, tot1) = redis_info(&mut conn).await;
     let e1 = fleet.settle(n as u32, limit).await?;

@@ -8,7 +8,7 @@ mod timed;
 
 pub use case::{Case, CaseFn, CaseResult, Ctx, Failure, Needs, ResultExt, ServerControl, CASES};
 pub use suite::{percentile, run_suite, CaseReport, Outcome, PrimitiveStats, Report, SuiteOptions};
-pub use timed::Timed;
+pub use timed::{Decorated, Hooks, Latencies, Timed};
 
 /// What the macros expand to needs, re-exported so the crate invoking them needs no dependency of
 /// its own on these.

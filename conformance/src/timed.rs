@@ -1,78 +1,72 @@
-//! A [`Store`] decorator that records how long each primitive call takes.
+//! Store decorators: [`Decorated`] forwards every [`Store`] call to an inner store and runs
+//! [`Hooks`] around it; [`Timed`] is the one that records how long each primitive call takes.
 
 use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use headcount::{Capabilities, DynStore, Result, Store};
+use headcount::{Capabilities, Durability, DynStore, Result, Store};
 
-/// Wraps a store and records the latency of every primitive call (successful or not), by
-/// primitive name: `incr`, `get`, `expire`, `compare_and_set`, `delete`, `list`, `set_max`,
-/// `incr_and_get`.
-///
-/// `set_max` and `incr_and_get` are forwarded to the inner store's own methods, so a native
-/// one-round-trip override is measured as such.
-#[derive(Debug, Clone)]
-pub struct Timed {
-    inner: DynStore,
-    samples: Arc<Mutex<BTreeMap<&'static str, Vec<Duration>>>>,
+/// What a [`Decorated`] store does around every call it forwards. `op` is the method's name:
+/// `incr`, `get`, `expire`, `compare_and_set`, `delete`, `list`, `set_max`, `incr_and_get`,
+/// `renew_and_list`, `durability` (`capabilities` is forwarded without hooks).
+#[async_trait]
+pub trait Hooks: Send + Sync + Debug + 'static {
+    /// Runs before the call goes to the inner store (a pause can wait here).
+    async fn before(&self, _op: &'static str) {}
+
+    /// Runs after the inner store answered (successfully or not), `took` after `before`.
+    fn after(&self, _op: &'static str, _took: Duration) {}
 }
 
-impl Timed {
+/// A store that forwards every call to `inner`, each of the provided methods (`set_max`,
+/// `incr_and_get`, `renew_and_list`, `durability`) to the inner store's own, so a backend's native
+/// override is what runs, with its [`Hooks`] around each.
+#[derive(Debug, Clone)]
+pub struct Decorated<H> {
+    inner: DynStore,
+    hooks: H,
+}
+
+impl<H: Hooks> Decorated<H> {
     /// Wraps `inner`.
-    pub fn new(inner: DynStore) -> Self {
-        Timed {
-            inner,
-            samples: Arc::default(),
-        }
+    pub fn with(inner: DynStore, hooks: H) -> Self {
+        Decorated { inner, hooks }
     }
 
-    /// The durations recorded so far, by primitive.
-    pub fn samples(&self) -> BTreeMap<&'static str, Vec<Duration>> {
-        self.samples
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    /// The hooks.
+    pub fn hooks(&self) -> &H {
+        &self.hooks
     }
 
-    fn record(&self, primitive: &'static str, took: Duration) {
-        self.samples
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(primitive)
-            .or_default()
-            .push(took);
-    }
-
-    async fn time<T>(
-        &self,
-        primitive: &'static str,
-        call: impl std::future::Future<Output = T>,
-    ) -> T {
+    async fn call<T>(&self, op: &'static str, call: impl Future<Output = T>) -> T {
+        self.hooks.before(op).await;
         let start = Instant::now();
         let out = call.await;
-        self.record(primitive, start.elapsed());
+        self.hooks.after(op, start.elapsed());
         out
     }
 }
 
 #[async_trait]
-impl Store for Timed {
+impl<H: Hooks> Store for Decorated<H> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        self.time("incr", self.inner.incr(key, ttl)).await
+        self.call("incr", self.inner.incr(key, ttl)).await
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
-        self.time("get", self.inner.get(key)).await
+        self.call("get", self.inner.get(key)).await
     }
 
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        self.time("expire", self.inner.expire(key, ttl)).await
+        self.call("expire", self.inner.expire(key, ttl)).await
     }
 
     async fn compare_and_set(
@@ -82,7 +76,7 @@ impl Store for Timed {
         new: &str,
         ttl: Option<Duration>,
     ) -> Result<bool> {
-        self.time(
+        self.call(
             "compare_and_set",
             self.inner.compare_and_set(key, expected, new, ttl),
         )
@@ -90,15 +84,15 @@ impl Store for Timed {
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        self.time("delete", self.inner.delete(key)).await
+        self.call("delete", self.inner.delete(key)).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        self.time("list", self.inner.list(prefix)).await
+        self.call("list", self.inner.list(prefix)).await
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        self.time("set_max", self.inner.set_max(key, value, ttl))
+        self.call("set_max", self.inner.set_max(key, value, ttl))
             .await
     }
 
@@ -109,7 +103,7 @@ impl Store for Timed {
         ttl: Option<Duration>,
         get_key: &str,
     ) -> Result<(i64, Option<String>)> {
-        self.time(
+        self.call(
             "incr_and_get",
             self.inner.incr_and_get(incr_key, by, ttl, get_key),
         )
@@ -123,14 +117,55 @@ impl Store for Timed {
         ttl: Duration,
         prefix: &str,
     ) -> Result<(bool, Vec<(String, String)>)> {
-        self.time(
+        self.call(
             "renew_and_list",
             self.inner.renew_and_list(key, holder, ttl, prefix),
         )
         .await
     }
 
-    async fn durability(&self) -> Result<headcount::Durability> {
-        self.inner.durability().await
+    async fn durability(&self) -> Result<Durability> {
+        self.call("durability", self.inner.durability()).await
+    }
+}
+
+/// The latencies of every primitive call (successful or not), by primitive name: `incr`, `get`,
+/// `expire`, `compare_and_set`, `delete`, `list`, `set_max`, `incr_and_get`, `renew_and_list`.
+/// The durability probe is not a primitive and is not recorded.
+#[derive(Debug, Clone, Default)]
+pub struct Latencies {
+    samples: Arc<Mutex<BTreeMap<&'static str, Vec<Duration>>>>,
+}
+
+impl Hooks for Latencies {
+    fn after(&self, op: &'static str, took: Duration) {
+        if op == "durability" {
+            return;
+        }
+        self.samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(op)
+            .or_default()
+            .push(took);
+    }
+}
+
+/// Wraps a store and records the latency of every primitive call ([`Latencies`]).
+pub type Timed = Decorated<Latencies>;
+
+impl Timed {
+    /// Wraps `inner`.
+    pub fn new(inner: DynStore) -> Self {
+        Decorated::with(inner, Latencies::default())
+    }
+
+    /// The durations recorded so far, by primitive.
+    pub fn samples(&self) -> BTreeMap<&'static str, Vec<Duration>> {
+        self.hooks
+            .samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }

@@ -4,11 +4,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use headcount::store::{Capabilities, Durability};
-use headcount::{DynStore, Result, Store};
+use headcount::DynStore;
+use headcount_conformance::{Decorated, Hooks};
 use tokio::sync::watch;
 
 /// Pauses one peer: its store calls and its worker.
@@ -69,89 +68,24 @@ impl Gate {
     }
 }
 
-/// A store whose every call first waits at the peer's [`Gate`].
+/// The hooks of a paused peer's store: every call but the durability probe first waits at the
+/// peer's [`Gate`].
 #[derive(Debug)]
 pub struct PausableStore {
-    inner: DynStore,
     gate: Arc<Gate>,
 }
 
 impl PausableStore {
     pub fn wrap(inner: DynStore, gate: Arc<Gate>) -> DynStore {
-        Arc::new(PausableStore { inner, gate })
+        Arc::new(Decorated::with(inner, PausableStore { gate }))
     }
 }
 
 #[async_trait]
-impl Store for PausableStore {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        self.gate.wait(false).await;
-        self.inner.incr(key, ttl).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Option<String>> {
-        self.gate.wait(false).await;
-        self.inner.get(key).await
-    }
-
-    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        self.gate.wait(false).await;
-        self.inner.expire(key, ttl).await
-    }
-
-    async fn compare_and_set(
-        &self,
-        key: &str,
-        expected: Option<&str>,
-        new: &str,
-        ttl: Option<Duration>,
-    ) -> Result<bool> {
-        self.gate.wait(false).await;
-        self.inner.compare_and_set(key, expected, new, ttl).await
-    }
-
-    async fn delete(&self, key: &str) -> Result<bool> {
-        self.gate.wait(false).await;
-        self.inner.delete(key).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        self.gate.wait(false).await;
-        self.inner.list(prefix).await
-    }
-
-    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        self.gate.wait(false).await;
-        self.inner.set_max(key, value, ttl).await
-    }
-
-    async fn incr_and_get(
-        &self,
-        incr_key: &str,
-        by: i64,
-        ttl: Option<Duration>,
-        get_key: &str,
-    ) -> Result<(i64, Option<String>)> {
-        self.gate.wait(false).await;
-        self.inner.incr_and_get(incr_key, by, ttl, get_key).await
-    }
-
-    async fn renew_and_list(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-        prefix: &str,
-    ) -> Result<(bool, Vec<(String, String)>)> {
-        self.gate.wait(false).await;
-        self.inner.renew_and_list(key, holder, ttl, prefix).await
-    }
-
-    async fn durability(&self) -> Result<Durability> {
-        self.inner.durability().await
+impl Hooks for PausableStore {
+    async fn before(&self, op: &'static str) {
+        if op != "durability" {
+            self.gate.wait(false).await;
+        }
     }
 }
