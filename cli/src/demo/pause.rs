@@ -1,5 +1,5 @@
-//! An in-process stand-in for SIGSTOP: a [`Store`] wrapper whose calls wait while the peer is
-//! paused, and a gate its worker waits at, so a paused peer's lease passes on its clock while it
+//! An in-process stand-in for SIGSTOP: a [`Store`](headcount::Store) wrapper whose calls wait
+//! while the peer is paused, and a gate its worker waits at, so a paused peer's lease passes on its clock while it
 //! holds grants, and its late writes reach the sink when it resumes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
