@@ -12,6 +12,26 @@ pub use headcount_sql::postgres::{FencedOutcome, PgFence};
 #[cfg(feature = "redis")]
 pub use headcount_redis::RedisFence;
 
+/// The SQLite backend (cargo feature `sqlite`): `SqliteStore`.
+#[cfg(feature = "sqlite")]
+pub use headcount_sql::sqlite;
+
+/// The PostgreSQL backend (cargo feature `postgres`): `PostgresStore` (with `from_pool` for a
+/// pool the application already has), `PgFence`, and the `deadpool_postgres` and
+/// `tokio_postgres` crates it uses.
+#[cfg(feature = "postgres")]
+pub use headcount_sql::postgres;
+
+/// The Redis backend (cargo feature `redis`): `RedisStore` (with `from_client`, `from_manager`
+/// and `from_cluster`), `RedisFence`, and the `redis` crate it uses.
+#[cfg(feature = "redis")]
+pub use headcount_redis as redis;
+
+/// The etcd backend (cargo feature `etcd`): `EtcdStore` (with `from_client`) and the
+/// `etcd_client` crate it uses.
+#[cfg(feature = "etcd")]
+pub use headcount_etcd as etcd;
+
 /// Opens the store named by `url`, picking the backend by its scheme:
 ///
 /// | scheme | backend | cargo feature |
@@ -20,19 +40,30 @@ pub use headcount_redis::RedisFence;
 /// | `postgres://…`, `postgresql://…` | PostgreSQL | `postgres` |
 /// | `redis://…`, `rediss://…`, `redis+cluster://…`, `rediss+cluster://…` | Redis, Redis Cluster | `redis` |
 /// | `etcd://…`, `etcds://…` | etcd | `etcd` |
+/// | `memory://` or `memory://NAME` | [`MemoryStore`]: this process only, for tests; one store per name | always |
 ///
 /// A scheme whose feature is not compiled in gives [`Error::FeatureDisabled`] naming the feature;
 /// an unknown scheme or a malformed URL gives [`Error::InvalidConfig`]. Error messages never
 /// contain the URL's password.
+///
+/// The store comes [instrumented](crate::instrumented::instrument): every operation records its latency and errors
+/// through the [`metrics`](mod@metrics) facade and runs in a `tracing` span (backend, operation,
+/// key scope; never a value or a password). Use [`connect_plain`] for a store without them.
 pub async fn connect(url: &str) -> Result<DynStore> {
+    Ok(instrumented::instrument(connect_plain(url).await?))
+}
+
+/// [`connect`] without the metrics and spans: the backend's store itself.
+pub async fn connect_plain(url: &str) -> Result<DynStore> {
     let scheme = scheme_of(url)?;
     match scheme.as_str() {
         "sqlite" => connect_sqlite(url).await,
         "postgres" | "postgresql" => connect_postgres(url).await,
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => connect_redis(url, scheme).await,
         "etcd" | "etcds" => connect_etcd(url, scheme).await,
+        "memory" => connect_memory(url),
         _ => Err(Error::config(format!(
-            "unknown store scheme `{scheme}`: expected sqlite, postgres, postgresql, redis, rediss, redis+cluster, rediss+cluster, etcd or etcds"
+            "unknown store scheme `{scheme}`: expected sqlite, postgres, postgresql, redis, rediss, redis+cluster, rediss+cluster, etcd, etcds or memory"
         ))),
     }
 }
@@ -100,6 +131,20 @@ fn scheme_of(url: &str) -> Result<String> {
         ));
     }
     Ok(scheme.to_ascii_lowercase())
+}
+
+/// `memory://NAME`: the process-wide in-memory store called NAME (empty name allowed).
+fn connect_memory(url: &str) -> Result<DynStore> {
+    let name = url
+        .split_once("://")
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| Error::config("a memory store URL is `memory://` or `memory://NAME`"))?;
+    if name.contains(['/', '?', '#', '@']) {
+        return Err(Error::config(
+            "a memory store URL is `memory://` or `memory://NAME`, with no path, query or user",
+        ));
+    }
+    Ok(std::sync::Arc::new(MemoryStore::named(name)))
 }
 
 #[cfg(feature = "sqlite")]
@@ -178,6 +223,19 @@ mod tests {
             let err = connect(url).await.unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
             assert!(!err.to_string().contains("secret"), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn memory_urls_share_one_store_per_name() {
+        let a = connect("memory://urls-test").await.expect("memory store");
+        let b = connect("memory://urls-test").await.expect("memory store");
+        assert_eq!(a.capabilities().backend, "memory");
+        assert_eq!(a.incr("hc:{t}:n", None).await.ok(), Some(1));
+        assert_eq!(b.incr("hc:{t}:n", None).await.ok(), Some(2));
+        for bad in ["memory:x", "memory://a/b", "memory://a?x=1"] {
+            let err = connect(bad).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{bad}: {err}");
         }
     }
 

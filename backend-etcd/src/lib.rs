@@ -17,13 +17,21 @@ use etcd_client::{
 };
 use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_ttl, parse_counter,
+    check_ttl, check_value, parse_counter,
 };
 use headcount_core::{Capabilities, Durability, Error, Result, Store};
 
 pub use config::{EtcdConfig, DEFAULT_PORT};
 use errors::BACKEND;
 use leases::Leases;
+
+/// The placeholder URL of a store over an application's client: only its default options are
+/// used.
+const CLIENT_DEFAULTS: &str = "etcd://localhost";
+
+/// The client crate of [`EtcdStore::from_client`], re-exported so an application names the same
+/// version.
+pub use etcd_client;
 
 /// The most read-and-compare rounds an `incr` makes before giving up; each failed round means
 /// another writer changed the key, so the loop only spins while others make progress.
@@ -138,14 +146,39 @@ impl EtcdStore {
                     after: timeout,
                 })
             })?;
-        Ok(EtcdStore {
+        Ok(Self::from_parts(kv, leases, config))
+    }
+
+    /// A store over an `etcd_client::Client` the application already has (re-exported as
+    /// [`etcd_client`]), with the default operation timeout: measures the server's minimum
+    /// lease TTL, as [`connect`](Self::connect) does. Authentication and TLS are the client's.
+    pub async fn from_client(client: Client) -> Result<Self> {
+        let config = EtcdConfig::from_url(CLIENT_DEFAULTS)?;
+        let timeout = config.timeout();
+        let measured =
+            tokio::time::timeout(timeout, Leases::measure(client.lease_client(), timeout));
+        let leases = match measured.await {
+            Ok(r) => r.map_err(|e| errors::classify(e, "connect", timeout, None))?,
+            Err(_) => {
+                return Err(Error::Timeout {
+                    backend: BACKEND,
+                    op: "connect",
+                    after: timeout,
+                })
+            }
+        };
+        Ok(Self::from_parts(client.kv_client(), leases, config))
+    }
+
+    fn from_parts(kv: KvClient, leases: Leases, config: EtcdConfig) -> Self {
+        EtcdStore {
             inner: Arc::new(Inner {
                 kv,
                 leases,
                 config,
                 counters: Counters::default(),
             }),
-        })
+        }
     }
 
     /// The configuration this store was built from.
@@ -395,6 +428,7 @@ impl Store for EtcdStore {
         caps.min_ttl = self.inner.leases.min_ttl();
         caps.native_incr_and_get = true;
         caps.native_renew_and_list = true;
+        caps.native_compare_and_delete = true;
         caps
     }
 
@@ -501,6 +535,22 @@ impl Store for EtcdStore {
         .await
     }
 
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        check_key(key)?;
+        check_value(expected)?;
+        self.deadline("compare_and_delete", async {
+            let resp = self
+                .txn_with_lease("compare_and_delete", None, |_| {
+                    Txn::new()
+                        .when([Compare::value(key, CompareOp::Equal, expected)])
+                        .and_then([TxnOp::delete(key, None)])
+                })
+                .await?;
+            Ok(resp.succeeded())
+        })
+        .await
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         check_prefix(prefix)?;
         self.deadline("list", async {
@@ -572,6 +622,11 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
+
+    #[test]
+    fn the_defaults_of_a_store_over_a_client_parse() {
+        assert!(EtcdConfig::from_url(CLIENT_DEFAULTS).is_ok());
+    }
 
     #[tokio::test]
     async fn unreachable_server_is_retryable_and_never_shows_the_password() {

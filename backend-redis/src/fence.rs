@@ -92,7 +92,11 @@ impl RedisFence {
         let mut call = self.script.key(fence_key);
         call.arg(token.to_string()).arg("").arg("");
         let reply = self.invoke(conn, "fence_admit", &call).await?;
-        written_or_foreign(fence_key, "a fencing token (a decimal u64)", reply)
+        count_refusal(written_or_foreign(
+            fence_key,
+            "a fencing token (a decimal u64)",
+            reply,
+        ))
     }
 
     /// Admits `token` at `fence_key` as [`RedisFence::admit`] does and, only when admitted, sets
@@ -137,7 +141,11 @@ impl RedisFence {
                 other => other,
             }
         })?;
-        written_or_foreign(fence_key, "a fencing token (a decimal u64)", reply)
+        count_refusal(written_or_foreign(
+            fence_key,
+            "a fencing token (a decimal u64)",
+            reply,
+        ))
     }
 
     async fn invoke<C>(
@@ -162,6 +170,14 @@ impl RedisFence {
             }),
         }
     }
+}
+
+/// Counts a refused token in headcount's fence-rejection metric.
+fn count_refusal(admitted: Result<bool>) -> Result<bool> {
+    if let Ok(false) = admitted {
+        headcount_core::metrics::record_fence_rejection("redis");
+    }
+    admitted
 }
 
 /// Redis Cluster's refusal of a script whose keys are in different hash slots.

@@ -12,32 +12,104 @@ use std::time::Duration;
 use async_trait::async_trait;
 use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_ttl, ttl_millis,
+    check_ttl, check_value, ttl_millis,
 };
 use headcount_core::{Capabilities, Durability, Error, Result, Store};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, ScriptInvocation, Value};
 
 pub use config::{RedisConfig, Topology, DEFAULT_PORT};
 use errors::BACKEND;
-pub use fence::RedisFence;
 
-/// The Lua sources, kept as files next to this one.
-const INCR_LUA: &str = include_str!("scripts/incr.lua");
-const CAS_LUA: &str = include_str!("scripts/cas.lua");
-const SET_MAX_LUA: &str = include_str!("scripts/set_max.lua");
-/// `list` and `renew_and_list` share the scan (`list_body.lua` builds `out`); each adds its own
-/// ending, and `renew_and_list` its renewal in front.
-const LIST_LUA: &str = concat!(include_str!("scripts/list_body.lua"), "return out\n");
-const RENEW_AND_LIST_LUA: &str = concat!(
+pub use fence::RedisFence;
+/// The client crate of [`RedisStore::from_client`] and [`RedisStore::from_manager`],
+/// re-exported so an application names the same version.
+pub use redis;
+
+/// The Lua sources, kept as files next to this one. Every script that writes or lists keys starts
+/// with `local D = <its number of data keys>` and `index.lua` (the key index: the data keys come
+/// first in `KEYS`, then the two index keys, when the key has an index).
+macro_rules! indexed {
+    ($data_keys:literal, $($part:expr),+ $(,)?) => {
+        concat!(
+            "local D = ",
+            $data_keys,
+            "\n",
+            include_str!("scripts/index.lua"),
+            $($part),+
+        )
+    };
+}
+const INCR_LUA: &str = indexed!(1, include_str!("scripts/incr.lua"));
+const CAS_LUA: &str = indexed!(1, include_str!("scripts/cas.lua"));
+const SET_MAX_LUA: &str = indexed!(1, include_str!("scripts/set_max.lua"));
+const EXPIRE_LUA: &str = indexed!(1, include_str!("scripts/expire.lua"));
+const DELETE_LUA: &str = indexed!(1, include_str!("scripts/delete.lua"));
+const COMPARE_AND_DELETE_LUA: &str = indexed!(1, include_str!("scripts/compare_and_delete.lua"));
+/// `list` and `renew_and_list` share the listing (`list_body.lua` builds `out`); each adds its
+/// own ending, and `renew_and_list` its renewal in front.
+const LIST_LUA: &str = indexed!(0, include_str!("scripts/list_body.lua"), "return out\n");
+const RENEW_AND_LIST_LUA: &str = indexed!(
+    1,
     include_str!("scripts/renew_head.lua"),
     include_str!("scripts/list_body.lua"),
-    "table.insert(out, 1, renewed)\nreturn out\n"
+    "settle()\ntable.insert(out, 1, renewed)\nreturn out\n"
 );
-const INCR_AND_GET_LUA: &str = include_str!("scripts/incr_and_get.lua");
+const INCR_AND_GET_LUA: &str = indexed!(2, include_str!("scripts/incr_and_get.lua"));
+
+/// The index of every key on a single server.
+const INDEX_KEY: &str = "headcount:index";
+/// The expiry index of every key on a single server.
+const EXPIRY_KEY: &str = "headcount:expiry";
+/// What follows `{tag}` in the name of the index of the keys with hash tag `tag`.
+const INDEX_SUFFIX: &str = ":headcount:index";
+/// What follows `{tag}` in the name of the expiry index of the keys with hash tag `tag`.
+const EXPIRY_SUFFIX: &str = ":headcount:expiry";
+
+/// The two sorted sets that record the keys headcount wrote in one hash slot (see the crate
+/// README, "Data layout").
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct IndexKeys {
+    index: String,
+    expiry: String,
+}
+
+impl IndexKeys {
+    fn database() -> Self {
+        IndexKeys {
+            index: INDEX_KEY.to_owned(),
+            expiry: EXPIRY_KEY.to_owned(),
+        }
+    }
+
+    /// The index of the keys with hash tag `tag`: `{tag}:headcount:index`, in their slot.
+    fn of_tag(tag: &str) -> Self {
+        IndexKeys {
+            index: format!("{{{tag}}}{INDEX_SUFFIX}"),
+            expiry: format!("{{{tag}}}{EXPIRY_SUFFIX}"),
+        }
+    }
+
+    /// Appends the two index keys to a script's `KEYS`, after its data keys.
+    fn add_to(&self, call: &mut ScriptInvocation<'_>) {
+        call.key(&self.index).key(&self.expiry);
+    }
+}
+
+/// Whether `key` is the name of an index (of either topology): headcount never writes there
+/// through the `Store` API, or the index would be overwritten.
+fn is_index_name(key: &str) -> bool {
+    if key == INDEX_KEY || key == EXPIRY_KEY {
+        return true;
+    }
+    match key.strip_prefix('{').and_then(|r| r.split_once('}')) {
+        Some((tag, rest)) if !tag.is_empty() => rest == INDEX_SUFFIX || rest == EXPIRY_SUFFIX,
+        _ => false,
+    }
+}
 
 /// The loaded scripts. `Script` sends `EVALSHA` and, on `NOSCRIPT` (a restarted or flushed
 /// server, a new Cluster node), loads the script and retries once.
@@ -45,10 +117,34 @@ struct Scripts {
     incr: Script,
     cas: Script,
     set_max: Script,
+    expire: Script,
+    delete: Script,
+    compare_and_delete: Script,
     list: Script,
     incr_and_get: Script,
     renew_and_list: Script,
 }
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            incr: Script::new(INCR_LUA),
+            cas: Script::new(CAS_LUA),
+            set_max: Script::new(SET_MAX_LUA),
+            expire: Script::new(EXPIRE_LUA),
+            delete: Script::new(DELETE_LUA),
+            compare_and_delete: Script::new(COMPARE_AND_DELETE_LUA),
+            list: Script::new(LIST_LUA),
+            incr_and_get: Script::new(INCR_AND_GET_LUA),
+            renew_and_list: Script::new(RENEW_AND_LIST_LUA),
+        }
+    }
+}
+
+/// The placeholder URLs of the stores over an application's client: only their default
+/// options are used.
+const SINGLE_DEFAULTS: &str = "redis://localhost";
+const CLUSTER_DEFAULTS: &str = "redis+cluster://localhost:6379";
 
 /// A connection to a single server or to a Cluster. Both reconnect by themselves: the
 /// `ConnectionManager` replaces a broken connection on the next call, the Cluster connection
@@ -89,8 +185,9 @@ impl ConnectionLike for Conn {
 
 /// A [`Store`] in Redis or Redis Cluster, shared by any number of processes and machines.
 ///
-/// Cloning is cheap and shares the connection. Every primitive is one round trip: a plain command
-/// (`GET`, `PEXPIRE`, `DEL`, `SET NX`) or one Lua script called by its SHA.
+/// Cloning is cheap and shares the connection. Every primitive is one round trip: `GET`, or one
+/// Lua script called by its SHA that also keeps headcount's key index (see the crate README,
+/// "Data layout"), so that [`Store::list`] reads only the keys under its prefix.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -214,18 +311,64 @@ impl RedisStore {
                     after: timeout,
                 })
             })?;
+        Self::from_conn(conn, config)
+    }
+
+    /// A store over a connection manager the application already has (single server), with
+    /// the default operation timeout. The manager's own reconnect settings apply.
+    pub fn from_manager(manager: ConnectionManager) -> Result<Self> {
+        Self::from_conn(
+            Conn::Single(manager),
+            RedisConfig::from_url(SINGLE_DEFAULTS)?,
+        )
+    }
+
+    /// A store over a Redis Cluster connection the application already has, with the default
+    /// operation timeout. Its keys must carry a `{hash tag}` (headcount's always do).
+    pub fn from_cluster(conn: ClusterConnection) -> Result<Self> {
+        Self::from_conn(
+            Conn::Cluster(conn),
+            RedisConfig::from_url(CLUSTER_DEFAULTS)?,
+        )
+    }
+
+    /// A store over a `redis::Client` the application already has: opens a connection
+    /// manager from it (with short reconnect waits, as [`connect`](Self::connect) does) and
+    /// checks the server answers.
+    pub async fn from_client(client: redis::Client) -> Result<Self> {
+        let config = RedisConfig::from_url(SINGLE_DEFAULTS)?;
+        let timeout = config.timeout();
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(timeout)
+            .set_response_timeout(timeout)
+            .set_number_of_retries(1)
+            .set_factor(10)
+            .set_max_delay(100);
+        let open = async {
+            let mut manager = ConnectionManager::new_with_config(client, manager_config).await?;
+            redis::cmd("PING").query_async::<()>(&mut manager).await?;
+            Ok::<_, RedisError>(manager)
+        };
+        let manager = match tokio::time::timeout(timeout, open).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => return Err(errors::classify(e, "connect", timeout, None)),
+            Err(_) => {
+                return Err(Error::Timeout {
+                    backend: BACKEND,
+                    op: "connect",
+                    after: timeout,
+                })
+            }
+        };
+        Self::from_conn(Conn::Single(manager), config)
+    }
+
+    fn from_conn(conn: Conn, config: RedisConfig) -> Result<Self> {
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
                 config,
-                scripts: Scripts {
-                    incr: Script::new(INCR_LUA),
-                    cas: Script::new(CAS_LUA),
-                    set_max: Script::new(SET_MAX_LUA),
-                    list: Script::new(LIST_LUA),
-                    incr_and_get: Script::new(INCR_AND_GET_LUA),
-                    renew_and_list: Script::new(RENEW_AND_LIST_LUA),
-                },
+                scripts: Scripts::new(),
             }),
         })
     }
@@ -233,6 +376,40 @@ impl RedisStore {
     /// The configuration this store was built from.
     pub fn config(&self) -> &RedisConfig {
         &self.inner.config
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self.inner.conn, Conn::Cluster(_))
+    }
+
+    /// Where a write of `key` is recorded: the database's index on a single server, the index of
+    /// the key's hash tag on Cluster, none for an untagged key on Cluster (no index can share
+    /// its slot). The index keys themselves are refused.
+    fn index_for_key(&self, key: &str) -> Result<Option<IndexKeys>> {
+        if is_index_name(key) {
+            return Err(Error::invalid(format!(
+                "{key:?} is the name of headcount's key index on Redis; pick another key"
+            )));
+        }
+        Ok(match (self.is_cluster(), tag_of(key)) {
+            (false, _) => Some(IndexKeys::database()),
+            (true, Some(tag)) => Some(IndexKeys::of_tag(tag)),
+            (true, None) => None,
+        })
+    }
+
+    /// The index that holds every key under `prefix`. On Cluster only a prefix with a complete
+    /// hash tag has one: its keys all share that tag's slot.
+    fn index_for_prefix(&self, prefix: &str) -> Result<IndexKeys> {
+        match (self.is_cluster(), tag_of(prefix)) {
+            (false, _) => Ok(IndexKeys::database()),
+            (true, Some(tag)) => Ok(IndexKeys::of_tag(tag)),
+            (true, None) => Err(Error::invalid(format!(
+                "on Redis Cluster a listing prefix must contain a hash tag ({{...}}, as \
+                 headcount's own keys hc:{{group}}: do), so that all its keys share one slot; \
+                 {prefix:?} has none"
+            ))),
+        }
     }
 
     /// Runs `call` on a clone of the connection within the deadline, mapping errors.
@@ -275,15 +452,15 @@ impl RedisStore {
         }
         let script = &self.inner.scripts.incr_and_get;
         // Reading the counter itself as the second key keeps the script's single slot.
+        let mut call = script.key(key);
+        call.key(key);
+        if let Some(index) = self.index_for_key(key)? {
+            index.add_to(&mut call);
+        }
+        call.arg(by).arg(ttl_arg(ttl));
         let reply: Value = self
             .run("incr_and_get", Some(key), |mut c| async move {
-                script
-                    .key(key)
-                    .key(key)
-                    .arg(by)
-                    .arg(ttl_arg(ttl))
-                    .invoke_async(&mut c)
-                    .await
+                call.invoke_async(&mut c).await
             })
             .await?;
         match reply {
@@ -336,42 +513,18 @@ fn unexpected(v: Value) -> Error {
     }
 }
 
-/// Escapes the glob characters of Redis's `MATCH` (`*`, `?`, `[`, `]`, `\`, `^`) so the
-/// pattern `<escaped prefix>*` matches exactly the keys that start with `prefix`.
-fn glob_escape(prefix: &str) -> String {
-    let mut out = String::with_capacity(prefix.len() + 2);
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^' | '-') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('*');
-    out
+/// The hash tag of a key or prefix under Redis Cluster's rule: the text between the first `{`
+/// and the first `}` after it, when not empty. Every key that starts with a prefix holding a
+/// tag has that same tag, so the prefix pins one slot.
+fn tag_of(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let len = key[open + 1..].find('}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
 }
 
-/// Whether every key starting with `prefix` has the same Redis Cluster hash slot: the prefix
-/// holds a complete, non-empty hash tag (`{...}`, the first `{` and the first `}` after it).
-fn prefix_pins_slot(prefix: &str) -> bool {
-    match prefix.find('{') {
-        Some(open) => match prefix[open + 1..].find('}') {
-            Some(len) => len > 0,
-            None => false,
-        },
-        None => false,
-    }
-}
-
-/// The part of a key Redis Cluster hashes: the first non-empty `{...}`, else the whole key.
+/// The part of a key Redis Cluster hashes: its hash tag, else the whole key.
 fn hash_tag(key: &str) -> &str {
-    if let Some(open) = key.find('{') {
-        if let Some(len) = key[open + 1..].find('}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
+    tag_of(key).unwrap_or(key)
 }
 
 /// Parses the reply of the list script into sorted pairs.
@@ -412,9 +565,8 @@ fn list_reply(reply: Value) -> Result<Vec<(String, String)>> {
             .map_err(|_| Error::foreign(&key, "a UTF-8 value", "bytes that are not UTF-8"))?;
         pairs.push((key, value));
     }
+    // The index answers in key order already; sorting keeps the contract whatever the reply.
     pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    // SCAN may return a key twice; the values are the same snapshot.
-    pairs.dedup_by(|a, b| a.0 == b.0);
     Ok(pairs)
 }
 
@@ -425,6 +577,7 @@ impl Store for RedisStore {
         caps.native_set_max = true;
         caps.native_incr_and_get = true;
         caps.native_renew_and_list = true;
+        caps.native_compare_and_delete = true;
         caps
     }
 
@@ -436,9 +589,10 @@ impl Store for RedisStore {
         prefix: &str,
     ) -> Result<(bool, Vec<(String, String)>)> {
         check_renew_and_list(key, holder, ttl, prefix)?;
-        if matches!(self.inner.conn, Conn::Cluster(_))
-            && !(prefix_pins_slot(prefix) && hash_tag(key) == hash_tag(prefix))
-        {
+        // Both checked before anything is renewed: a prefix Cluster cannot list, an index name.
+        let list_index = self.index_for_prefix(prefix)?;
+        let key_index = self.index_for_key(key)?;
+        if key_index.as_ref() != Some(&list_index) {
             // A script may only touch one hash slot on Cluster. A group's slot keys and its
             // prefix share the `{group}` tag, so this only happens outside headcount's naming:
             // two calls, the renewal and then the listing, not atomic together.
@@ -447,19 +601,13 @@ impl Store for RedisStore {
                 .await?;
             return Ok((renewed, self.list(prefix).await?));
         }
-        let pattern = glob_escape(prefix);
         let script = &self.inner.scripts.renew_and_list;
+        let mut call = script.key(key);
+        list_index.add_to(&mut call);
+        call.arg(prefix).arg(holder).arg(ttl_millis(ttl));
         let reply: Value = self
             .run("renew_and_list", Some(key), |mut c| async move {
-                script
-                    .key(key)
-                    .key(prefix)
-                    .arg(&pattern)
-                    .arg(prefix)
-                    .arg(holder)
-                    .arg(ttl_millis(ttl))
-                    .invoke_async(&mut c)
-                    .await
+                call.invoke_async(&mut c).await
             })
             .await?;
         let Value::Array(mut items) = reply else {
@@ -486,7 +634,7 @@ impl Store for RedisStore {
         get_key: &str,
     ) -> Result<(i64, Option<String>)> {
         check_incr_and_get(incr_key, by, ttl, get_key)?;
-        if matches!(self.inner.conn, Conn::Cluster(_)) && hash_tag(incr_key) != hash_tag(get_key) {
+        if self.is_cluster() && hash_tag(incr_key) != hash_tag(get_key) {
             // A script may only touch one hash slot on Cluster. Keys of one group share their
             // `{group}` tag, so this only happens for keys outside headcount's naming: two calls,
             // not atomic together.
@@ -494,15 +642,15 @@ impl Store for RedisStore {
             return Ok((n, self.get(get_key).await?));
         }
         let script = &self.inner.scripts.incr_and_get;
+        let mut call = script.key(incr_key);
+        call.key(get_key);
+        if let Some(index) = self.index_for_key(incr_key)? {
+            index.add_to(&mut call);
+        }
+        call.arg(by).arg(ttl_arg(ttl));
         let reply: Value = self
             .run("incr_and_get", Some(incr_key), |mut c| async move {
-                script
-                    .key(incr_key)
-                    .key(get_key)
-                    .arg(by)
-                    .arg(ttl_arg(ttl))
-                    .invoke_async(&mut c)
-                    .await
+                call.invoke_async(&mut c).await
             })
             .await?;
         let Value::Array(items) = reply else {
@@ -538,10 +686,14 @@ impl Store for RedisStore {
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
         check_key(key)?;
         check_opt_ttl(ttl)?;
-        let script = &self.inner.scripts.incr;
+        let mut call = self.inner.scripts.incr.key(key);
+        if let Some(index) = self.index_for_key(key)? {
+            index.add_to(&mut call);
+        }
+        call.arg(ttl_arg(ttl));
         let reply: Value = self
             .run("incr", Some(key), |mut c| async move {
-                script.key(key).arg(ttl_arg(ttl)).invoke_async(&mut c).await
+                call.invoke_async(&mut c).await
             })
             .await?;
         let Value::Array(items) = reply else {
@@ -576,13 +728,14 @@ impl Store for RedisStore {
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
         check_key(key)?;
         check_ttl(ttl)?;
+        let mut call = self.inner.scripts.expire.key(key);
+        if let Some(index) = self.index_for_key(key)? {
+            index.add_to(&mut call);
+        }
+        call.arg(ttl_millis(ttl));
         let n: i64 = self
             .run("expire", Some(key), |mut c| async move {
-                redis::cmd("PEXPIRE")
-                    .arg(key)
-                    .arg(ttl_millis(ttl))
-                    .query_async(&mut c)
-                    .await
+                call.invoke_async(&mut c).await
             })
             .await?;
         Ok(n == 1)
@@ -596,109 +749,80 @@ impl Store for RedisStore {
         ttl: Option<Duration>,
     ) -> Result<bool> {
         check_cas(key, expected, new, ttl)?;
-        match expected {
-            None => {
-                let mut cmd = redis::cmd("SET");
-                cmd.arg(key).arg(new).arg("NX");
-                if let Some(ttl) = ttl {
-                    cmd.arg("PX").arg(ttl_millis(ttl));
-                }
-                let reply: Value = self
-                    .run("compare_and_set", Some(key), |mut c| async move {
-                        cmd.query_async(&mut c).await
-                    })
-                    .await?;
-                Ok(matches!(reply, Value::Okay | Value::SimpleString(_)))
-            }
-            Some(expected) => {
-                let script = &self.inner.scripts.cas;
-                let reply: Value = self
-                    .run("compare_and_set", Some(key), |mut c| async move {
-                        script
-                            .key(key)
-                            .arg(expected)
-                            .arg(new)
-                            .arg(ttl_arg(ttl))
-                            .invoke_async(&mut c)
-                            .await
-                    })
-                    .await?;
-                written_or_foreign(key, "a string (the key holds another Redis type)", reply)
-            }
+        let mut call = self.inner.scripts.cas.key(key);
+        if let Some(index) = self.index_for_key(key)? {
+            index.add_to(&mut call);
         }
+        call.arg(expected.unwrap_or_default())
+            .arg(new)
+            .arg(ttl_arg(ttl))
+            .arg(if expected.is_none() { "1" } else { "0" });
+        let reply: Value = self
+            .run("compare_and_set", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        written_or_foreign(key, "a string (the key holds another Redis type)", reply)
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
         check_key(key)?;
+        let mut call = self.inner.scripts.delete.key(key);
+        if let Some(index) = self.index_for_key(key)? {
+            index.add_to(&mut call);
+        }
         let n: i64 = self
             .run("delete", Some(key), |mut c| async move {
-                redis::cmd("DEL").arg(key).query_async(&mut c).await
+                call.invoke_async(&mut c).await
             })
             .await?;
         Ok(n > 0)
     }
 
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        check_key(key)?;
+        check_value(expected)?;
+        let mut call = self.inner.scripts.compare_and_delete.key(key);
+        if let Some(index) = self.index_for_key(key)? {
+            index.add_to(&mut call);
+        }
+        call.arg(expected);
+        let reply: Value = self
+            .run("compare_and_delete", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        written_or_foreign(key, "a string (the key holds another Redis type)", reply)
+    }
+
+    /// Reads the prefix's range of the key index (see the crate README): O(log N + M) for M keys
+    /// under the prefix, whatever else the database holds. Lists the keys written through
+    /// headcount only.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         check_prefix(prefix)?;
-        let pattern = glob_escape(prefix);
-        let script = &self.inner.scripts.list;
-        let reply: Value = match &self.inner.conn {
-            Conn::Cluster(_) if !prefix_pins_slot(prefix) => {
-                // The keys may live on every node: run the script on each primary and combine.
-                // EVAL with the source (not EVALSHA): every primary must run it, and a fan-out
-                // is rare enough that sending the text is cheaper than managing NOSCRIPT per
-                // node.
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(LIST_LUA).arg(0).arg(&pattern).arg(prefix);
-                self.run("list", None, |c| async move {
-                    let Conn::Cluster(mut c) = c else {
-                        return Err(RedisError::from((
-                            redis::ErrorKind::ClientError,
-                            "not a Cluster connection",
-                        )));
-                    };
-                    let combined = c
-                        .route_command(
-                            &cmd,
-                            RoutingInfo::MultiNode((
-                                MultipleNodeRoutingInfo::AllMasters,
-                                Some(ResponsePolicy::CombineArrays),
-                            )),
-                        )
-                        .await?;
-                    Ok(merge_node_lists(combined))
-                })
-                .await?
-            }
-            // On one server, or with the prefix's keys in one slot: KEYS[1] = prefix routes the
-            // script to the node that owns them.
-            _ => {
-                self.run("list", None, |mut c| async move {
-                    script
-                        .key(prefix)
-                        .arg(&pattern)
-                        .arg(prefix)
-                        .invoke_async(&mut c)
-                        .await
-                })
-                .await?
-            }
-        };
+        let index = self.index_for_prefix(prefix)?;
+        // The index keys are the script's KEYS: on Cluster they route it to the prefix's slot.
+        let mut call = self.inner.scripts.list.key(&index.index);
+        call.key(&index.expiry).arg(prefix);
+        let reply: Value = self
+            .run("list", None, |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
         list_reply(reply)
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
         check_key(key)?;
         check_opt_ttl(ttl)?;
-        let script = &self.inner.scripts.set_max;
+        let mut call = self.inner.scripts.set_max.key(key);
+        if let Some(index) = self.index_for_key(key)? {
+            index.add_to(&mut call);
+        }
+        call.arg(value).arg(ttl_arg(ttl));
         let reply: Value = self
             .run("set_max", Some(key), |mut c| async move {
-                script
-                    .key(key)
-                    .arg(value)
-                    .arg(ttl_arg(ttl))
-                    .invoke_async(&mut c)
-                    .await
+                call.invoke_async(&mut c).await
             })
             .await?;
         written_or_foreign(key, "a decimal integer", reply)
@@ -708,33 +832,82 @@ impl Store for RedisStore {
     /// Cluster): then Redis fsyncs the AOF before it replies. A server that refuses `CONFIG GET`
     /// (disabled or renamed, an ACL without `+config`) cannot tell, and answers not durable.
     async fn durability(&self) -> Result<Durability> {
-        let mut cmd = redis::cmd("CONFIG");
-        cmd.arg("GET").arg("append*");
-        let reply: Result<Value> = self
-            .run("durability", None, |c| async move {
-                match c {
-                    Conn::Cluster(mut c) => {
-                        c.route_command(
-                            &cmd,
-                            RoutingInfo::MultiNode((
-                                MultipleNodeRoutingInfo::AllMasters,
-                                Some(ResponsePolicy::CombineArrays),
-                            )),
-                        )
-                        .await
-                    }
-                    Conn::Single(mut c) => cmd.query_async(&mut c).await,
-                }
-            })
-            .await;
-        match reply {
-            Ok(value) => Ok(durability_of(&value)),
+        let mut config = redis::cmd("CONFIG");
+        config.arg("GET").arg("append*").arg("maxmemory-policy");
+        let settings = match self.on_every_primary(config, true).await {
+            Ok(value) => durability_of(&value),
+            Err(e) if e.is_retryable() => return Err(e),
+            Err(e) => {
+                return Ok(Durability::not_durable(format!(
+                "cannot read appendonly/appendfsync with CONFIG GET (disabled, renamed or not permitted?): {e}"
+            )))
+            }
+        };
+        if !settings.durable {
+            return Ok(settings);
+        }
+        let mut info = redis::cmd("INFO");
+        info.arg("replication");
+        match self.on_every_primary(info, false).await {
+            Ok(value) => Ok(replication_of(&value, settings)),
             Err(e) if e.is_retryable() => Err(e),
             Err(e) => Ok(Durability::not_durable(format!(
-                "cannot read appendonly/appendfsync with CONFIG GET (disabled, renamed or not permitted?): {e}"
+                "cannot read INFO replication (disabled, renamed or not permitted?): {e}"
             ))),
         }
     }
+}
+
+impl RedisStore {
+    /// Runs `cmd` on the server, or on every primary of a Cluster (their replies combined into
+    /// one array when `arrays`, else as the client returns them).
+    async fn on_every_primary(&self, cmd: redis::Cmd, arrays: bool) -> Result<Value> {
+        self.run("durability", None, |c| async move {
+            match c {
+                Conn::Cluster(mut c) => {
+                    let policy = arrays.then_some(ResponsePolicy::CombineArrays);
+                    c.route_command(
+                        &cmd,
+                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, policy)),
+                    )
+                    .await
+                }
+                Conn::Single(mut c) => cmd.query_async(&mut c).await,
+            }
+        })
+        .await
+    }
+}
+
+/// Judges `INFO replication` (of one or several nodes) on top of durable settings: Redis
+/// replicates asynchronously, so a replica promoted after a failover can lack writes its primary
+/// acknowledged, and a replica itself is read-only.
+fn replication_of(reply: &Value, settings: Durability) -> Durability {
+    let mut texts = Vec::new();
+    flatten_strings(reply, &mut texts);
+    let mut replicas = 0u64;
+    let mut is_replica = false;
+    for line in texts.iter().flat_map(|t| t.lines()) {
+        if let Some(n) = line.trim().strip_prefix("connected_slaves:") {
+            replicas += n.parse::<u64>().unwrap_or(0);
+        }
+        if line.trim() == "role:slave" {
+            is_replica = true;
+        }
+    }
+    if is_replica {
+        return Durability::not_durable(format!(
+            "{}; the server is a replica (read-only)",
+            settings.detail
+        ));
+    }
+    if replicas > 0 {
+        return Durability::not_durable(format!(
+            "{}, {replicas} connected replica(s) (Redis replicates asynchronously: a replica promoted after a failover can lack acknowledged writes)",
+            settings.detail
+        ));
+    }
+    Durability::durable(format!("{}, no replicas", settings.detail))
 }
 
 /// Judges the reply of `CONFIG GET append*` (one or several nodes' pairs, concatenated).
@@ -743,10 +916,12 @@ fn durability_of(reply: &Value) -> Durability {
     flatten_strings(reply, &mut words);
     let mut appendonly = Vec::new();
     let mut appendfsync = Vec::new();
+    let mut eviction = Vec::new();
     for pair in words.chunks_exact(2) {
         match pair[0].as_str() {
             "appendonly" => appendonly.push(pair[1].clone()),
             "appendfsync" => appendfsync.push(pair[1].clone()),
+            "maxmemory-policy" => eviction.push(pair[1].clone()),
             _ => {}
         }
     }
@@ -755,6 +930,13 @@ fn durability_of(reply: &Value) -> Durability {
         show_settings(&appendonly),
         show_settings(&appendfsync)
     );
+    // allkeys-* may evict a key that has no TTL (a majority-IDs counter) under memory pressure:
+    // the next ID would start again from the other stores' values, or from 1.
+    if let Some(policy) = eviction.iter().find(|p| p.starts_with("allkeys-")) {
+        return Durability::not_durable(format!(
+            "{detail}, maxmemory-policy {policy} (it may evict keys without a TTL; use noeviction or a volatile-* policy)"
+        ));
+    }
     let durable = !appendonly.is_empty()
         && !appendfsync.is_empty()
         && appendonly.iter().all(|v| v == "yes")
@@ -799,47 +981,6 @@ fn flatten_strings(value: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// Merges the replies of the list script from several nodes (combined into one array of
-/// `{'ok', k, v, ...}` arrays, or flattened) into one `{'ok', k, v, ...}` reply; the first
-/// `foreign` reply wins.
-fn merge_node_lists(combined: Value) -> Value {
-    let Value::Array(items) = combined else {
-        return combined;
-    };
-    // CombineArrays concatenates the nodes' arrays, so the "ok" markers are interleaved with
-    // the pairs: drop every marker, keeping key/value order.
-    let mut out = vec![Value::BulkString(b"ok".to_vec())];
-    let mut iter = items.into_iter().peekable();
-    while let Some(item) = iter.next() {
-        match item {
-            Value::BulkString(ref s) if s == b"ok" => {}
-            Value::BulkString(ref s) if s == b"foreign" => {
-                let mut foreign = vec![item];
-                foreign.extend(iter.by_ref().take(2));
-                return Value::Array(foreign);
-            }
-            Value::Array(inner) => {
-                if let Value::Array(nested) = merge_node_lists(Value::Array(inner)) {
-                    if nested
-                        .first()
-                        .is_some_and(|v| matches!(v, Value::BulkString(s) if s == b"foreign"))
-                    {
-                        return Value::Array(nested);
-                    }
-                    out.extend(nested.into_iter().skip(1));
-                }
-            }
-            other => {
-                out.push(other);
-                if let Some(v) = iter.next() {
-                    out.push(v);
-                }
-            }
-        }
-    }
-    Value::Array(out)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -847,9 +988,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn globs_are_escaped() {
-        assert_eq!(glob_escape("hc:{g}:"), "hc:{g}:*");
-        assert_eq!(glob_escape(r"a*b?c[d]e\f^g-h"), r"a\*b\?c\[d\]e\\f\^g\-h*");
+    fn the_defaults_of_stores_over_a_client_parse() {
+        assert!(RedisConfig::from_url(SINGLE_DEFAULTS).is_ok());
+        assert!(RedisConfig::from_url(CLUSTER_DEFAULTS).is_ok());
     }
 
     #[test]
@@ -861,11 +1002,37 @@ mod tests {
 
     #[test]
     fn hash_tags_pin_a_slot() {
-        assert!(prefix_pins_slot("hc:{g}:"));
-        assert!(prefix_pins_slot("{g}"));
-        assert!(!prefix_pins_slot("hc:{g"));
-        assert!(!prefix_pins_slot("hc:{}:x}"));
-        assert!(!prefix_pins_slot("hc:"));
+        assert_eq!(tag_of("hc:{g}:"), Some("g"));
+        assert_eq!(tag_of("{g}"), Some("g"));
+        assert_eq!(tag_of("a{b{c}d}"), Some("b{c"));
+        assert_eq!(tag_of("hc:{g"), None);
+        assert_eq!(tag_of("hc:{}:x}"), None);
+        assert_eq!(tag_of("hc:"), None);
+    }
+
+    #[test]
+    fn index_keys_share_the_tag_and_are_reserved() {
+        let ix = IndexKeys::of_tag("b{c");
+        assert_eq!(ix.index, "{b{c}:headcount:index");
+        assert_eq!(tag_of(&ix.index), Some("b{c"));
+        assert_eq!(tag_of(&ix.expiry), Some("b{c"));
+        for name in [
+            "headcount:index",
+            "headcount:expiry",
+            "{g}:headcount:index",
+            "{g}:headcount:expiry",
+        ] {
+            assert!(is_index_name(name), "{name}");
+        }
+        for name in [
+            "hc:{g}:headcount:index",
+            "{}:headcount:index",
+            "{g}:headcount:index2",
+            "héadcount:index",
+            "x",
+        ] {
+            assert!(!is_index_name(name), "{name}");
+        }
     }
 
     #[test]
@@ -881,19 +1048,6 @@ mod tests {
             list_reply(foreign),
             Err(Error::ForeignValue { .. })
         ));
-        let merged = merge_node_lists(Value::Array(vec![
-            b("ok"),
-            b("a"),
-            b("1"),
-            b("ok"),
-            b("ok"),
-            b("b"),
-            b("2"),
-        ]));
-        assert_eq!(
-            list_reply(merged).unwrap(),
-            vec![("a".into(), "1".into()), ("b".into(), "2".into())]
-        );
     }
 
     #[test]
@@ -927,6 +1081,42 @@ mod tests {
             (bulk("appendfsync"), bulk("always")),
         ]);
         assert!(durability_of(&map).durable);
+        let lru = durability_of(&reply(&[
+            ("appendonly", "yes"),
+            ("appendfsync", "always"),
+            ("maxmemory-policy", "allkeys-lru"),
+        ]));
+        assert!(
+            !lru.durable && lru.detail.contains("allkeys-lru"),
+            "{lru:?}"
+        );
+        let volatile = reply(&[
+            ("appendonly", "yes"),
+            ("appendfsync", "always"),
+            ("maxmemory-policy", "volatile-lru"),
+        ]);
+        assert!(durability_of(&volatile).durable);
+    }
+
+    #[test]
+    fn replicas_make_a_store_not_durable() {
+        let ok = || Durability::durable("appendonly yes, appendfsync always");
+        let info = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let alone = info("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n");
+        assert!(replication_of(&alone, ok()).durable);
+        let replicated = info("# Replication\r\nrole:master\r\nconnected_slaves:1\r\n");
+        let d = replication_of(&replicated, ok());
+        assert!(
+            !d.durable && d.detail.contains("1 connected replica"),
+            "{d:?}"
+        );
+        let replica = info("# Replication\r\nrole:slave\r\n");
+        assert!(!replication_of(&replica, ok()).durable);
+        let cluster = Value::Map(vec![
+            (info("n1"), alone.clone()),
+            (info("n2"), replicated.clone()),
+        ]);
+        assert!(!replication_of(&cluster, ok()).durable);
     }
 
     #[tokio::test]

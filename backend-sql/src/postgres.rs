@@ -17,14 +17,19 @@ use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_ttl, ttl_millis,
+    check_ttl, check_value, ttl_millis,
 };
 use headcount_core::{Capabilities, Durability, Error, Result, Store};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 pub use config::{PostgresConfig, SslMode, DEFAULT_POOL_SIZE, DEFAULT_TABLE};
+/// The pool crate [`PostgresStore::from_pool`] takes, re-exported so an application names the
+/// same version.
+pub use deadpool_postgres;
 pub use fence::{FencedOutcome, PgFence};
+/// The client crate of [`PgFence`], re-exported so an application names the same version.
+pub use tokio_postgres;
 
 pub(crate) const BACKEND: &str = "postgres";
 
@@ -52,6 +57,7 @@ struct Statements {
     cas_update: String,
     cas_insert: String,
     delete: String,
+    compare_and_delete: String,
     list: String,
     renew_and_list: String,
     set_max: String,
@@ -140,6 +146,9 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
             ),
             delete: format!(
                 "DELETE FROM {t} AS cur WHERE {by_key} RETURNING {live}"
+            ),
+            compare_and_delete: format!(
+                "DELETE FROM {t} AS cur WHERE {by_key} AND cur.value = $2 AND {live} RETURNING 1"
             ),
             list: format!("{} ORDER BY cur.key", listing("$1", "$2")),
             // One statement: the CTE renews, the outer query lists. The listing reads the
@@ -299,6 +308,20 @@ impl PostgresStore {
             .max_size(config.pool_size())
             .build()
             .map_err(|e| Error::config(format!("cannot build the PostgreSQL pool: {e}")))?;
+        Self::from_pool_with(pool, config).await
+    }
+
+    /// A store over a `deadpool-postgres` pool the application already has (re-exported as
+    /// [`deadpool_postgres`]), with the default table (`headcount`) and operation timeout.
+    /// Creates the table if it is missing. Connections that break or time out are dropped
+    /// from the pool, as with [`connect`](Self::connect).
+    pub async fn from_pool(pool: Pool) -> Result<Self> {
+        Self::from_pool_with(pool, pool_defaults()?).await
+    }
+
+    /// [`from_pool`](Self::from_pool) with the table and timeout of `config` (its host, user,
+    /// password and TLS settings are not used: the pool's are).
+    pub async fn from_pool_with(pool: Pool, config: PostgresConfig) -> Result<Self> {
         let store = PostgresStore {
             inner: Arc::new(Inner {
                 pool,
@@ -342,6 +365,12 @@ impl PostgresStore {
             Err(_) => inner.gc_running.store(false, Ordering::Release),
         }
     }
+}
+
+/// The options of a store over an application's pool: the defaults (its connection parts, a
+/// placeholder, are not used).
+fn pool_defaults() -> Result<PostgresConfig> {
+    PostgresConfig::from_url("postgres://headcount@localhost")
 }
 
 impl Inner {
@@ -529,6 +558,7 @@ impl Store for PostgresStore {
         caps.native_set_max = true;
         caps.native_incr_and_get = true;
         caps.native_renew_and_list = true;
+        caps.native_compare_and_delete = true;
         caps
     }
 
@@ -652,6 +682,22 @@ impl Store for PostgresStore {
         Ok(first_column::<bool>(&rows)?.unwrap_or(false))
     }
 
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        check_key(key)?;
+        check_value(expected)?;
+        let rows = self
+            .inner
+            .query(
+                "compare_and_delete",
+                &self.inner.sql.compare_and_delete,
+                &[&key, &expected],
+                None,
+            )
+            .await?;
+        self.note_write();
+        Ok(!rows.is_empty())
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         check_prefix(prefix)?;
         let (head, whole) = prefix_patterns(prefix);
@@ -727,7 +773,9 @@ impl Store for PostgresStore {
             .inner
             .query(
                 "durability",
-                "SELECT current_setting('fsync'), current_setting('synchronous_commit')",
+                "SELECT current_setting('fsync'), current_setting('synchronous_commit'),
+                        (SELECT count(*) FROM pg_stat_replication),
+                        current_setting('synchronous_standby_names')",
                 &[],
                 None,
             )
@@ -735,31 +783,61 @@ impl Store for PostgresStore {
         let settings = rows
             .first()
             .map(|row| {
-                Ok::<(String, String), tokio_postgres::Error>((row.try_get(0)?, row.try_get(1)?))
+                Ok::<Settings, tokio_postgres::Error>(Settings {
+                    fsync: row.try_get(0)?,
+                    synchronous_commit: row.try_get(1)?,
+                    standbys: row.try_get(2)?,
+                    synchronous_standby_names: row.try_get(3)?,
+                })
             })
             .transpose()
             .map_err(|e| Error::rejected(BACKEND, format!("unexpected result column: {e}"), e))?;
-        let Some((fsync, commit)) = settings else {
+        let Some(settings) = settings else {
             return Err(Error::Rejected {
                 backend: BACKEND,
                 message: "current_setting('fsync') returned no row".into(),
                 source: None,
             });
         };
-        Ok(settings_durability(&fsync, &commit))
+        Ok(settings_durability(&settings))
     }
 }
 
-/// Judges PostgreSQL's `fsync` and `synchronous_commit` settings.
-fn settings_durability(fsync: &str, synchronous_commit: &str) -> Durability {
-    let detail = format!("fsync {fsync}, synchronous_commit {synchronous_commit}");
-    if fsync == "on" && synchronous_commit != "off" {
-        Durability::durable(detail)
-    } else {
-        Durability::not_durable(format!(
+/// What [`settings_durability`] judges.
+struct Settings {
+    fsync: String,
+    synchronous_commit: String,
+    /// Standbys streaming from this server.
+    standbys: i64,
+    synchronous_standby_names: String,
+}
+
+/// Judges PostgreSQL's `fsync` and `synchronous_commit` settings, and its replication: a standby
+/// that is promoted after a failover has only what was replicated to it, so with standbys
+/// attached a write is durable only when they are synchronous (`synchronous_standby_names` set
+/// and `synchronous_commit` at least `on`).
+fn settings_durability(s: &Settings) -> Durability {
+    let (fsync, commit) = (s.fsync.as_str(), s.synchronous_commit.as_str());
+    let mut detail = format!("fsync {fsync}, synchronous_commit {commit}");
+    if fsync != "on" || commit == "off" {
+        return Durability::not_durable(format!(
             "{detail} (durable needs fsync on and synchronous_commit other than off)"
-        ))
+        ));
     }
+    if s.standbys > 0 {
+        detail.push_str(&format!(
+            ", {} standby(s), synchronous_standby_names '{}'",
+            s.standbys, s.synchronous_standby_names
+        ));
+        let synchronous = !s.synchronous_standby_names.trim().is_empty()
+            && matches!(commit, "on" | "remote_write" | "remote_apply");
+        if !synchronous {
+            return Durability::not_durable(format!(
+                "{detail} (a promoted asynchronous standby can lose acknowledged writes: set synchronous_standby_names and synchronous_commit = on)"
+            ));
+        }
+    }
+    Durability::durable(detail)
 }
 
 #[cfg(test)]
@@ -769,13 +847,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_defaults_of_a_pooled_store_parse() {
+        assert!(pool_defaults().is_ok());
+    }
+
+    fn settings(fsync: &str, commit: &str, standbys: i64, names: &str) -> Settings {
+        Settings {
+            fsync: fsync.into(),
+            synchronous_commit: commit.into(),
+            standbys,
+            synchronous_standby_names: names.into(),
+        }
+    }
+
+    #[test]
     fn durability_needs_fsync_and_a_waiting_commit() {
         for commit in ["on", "local", "remote_write", "remote_apply"] {
-            assert!(settings_durability("on", commit).durable, "{commit}");
+            assert!(
+                settings_durability(&settings("on", commit, 0, "")).durable,
+                "{commit}"
+            );
         }
-        let off = settings_durability("on", "off");
+        let off = settings_durability(&settings("on", "off", 0, ""));
         assert!(!off.durable && off.detail.contains("synchronous_commit off"));
-        assert!(!settings_durability("off", "on").durable);
+        assert!(!settings_durability(&settings("off", "on", 0, "")).durable);
+        // Standbys: durable only when synchronous.
+        let asynchronous = settings_durability(&settings("on", "on", 1, ""));
+        assert!(!asynchronous.durable && asynchronous.detail.contains("standby"));
+        assert!(!settings_durability(&settings("on", "local", 2, "s1")).durable);
+        assert!(settings_durability(&settings("on", "on", 1, "FIRST 1 (s1)")).durable);
+        assert!(settings_durability(&settings("on", "remote_apply", 1, "s1")).durable);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_ttl, parse_counter, ttl_millis,
+    check_ttl, check_value, parse_counter, ttl_millis,
 };
 use headcount_core::{Capabilities, Durability, Error, Result, Store};
 use rusqlite::types::ValueRef;
@@ -102,6 +102,9 @@ pub struct SqliteOptions {
     pub busy_timeout: Option<Duration>,
     /// Durability of commits (`synchronous`, default `normal`).
     pub synchronous: Synchronous,
+    /// Whether a missing database file is created (`mode=rwc`, the default) or is an error
+    /// (`mode=rw`, for tools that only read and must not leave an empty database behind).
+    pub create: bool,
 }
 
 impl Default for SqliteOptions {
@@ -110,6 +113,7 @@ impl Default for SqliteOptions {
             timeout: DEFAULT_TIMEOUT,
             busy_timeout: None,
             synchronous: Synchronous::Normal,
+            create: true,
         }
     }
 }
@@ -162,6 +166,11 @@ fn parse_url(url: &str) -> Result<(Location, SqliteOptions)> {
     let path = location.strip_prefix("//").unwrap_or(location);
     let location = if path == ":memory:" {
         Location::Memory
+    } else if path.starts_with(":memory") {
+        // `sqlite::memory:x` would otherwise be a file named `:memory:x`.
+        return Err(Error::config(
+            "SQLite URL names `:memory…` but is not `sqlite::memory:`: an in-memory database is exactly `sqlite::memory:` (options after `?`)",
+        ));
     } else {
         let path = headcount_core::url::decode(path, "path")?;
         if path.is_empty() {
@@ -184,9 +193,20 @@ fn parse_url(url: &str) -> Result<(Location, SqliteOptions)> {
             // Zero is meaningful here: fail at once instead of waiting for a lock.
             "busy_timeout" => options.busy_timeout = Some(parse_duration(key, value)?),
             "synchronous" => options.synchronous = value.parse()?,
+            "mode" => {
+                options.create = match value.as_str() {
+                    "rwc" => true,
+                    "rw" => false,
+                    _ => {
+                        return Err(Error::config(format!(
+                            "invalid value for option `mode`: `{value}` (expected rwc, the default, or rw: do not create the file)"
+                        )))
+                    }
+                }
+            }
             _ => {
                 return Err(Error::config(format!(
-                    "unknown option `{key}` in SQLite URL: expected timeout, busy_timeout or synchronous"
+                    "unknown option `{key}` in SQLite URL: expected timeout, busy_timeout, synchronous or mode"
                 )))
             }
         }
@@ -360,14 +380,23 @@ fn check_directory(path: &Path) -> Result<()> {
 }
 
 fn open_connection(location: &Location, options: &SqliteOptions) -> Result<Connection> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-        | OpenFlags::SQLITE_OPEN_CREATE
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if options.create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
     let opening = |e: rusqlite::Error| open_error(location, e);
     let conn = match location {
-        Location::Memory => Connection::open_in_memory_with_flags(flags),
+        Location::Memory => {
+            Connection::open_in_memory_with_flags(flags | OpenFlags::SQLITE_OPEN_CREATE)
+        }
         Location::File(path) => {
             check_directory(path)?;
+            if !options.create && !path.exists() {
+                return Err(Error::config(format!(
+                    "SQLite database `{}` does not exist (mode=rw: not creating it)",
+                    path.display()
+                )));
+            }
             Connection::open_with_flags(path, flags)
         }
     }
@@ -417,7 +446,29 @@ fn open_connection(location: &Location, options: &SqliteOptions) -> Result<Conne
         ) WITHOUT ROWID"
     ))
     .map_err(opening)?;
+    check_schema(&conn, location)?;
     Ok(conn)
+}
+
+/// Refuses a table of our name that someone else created (other columns): every statement on
+/// it would fail with raw SQL in the message.
+fn check_schema(conn: &Connection, location: &Location) -> Result<()> {
+    let columns = conn
+        .prepare(&format!(
+            "SELECT name FROM pragma_table_info('{TABLE}') ORDER BY cid"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_map([], |row| row.get::<_, String>(0))?
+                .collect::<std::result::Result<Vec<String>, _>>()
+        })
+        .map_err(|e| open_error(location, e))?;
+    if columns != ["key", "value", "expires_at"] {
+        return Err(Error::config(format!(
+            "`{location}` has a table `{TABLE}` that headcount did not create (columns {}): use another database file",
+            columns.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 fn open_error(location: &Location, e: rusqlite::Error) -> Error {
@@ -701,6 +752,20 @@ fn expire(conn: &mut Connection, key: &str, ttl_ms: i64) -> Result<bool> {
     })
 }
 
+fn compare_and_delete(conn: &mut Connection, key: &str, expected: &str) -> Result<bool> {
+    locked_write(conn, |conn, now| {
+        let n = conn
+            .prepare_cached(&format!(
+                "DELETE FROM {TABLE} WHERE key = ?1 AND value = ?2
+                 AND (expires_at IS NULL OR expires_at > ?3)"
+            ))
+            .sql()?
+            .execute(params![key, expected, now])
+            .sql()?;
+        Ok(n > 0)
+    })
+}
+
 fn delete(conn: &mut Connection, key: &str) -> Result<bool> {
     locked_write(conn, |conn, now| {
         // An expired row is removed too (it is garbage anyway), but only a live one counts.
@@ -790,6 +855,7 @@ impl Store for SqliteStore {
         caps.native_set_max = true;
         caps.native_incr_and_get = true;
         caps.native_renew_and_list = true;
+        caps.native_compare_and_delete = true;
         caps.shared = self.inner.location != Location::Memory;
         caps
     }
@@ -841,6 +907,16 @@ impl Store for SqliteStore {
         check_key(key)?;
         let key = key.to_owned();
         self.call("delete", move |conn| delete(conn, &key)).await
+    }
+
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        check_key(key)?;
+        check_value(expected)?;
+        let (key, expected) = (key.to_owned(), expected.to_owned());
+        self.call("compare_and_delete", move |conn| {
+            compare_and_delete(conn, &key, &expected)
+        })
+        .await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {

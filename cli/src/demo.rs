@@ -31,6 +31,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use headcount::{redact_url, DynStore, Error};
+
+use crate::exit::{emit, CliError};
 use serde_json::{json, Value};
 
 use peer::{converged, Mode, Peer, Recipe, Sink};
@@ -163,12 +165,27 @@ fn round(x: f64, digits: i32) -> f64 {
 }
 
 /// Runs the demo on `url` (or a fresh SQLite file in a temp dir).
-pub async fn demo(url: Option<&str>, args: DemoArgs) -> Result<ExitCode, Error> {
+pub async fn demo(url: Option<&str>, args: DemoArgs) -> Result<ExitCode, CliError> {
+    use headcount::recipes::group::{MAX_TTL, MIN_TTL};
+    // Everything the scenario would refuse is refused here, before the banner.
+    if !(MIN_TTL..=MAX_TTL).contains(&args.ttl) {
+        return Err(Error::invalid(format!(
+            "--ttl {:?} is outside {MIN_TTL:?}..={MAX_TTL:?}",
+            args.ttl
+        ))
+        .into());
+    }
+    if args
+        .work
+        .is_some_and(|w| w > args.interval * args.stage_intervals.max(1))
+    {
+        return Err(Error::invalid("--work must be shorter than a stage").into());
+    }
     if args.stage_intervals == 0 {
-        return Err(Error::invalid("--stage-intervals must be at least 1"));
+        return Err(Error::invalid("--stage-intervals must be at least 1").into());
     }
     if args.interval.is_zero() {
-        return Err(Error::invalid("--interval must be above zero"));
+        return Err(Error::invalid("--interval must be above zero").into());
     }
     let stage = args.interval * args.stage_intervals;
     if stage <= args.ttl {
@@ -176,7 +193,8 @@ pub async fn demo(url: Option<&str>, args: DemoArgs) -> Result<ExitCode, Error> 
             "a stage ({stage:?}: --interval times --stage-intervals) must last longer than --ttl \
              ({:?}), or the paused peer would resume before its lease passed",
             args.ttl
-        )));
+        ))
+        .into());
     }
     let (url, temp_dir) = match url {
         Some(u) => (u.to_owned(), None),
@@ -198,7 +216,7 @@ pub async fn demo(url: Option<&str>, args: DemoArgs) -> Result<ExitCode, Error> 
     result
 }
 
-async fn run_modes(url: &str, args: &DemoArgs) -> Result<ExitCode, Error> {
+async fn run_modes(url: &str, args: &DemoArgs) -> Result<ExitCode, CliError> {
     let store = headcount::connect(url).await?;
     let modes: &[Mode] = match args.mode {
         DemoMode::Both => &[Mode::Group, Mode::Interval],
@@ -227,9 +245,9 @@ async fn run_modes(url: &str, args: &DemoArgs) -> Result<ExitCode, Error> {
         for o in &outcomes {
             summary[o.mode.as_str()] = o.json();
         }
-        println!("{summary}");
+        emit(summary)?;
     } else {
-        print!("{}", table(&outcomes));
+        crate::exit::emit_raw(table(&outcomes).as_bytes())?;
     }
     Ok(if ok {
         ExitCode::SUCCESS

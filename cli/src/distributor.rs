@@ -9,45 +9,104 @@ use headcount::recipes::distributor::{
 };
 use headcount::{DynStore, Error, Keyspace};
 
+use crate::exit::{emit, CliError};
 use crate::run::shutdown_signal;
 
-/// The namespaces shared by the daemon and the commands, with the article's flags and
-/// environment variables.
+/// The namespaces shared by the daemon and the commands. Each flag also reads a `HEADCOUNT_`
+/// environment variable, and then the article's unprefixed one (`SERVICES_NAMESPACE`, ...),
+/// which keeps working.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Namespaces {
-    /// Services namespaces, comma-separated: where services register.
+    /// Services namespaces, comma-separated: where services register [default: services]
+    /// [also read: SERVICES_NAMESPACE].
     #[arg(
         long,
-        env = "SERVICES_NAMESPACE",
+        env = "HEADCOUNT_SERVICES_NAMESPACE",
         value_delimiter = ',',
-        default_value = "services"
+        value_name = "NS"
     )]
     pub services_namespaces: Vec<String>,
-    /// Where the work units are kept.
-    #[arg(long, env = "WORKUNITS_NAMESPACE", default_value = "workunits")]
-    pub workunits_namespace: String,
-    /// Where the matching table is written.
-    #[arg(long, env = "DISTRIBUTION_NAMESPACE", default_value = "distribution")]
-    pub distribution_namespace: String,
+    /// Where the work units are kept [default: workunits] [also read: WORKUNITS_NAMESPACE].
+    #[arg(long, env = "HEADCOUNT_WORKUNITS_NAMESPACE", value_name = "NS")]
+    pub workunits_namespace: Option<String>,
+    /// Where the matching table is written [default: distribution] [also read:
+    /// DISTRIBUTION_NAMESPACE].
+    #[arg(long, env = "HEADCOUNT_DISTRIBUTION_NAMESPACE", value_name = "NS")]
+    pub distribution_namespace: Option<String>,
+}
+
+/// `value` (the flag or its `HEADCOUNT_` variable), else the unprefixed variable `legacy`.
+fn twin(value: Option<&str>, legacy: &str) -> Option<String> {
+    value
+        .map(str::to_owned)
+        .or_else(|| std::env::var(legacy).ok().filter(|v| !v.is_empty()))
 }
 
 impl Namespaces {
+    fn services_names(&self) -> Vec<String> {
+        if !self.services_namespaces.is_empty() {
+            return self.services_namespaces.clone();
+        }
+        match twin(None, "SERVICES_NAMESPACE") {
+            Some(list) => list.split(',').map(str::to_owned).collect(),
+            None => vec!["services".to_owned()],
+        }
+    }
+
+    fn workunits_name(&self) -> String {
+        twin(self.workunits_namespace.as_deref(), "WORKUNITS_NAMESPACE")
+            .unwrap_or_else(|| "workunits".to_owned())
+    }
+
+    fn distribution_name(&self) -> String {
+        twin(
+            self.distribution_namespace.as_deref(),
+            "DISTRIBUTION_NAMESPACE",
+        )
+        .unwrap_or_else(|| "distribution".to_owned())
+    }
+
     fn services(&self) -> Result<Vec<Keyspace>, Error> {
-        if self.services_namespaces.is_empty() {
+        let names = self.services_names();
+        if names.is_empty() {
             return Err(Error::config("no services namespace given"));
         }
-        self.services_namespaces
+        names
             .iter()
             .map(|ns| keyspace("services namespace", ns))
             .collect()
     }
 
     fn units(&self) -> Result<Keyspace, Error> {
-        keyspace("work units namespace", &self.workunits_namespace)
+        keyspace("work units namespace", &self.workunits_name())
     }
 
     fn distribution(&self) -> Result<Keyspace, Error> {
-        keyspace("distribution namespace", &self.distribution_namespace)
+        keyspace("distribution namespace", &self.distribution_name())
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        self.services()?;
+        self.units()?;
+        self.distribution()?;
+        Ok(())
+    }
+}
+
+/// A duration from its flag or `HEADCOUNT_` variable, else the unprefixed variable, else the
+/// default.
+fn duration_twin(
+    value: Option<Duration>,
+    legacy: &str,
+    default: Duration,
+) -> Result<Duration, Error> {
+    if let Some(d) = value {
+        return Ok(d);
+    }
+    match twin(None, legacy) {
+        Some(text) => crate::util::parse_duration(&text)
+            .map_err(|why| Error::config(format!("{legacy}={text:?}: {why}"))),
+        None => Ok(default),
     }
 }
 
@@ -61,12 +120,16 @@ fn keyspace(what: &str, ns: &str) -> Result<Keyspace, Error> {
 pub struct DistributorArgs {
     #[command(flatten)]
     namespaces: Namespaces,
-    /// How often every service is pinged and the table recomputed.
-    #[arg(long, env = "POLL_INTERVAL", default_value = "1s", value_parser = crate::util::parse_duration)]
-    poll_interval: Duration,
-    /// How long a ping may take before the service counts as down.
-    #[arg(long, env = "PING_TIMEOUT", default_value = "1s", value_parser = crate::util::parse_duration)]
-    ping_timeout: Duration,
+    /// How often every service is pinged and the table recomputed [default: 1s] [also read:
+    /// POLL_INTERVAL].
+    #[arg(long, env = "HEADCOUNT_POLL_INTERVAL", value_parser = crate::util::parse_duration)]
+    poll_interval: Option<Duration>,
+    /// How long a ping may take before the service counts as down [default: 1s] [also read:
+    /// PING_TIMEOUT].
+    #[arg(long, env = "HEADCOUNT_PING_TIMEOUT", value_parser = crate::util::parse_duration)]
+    ping_timeout: Option<Duration>,
+    #[command(flatten)]
+    pub metrics: crate::observe::MetricsArgs,
     #[command(subcommand)]
     command: Option<Action>,
 }
@@ -150,17 +213,92 @@ enum UnitsAction {
     Ls,
 }
 
+impl DistributorArgs {
+    /// Whether the command only reads (`table`, `units ls`): then no store is created.
+    pub fn is_read_only(&self) -> bool {
+        matches!(
+            self.command,
+            Some(Action::Table { .. })
+                | Some(Action::Units {
+                    action: UnitsAction::Ls,
+                    ..
+                })
+        )
+    }
+
+    /// Checks everything that needs no store, before connecting: nothing is written when any
+    /// part of the command is wrong.
+    pub fn check(&self) -> Result<(), Error> {
+        match &self.command {
+            None => {
+                self.namespaces.check()?;
+                let poll = duration_twin(self.poll_interval, "POLL_INTERVAL", DEFAULT_POLL)?;
+                let ping = duration_twin(self.ping_timeout, "PING_TIMEOUT", DEFAULT_POLL)?;
+                if poll.is_zero() || ping.is_zero() {
+                    return Err(Error::invalid(
+                        "--poll-interval and --ping-timeout must be above zero",
+                    ));
+                }
+                Ok(())
+            }
+            Some(Action::Register {
+                namespaces,
+                name,
+                address,
+                heartbeat,
+            }) => {
+                namespaces.services()?;
+                distributor::check_service_name(name)?;
+                if let (Some(a), false) = (address, heartbeat) {
+                    Liveness::grpc(a)?;
+                }
+                Ok(())
+            }
+            Some(Action::Deregister { namespaces, name }) => {
+                namespaces.services()?;
+                distributor::check_service_name(name)
+            }
+            Some(Action::Service {
+                namespaces,
+                name,
+                advertise,
+                watch_interval,
+                ..
+            }) => {
+                namespaces.check()?;
+                distributor::check_service_name(name)?;
+                if let Some(a) = advertise {
+                    Liveness::grpc(a)?;
+                }
+                if watch_interval.is_zero() {
+                    return Err(Error::invalid("--watch-interval must be above zero"));
+                }
+                Ok(())
+            }
+            Some(Action::Units { namespaces, action }) => {
+                namespaces.units()?;
+                match action {
+                    UnitsAction::Add { names } | UnitsAction::Rm { names } => names
+                        .iter()
+                        .try_for_each(|n| distributor::check_unit_name(n)),
+                    UnitsAction::Ls => Ok(()),
+                }
+            }
+            Some(Action::Table { namespaces, .. }) => namespaces.distribution().map(|_| ()),
+        }
+    }
+}
+
+/// The poll interval and ping timeout when none is given.
+const DEFAULT_POLL: Duration = Duration::from_secs(1);
+
 /// Runs the daemon or the command.
-pub async fn distributor(store: DynStore, args: DistributorArgs) -> Result<ExitCode, Error> {
+pub async fn distributor(store: DynStore, args: DistributorArgs) -> Result<ExitCode, CliError> {
     match args.command {
         None => {
-            daemon(
-                store,
-                args.namespaces,
-                args.poll_interval,
-                args.ping_timeout,
-            )
-            .await
+            let poll = duration_twin(args.poll_interval, "POLL_INTERVAL", DEFAULT_POLL)?;
+            let ping = duration_twin(args.ping_timeout, "PING_TIMEOUT", DEFAULT_POLL)?;
+            daemon(store, args.namespaces, poll, ping).await
         }
         Some(Action::Register {
             namespaces,
@@ -171,7 +309,7 @@ pub async fn distributor(store: DynStore, args: DistributorArgs) -> Result<ExitC
             let liveness = match (address, heartbeat) {
                 (_, true) => Liveness::Heartbeat,
                 (Some(a), false) => Liveness::grpc(&a)?,
-                (None, false) => return Err(Error::invalid("give --address or --heartbeat")),
+                (None, false) => return Err(Error::invalid("give --address or --heartbeat").into()),
             };
             register_everywhere(&store, &namespaces, &name, &liveness).await?;
             Ok(ExitCode::SUCCESS)
@@ -179,10 +317,9 @@ pub async fn distributor(store: DynStore, args: DistributorArgs) -> Result<ExitC
         Some(Action::Deregister { namespaces, name }) => {
             for ns in namespaces.services()? {
                 let removed = distributor::deregister(&store, &ns, &name).await?;
-                println!(
-                    "{}",
-                    serde_json::json!({"service": name, "namespace": ns.group(), "removed": removed})
-                );
+                emit(
+                    serde_json::json!({"service": name, "namespace": ns.group(), "removed": removed}),
+                )?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -199,18 +336,18 @@ pub async fn distributor(store: DynStore, args: DistributorArgs) -> Result<ExitC
                 UnitsAction::Add { names } => {
                     for n in names {
                         let added = distributor::add_unit(&store, &ns, &n).await?;
-                        println!("{}", serde_json::json!({"unit": n, "added": added}));
+                        emit(serde_json::json!({"unit": n, "added": added}))?;
                     }
                 }
                 UnitsAction::Rm { names } => {
                     for n in names {
                         let removed = distributor::remove_unit(&store, &ns, &n).await?;
-                        println!("{}", serde_json::json!({"unit": n, "removed": removed}));
+                        emit(serde_json::json!({"unit": n, "removed": removed}))?;
                     }
                 }
                 UnitsAction::Ls => {
                     for n in distributor::list_units(&store, &ns).await? {
-                        println!("{}", serde_json::json!({ "unit": n }));
+                        emit(serde_json::json!({ "unit": n }))?;
                     }
                 }
             }
@@ -224,21 +361,17 @@ pub async fn distributor(store: DynStore, args: DistributorArgs) -> Result<ExitC
             match service {
                 Some(s) => {
                     let a = distributor::read_assignment(&store, &ns, &s).await?;
-                    println!(
-                        "{}",
-                        serde_json::json!({
-                            "service": s,
-                            "version": a.as_ref().map(|a| a.version),
-                            "units": a.map(|a| a.units).unwrap_or_default(),
-                        })
-                    );
+                    emit(serde_json::json!({
+                        "service": s,
+                        "version": a.as_ref().map(|a| a.version),
+                        "units": a.map(|a| a.units).unwrap_or_default(),
+                    }))?;
                 }
                 None => match distributor::read_table(&store, &ns).await? {
-                    Some(t) => println!(
-                        "{}",
-                        serde_json::json!({"version": t.version, "services": t.services, "down": t.down})
-                    ),
-                    None => println!("{}", serde_json::json!({"version": null, "services": {}})),
+                    Some(t) => emit(
+                        serde_json::json!({"version": t.version, "services": t.services, "down": t.down}),
+                    )?,
+                    None => emit(serde_json::json!({"version": null, "services": {}}))?,
                 },
             }
             Ok(ExitCode::SUCCESS)
@@ -251,7 +384,7 @@ async fn register_everywhere(
     namespaces: &Namespaces,
     name: &str,
     liveness: &Liveness,
-) -> Result<(), Error> {
+) -> Result<(), CliError> {
     for ns in namespaces.services()? {
         let r = distributor::register(store, &ns, name, liveness).await?;
         let (what, previous) = match r {
@@ -259,16 +392,13 @@ async fn register_everywhere(
             Registration::Unchanged => ("unchanged", None),
             Registration::AddressChanged { previous } => ("address_changed", Some(previous)),
         };
-        println!(
-            "{}",
-            serde_json::json!({
-                "service": name,
-                "namespace": ns.group(),
-                "address": liveness.as_record(),
-                "registration": what,
-                "previous": previous,
-            })
-        );
+        emit(serde_json::json!({
+            "service": name,
+            "namespace": ns.group(),
+            "address": liveness.as_record(),
+            "registration": what,
+            "previous": previous,
+        }))?;
     }
     Ok(())
 }
@@ -278,19 +408,19 @@ async fn daemon(
     namespaces: Namespaces,
     poll_interval: Duration,
     ping_timeout: Duration,
-) -> Result<ExitCode, Error> {
+) -> Result<ExitCode, CliError> {
     let config = DistributorConfig::new(
-        namespaces.services_namespaces.clone(),
-        namespaces.workunits_namespace.clone(),
-        namespaces.distribution_namespace.clone(),
+        namespaces.services_names(),
+        namespaces.workunits_name(),
+        namespaces.distribution_name(),
     )
     .with_poll_interval(poll_interval)
     .with_ping_timeout(ping_timeout);
     let d = Distributor::new(store, config)?;
     tracing::info!(
-        services = ?namespaces.services_namespaces,
-        workunits = %namespaces.workunits_namespace,
-        distribution = %namespaces.distribution_namespace,
+        services = ?namespaces.services_names(),
+        workunits = %namespaces.workunits_name(),
+        distribution = %namespaces.distribution_name(),
         ?poll_interval,
         ?ping_timeout,
         "distributor started"
@@ -308,7 +438,7 @@ async fn daemon(
     .await;
     signal.abort();
     if let Some(e) = failed {
-        return Err(e);
+        return Err(e.into());
     }
     tracing::info!("distributor stopped");
     Ok(ExitCode::SUCCESS)
@@ -321,7 +451,7 @@ async fn service(
     listen: String,
     advertise: Option<String>,
     watch_interval: Duration,
-) -> Result<ExitCode, Error> {
+) -> Result<ExitCode, CliError> {
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .map_err(|e| Error::config(format!("cannot listen on {listen}: {e}")))?;
@@ -335,18 +465,23 @@ async fn service(
         watch_interval,
     )?;
     let mut stop = Box::pin(shutdown_signal());
-    loop {
+    // A closed stdout stops the service like a signal: its health endpoint goes away, so the
+    // distributor moves its units.
+    let ended: Result<(), CliError> = loop {
         tokio::select! {
             a = watch.changed() => {
-                let a = a?;
-                println!("{}", serde_json::json!({"service": name, "version": a.version, "units": a.units}));
+                let line = match a {
+                    Ok(a) => serde_json::json!({"service": name, "version": a.version, "units": a.units}),
+                    Err(e) => break Err(e.into()),
+                };
+                if let Err(e) = emit(line) {
+                    break Err(e);
+                }
             }
-            s = &mut stop => {
-                s?;
-                break;
-            }
+            s = &mut stop => break s.map_err(CliError::from),
         }
-    }
+    };
     server.shutdown().await?;
+    ended?;
     Ok(ExitCode::SUCCESS)
 }

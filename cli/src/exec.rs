@@ -7,16 +7,18 @@
 //! is what lets the hand-off proceed. A view change that keeps the pair (only the epoch moves)
 //! does not restart the command.
 
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::{ExitCode, ExitStatus, Stdio};
 use std::time::{Duration, SystemTime};
 
-use headcount::assign::AssignorKind;
 use headcount::recipes::group::{Assignment, Grant, Group, GroupPhase, Member};
-use headcount::{DynStore, Error};
+use headcount::Error;
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
-use crate::util::{group_config, rfc3339, Shutdown};
+use crate::exit::{CliError, EXEC_FAILED, NOT_EXECUTABLE, NOT_FOUND};
+use crate::util::{group_config, rfc3339, AssignorArg, Shutdown};
 
 /// How often a running command's grant is re-checked between assignment changes: the lease
 /// deadline passes on the local clock without any notification.
@@ -30,22 +32,28 @@ const MAX_GRACE: Duration = Duration::from_secs(30 * 60);
 #[derive(Debug, clap::Args)]
 pub struct ExecArgs {
     /// The group to join.
-    #[arg(long)]
+    #[arg(long, env = "HEADCOUNT_GROUP")]
     pub group: String,
     /// The lease TTL, renewed every TTL/3 [default: 6s].
-    #[arg(long, value_parser = crate::util::parse_duration)]
+    #[arg(long, env = "HEADCOUNT_TTL", value_parser = crate::util::parse_duration)]
     pub ttl: Option<Duration>,
     /// The member id (random by default): a restarted member with the same id gets its slot back
-    /// if it is still free.
-    #[arg(long)]
+    /// if it is still free. In Kubernetes, set HEADCOUNT_MEMBER from the pod name.
+    #[arg(long, env = "HEADCOUNT_MEMBER")]
     pub member: Option<String>,
-    /// How keys map to slots (jump, rendezvous, memento, ring, modulo) [default: jump]; only
-    /// the member's own keys depend on it, `HEADCOUNT_INDEX` does not.
-    #[arg(long, value_parser = crate::util::parse_assignor)]
-    pub assignor: Option<AssignorKind>,
+    /// How keys map to slots [default: jumpback]; only the member's own keys depend on it,
+    /// `HEADCOUNT_INDEX` does not.
+    #[arg(long, value_enum)]
+    pub assignor: Option<AssignorArg>,
+    /// Append exec's own JSON events (start, stop) to this file instead of stderr; stdout is
+    /// the command's alone.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
     /// How long the command has to exit after SIGTERM before its process group gets SIGKILL.
     #[arg(long, default_value = "10s", value_parser = crate::util::parse_duration)]
     pub grace: Duration,
+    #[command(flatten)]
+    pub metrics: crate::observe::MetricsArgs,
     /// The command and its arguments, after `--`.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -61,19 +69,24 @@ enum Ended {
     Exited(ExitStatus),
 }
 
-/// Runs the command under the member's share until it exits, or SIGINT/SIGTERM.
-pub async fn exec(store: DynStore, args: ExecArgs) -> Result<ExitCode, Error> {
-    if args.command.is_empty() {
+/// Runs the command under the member's share until it exits, or SIGINT/SIGTERM. Everything
+/// that can be checked without the group (the command exists and is executable, the events
+/// file opens) is checked before joining, so a typo costs the others no view change.
+pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
+    let Some(program) = args.command.first() else {
         return Err(Error::invalid(
             "exec needs a command after `--`: headcount exec --group G -- CMD ARGS...",
-        ));
-    }
+        )
+        .into());
+    };
     if args.grace > MAX_GRACE {
-        return Err(Error::invalid(format!(
-            "--grace {:?} is above {MAX_GRACE:?}",
-            args.grace
-        )));
+        return Err(
+            Error::invalid(format!("--grace {:?} is above {MAX_GRACE:?}", args.grace)).into(),
+        );
     }
+    check_command(program)?;
+    let events = Events::open(args.events.as_deref())?;
+    let store = headcount::connect(&url).await?;
     let mut shutdown = Shutdown::new()?;
     let ttl = args.ttl.unwrap_or(crate::util::DEFAULT_GROUP_TTL);
     // The grant is held while the command stops: let the hand-off wait for the whole grace (and
@@ -83,6 +96,17 @@ pub async fn exec(store: DynStore, args: ExecArgs) -> Result<ExitCode, Error> {
     let member = Group::join(store, config).await?;
     tracing::info!(member = member.member(), "joined");
     let mut watch = member.watch();
+    let event = |kind, a: &Assignment, grant: &Grant, pid, reason, status| {
+        events.write(&event_line(
+            kind,
+            &args.group,
+            a,
+            grant,
+            pid,
+            reason,
+            status,
+        ));
+    };
     let code = loop {
         let Some((grant, assignment)) = wait_for_share(&member, &mut watch, &mut shutdown).await
         else {
@@ -97,7 +121,7 @@ pub async fn exec(store: DynStore, args: ExecArgs) -> Result<ExitCode, Error> {
             }
         };
         let pid = child.id();
-        event("start", &args.group, &assignment, &grant, pid, None, None);
+        event("start", &assignment, &grant, pid, None, None);
         let ended = supervise(&mut child, &grant, &mut watch, &mut shutdown).await;
         let status = match ended {
             Ended::Exited(status) => {
@@ -127,15 +151,7 @@ pub async fn exec(store: DynStore, args: ExecArgs) -> Result<ExitCode, Error> {
             Ended::Signal => "signal",
             Ended::Exited(_) => "exited",
         };
-        event(
-            "stop",
-            &args.group,
-            &assignment,
-            &grant,
-            pid,
-            Some(reason),
-            Some(status),
-        );
+        event("stop", &assignment, &grant, pid, Some(reason), Some(status));
         // Dropping the grant is the acknowledgement: the hand-off may proceed.
         drop(grant);
         match ended {
@@ -219,7 +235,92 @@ async fn supervise(
     }
 }
 
-fn spawn(args: &ExecArgs, a: &Assignment, grant: &Grant) -> Result<Child, Error> {
+/// Where exec's own events go: stderr, or a file opened (appending) before joining.
+enum Events {
+    Stderr,
+    File(std::fs::File, PathBuf),
+}
+
+impl Events {
+    fn open(path: Option<&Path>) -> Result<Events, CliError> {
+        let Some(path) = path else {
+            return Ok(Events::Stderr);
+        };
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map(|f| Events::File(f, path.to_owned()))
+            .map_err(|e| CliError::Exit {
+                code: EXEC_FAILED,
+                message: format!("cannot open --events {}: {e}", path.display()),
+            })
+    }
+
+    /// Writes one event line; a failure is logged, never fatal (the command is what matters).
+    fn write(&self, line: &serde_json::Value) {
+        let written = match self {
+            Events::Stderr => writeln!(std::io::stderr().lock(), "{line}"),
+            Events::File(file, _) => {
+                let mut file: &std::fs::File = file;
+                writeln!(file, "{line}")
+            }
+        };
+        if let Err(e) = written {
+            let target = match self {
+                Events::Stderr => "stderr".to_owned(),
+                Events::File(_, path) => path.display().to_string(),
+            };
+            tracing::warn!(error = %e, %target, "cannot write an exec event");
+        }
+    }
+}
+
+/// Finds `program` as the spawn will (a path, or a search of `PATH`): 127 when it is nowhere,
+/// 126 when what is there cannot be executed.
+fn check_command(program: &str) -> Result<(), CliError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let candidates: Vec<PathBuf> = if program.contains('/') {
+        vec![PathBuf::from(program)]
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path)
+            .map(|dir| {
+                if dir.as_os_str().is_empty() {
+                    PathBuf::from(".").join(program)
+                } else {
+                    dir.join(program)
+                }
+            })
+            .collect()
+    };
+    let mut not_executable = None;
+    for candidate in candidates {
+        match std::fs::metadata(&candidate) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(()),
+            Ok(_) => {
+                not_executable.get_or_insert(candidate);
+            }
+            Err(_) => {}
+        }
+    }
+    Err(match not_executable {
+        Some(path) => CliError::Exit {
+            code: NOT_EXECUTABLE,
+            message: format!("cannot run `{}`: not an executable file", path.display()),
+        },
+        None if program.contains('/') => CliError::Exit {
+            code: NOT_FOUND,
+            message: format!("`{program}` not found"),
+        },
+        None => CliError::Exit {
+            code: NOT_FOUND,
+            message: format!("`{program}` not found in PATH"),
+        },
+    })
+}
+
+fn spawn(args: &ExecArgs, a: &Assignment, grant: &Grant) -> Result<Child, CliError> {
     let (program, rest) = args
         .command
         .split_first()
@@ -241,9 +342,14 @@ fn spawn(args: &ExecArgs, a: &Assignment, grant: &Grant) -> Result<Child, Error>
         .kill_on_drop(true);
     #[cfg(target_os = "linux")]
     die_with_parent(&mut command);
-    command
-        .spawn()
-        .map_err(|e| Error::invalid(format!("cannot start `{program}`: {e}")))
+    command.spawn().map_err(|e| CliError::Exit {
+        code: match e.kind() {
+            std::io::ErrorKind::NotFound => NOT_FOUND,
+            std::io::ErrorKind::PermissionDenied => NOT_EXECUTABLE,
+            _ => EXEC_FAILED,
+        },
+        message: format!("cannot start `{program}`: {e}"),
+    })
 }
 
 /// Asks Linux to SIGKILL the command when headcount dies (kill -9, OOM): it must not work on
@@ -345,16 +451,17 @@ fn exit_code(status: ExitStatus) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
-/// Exit status when the member ended before a command ran: 0 after a signal, 1 when it gave up.
+/// Exit status when the member ended before a command ran: 0 after a signal, 125 (exec's own
+/// failure) when it gave up.
 fn stopped_code(member: &Member) -> ExitCode {
     if member.assignment().phase == GroupPhase::Failed {
-        ExitCode::FAILURE
+        ExitCode::from(EXEC_FAILED)
     } else {
         ExitCode::SUCCESS
     }
 }
 
-fn event(
+fn event_line(
     kind: &str,
     group: &str,
     a: &Assignment,
@@ -362,9 +469,9 @@ fn event(
     pid: Option<u32>,
     reason: Option<&str>,
     status: Option<ExitStatus>,
-) {
+) -> serde_json::Value {
     use std::os::unix::process::ExitStatusExt as _;
-    let line = serde_json::json!({
+    serde_json::json!({
         "event": kind,
         "group": group,
         "member": a.member,
@@ -377,6 +484,5 @@ fn event(
         "code": status.and_then(|s| s.code()),
         "signal": status.and_then(|s| s.signal()),
         "at": rfc3339(SystemTime::now()),
-    });
-    println!("{line}");
+    })
 }

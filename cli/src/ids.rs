@@ -7,6 +7,8 @@ use async_trait::async_trait;
 use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds};
 use headcount::{redact_url, Capabilities, DynStore, Error, Result, Store};
 
+use crate::exit::{emit, CliError};
+
 /// The subcommands of `ids`.
 #[derive(Debug, clap::Subcommand)]
 pub enum IdsCommand {
@@ -37,19 +39,21 @@ pub struct NextArgs {
     /// How long one ID may take before the command gives up, printing no further ID.
     #[arg(long, default_value = "5s", value_parser = crate::util::parse_duration)]
     pub deadline: Duration,
+    #[command(flatten)]
+    pub metrics: crate::observe::MetricsArgs,
 }
 
 /// Runs `ids`.
-pub async fn ids(command: IdsCommand) -> Result<ExitCode> {
+pub async fn ids(command: IdsCommand) -> std::result::Result<ExitCode, CliError> {
     match command {
         IdsCommand::Next(args) => next(args).await,
     }
 }
 
-async fn next(args: NextArgs) -> Result<ExitCode> {
+async fn next(args: NextArgs) -> std::result::Result<ExitCode, CliError> {
     let urls = check_urls(&args.stores)?;
     if args.n == 0 {
-        return Err(Error::invalid("-n must be at least 1"));
+        return Err(Error::invalid("-n must be at least 1").into());
     }
     let stores = futures::future::join_all(urls.iter().map(|u| connect(u))).await;
     let stores = stores.into_iter().collect::<Result<Vec<_>>>()?;
@@ -62,9 +66,22 @@ async fn next(args: NextArgs) -> Result<ExitCode> {
         .with_deadline(args.deadline)
         .with_durability(policy);
     let ids = MajorityIds::new(stores, config).await?;
-    for _ in 0..args.n {
+    for delivered in 0..args.n {
         let id = ids.next().await?;
-        println!("{id}");
+        // An ID the reader never got is still spent: say so, and never exit 0.
+        if let Err(e) = emit(id) {
+            let why = match &e {
+                CliError::StdoutClosed => "stdout was closed".to_owned(),
+                other => other.message().unwrap_or_default(),
+            };
+            return Err(CliError::Exit {
+                code: crate::exit::FAILURE,
+                message: format!(
+                    "{why}: ID {id} was issued but not delivered ({delivered} of {} delivered)",
+                    args.n
+                ),
+            });
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

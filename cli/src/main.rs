@@ -1,34 +1,66 @@
 //! The `headcount` command line.
 
+#[macro_use]
+mod exit;
 mod demo;
 mod distributor;
 mod exec;
 mod ids;
+mod observe;
 mod run;
 mod status;
 mod util;
 
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use headcount::{redact_url, Error};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
+use headcount::redact_url;
 use headcount_conformance::{Outcome, Report, SuiteOptions};
 
-/// The store used when neither `--store` nor `HEADCOUNT_STORE` is given.
+use crate::exit::{emit, CliError};
+
+/// The store used when neither `--store` nor `HEADCOUNT_STORE` is given (see [`store_url`]).
 const DEFAULT_STORE: &str = "sqlite://headcount.db";
 
+/// Replica index, count and work ownership over the store you already run.
 #[derive(Debug, Parser)]
-#[command(
-    name = "headcount",
-    version,
-    about = "Replica index, count and work ownership over the store you already run"
-)]
+#[command(name = "headcount", after_help = exit::EXIT_CODES_HELP)]
 struct Cli {
-    /// Store URL: sqlite://path.db, sqlite:///abs/path.db, sqlite::memory:, postgres://user:pass@host:port/db
-    /// [default: sqlite://headcount.db; `demo` uses a fresh file in a temp dir]
-    #[arg(long, global = true, env = "HEADCOUNT_STORE", hide_env_values = true)]
+    /// Store URL: sqlite://PATH.db, sqlite::memory:, postgres://, redis://, rediss://,
+    /// redis+cluster://, etcd://, memory://
+    ///
+    /// The store URL, by scheme: sqlite://relative/path.db, sqlite:///absolute/path.db,
+    /// sqlite::memory: (this process only); postgres://user:password@host:5432/db (or
+    /// postgresql://); redis://:password@host:6379/0, rediss://host:6380 (TLS),
+    /// redis+cluster://h1:7000,h2:7001 (or rediss+cluster://); etcd://h1:2379,h2:2379 (or
+    /// etcds://; needs the `etcd` build feature); memory:// (this process only). `--version`
+    /// lists the backends of this build.
+    ///
+    /// run, exec and distributor refuse to start without a store when stdin is not a terminal
+    /// (a service manager or a container): the fallback, sqlite://headcount.db in the current
+    /// directory, is shared only by processes on one machine, and a fleet would see every
+    /// instance as 1 of 1. From a terminal they warn and use it; pass
+    /// `--store sqlite://headcount.db` to choose it explicitly. `demo` uses a fresh file in a
+    /// temporary directory.
+    #[arg(
+        long,
+        global = true,
+        env = "HEADCOUNT_STORE",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     store: Option<String>,
+
+    /// Log lines on stderr as `text` or `json` (one object per line) [default: text]
+    #[arg(
+        long,
+        global = true,
+        env = "HEADCOUNT_LOG_FORMAT",
+        value_name = "text|json"
+    )]
+    log_format: Option<String>,
 
     #[command(subcommand)]
     command: Command,
@@ -36,28 +68,45 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Join a group; print one JSON line per change of index, replicas or phase
+    ///
     /// Join a group and print one JSON line per change of index, replicas or phase; SIGINT or
-    /// SIGTERM leaves the group and exits.
+    /// SIGTERM leaves the group and exits 0.
     Run(run::RunArgs),
+    /// Run a command with this member's HEADCOUNT_INDEX/REPLICAS/EPOCH; restart it on a change
+    ///
     /// Run a command with HEADCOUNT_INDEX, HEADCOUNT_REPLICAS and HEADCOUNT_EPOCH of this
     /// member's share; stop it (SIGTERM, then SIGKILL after --grace) and restart it when the
-    /// share changes. Exits with the command's code when it exits on its own.
+    /// share changes. Exits with the command's code when it exits on its own. Its own events
+    /// go to stderr (or --events FILE), never into the command's stdout.
     Exec(exec::ExecArgs),
-    /// Show a group's members, leases, published view and ownership of a sample of keys.
+    /// Show a group's members, leases, published view and key ownership
+    ///
+    /// Show a group's members, leases, published view and ownership of a sample of keys. It
+    /// only reads: a store that does not exist yet (a missing SQLite file) is an error.
     Status(status::StatusArgs),
-    /// Peers join in stages, scale up, one leaves, one crashes, while task ids flow to them;
-    /// prints progress on stderr and a summary (processed, duplicates, lost, convergence).
+    /// Peers join, scale, leave, crash and pause while tasks flow; print a summary
+    ///
+    /// Peers join in stages, scale up, one leaves, one crashes, one pauses past its lease,
+    /// while task ids flow to them; prints progress on stderr and a summary (processed,
+    /// duplicates, lost, convergence).
     Demo(demo::DemoArgs),
+    /// The Distributor: match work units to services, ping them, redistribute on failure
+    ///
     /// The Distributor (seed 003): match work units to services, ping them every poll interval
     /// (gRPC health checking, or a TTL heartbeat) and redistribute when one fails. With a
     /// command: register a service, run one, manage work units, print the table.
     Distributor(distributor::DistributorArgs),
+    /// Monotonic IDs (fencing tokens) agreed by a majority of independent stores
+    ///
     /// Monotonically increasing IDs (fencing tokens) agreed by a majority of independent stores
     /// (`--stores`, not `--store`); fails closed without a majority.
     #[command(subcommand)]
     Ids(ids::IdsCommand),
+    /// Run the store conformance suite against the store; print pass/fail and latencies
+    ///
     /// Run the store conformance suite against the store and print a pass/fail table with the
-    /// p50/p99 latency of each primitive.
+    /// p50/p99 latency of each primitive. A --filter that matches no case is a usage error.
     Conformance {
         /// Print one JSON object per case and per primitive (JSON lines) instead of a table.
         #[arg(long)]
@@ -66,96 +115,277 @@ enum Command {
         #[arg(long)]
         filter: Option<String>,
     },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    ///
+    /// Print a completion script for SHELL on stdout, e.g.
+    /// `headcount completions bash > ~/.local/share/bash-completion/completions/headcount`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The backends compiled into this build, for `--version`.
+fn version() -> String {
+    let mut on = Vec::new();
+    let mut off = Vec::new();
+    for (enabled, name) in [
+        (cfg!(feature = "sqlite"), "sqlite"),
+        (cfg!(feature = "postgres"), "postgres"),
+        (cfg!(feature = "redis"), "redis (rediss, redis+cluster)"),
+        (cfg!(feature = "etcd"), "etcd"),
+    ] {
+        if enabled {
+            on.push(name);
+        } else {
+            off.push(name);
+        }
+    }
+    on.push("memory");
+    let mut text = format!("{}\nbackends: {}", env!("CARGO_PKG_VERSION"), on.join(", "));
+    if !off.is_empty() {
+        text.push_str(&format!(
+            "\nnot in this build: {} (cargo features of the same names, or `full`)",
+            off.join(", ")
+        ));
+    }
+    text
+}
+
+/// The clap command with the runtime parts (the version text).
+fn cli_command() -> clap::Command {
+    Cli::command()
+        .version(version())
+        .mut_subcommands(|sub| sub.after_help(exit::EXIT_CODES_HELP))
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match cli_command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(&e),
+    };
     // The distributor logs each change (a service down or back, units moved) at info.
     let default_filter = match cli.command {
         Command::Distributor(_) => "warn,headcount_core=info,headcount=info",
         _ => "warn",
     };
-    // Logs on stderr; stdout is reserved for the command's output.
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .init();
+    let is_exec = matches!(cli.command, Command::Exec(_));
+    let log_format = match observe::LogFormat::parse(cli.log_format.as_deref()) {
+        Ok(f) => f,
+        Err(e) => {
+            exit::print_error(&e);
+            return ExitCode::from(if is_exec {
+                exit::EXEC_FAILED
+            } else {
+                exit::USAGE
+            });
+        }
+    };
+    // Logs on stderr; stdout is reserved for the command's output. No colours when stderr is
+    // not a terminal. The metrics line says where the endpoint listens (port 0 picks one).
+    let default_filter = format!("{default_filter},{}=info", observe::METRICS_LOG_TARGET);
+    observe::init_logging(log_format, &default_filter);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
+        Err(e) => {
+            return exit::report(
+                &CliError::Exit {
+                    code: exit::FAILURE,
+                    message: format!("cannot start the async runtime: {e}"),
+                },
+                is_exec,
+            )
+        }
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
-        Err(e) => fail(&e.to_string()),
+        Err(e) => exit::report(&e, is_exec),
     }
 }
 
-/// Prints one line on stderr and returns the usage/connection error status.
-fn fail(message: &str) -> ExitCode {
-    eprintln!("headcount: error: {message}");
-    ExitCode::from(2)
+/// Prints a clap error in our one-line format (help and version as clap prints them), with the
+/// status of a usage error (125 for `exec`, as `env` does).
+fn clap_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind as K;
+    match e.kind() {
+        K::DisplayHelp | K::DisplayVersion => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        K::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return ExitCode::from(exit::USAGE);
+        }
+        _ => {}
+    }
+    let sub = subcommand_in_args();
+    let text = e.render().to_string();
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or("invalid usage");
+    let mut message = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+    for line in text.lines().map(str::trim) {
+        if let Some(tip) = line.strip_prefix("tip: ") {
+            message.push_str("; ");
+            message.push_str(tip);
+        } else if line.starts_with("[possible values") {
+            message.push(' ');
+            message.push_str(line);
+        }
+    }
+    match &sub {
+        Some(sub) => message.push_str(&format!(" (see `headcount {sub} --help`)")),
+        None => message.push_str(" (see `headcount --help`)"),
+    }
+    exit::print_error(&message);
+    let exec = sub.as_deref() == Some("exec");
+    ExitCode::from(if exec { exit::EXEC_FAILED } else { exit::USAGE })
 }
 
-async fn run(cli: Cli) -> Result<ExitCode, Error> {
+/// The subcommand named on the command line, found without clap (which just failed).
+fn subcommand_in_args() -> Option<String> {
+    let names: Vec<String> = Cli::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_owned())
+        .collect();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            return None;
+        }
+        if arg == "--store" {
+            args.next();
+            continue;
+        }
+        if arg.starts_with('-') {
+            continue;
+        }
+        return names.contains(&arg).then_some(arg);
+    }
+    None
+}
+
+/// The store URL of a command: `--store`, else `HEADCOUNT_STORE` (clap reads both), else the
+/// local default. Where a fleet would silently split into instances that each see "1 of 1"
+/// (`service`), the default is refused when stdin is not a terminal, and announced loudly when
+/// it is.
+fn store_url(store: Option<&str>, service: bool) -> Result<String, CliError> {
+    if let Some(url) = store {
+        return Ok(url.to_owned());
+    }
+    if service && !std::io::stdin().is_terminal() {
+        return Err(CliError::usage(format!(
+            "no store given (--store URL or HEADCOUNT_STORE) and stdin is not a terminal: \
+             refusing the local default {DEFAULT_STORE}, which every instance on another \
+             machine would not share (each would be 1 of 1); pass --store {DEFAULT_STORE} to \
+             mean it"
+        )));
+    }
+    if service {
+        exit::print_warning(&format!(
+            "no --store or HEADCOUNT_STORE: using {DEFAULT_STORE} in the current directory. \
+             Only processes on this machine, in this directory, share it: instances elsewhere \
+             will each be 1 of 1 and do all the work."
+        ));
+    } else {
+        exit::print_warning(&format!(
+            "no --store or HEADCOUNT_STORE: using {DEFAULT_STORE} in the current directory"
+        ));
+    }
+    Ok(DEFAULT_STORE.to_owned())
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let store = cli.store.as_deref();
+    // Before anything touches the store: an address in use fails the command with no effect.
+    let metrics = match &cli.command {
+        Command::Run(a) => &a.metrics,
+        Command::Exec(a) => &a.metrics,
+        Command::Distributor(a) => &a.metrics,
+        Command::Ids(ids::IdsCommand::Next(a)) => &a.metrics,
+        _ => &observe::MetricsArgs::default(),
+    };
+    if let Some(addr) = &metrics.metrics_addr {
+        observe::serve_metrics(addr).await?;
+    }
     match cli.command {
         Command::Conformance { json, filter } => {
-            conformance(store.unwrap_or(DEFAULT_STORE), json, filter).await
+            conformance(&store_url(store, false)?, json, filter).await
         }
         Command::Run(args) => {
-            let store = headcount::connect(store.unwrap_or(DEFAULT_STORE)).await?;
+            run::check(&args)?;
+            let store = headcount::connect(&store_url(store, true)?).await?;
             run::run(store, args).await
         }
-        Command::Exec(args) => {
-            let store = headcount::connect(store.unwrap_or(DEFAULT_STORE)).await?;
-            exec::exec(store, args).await
-        }
+        Command::Exec(args) => exec::exec(store_url(store, true)?, args).await,
         Command::Status(args) => {
-            let store = headcount::connect(store.unwrap_or(DEFAULT_STORE)).await?;
+            status::check(&args)?;
+            let url = util::read_only(&store_url(store, false)?);
+            let store = headcount::connect(&url).await?;
             status::status(store, args).await
         }
         Command::Demo(args) => demo::demo(store, args).await,
         Command::Distributor(args) => {
-            let store = headcount::connect(store.unwrap_or(DEFAULT_STORE)).await?;
+            let read_only = args.is_read_only();
+            args.check()?;
+            let url = store_url(store, !read_only)?;
+            let url = if read_only {
+                util::read_only(&url)
+            } else {
+                url
+            };
+            let store = headcount::connect(&url).await?;
             distributor::distributor(store, args).await
         }
         Command::Ids(command) => ids::ids(command).await,
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cli_command(), "headcount", &mut script);
+            exit::emit_raw(&script)?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
-async fn conformance(url: &str, json: bool, filter: Option<String>) -> Result<ExitCode, Error> {
+async fn conformance(url: &str, json: bool, filter: Option<String>) -> Result<ExitCode, CliError> {
     let store = headcount::connect(url).await?;
     if !json {
         let caps = store.capabilities();
-        println!("store: {} ({})", redact_url(url), caps.backend);
+        emit!("store: {} ({})", redact_url(url), caps.backend)?;
     }
     let report = headcount_conformance::run_suite(
         store,
         SuiteOptions {
-            filter,
+            filter: filter.clone(),
             ..SuiteOptions::default()
         },
     )
     .await;
+    if report.cases.is_empty() {
+        return Err(CliError::usage(format!(
+            "--filter {:?} matches no conformance case",
+            filter.unwrap_or_default()
+        )));
+    }
     if json {
-        print_json(&report);
+        print_json(&report)?;
     } else {
-        print_table(&report);
+        print_table(&report)?;
     }
     Ok(if report.passed() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::FAILURE
+        ExitCode::from(exit::FAILURE)
     })
 }
 
-fn print_json(report: &Report) {
+fn print_json(report: &Report) -> Result<(), CliError> {
     for case in &report.cases {
         let (outcome, detail) = outcome_parts(&case.outcome);
         let line = serde_json::json!({
@@ -165,7 +395,7 @@ fn print_json(report: &Report) {
             "detail": detail,
             "ms": millis(case.duration),
         });
-        println!("{line}");
+        emit(line)?;
     }
     for p in &report.latency {
         let line = serde_json::json!({
@@ -175,16 +405,15 @@ fn print_json(report: &Report) {
             "p50_us": p.p50.as_micros(),
             "p99_us": p.p99.as_micros(),
         });
-        println!("{line}");
+        emit(line)?;
     }
     let (passed, failed, skipped) = counts(report);
-    println!(
-        "{}",
-        serde_json::json!({"type": "summary", "passed": passed, "failed": failed, "skipped": skipped})
-    );
+    emit(
+        serde_json::json!({"type": "summary", "passed": passed, "failed": failed, "skipped": skipped}),
+    )
 }
 
-fn print_table(report: &Report) {
+fn print_table(report: &Report) -> Result<(), CliError> {
     let width = report
         .cases
         .iter()
@@ -192,35 +421,38 @@ fn print_table(report: &Report) {
         .max()
         .unwrap_or(4)
         .max(4);
-    println!();
-    println!("{:<width$}  {:<6}  {:>9}  detail", "case", "result", "time");
+    emit("")?;
+    emit!("{:<width$}  {:<6}  {:>9}  detail", "case", "result", "time")?;
     for case in &report.cases {
         let (outcome, detail) = outcome_parts(&case.outcome);
-        println!(
+        emit!(
             "{:<width$}  {:<6}  {:>7.1}ms  {}",
             case.name,
             outcome,
             millis(case.duration),
             detail.unwrap_or("")
-        );
+        )?;
     }
-    println!();
-    println!(
+    emit("")?;
+    emit!(
         "{:<16}  {:>7}  {:>10}  {:>10}",
-        "primitive", "calls", "p50", "p99"
-    );
+        "primitive",
+        "calls",
+        "p50",
+        "p99"
+    )?;
     for p in &report.latency {
-        println!(
+        emit!(
             "{:<16}  {:>7}  {:>8.3}ms  {:>8.3}ms",
             p.primitive,
             p.calls,
             millis(p.p50),
             millis(p.p99)
-        );
+        )?;
     }
     let (passed, failed, skipped) = counts(report);
-    println!();
-    println!("{passed} passed, {failed} failed, {skipped} skipped");
+    emit("")?;
+    emit!("{passed} passed, {failed} failed, {skipped} skipped")
 }
 
 fn outcome_parts(outcome: &Outcome) -> (&'static str, Option<&str>) {

@@ -3,13 +3,13 @@
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use headcount::assign::AssignorKind;
 use headcount::recipes::group::{Assignment, Group, GroupPhase};
 use headcount::recipes::interval::{IntervalConfig, IntervalIndexer};
 use headcount::recipes::{IntervalStatus, Phase};
 use headcount::{DynStore, Error};
 
-use crate::util::{group_config, rfc3339, Shutdown};
+use crate::exit::{emit, CliError};
+use crate::util::{group_config, rfc3339, AssignorArg, Shutdown};
 
 /// The interval of `--mode interval` when `--interval` is not given.
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
@@ -27,7 +27,7 @@ pub enum Mode {
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// The group to join.
-    #[arg(long)]
+    #[arg(long, env = "HEADCOUNT_GROUP")]
     pub group: String,
     /// How to coordinate.
     #[arg(long, value_enum, default_value = "group")]
@@ -36,45 +36,51 @@ pub struct RunArgs {
     #[arg(long, value_parser = crate::util::parse_duration)]
     pub interval: Option<Duration>,
     /// The lease TTL of `--mode group`, renewed every TTL/3 [default: 6s].
-    #[arg(long, value_parser = crate::util::parse_duration)]
+    #[arg(long, env = "HEADCOUNT_TTL", value_parser = crate::util::parse_duration)]
     pub ttl: Option<Duration>,
-    /// How `--mode group` maps keys to slots: jump, rendezvous, memento, ring or modulo
-    /// [default: jump]. Every member of a group must use the same one.
-    #[arg(long, value_parser = crate::util::parse_assignor)]
-    pub assignor: Option<AssignorKind>,
+    /// How `--mode group` maps keys to slots [default: jumpback]; every member of a group must
+    /// use the same one.
+    #[arg(long, value_enum)]
+    pub assignor: Option<AssignorArg>,
     /// This peer's capacity in `--mode interval`: a peer of capacity 2 owns twice the share
     /// [default: 1].
     #[arg(long)]
     pub capacity: Option<u32>,
     /// The member id (random by default); in group mode a restarted member with the same id
-    /// gets its slot back if it is still free.
-    #[arg(long)]
+    /// gets its slot back if it is still free. In Kubernetes, set HEADCOUNT_MEMBER from the pod
+    /// name.
+    #[arg(long, env = "HEADCOUNT_MEMBER")]
     pub member: Option<String>,
+    #[command(flatten)]
+    pub metrics: crate::observe::MetricsArgs,
 }
 
-/// Joins and prints one line per change until SIGINT or SIGTERM, then leaves.
-pub async fn run(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
+/// Refuses the flags of the other mode, before any store is opened.
+pub fn check(args: &RunArgs) -> Result<(), Error> {
     match args.mode {
-        Mode::Group => {
-            refuse(
-                &[
-                    (args.interval.is_some(), "--interval"),
-                    (args.capacity.is_some(), "--capacity"),
-                ],
-                "applies to --mode interval; group mode takes --ttl",
-            )?;
-            run_group(store, args).await
-        }
-        Mode::Interval => {
-            refuse(
-                &[
-                    (args.ttl.is_some(), "--ttl"),
-                    (args.assignor.is_some(), "--assignor"),
-                ],
-                "applies to --mode group; the interval indexer's keys live three intervals",
-            )?;
-            run_interval(store, args).await
-        }
+        Mode::Group => refuse(
+            &[
+                (args.interval.is_some(), "--interval"),
+                (args.capacity.is_some(), "--capacity"),
+            ],
+            "applies to --mode interval; group mode takes --ttl",
+        ),
+        Mode::Interval => refuse(
+            &[
+                (args.ttl.is_some(), "--ttl (or HEADCOUNT_TTL)"),
+                (args.assignor.is_some(), "--assignor"),
+            ],
+            "applies to --mode group; the interval indexer's keys live three intervals",
+        ),
+    }
+}
+
+/// Joins and prints one line per change until SIGINT or SIGTERM, then leaves. A closed stdout
+/// ends it the same way (quietly); another write error after leaving, with status 1.
+pub async fn run(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
+    match args.mode {
+        Mode::Group => run_group(store, args).await,
+        Mode::Interval => run_interval(store, args).await,
     }
 }
 
@@ -86,15 +92,39 @@ fn refuse(flags: &[(bool, &str)], why: &str) -> Result<(), Error> {
     }
 }
 
-async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
+async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
     let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor);
-    let member = Group::join(store, config).await?;
+    let member = match Group::join(store, config).await {
+        Ok(member) => member,
+        Err(e) => {
+            // A member that cannot join for a store's reason (its id is in use, the group is
+            // full, the store is down) says so on stdout too, like one that gives up later.
+            if crate::exit::code_of(&e) != crate::exit::USAGE {
+                let failed = Assignment {
+                    member: args.member.clone().unwrap_or_default(),
+                    slot: None,
+                    index: None,
+                    replicas: 0,
+                    epoch: 0,
+                    live: Vec::new(),
+                    phase: GroupPhase::Failed,
+                    last_error: Some(e.to_string()),
+                };
+                let _ = emit(group_line(&args.group, &failed));
+            }
+            return Err(e.into());
+        }
+    };
     tracing::info!(member = member.member(), "joined");
     let mut watch = member.watch();
+    let mut output;
     let failed = loop {
         let assignment = watch.borrow_and_update().clone();
-        print_group_line(&args.group, &assignment);
+        output = emit(group_line(&args.group, &assignment));
+        if output.is_err() {
+            break false;
+        }
         if assignment.phase == GroupPhase::Failed {
             break true;
         }
@@ -109,11 +139,12 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
     };
     let last = member.assignment();
     let left = member.leave().await;
+    output?;
     let error = match &left {
         Err(e) => Some(e.to_string()),
         Ok(()) => last.last_error.clone(),
     };
-    print_group_line(
+    emit(group_line(
         &args.group,
         &Assignment {
             phase: GroupPhase::Stopped,
@@ -121,18 +152,18 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
             last_error: error,
             ..last
         },
-    );
+    ))?;
     left?;
     Ok(if failed {
-        ExitCode::FAILURE
+        ExitCode::from(crate::exit::FAILURE)
     } else {
         ExitCode::SUCCESS
     })
 }
 
 /// One line of `run --mode group`.
-fn print_group_line(group: &str, a: &Assignment) {
-    let line = serde_json::json!({
+fn group_line(group: &str, a: &Assignment) -> serde_json::Value {
+    serde_json::json!({
         "group": group,
         "member": a.member,
         "mode": "group",
@@ -144,11 +175,10 @@ fn print_group_line(group: &str, a: &Assignment) {
         "phase": a.phase.as_str(),
         "at": rfc3339(SystemTime::now()),
         "error": a.last_error,
-    });
-    println!("{line}");
+    })
 }
 
-async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, Error> {
+async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
     let mut config = IntervalConfig::new(
         args.group.clone(),
@@ -162,12 +192,16 @@ async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, Error>
     tracing::info!(member = peer.member(), skew = ?peer.skew(), "joined");
     let mut watch = peer.watch();
     let mut last_printed = None;
+    let mut output = Ok(());
     loop {
         let status = watch.borrow_and_update().clone();
         let key = (status.pair.map(|p| (p.index, p.replicas)), status.phase);
         if last_printed != Some(key) {
             let live = peer.live_peers().await.map(|l| l.len()).ok();
-            print_interval_line(&args.group, &status, live);
+            output = emit(interval_line(&args.group, &status, live));
+            if output.is_err() {
+                break;
+            }
             last_printed = Some(key);
         }
         tokio::select! {
@@ -182,7 +216,8 @@ async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, Error>
     let member = peer.member().to_owned();
     let last = peer.status();
     let stopped = peer.stop().await;
-    print_interval_line(
+    output?;
+    emit(interval_line(
         &args.group,
         &IntervalStatus {
             member,
@@ -190,14 +225,14 @@ async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, Error>
             ..last
         },
         None,
-    );
+    ))?;
     stopped?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_interval_line(group: &str, status: &IntervalStatus, live: Option<usize>) {
+fn interval_line(group: &str, status: &IntervalStatus, live: Option<usize>) -> serde_json::Value {
     let pair = status.pair;
-    let line = serde_json::json!({
+    serde_json::json!({
         "group": group,
         "member": status.member,
         "mode": "interval",
@@ -208,8 +243,7 @@ fn print_interval_line(group: &str, status: &IntervalStatus, live: Option<usize>
         "at": rfc3339(SystemTime::now()),
         "phase": status.phase.as_str(),
         "error": status.last_error,
-    });
-    println!("{line}");
+    })
 }
 
 /// Resolves on SIGINT or SIGTERM.

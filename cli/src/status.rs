@@ -3,58 +3,76 @@
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use headcount::assign::AssignorKind;
 use headcount::recipes::group::{status as group_status, GroupStatus};
 use headcount::{DynStore, Error, DEFAULT_PREFIX};
 
-use crate::util::{rfc3339, Shutdown};
+use crate::exit::{emit, CliError};
+use crate::util::{rfc3339, AssignorArg, Shutdown};
 
 /// The arguments of `status`.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
     /// The group to inspect.
-    #[arg(long)]
+    #[arg(long, env = "HEADCOUNT_GROUP")]
     pub group: String,
     /// One JSON object (per refresh with `--watch`) instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Re-print every second until SIGINT.
+    /// Re-print every second until SIGINT; a store outage is reported and watched through.
     #[arg(long)]
     pub watch: bool,
     /// How many keys (`0`..`N-1` as decimal strings) to map to slots for the ownership summary.
     #[arg(long, default_value_t = 10_000)]
     pub sample: u64,
-    /// The assignor the group's members use (jump, rendezvous, memento, ring, modulo).
-    #[arg(long, default_value = "jump", value_parser = crate::util::parse_assignor)]
-    pub assignor: AssignorKind,
+    /// The assignor the group's members use, for views that do not name theirs.
+    #[arg(long, value_enum, default_value = "jumpback")]
+    pub assignor: AssignorArg,
 }
 
 /// The most keys `--sample` may map: beyond this the summary costs more than it tells.
 const MAX_SAMPLE: u64 = 10_000_000;
 
-/// Prints the group's status once, or every second with `--watch`.
-pub async fn status(store: DynStore, args: StatusArgs) -> Result<ExitCode, Error> {
+/// Checks the arguments before any store is opened.
+pub fn check(args: &StatusArgs) -> Result<(), Error> {
     if args.sample > MAX_SAMPLE {
         return Err(Error::invalid(format!(
             "--sample {} is above the limit of {MAX_SAMPLE}",
             args.sample
         )));
     }
+    headcount::validate_group(&args.group)
+}
+
+/// Prints the group's status once, or every second with `--watch`. Under `--watch` a store
+/// error is reported (a line on stdout in the chosen format) and the watch goes on: an outage
+/// is what one watches for.
+pub async fn status(store: DynStore, args: StatusArgs) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
     loop {
-        let s = group_status(
+        let now = SystemTime::now();
+        match group_status(
             &store,
             DEFAULT_PREFIX,
             &args.group,
-            args.assignor,
+            args.assignor.0,
             args.sample,
         )
-        .await?;
-        let now = SystemTime::now();
-        if args.json {
-            println!("{}", to_json(&args, &s, now));
-        } else {
-            print_table(&args, &s, now);
+        .await
+        {
+            Ok(s) if args.json => emit(to_json(&args, &s, now))?,
+            Ok(s) => print_table(&args, &s, now)?,
+            Err(e) if !args.watch => return Err(e.into()),
+            Err(e) if args.json => emit(serde_json::json!({
+                "group": args.group,
+                "at": rfc3339(now),
+                "error": e.to_string(),
+                "retryable": e.is_retryable(),
+            }))?,
+            Err(e) => {
+                emit!("group {}  at {}", args.group, rfc3339(now))?;
+                emit!("store error: {e} (watching on)")?;
+                emit("")?;
+            }
         }
         if !args.watch {
             return Ok(ExitCode::SUCCESS);
@@ -114,7 +132,7 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
     serde_json::json!({
         "group": args.group,
         "at": rfc3339(now),
-        "assignor": args.assignor.name(),
+        "assignor": args.assignor.0.name(),
         "members": members,
         "foreign": foreign,
         "view": view,
@@ -125,7 +143,7 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
     })
 }
 
-fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) {
+fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<(), CliError> {
     let now_ms = unix_ms(now);
     let view = match (&s.table.view, &s.table.view_text) {
         (Some(v), _) => format!(
@@ -141,11 +159,11 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) {
         (None, Some(text)) => format!("unreadable: {text:?}"),
         (None, None) => "none published".to_owned(),
     };
-    println!("group {}  at {}", args.group, rfc3339(now));
-    println!("view  {view}");
-    println!();
+    emit!("group {}  at {}", args.group, rfc3339(now))?;
+    emit!("view  {view}")?;
+    emit("")?;
     if s.table.slots.is_empty() {
-        println!("no live members");
+        emit!("no live members")?;
     } else {
         let width = s
             .table
@@ -155,10 +173,17 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) {
             .max()
             .unwrap_or(6)
             .max(6);
-        println!(
+        emit!(
             "{:>4}  {:<width$}  {:<16}  {:<24}  {:>9}  {:>8}  {:>6}  {:>10}",
-            "slot", "member", "nonce", "since", "age", "ttl", "acked", "owns"
-        );
+            "slot",
+            "member",
+            "nonce",
+            "since",
+            "age",
+            "ttl",
+            "acked",
+            "owns"
+        )?;
         for (&slot, r) in &s.table.slots {
             let owns = match owned(s, slot) {
                 Some(n) if args.sample > 0 => {
@@ -167,7 +192,7 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) {
                 Some(n) => n.to_string(),
                 None => "-".to_owned(),
             };
-            println!(
+            emit!(
                 "{:>4}  {:<width$}  {:016x}  {:<24}  {:>8.1}s  {:>6}ms  {:>6}  {:>10}",
                 slot,
                 r.member,
@@ -177,15 +202,15 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) {
                 r.ttl_ms,
                 r.acked,
                 owns
-            );
+            )?;
         }
     }
     for (slot, value) in &s.table.foreign {
-        println!("slot {slot}: foreign value {value:?} (occupied, not a member)");
+        emit!("slot {slot}: foreign value {value:?} (occupied, not a member)")?;
     }
-    println!(
+    emit!(
         "owns: of {} sample keys under the published view ({} assignor)",
         args.sample,
-        args.assignor.name()
-    );
+        args.assignor.0.name()
+    )
 }

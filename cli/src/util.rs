@@ -9,14 +9,42 @@ use headcount::Error;
 
 /// The lease TTL of group mode when `--ttl` is not given: renewed every 2 s, a crashed member's
 /// share moves after at most 6 s plus one heartbeat.
-pub const DEFAULT_GROUP_TTL: Duration = Duration::from_secs(6);
+pub const DEFAULT_GROUP_TTL: Duration = headcount::recipes::DEFAULT_GROUP_TTL;
 
-/// Parses an assignor name for clap: jump, rendezvous, memento, ring or modulo.
-pub fn parse_assignor(text: &str) -> Result<AssignorKind, String> {
-    text.parse::<AssignorKind>().map_err(|_| {
-        let names: Vec<&str> = AssignorKind::ALL.iter().map(|k| k.name()).collect();
-        format!("`{text}` is not an assignor (use {})", names.join(", "))
-    })
+/// An assignor as a clap value: the names of core's [`AssignorKind`], listed in `--help` and
+/// completed by the shell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AssignorArg(pub AssignorKind);
+
+/// Every assignor, the default (`jumpback`) first.
+const ASSIGNORS: [AssignorArg; 7] = [
+    AssignorArg(AssignorKind::JumpBackFailover),
+    AssignorArg(AssignorKind::JumpFailover),
+    AssignorArg(AssignorKind::JumpBackMemento),
+    AssignorArg(AssignorKind::Memento),
+    AssignorArg(AssignorKind::Rendezvous),
+    AssignorArg(AssignorKind::Ring),
+    AssignorArg(AssignorKind::Modulo),
+];
+
+impl clap::ValueEnum for AssignorArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        &ASSIGNORS
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        let help = match self.0 {
+            AssignorKind::JumpBackFailover => "jump hash with failover, minimal movement (default)",
+            AssignorKind::JumpFailover => "jump consistent hash with RavenDB's failover re-hash",
+            AssignorKind::JumpBackMemento => "jumpback that stays minimal when any slot dies",
+            AssignorKind::Memento => "MementoHash: minimal and balanced when any slot dies",
+            AssignorKind::Rendezvous => "rendezvous (highest random weight) hashing",
+            AssignorKind::Ring => "the distributor's consistent-hash ring, weight 50",
+            AssignorKind::Modulo => "key modulo replicas, as in the articles (moves most keys)",
+            _ => "",
+        };
+        Some(clap::builder::PossibleValue::new(self.0.name()).help(help))
+    }
 }
 
 /// The group configuration of `run --mode group` and `exec`.
@@ -24,14 +52,14 @@ pub fn group_config(
     group: &str,
     ttl: Option<Duration>,
     member: Option<&str>,
-    assignor: Option<AssignorKind>,
+    assignor: Option<AssignorArg>,
 ) -> GroupConfig {
     let mut config = GroupConfig::new(group, ttl.unwrap_or(DEFAULT_GROUP_TTL));
     if let Some(member) = member {
         config = config.with_member(member);
     }
     if let Some(assignor) = assignor {
-        config = config.with_assignor(assignor);
+        config = config.with_assignor(assignor.0);
     }
     config
 }
@@ -82,32 +110,27 @@ impl Shutdown {
     }
 }
 
-/// Parses `500ms`, `5s`, `1.5s`, `2m`, `1h` (a bare number is seconds).
+/// Parses a duration flag the way store URLs parse theirs: humantime (`500ms`, `5s`, `2m`,
+/// `1h 30m`), with a unit required (`--ttl 1` is an error with a hint, not one second).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration (try 500ms, 5s, 2m)"))?;
-    let scale = match unit {
-        "ms" => 0.001,
-        "" | "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        _ => {
-            return Err(format!(
-                "`{text}` has an unknown unit `{unit}` (use ms, s, m or h)"
-            ))
-        }
-    };
-    let secs = value * scale;
-    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-        return Err(format!("`{text}` is out of range"));
+    headcount::url::parse_humantime(text)
+}
+
+/// `url` made to refuse creating a store, for commands that only read: a SQLite file that does
+/// not exist is an error instead of a fresh empty database (plus `-wal` and `-shm`) that reports
+/// "no live members". Other backends never create anything by connecting.
+pub fn read_only(url: &str) -> String {
+    let is_sqlite = url
+        .split_once(':')
+        .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("sqlite"));
+    if !is_sqlite || url.contains(":memory:") {
+        return url.to_owned();
     }
-    Ok(Duration::from_secs_f64(secs))
+    match url.split_once('?') {
+        Some((_, query)) if query.split('&').any(|kv| kv.starts_with("mode=")) => url.to_owned(),
+        Some(_) => format!("{url}&mode=rw"),
+        None => format!("{url}?mode=rw"),
+    }
 }
 
 /// `t` as RFC 3339 UTC with milliseconds: `2026-11-21T13:05:07.123Z`.
@@ -152,12 +175,35 @@ mod tests {
     fn durations_parse() {
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1s 500ms"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("3").is_err_and(|e| e.contains("unit")));
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn every_assignor_is_a_value() {
+        for kind in AssignorKind::ALL {
+            assert!(ASSIGNORS.contains(&AssignorArg(kind)), "{kind}");
+        }
+        assert_eq!(ASSIGNORS.len(), AssignorKind::ALL.len());
+    }
+
+    #[test]
+    fn read_only_urls() {
+        assert_eq!(read_only("sqlite://a.db"), "sqlite://a.db?mode=rw");
+        assert_eq!(
+            read_only("sqlite://a.db?timeout=1s"),
+            "sqlite://a.db?timeout=1s&mode=rw"
+        );
+        assert_eq!(
+            read_only("sqlite://a.db?mode=rwc"),
+            "sqlite://a.db?mode=rwc"
+        );
+        assert_eq!(read_only("sqlite::memory:"), "sqlite::memory:");
+        assert_eq!(read_only("redis://h:1"), "redis://h:1");
     }
 
     #[test]

@@ -46,6 +46,31 @@ fn spawn_with(cmd: &mut Command, i: usize, tx: mpsc::Sender<(usize, Value)>) -> 
     child
 }
 
+/// Starts an `exec`: its own events are JSON lines on stderr (stdout is the command's); they
+/// go to `tx` tagged with `i`, other stderr lines (logs) are echoed.
+fn spawn_events(cmd: &mut Command, i: usize, tx: mpsc::Sender<(usize, Value)>) -> Child {
+    let mut child = cmd
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start headcount");
+    let stderr = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            match serde_json::from_str::<Value>(&line) {
+                Ok(v) if v.is_object() => {
+                    if tx.send((i, v)).is_err() {
+                        break;
+                    }
+                }
+                _ => eprintln!("{line}"),
+            }
+        }
+    });
+    child
+}
+
 fn spawn_run(url: &str, group: &str, i: usize, tx: mpsc::Sender<(usize, Value)>) -> Child {
     spawn(
         &[
@@ -295,7 +320,7 @@ fn spawn_exec(
     script: &str,
     tx: mpsc::Sender<(usize, Value)>,
 ) -> Child {
-    spawn_with(
+    spawn_events(
         headcount()
             .args(["exec", "--store", url, "--group", "workers", "--ttl", TTL])
             .args(["--member", &format!("w{i}")])
@@ -498,7 +523,7 @@ fn exec_exits_with_the_commands_own_code() {
 }
 
 #[test]
-fn bad_arguments_fail_in_one_line_with_status_2() {
+fn bad_arguments_fail_in_one_line_with_status_2_or_125_for_exec() {
     let dir = tempfile::tempdir().expect("tempdir");
     let url = store_url(dir.path());
     for (args, needle) in [
@@ -533,7 +558,8 @@ fn bad_arguments_fail_in_one_line_with_status_2() {
             .output()
             .expect("headcount");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let expected = if args[0] == "exec" { 125 } else { 2 };
+        assert_eq!(out.status.code(), Some(expected), "{args:?}: {stderr}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
     }

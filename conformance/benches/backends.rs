@@ -72,13 +72,15 @@ struct Target {
     prefix: String,
 }
 
-const CAS_LUA: &str = include_str!("../../backend-redis/src/scripts/cas.lua");
-// The backend appends its own ending to the shared scan body; the raw baseline does the same.
-const LIST_LUA: &str = concat!(
-    include_str!("../../backend-redis/src/scripts/list_body.lua"),
-    "return out\n"
-);
-const SET_MAX_LUA: &str = include_str!("../../backend-redis/src/scripts/set_max.lua");
+// What a client of the raw Redis API sends for the primitives Redis has no command for: a
+// compare-and-set and a set-if-greater script, and a SCAN of the prefix (headcount's own scripts
+// also keep its key index, which is part of what the adapter's figures pay for).
+const CAS_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0";
+const LIST_LUA: &str = include_str!("scripts/scan_list.lua");
+const SET_MAX_LUA: &str = "local cur = redis.call('GET', KEYS[1]) \
+     if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end \
+     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1";
 
 fn key(t: &Target, what: &str, task: usize) -> String {
     format!("{}{what}:{task}", t.prefix)

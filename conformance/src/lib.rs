@@ -8,7 +8,7 @@ mod timed;
 
 pub use case::{Case, CaseFn, CaseResult, Ctx, Failure, Needs, ResultExt, ServerControl, CASES};
 pub use suite::{percentile, run_suite, CaseReport, Outcome, PrimitiveStats, Report, SuiteOptions};
-pub use timed::{Decorated, Hooks, Latencies, Timed};
+pub use timed::{timed, Decorated, Hooks, Latencies, Timed};
 
 /// What the macros expand to needs, re-exported so the crate invoking them needs no dependency of
 /// its own on these.
@@ -92,11 +92,15 @@ macro_rules! for_each_case {
             { cas_absent_over_expired, Store, "CAS with expected None succeeds over an expired key; expected = the expired value fails" },
             { cas_32_concurrent_one_winner, Store, "of 32 concurrent CAS on the same expected value (and on an absent key) exactly one wins, and its value is stored" },
             { cas_ttl_none_persists, Store, "CAS with ttl None removes a previous expiry: the key outlives the old TTL" },
+            { compare_and_delete_only_expected, Store, "compare_and_delete removes the key only when it holds the expected value, at once; a late one never removes the next value; an expired key is not deleted" },
+            { compare_and_delete_32_concurrent_one_winner, Store, "of 32 concurrent compare_and_delete calls with the current value exactly one deletes" },
             { set_max_from_absent, Store, "set_max on an absent or expired key writes" },
             { set_max_smaller_equal_larger, Store, "set_max writes only a larger number, and applies its TTL when it writes" },
             { set_max_concurrent_monotonic, Store, "under concurrent set_max of random values the stored number never goes backwards and ends at the maximum proposed" },
             { list_live_under_prefix, Store, "list returns exactly the live keys under the prefix with their values, sorted bytewise; expired keys and keys outside are excluded" },
             { list_prefix_is_literal, Store, "list treats % _ \\ and other pattern characters in the prefix literally" },
+            { list_follows_every_write, Store, "list sees the keys every write primitive wrote under the prefix (incr, compare_and_set, set_max, incr_and_get, expire, renew_and_list), after their first short TTL when a later write extended it; a deleted or expired key is not listed, nor a key under a sibling prefix" },
+            { list_thousand_keys_exactly, Store, "list of a prefix holding 1,000 keys returns exactly them, and after deleting every tenth exactly the rest" },
             { delete_live_absent_expired, Store, "delete returns true for a live key (and removes it), false for an absent or expired one" },
             { foreign_value_typed_error, Store, "incr and set_max over a non-numeric value give ErrorKind::ForeignValue and leave the value unchanged" },
             { odd_keys_round_trip, Store, "keys with : { } spaces and unicode, of 1 KiB and of MAX_KEY_LEN (4 KiB, incompressible) work with every primitive and listing" },

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use headcount::DynStore;
 use serde::{Serialize, Serializer};
 
-use crate::{Case, Ctx, Needs, ServerControl, Timed, CASES};
+use crate::{timed, Case, Ctx, Needs, ServerControl, CASES};
 
 /// How [`run_suite`] runs.
 #[derive(Debug, Clone)]
@@ -101,14 +101,14 @@ fn millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 }
 
 /// Runs every case (or those matching [`SuiteOptions::filter`]) against `store`, through a
-/// [`Timed`] wrapper, and reports each case's outcome and each primitive's latency.
+/// [`Timed`](crate::Timed) wrapper, and reports each case's outcome and each primitive's latency.
 ///
 /// Each case writes under its own random prefix and deletes what it wrote afterwards, whatever
 /// its outcome, so the suite can run against a store in use. Cases that need server control are
 /// reported as skipped unless [`SuiteOptions::control`] is given.
 pub async fn run_suite(store: DynStore, opts: SuiteOptions) -> Report {
     let backend = store.capabilities().backend;
-    let timed = Timed::new(store);
+    let timed = timed(store);
     let selected: Vec<&'static Case> = CASES
         .iter()
         .filter(|c| opts.filter.as_deref().is_none_or(|f| c.name.contains(f)))
@@ -157,6 +157,7 @@ pub async fn run_suite(store: DynStore, opts: SuiteOptions) -> Report {
     cases.sort_by_key(|r| CASES.iter().position(|c| c.name == r.name));
 
     let latency = timed
+        .hooks()
         .samples()
         .into_iter()
         .map(|(primitive, samples)| stats(primitive, samples))

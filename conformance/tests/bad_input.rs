@@ -60,11 +60,20 @@ async fn wrong_redis_password_is_rejected_and_a_list_is_a_foreign_value() {
     };
     let port = redis.servers[0].port;
 
-    // A list at one of our keys.
+    // A list at one of our keys: headcount wrote the key (so its listing knows it), then another
+    // client replaced it with a Redis list.
     let url = format!("redis://127.0.0.1:{port}?timeout=3s");
     let store = headcount::connect(&url).await.unwrap();
-    assert!(redis_raw(port, "RPUSH hc:{g}:list a b").starts_with(':'));
     let k = "hc:{g}:list";
+    assert!(store.compare_and_set(k, None, "x", None).await.unwrap());
+    // A list at a key headcount never wrote is not in its index: the listing does not see it.
+    assert!(redis_raw(port, "RPUSH hc:{g}:never-written a b").starts_with(':'));
+    assert_eq!(
+        store.list("hc:{g}:").await.unwrap(),
+        vec![(k.to_owned(), "x".to_owned())]
+    );
+    assert!(redis_raw(port, "DEL hc:{g}:list").starts_with(":1"));
+    assert!(redis_raw(port, "RPUSH hc:{g}:list a b").starts_with(':'));
     for (what, result) in [
         ("get", store.get(k).await.map(|_| ())),
         ("incr", store.incr(k, None).await.map(|_| ())),

@@ -572,9 +572,58 @@ async fn durability_probe_follows_how_the_harness_started_each_server() {
         let aof = redis_servers(1, AOF_ALWAYS, test).await.unwrap();
         let d = probe(&aof[0].url()).await;
         assert!(
-            d.durable && d.detail == "appendonly yes, appendfsync always",
+            d.durable && d.detail == "appendonly yes, appendfsync always, no replicas",
             "{d:?}"
         );
+        // A policy that may evict keys without a TTL (the counters) is not durable.
+        let lru: &'static [&'static str] = &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ];
+        let evicting = redis_servers(1, lru, test).await.unwrap();
+        let d = probe(&evicting[0].url()).await;
+        assert!(!d.durable && d.detail.contains("allkeys-lru"), "{d:?}");
+        // A primary with an asynchronous replica is not durable: a promoted replica can lack
+        // acknowledged writes.
+        let primary = aof[0].url();
+        let port: u16 = primary
+            .split("127.0.0.1:")
+            .nth(1)
+            .map(|rest| {
+                rest.chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect::<String>()
+            })
+            .and_then(|digits| digits.parse().ok())
+            .unwrap();
+        let replica = tokio::task::spawn_blocking(move || {
+            let port = port.to_string();
+            KvStore::redis_with(None, &["--replicaof", "127.0.0.1", &port])
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let d = loop {
+            let d = probe(&primary).await;
+            if !d.durable || tokio::time::Instant::now() > deadline {
+                break d;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            !d.durable && d.detail.contains("connected replica"),
+            "{d:?}"
+        );
+        let d = probe(&replica.url()).await;
+        assert!(!d.durable, "{d:?}");
+        tokio::task::spawn_blocking(move || drop(replica))
+            .await
+            .unwrap();
         let everysec: &'static [&'static str] =
             &["--appendonly", "yes", "--appendfsync", "everysec"];
         let sec = redis_servers(1, everysec, test).await.unwrap();

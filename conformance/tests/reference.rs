@@ -101,7 +101,9 @@ impl Memory {
 #[async_trait]
 impl Store for Memory {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new("memory")
+        let mut caps = Capabilities::new("memory");
+        caps.native_compare_and_delete = true;
+        caps
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
@@ -194,6 +196,17 @@ impl Store for Memory {
         let live = self.live(map.get(key)).is_some();
         map.remove(key);
         Ok(live || (existed && self.bug == Bug::DeleteExpiredTrue))
+    }
+
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        self.check(key)?;
+        check_value(expected)?;
+        let mut map = self.map.lock().unwrap();
+        if self.live(map.get(key)).as_deref() != Some(expected) {
+            return Ok(false);
+        }
+        map.remove(key);
+        Ok(true)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {

@@ -1,4 +1,5 @@
-//! Lookup time per assignor at 10, 100 and 1000 slots, all live and with half of them dead.
+//! Lookup time of jump consistent hash, JumpBackHash and each assignor at 10, 100 and 1000 slots,
+//! all live and with half of them dead.
 //!
 //! `cargo bench -p headcount-core --bench assign -- --warm-up-time 1 --measurement-time 3`
 //!
@@ -13,7 +14,9 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use headcount_core::assign::{hash_u64, jump_consistent_hash, Assignor, AssignorKind, Topology};
+use headcount_core::assign::{
+    hash_u64, jump_back_hash, jump_consistent_hash, Assignor, AssignorKind, Topology,
+};
 
 const SIZES: [u32; 3] = [10, 100, 1000];
 const DISTINCT: usize = 1 << 20;
@@ -43,22 +46,28 @@ fn lookups(c: &mut Criterion, group: &str, keys: &[u64], build: impl Fn(u32) -> 
     g.finish();
 }
 
-fn bench_jump(c: &mut Criterion) {
-    for (name, keys) in [
-        ("jump_consistent_hash", keys(DISTINCT)),
-        ("jump_consistent_hash/repeating_keys", keys(REPEATING)),
-    ] {
-        let mut group = c.benchmark_group(name);
-        for n in SIZES {
-            group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, &n| {
-                let mut i = 0;
-                b.iter(|| {
-                    i = (i + 1) % keys.len();
-                    jump_consistent_hash(black_box(keys[i]), n)
-                })
-            });
+/// A consistent hash: the bucket in `0..buckets` of a key.
+type BucketHash = fn(u64, u32) -> u32;
+
+fn bench_hashes(c: &mut Criterion) {
+    let hashes: [(&str, BucketHash); 2] = [
+        ("jump_consistent_hash", jump_consistent_hash),
+        ("jump_back_hash", jump_back_hash),
+    ];
+    for (hash_name, hash) in hashes {
+        for (suffix, keys) in [("", keys(DISTINCT)), ("/repeating_keys", keys(REPEATING))] {
+            let mut group = c.benchmark_group(format!("{hash_name}{suffix}"));
+            for n in SIZES {
+                group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, &n| {
+                    let mut i = 0;
+                    b.iter(|| {
+                        i = (i + 1) % keys.len();
+                        hash(black_box(keys[i]), n)
+                    })
+                });
+            }
+            group.finish();
         }
-        group.finish();
     }
 }
 
@@ -69,15 +78,25 @@ fn bench_assignors(c: &mut Criterion) {
             kind.build(&Topology::new(n).unwrap()).unwrap()
         });
     }
-    for kind in [AssignorKind::JumpFailover, AssignorKind::Memento] {
+    for kind in [
+        AssignorKind::JumpFailover,
+        AssignorKind::Memento,
+        AssignorKind::JumpBackFailover,
+        AssignorKind::JumpBackMemento,
+    ] {
         lookups(c, &format!("{kind}/half_dead"), &distinct, |n| {
             kind.build(&half_dead(n)).unwrap()
         });
     }
     let repeating = keys(REPEATING);
-    lookups(c, "memento/half_dead/repeating_keys", &repeating, |n| {
-        AssignorKind::Memento.build(&half_dead(n)).unwrap()
-    });
+    for kind in [AssignorKind::Memento, AssignorKind::JumpBackMemento] {
+        lookups(
+            c,
+            &format!("{kind}/half_dead/repeating_keys"),
+            &repeating,
+            |n| kind.build(&half_dead(n)).unwrap(),
+        );
+    }
 }
 
 fn bench_bytes(c: &mut Criterion) {
@@ -96,5 +115,5 @@ fn bench_bytes(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench_jump, bench_assignors, bench_bytes);
+criterion_group!(benches, bench_hashes, bench_assignors, bench_bytes);
 criterion_main!(benches);

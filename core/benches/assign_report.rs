@@ -58,8 +58,8 @@ fn main() -> ExitCode {
 
 /// What MementoHash's canonical death order costs: with some slots already dead, one more random
 /// live slot dies, and we count the keys that move although they were not the dead slot's, for
-/// the canonical order and for a recorded one (where the death is appended). Jump with failover
-/// is shown for comparison.
+/// the canonical order and for a recorded one (where the death is appended), over jump consistent
+/// hash and over JumpBackHash. Jump with failover, over either hash, is shown for comparison.
 fn order_cost(keys: usize) -> Result<String, AssignError> {
     const N: u32 = 100;
     const TRIALS: u64 = 20;
@@ -67,11 +67,12 @@ fn order_cost(keys: usize) -> Result<String, AssignError> {
     let mut out = format!(
         "\nOne more death among {N} slots with some already dead: mean over {TRIALS} random deaths of the keys that move \
          without having been the dead slot's (0 is minimal), as a fraction of all {keys} keys.\n\n\
-         | already dead | dead slot's keys | memento, canonical order | memento, recorded order | jump with failover |\n\
-         |---:|---:|---:|---:|---:|\n"
+         | already dead | dead slot's keys | memento, canonical order | memento, recorded order | jumpback-memento, canonical | jumpback-memento, recorded | jump with failover | jumpback with failover |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for dead_pct in [1u64, 10, 50] {
         let (mut own, mut canonical, mut recorded, mut jump) = (0.0, 0.0, 0.0, 0.0);
+        let (mut back_canonical, mut back_recorded, mut back_jump) = (0.0, 0.0, 0.0);
         for trial in 0..TRIALS {
             // A pseudo-random dead set and death order, then one random live slot dies.
             let mut order: Vec<u32> = (0..N).collect();
@@ -102,14 +103,20 @@ fn order_cost(keys: usize) -> Result<String, AssignError> {
             canonical += excess(AssignorKind::Memento, &before_c, &after_c)?;
             recorded += excess(AssignorKind::Memento, &before_r, &after_r)?;
             jump += excess(AssignorKind::JumpFailover, &before_c, &after_c)?;
+            back_canonical += excess(AssignorKind::JumpBackMemento, &before_c, &after_c)?;
+            back_recorded += excess(AssignorKind::JumpBackMemento, &before_r, &after_r)?;
+            back_jump += excess(AssignorKind::JumpBackFailover, &before_c, &after_c)?;
         }
         let t = TRIALS as f64;
         out.push_str(&format!(
-            "| {dead_pct}% | {:.3}% | {:.3}% | {:.3}% | {:.3}% |\n",
+            "| {dead_pct}% | {:.3}% | {:.3}% | {:.3}% | {:.3}% | {:.3}% | {:.3}% | {:.3}% |\n",
             100.0 * own / t,
             100.0 * canonical / t,
             100.0 * recorded / t,
+            100.0 * back_canonical / t,
+            100.0 * back_recorded / t,
             100.0 * jump / t,
+            100.0 * back_jump / t,
         ));
     }
     Ok(out)

@@ -1,6 +1,7 @@
 //! Movement per join and leave as the group recipe produces its views: slots claimed lowest free
-//! first, views built with `Topology::from_live_slots`, the group's default assignor (jump with
-//! failover). Prints a Markdown table of the moved fraction of the keys against the optimum.
+//! first, views built with `Topology::from_live_slots`, and by default jump with failover (`jump`,
+//! the group's default when `docs/benchmarks.md` was measured; `--assignor jumpback` for today's
+//! default). Prints a Markdown table of the moved fraction of the keys against the optimum.
 //!
 //! ```sh
 //! cargo bench -p headcount-core --bench group_movement                  # 1,000,000 keys
@@ -144,7 +145,8 @@ fn main() -> ExitCode {
             "--assignor" => match it.next().and_then(|v| v.parse().ok()) {
                 Some(k) => kind = k,
                 None => {
-                    eprintln!("--assignor needs one of modulo, jump, ring, rendezvous, memento");
+                    let names: Vec<&str> = AssignorKind::ALL.iter().map(|k| k.name()).collect();
+                    eprintln!("--assignor needs one of {}", names.join(", "));
                     return ExitCode::FAILURE;
                 }
             },

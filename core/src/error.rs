@@ -121,6 +121,22 @@ pub enum ErrorKind {
     Rejected,
 }
 
+impl ErrorKind {
+    /// A short snake_case name, for metric labels and logs: `config`, `invalid_argument`,
+    /// `foreign_value`, `unsupported`, `unavailable`, `timeout`, `rejected`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Config => "config",
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::ForeignValue => "foreign_value",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Rejected => "rejected",
+        }
+    }
+}
+
 impl Error {
     /// The broad class of this error.
     pub fn kind(&self) -> ErrorKind {

@@ -38,7 +38,8 @@ impl Fence {
     }
 
     /// Admits `token` for `resource` when it is at least the newest seen (and records it);
-    /// returns false, recording nothing, when it is older.
+    /// returns false, recording nothing, when it is older (and counts the refusal in
+    /// [`FENCE_REJECTIONS`](crate::metrics::FENCE_REJECTIONS), `fence="memory"`).
     pub fn admit(&self, resource: &str, token: u64) -> bool {
         self.admit_with(resource, token, || ()).is_some()
     }
@@ -55,7 +56,10 @@ impl Fence {
     ) -> Option<T> {
         let mut map = self.newest.lock().unwrap_or_else(PoisonError::into_inner);
         match map.get_mut(resource) {
-            Some(newest) if *newest > token => None,
+            Some(newest) if *newest > token => {
+                crate::metrics::record_fence_rejection("memory");
+                None
+            }
             Some(newest) => {
                 *newest = token;
                 Some(write())

@@ -2,16 +2,22 @@
 
 pub mod assign;
 pub mod clock;
+pub mod decorated;
 pub mod error;
 pub mod fence;
+pub mod instrumented;
 pub mod keys;
+pub mod memory;
+pub mod metrics;
 pub mod recipes;
+pub mod sim;
 pub mod store;
 pub mod url;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use keys::{validate_group, validate_prefix, Keyspace, DEFAULT_PREFIX};
+pub use memory::MemoryStore;
 pub use store::{Capabilities, Durability, Store};
 
 /// A store shared between tasks and recipes.

@@ -55,6 +55,9 @@ pub struct Capabilities {
     /// Whether [`Store::renew_and_list`] is one atomic round trip (true) or the two calls of the
     /// provided method (false).
     pub native_renew_and_list: bool,
+    /// Whether [`Store::compare_and_delete`] removes the key at once (true) or lets it expire
+    /// within the backend's shortest TTL, as the provided method does (false).
+    pub native_compare_and_delete: bool,
 }
 
 impl Capabilities {
@@ -69,6 +72,7 @@ impl Capabilities {
             shared: true,
             native_incr_and_get: false,
             native_renew_and_list: false,
+            native_compare_and_delete: false,
         }
     }
 
@@ -123,6 +127,13 @@ pub trait Store: Send + Sync + Debug + 'static {
 
     /// Every live key that starts with `prefix`, with its value, sorted by key (bytewise).
     /// `prefix` must not be empty.
+    ///
+    /// On Redis, a listing sees the keys written through headcount: the backend records each
+    /// key it writes in an index beside it, so a listing costs O(keys under the prefix) on a
+    /// database shared with millions of other keys. A key another client created under the
+    /// prefix (`redis-cli SET`) is not listed until headcount writes it, and on Redis Cluster
+    /// the prefix must contain a hash tag (`hc:{group}:`), else the listing is
+    /// [`Error::InvalidArgument`]. The other backends list whatever the store holds.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>>;
 
     /// Sets the counter at `key` to `value` if it is absent, expired, or holds a smaller number
@@ -221,6 +232,22 @@ pub trait Store: Send + Sync + Debug + 'static {
             .await?;
         let listed = self.list(prefix).await?;
         Ok((renewed, listed))
+    }
+
+    /// Atomically removes `key` if it holds `expected`. Returns whether it did; false (and
+    /// nothing written) when the key is absent, expired or holds anything else. A group member
+    /// leaves with it, so a delayed delete never removes the next holder's claim.
+    ///
+    /// The provided implementation is one [`Store::compare_and_set`] that keeps the value and
+    /// sets the backend's shortest TTL, so the key is gone within that TTL (etcd: its shortest
+    /// lease). Backends that delete in one atomic step override it and say so in
+    /// [`Capabilities::native_compare_and_delete`].
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        check_key(key)?;
+        check_value(expected)?;
+        let shortest = self.capabilities().min_ttl.max(MIN_TTL);
+        self.compare_and_set(key, Some(expected), expected, Some(shortest))
+            .await
     }
 
     /// Whether a write this store acknowledged survives a crash of its server or host, as far as

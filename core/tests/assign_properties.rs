@@ -1,13 +1,18 @@
 //! Property tests of the assignors: what each one promises in `headcount_core::assign`'s docs,
 //! checked on random topologies and key samples.
 //!
+//! "Jump with failover" and "MementoHash" in the tests' docs mean both variants of each: over
+//! jump consistent hash (`jump`, `memento`) and over JumpBackHash (`jumpback`,
+//! `jumpback-memento`); the constants below list which assignor each test covers.
+//!
 //! The random seed is fixed, so a run is reproducible; the key samples are large enough that the
 //! statistical properties (heirs' shares, balance) pass by a wide margin, not by luck.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use headcount_core::assign::{
-    hash_u64, jump_consistent_hash, preview, Assignor, AssignorKind, DeathOrder, Topology,
+    hash_u64, jump_back_hash, jump_consistent_hash, preview, Assignor, AssignorKind, DeathOrder,
+    Topology,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
@@ -30,17 +35,35 @@ fn owners(a: &dyn Assignor, keys: &[u64]) -> Vec<u32> {
 }
 
 /// The assignors whose movement is minimal for any single change of a pure live-set topology.
-const CONSISTENT: [AssignorKind; 3] = [
+const CONSISTENT: [AssignorKind; 4] = [
     AssignorKind::JumpFailover,
     AssignorKind::Ring,
     AssignorKind::Rendezvous,
+    AssignorKind::JumpBackFailover,
 ];
 
 /// The assignors that spread a dead slot's keys evenly over the survivors.
-const SPREADING: [AssignorKind; 3] = [
+const SPREADING: [AssignorKind; 5] = [
     AssignorKind::JumpFailover,
     AssignorKind::Rendezvous,
     AssignorKind::Memento,
+    AssignorKind::JumpBackFailover,
+    AssignorKind::JumpBackMemento,
+];
+
+/// MementoHash over jump consistent hash and over JumpBackHash: minimal when a change is an
+/// append to (or the undoing of the last entry of) the death order.
+const MEMENTOS: [AssignorKind; 2] = [AssignorKind::Memento, AssignorKind::JumpBackMemento];
+
+/// A consistent hash: the bucket in `0..buckets` of a key.
+type BucketHash = fn(u64, u32) -> u32;
+
+/// The jump-based assignors with the consistent hash they start from.
+const JUMP_BASED: [(AssignorKind, BucketHash); 4] = [
+    (AssignorKind::JumpFailover, jump_consistent_hash),
+    (AssignorKind::Memento, jump_consistent_hash),
+    (AssignorKind::JumpBackFailover, jump_back_hash),
+    (AssignorKind::JumpBackMemento, jump_back_hash),
 ];
 
 /// A slot count and a live set with at least one live slot.
@@ -189,7 +212,9 @@ proptest! {
             _ => t.dead_slots().iter().all(|&d| d > x),
         };
         if appended {
-            assert_moves(AssignorKind::Memento, &t, &after, &keys, "death", |from, _| from == x)?;
+            for kind in MEMENTOS {
+                assert_moves(kind, &t, &after, &keys, "death", |from, _| from == x)?;
+            }
         }
     }
 
@@ -211,7 +236,9 @@ proptest! {
         after.set_dead(x).unwrap();
         prop_assert_eq!(after.death_order(), DeathOrder::Canonical);
         let keys = sample(seed, 3000);
-        assert_moves(AssignorKind::Memento, &t, &after, &keys, "lowest death", |from, _| from == x)?;
+        for kind in MEMENTOS {
+            assert_moves(kind, &t, &after, &keys, "lowest death", |from, _| from == x)?;
+        }
     }
 
     /// One slot joins: keys move only to it. Reviving any dead slot for jump with failover, the
@@ -236,13 +263,20 @@ proptest! {
             let newest = *dead.last().unwrap();
             let mut after = t.clone();
             after.set_live(newest).unwrap();
-            assert_moves(AssignorKind::Memento, &t, &after, &keys, "revival", |_, to| to == newest)?;
+            for kind in MEMENTOS {
+                assert_moves(kind, &t, &after, &keys, "revival", |_, to| to == newest)?;
+            }
         }
         let mut after = t.clone();
         let z = after.push_slot().unwrap();
         let mut appenders = vec![AssignorKind::Ring, AssignorKind::Rendezvous];
         if dead.is_empty() {
-            appenders.extend([AssignorKind::JumpFailover, AssignorKind::Memento]);
+            appenders.extend([
+                AssignorKind::JumpFailover,
+                AssignorKind::Memento,
+                AssignorKind::JumpBackFailover,
+                AssignorKind::JumpBackMemento,
+            ]);
         }
         for kind in appenders {
             assert_moves(kind, &t, &after, &keys, "append", |_, to| to == z)?;
@@ -285,7 +319,8 @@ proptest! {
 
     /// MementoHash with the canonical order, any single death or return (minimal or not): a key
     /// whose jump slot over all slots is live before and after keeps that slot. Jump with
-    /// failover shares the property. This bounds what a non-append change can move.
+    /// failover shares the property, and so do both over JumpBackHash, with the JumpBackHash
+    /// slot. This bounds what a non-append change can move.
     #[test]
     fn keys_on_live_jump_slots_never_move(
         t in topology(40),
@@ -302,11 +337,11 @@ proptest! {
             after.set_live(slot).unwrap();
         }
         let keys = sample(seed, 3000);
-        for kind in [AssignorKind::Memento, AssignorKind::JumpFailover] {
+        for (kind, hash) in JUMP_BASED {
             let before = kind.build(&t).unwrap();
             let now = kind.build(&after).unwrap();
             for &k in &keys {
-                let j = jump_consistent_hash(k, n);
+                let j = hash(k, n);
                 if t.is_live(j) && after.is_live(j) {
                     prop_assert_eq!(before.owner(k), j, "{}", kind);
                     prop_assert_eq!(now.owner(k), j, "{}", kind);
@@ -322,9 +357,11 @@ proptest! {
         let full = Topology::from_live(n, live.iter().copied()).unwrap();
         let trimmed = Topology::from_live_slots(live.iter().copied()).unwrap();
         let keys = sample(seed, 2000);
-        let a = AssignorKind::Memento.build(&full).unwrap();
-        let b = AssignorKind::Memento.build(&trimmed).unwrap();
-        prop_assert_eq!(owners(a.as_ref(), &keys), owners(b.as_ref(), &keys));
+        for kind in MEMENTOS {
+            let a = kind.build(&full).unwrap();
+            let b = kind.build(&trimmed).unwrap();
+            prop_assert_eq!(owners(a.as_ref(), &keys), owners(b.as_ref(), &keys), "{}", kind);
+        }
     }
 }
 
@@ -348,7 +385,7 @@ proptest! {
         let memento_ok = t.death_order() == DeathOrder::Recorded
             || t.dead_slots().iter().all(|&d| d > x);
         for kind in SPREADING {
-            if kind == AssignorKind::Memento && !memento_ok {
+            if MEMENTOS.contains(&kind) && !memento_ok {
                 continue;
             }
             let movement = kind.preview(&t, &after, keys.iter().copied()).unwrap();
@@ -444,6 +481,28 @@ fn jump_balances_within_one_percent_at_ten_slots() {
     assert!(max / 100_000.0 <= 1.01, "{load:?}");
 }
 
+/// JumpBackHash alone and the two assignors over it with every slot live: max/avg load at most
+/// 1.01 over 10 slots and a million keys.
+#[test]
+fn jump_back_balances_within_one_percent_at_ten_slots() {
+    let keys = sample(0, 1_000_000);
+    let t = Topology::new(10).unwrap();
+    let assignors = [
+        AssignorKind::JumpBackFailover.build(&t).unwrap(),
+        AssignorKind::JumpBackMemento.build(&t).unwrap(),
+    ];
+    let mut load = [0u32; 10];
+    for &k in &keys {
+        let b = jump_back_hash(k, 10);
+        for a in &assignors {
+            assert_eq!(a.owner(k), b, "{}", a.kind());
+        }
+        load[b as usize] += 1;
+    }
+    let max = f64::from(*load.iter().max().unwrap());
+    assert!(max / 100_000.0 <= 1.01, "{load:?}");
+}
+
 /// Modulo is the baseline and promises no consistency: one death moves most keys.
 #[test]
 fn modulo_moves_most_keys_on_a_death() {
@@ -468,11 +527,16 @@ fn jump_failover_trimming_a_dead_tail_with_other_dead_slots_moves_more() {
     let new = AssignorKind::JumpFailover.build(&trimmed).unwrap();
     let m = preview(old.as_ref(), new.as_ref(), keys.iter().copied());
     assert!(m.moved() > 0);
-    // Rendezvous and the ring do not care.
+    let m = AssignorKind::JumpBackFailover
+        .preview(&full, &trimmed, keys.iter().copied())
+        .unwrap();
+    assert!(m.moved() > 0);
+    // Rendezvous, the ring and MementoHash do not care.
     for kind in [
         AssignorKind::Rendezvous,
         AssignorKind::Ring,
         AssignorKind::Memento,
+        AssignorKind::JumpBackMemento,
     ] {
         assert_eq!(
             kind.preview(&full, &trimmed, keys.iter().copied())

@@ -1,18 +1,29 @@
--- headcount compare_and_set with an expected value (expected None is a plain SET NX).
--- KEYS[1] = key, ARGV[1] = expected, ARGV[2] = new, ARGV[3] = TTL in milliseconds or ''.
+-- headcount compare_and_set: KEYS[1] = key, then the index keys (index.lua).
+-- ARGV[1] = expected, ARGV[2] = new, ARGV[3] = TTL in milliseconds or '', ARGV[4] = '1' when
+-- the expected value is "absent" (ARGV[1] is then ignored).
 -- Returns 1 when it wrote, 0 when the key is absent or holds something else; a key of another
 -- Redis type is reported as {'foreign', type}.
-local t = redis.call('TYPE', KEYS[1])['ok']
+local k = KEYS[1]
+local function write()
+  if ARGV[3] == '' then
+    redis.call('SET', k, ARGV[2])
+  else
+    redis.call('SET', k, ARGV[2], 'PX', ARGV[3])
+  end
+  done(k)
+  return 1
+end
+if ARGV[4] == '1' then
+  -- Only if absent: any live key, of any type, stops the write (as SET NX does).
+  if redis.call('EXISTS', k) == 1 then return 0 end
+  return write()
+end
+local t = redis.call('TYPE', k)['ok']
 if t ~= 'string' then
   if t == 'none' then return 0 end
   return {'foreign', 'a Redis ' .. t}
 end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if redis.call('GET', k) ~= ARGV[1] then
   return 0
 end
-if ARGV[3] == '' then
-  redis.call('SET', KEYS[1], ARGV[2])
-else
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-end
-return 1
+return write()

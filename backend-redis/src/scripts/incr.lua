@@ -1,4 +1,5 @@
--- headcount incr: KEYS[1] = key, ARGV[1] = TTL in milliseconds, or '' for none.
+-- headcount incr: KEYS[1] = key, then the index keys (index.lua); ARGV[1] = TTL in
+-- milliseconds, or '' for none.
 -- Returns {'ok', n}, or {'foreign', value-or-type} (nothing written).
 -- EXISTS first: the TTL applies only when this call creates the key, even if a live key held "0".
 local created = redis.call('EXISTS', KEYS[1]) == 0
@@ -22,4 +23,5 @@ end
 if created and ARGV[1] ~= '' then
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
 end
+done(KEYS[1])
 return {'ok', n}

@@ -1,5 +1,6 @@
 -- headcount incr_and_get: KEYS[1] = the counter, KEYS[2] = the key to read (same hash slot on
--- Cluster), ARGV[1] = how much to add (>= 1), ARGV[2] = TTL in milliseconds, or '' for none.
+-- Cluster), then the counter's index keys (index.lua), ARGV[1] = how much to add (>= 1),
+-- ARGV[2] = TTL in milliseconds, or '' for none.
 -- Returns {'ok', n, value-or-nil}, {'foreign', value-or-type} for the counter (nothing written),
 -- or {'foreign-read', type} when the key to read is not a string.
 local created = redis.call('EXISTS', KEYS[1]) == 0
@@ -22,6 +23,7 @@ end
 if created and ARGV[2] ~= '' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
+done(KEYS[1])
 local t = redis.call('TYPE', KEYS[2])['ok']
 if t == 'none' then
   return {'ok', n}

@@ -1,15 +1,17 @@
 -- headcount renew_and_list, the renewal that runs before the shared listing body:
--- KEYS[1] = the key to renew, KEYS[2] = the prefix (same hash slot on Cluster),
--- ARGV[1], ARGV[2] = the listing's pattern and prefix (see list_body.lua),
--- ARGV[3] = the holder the key must hold, ARGV[4] = the new TTL in milliseconds.
+-- KEYS[1] = the key to renew, then the index keys (index.lua) of both the key and the prefix
+-- (Rust calls this script only when they are the same: one server, or one hash tag on Cluster).
+-- ARGV[1] = the listing's prefix (see list_body.lua), ARGV[2] = the holder the key must hold,
+-- ARGV[3] = the new TTL in milliseconds.
 -- Returns {renewed (1 or 0), 'ok', key1, value1, ...}, or {'foreign', key, type} when the key
--- (or a key under the prefix) holds another Redis type; nothing is written then.
+-- (nothing renewed then) or a key under the prefix holds another Redis type.
 local renewed = 0
 local kt = redis.call('TYPE', KEYS[1])['ok']
 if kt ~= 'string' and kt ~= 'none' then
   return {'foreign', KEYS[1], 'a Redis ' .. kt}
 end
-if kt == 'string' and redis.call('GET', KEYS[1]) == ARGV[3] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if kt == 'string' and redis.call('GET', KEYS[1]) == ARGV[2] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  track(KEYS[1])
   renewed = 1
 end

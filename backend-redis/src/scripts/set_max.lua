@@ -1,5 +1,5 @@
--- headcount set_max: KEYS[1] = key, ARGV[1] = the new value (decimal i64), ARGV[2] = TTL in
--- milliseconds or ''. Writes when the key is absent or holds a smaller number. Returns 1 when it
+-- headcount set_max: KEYS[1] = key, then the index keys (index.lua), ARGV[1] = the new value
+-- (decimal i64), ARGV[2] = TTL in milliseconds or ''. Writes when the key is absent or holds a smaller number. Returns 1 when it
 -- wrote, 0 when not, {'foreign', value-or-type} when the stored value is not a decimal i64.
 --
 -- Lua numbers are doubles, exact only to 2^53, so numbers are compared as decimal text.
@@ -45,4 +45,5 @@ if ARGV[2] == '' then
 else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
+done(KEYS[1])
 return 1

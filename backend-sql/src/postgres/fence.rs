@@ -137,6 +137,9 @@ impl PgFence {
             .query(&self.admit, &[&resource, &token])
             .await
             .map_err(classify)?;
+        if rows.is_empty() {
+            headcount_core::metrics::record_fence_rejection("postgres");
+        }
         Ok(!rows.is_empty())
     }
 
@@ -205,6 +208,9 @@ impl PgFence {
         let row = client.query_one(&sql, &all).await.map_err(classify)?;
         let admitted: i64 = row.try_get(0).map_err(classify)?;
         let rows: i64 = row.try_get(1).map_err(classify)?;
+        if admitted == 0 {
+            headcount_core::metrics::record_fence_rejection("postgres");
+        }
         Ok(FencedOutcome {
             admitted: admitted > 0,
             rows: u64::try_from(rows).unwrap_or(0),

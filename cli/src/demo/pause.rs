@@ -83,9 +83,10 @@ impl PausableStore {
 
 #[async_trait]
 impl Hooks for PausableStore {
-    async fn before(&self, op: &'static str) {
+    async fn before(&self, op: &'static str) -> headcount::Result<()> {
         if op != "durability" {
             self.gate.wait(false).await;
         }
+        Ok(())
     }
 }

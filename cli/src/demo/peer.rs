@@ -12,6 +12,11 @@ use headcount::{DynStore, Error};
 
 use super::pause::{Gate, PausableStore};
 
+/// The assignor of the demo's group members, named so that [`converged`] maps the sample with
+/// the same one. Jump with failover, which the demo's recorded movement figures were measured
+/// with (it was the group default then).
+const DEMO_ASSIGNOR: AssignorKind = AssignorKind::JumpFailover;
+
 /// The queue of offered ids and what the sink accepted.
 #[derive(Default)]
 pub struct Book {
@@ -106,7 +111,9 @@ impl Recipe {
         let store = PausableStore::wrap(store.clone(), gate.clone());
         let (inner, take): (Inner, Taker) = match self.mode {
             Mode::Group => {
-                let config = GroupConfig::new(self.group.clone(), self.ttl).with_member(name);
+                let config = GroupConfig::new(self.group.clone(), self.ttl)
+                    .with_member(name)
+                    .with_assignor(DEMO_ASSIGNOR);
                 let member = Arc::new(Group::join(store, config).await?);
                 let m = member.clone();
                 let take: Taker = Arc::new(move |id| {
@@ -244,7 +251,7 @@ pub fn converged(peers: &[&Peer], sample: u64) -> Option<Vec<usize>> {
                 return None;
             }
             let topology = Topology::from_live_slots(live).ok()?;
-            let assignor = AssignorKind::JumpFailover.build(&topology).ok()?;
+            let assignor = DEMO_ASSIGNOR.build(&topology).ok()?;
             (0..sample)
                 .map(|id| slots.get(&assignor.owner(hash_u64(id))).copied())
                 .collect()

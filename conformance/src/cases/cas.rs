@@ -1,5 +1,7 @@
 //! `compare_and_set`.
 
+use std::time::Duration;
+
 use super::{concurrently, expect_expiry, put, wait_until, SHORT_TTL};
 use crate::{ensure_eq, CaseResult, Ctx, Failure, ResultExt};
 
@@ -203,5 +205,100 @@ pub async fn cas_ttl_none_persists(ctx: &Ctx) -> CaseResult {
     );
     let done = tokio::time::Instant::now();
     expect_expiry(ctx, &k, "c", sent, done, SHORT_TTL).await?;
+    Ok(())
+}
+
+/// compare_and_delete removes the key only when it holds the expected value, at once, and never
+/// a value written after the one it expected.
+pub async fn compare_and_delete_only_expected(ctx: &Ctx) -> CaseResult {
+    let store = &ctx.store;
+    ensure_eq!(
+        ctx.caps().native_compare_and_delete,
+        true,
+        "native_compare_and_delete (every headcount backend deletes in one atomic step)"
+    );
+    let k = ctx.key("k");
+    ensure_eq!(
+        store
+            .compare_and_delete(&k, "a")
+            .await
+            .during("cad on absent")?,
+        false,
+        "compare_and_delete on an absent key"
+    );
+    put(ctx, &k, "a", Some(Duration::from_secs(30))).await?;
+    ensure_eq!(
+        store.compare_and_delete(&k, "b").await.during("cad(b)")?,
+        false,
+        "compare_and_delete with another value"
+    );
+    ensure_eq!(
+        store.get(&k).await.during("get")?,
+        Some("a".to_owned()),
+        "value after a compare_and_delete with another value"
+    );
+    ensure_eq!(
+        store.compare_and_delete(&k, "a").await.during("cad(a)")?,
+        true,
+        "compare_and_delete with the current value"
+    );
+    ensure_eq!(
+        store.get(&k).await.during("get")?,
+        None,
+        "value right after a successful compare_and_delete"
+    );
+    // A late (delayed, repeated) delete of the old value must not remove the next holder's.
+    put(ctx, &k, "c", Some(Duration::from_secs(30))).await?;
+    ensure_eq!(
+        store
+            .compare_and_delete(&k, "a")
+            .await
+            .during("late cad(a)")?,
+        false,
+        "a late compare_and_delete of the previous value"
+    );
+    ensure_eq!(
+        store.get(&k).await.during("get")?,
+        Some("c".to_owned()),
+        "the next holder's value after a late compare_and_delete"
+    );
+    // An expired key is not deleted (it is not there).
+    let e = ctx.key("expiring");
+    let (sent, done) = put(ctx, &e, "x", Some(SHORT_TTL)).await?;
+    expect_expiry(ctx, &e, "x", sent, done, SHORT_TTL).await?;
+    ensure_eq!(
+        store
+            .compare_and_delete(&e, "x")
+            .await
+            .during("cad on expired")?,
+        false,
+        "compare_and_delete of an expired key"
+    );
+    Ok(())
+}
+
+/// Of 32 concurrent compare_and_delete calls with the current value, exactly one deletes.
+pub async fn compare_and_delete_32_concurrent_one_winner(ctx: &Ctx) -> CaseResult {
+    const N: usize = 32;
+    let k = ctx.key("k");
+    put(ctx, &k, "v", None).await?;
+    let results = concurrently(N, |i| {
+        let store = ctx.store.clone();
+        let key = k.clone();
+        async move {
+            store
+                .compare_and_delete(&key, "v")
+                .await
+                .during(format!("task {i}: compare_and_delete"))
+        }
+    })
+    .await?;
+    let winners = results.iter().filter(|&&w| w).count();
+    ensure_eq!(winners, 1, "winners of {N} concurrent compare_and_delete");
+    ensure_eq!(
+        ctx.store.get(&k).await.during("get")?,
+        None,
+        "value after the race"
+    );
     Ok(())
 }

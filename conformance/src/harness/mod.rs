@@ -57,6 +57,8 @@ pub const REQUIRE_VAR: &str = "HEADCOUNT_REQUIRE_BACKENDS";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Backend {
+    /// headcount's in-memory store (`memory://`): no server, this process only.
+    Memory,
     /// Embedded SQLite: a file in a temp dir.
     Sqlite,
     /// PostgreSQL: a server started from its binaries.
@@ -107,6 +109,7 @@ impl Backend {
     /// The backend's name, as in test names and `HEADCOUNT_REQUIRE_BACKENDS`.
     pub fn name(self) -> &'static str {
         match self {
+            Backend::Memory => "memory",
             Backend::Sqlite => "sqlite",
             Backend::Postgres => "postgres",
             Backend::Redis => "redis",
@@ -132,6 +135,7 @@ impl Backend {
 
     fn compiled(self) -> Result<(), Unavailable> {
         let on = match self {
+            Backend::Memory => true,
             Backend::Sqlite => cfg!(feature = "sqlite"),
             Backend::Postgres => cfg!(feature = "postgres"),
             Backend::Redis | Backend::RedisCluster => cfg!(feature = "redis"),
@@ -154,6 +158,7 @@ impl Backend {
             return Ok(url);
         }
         match self {
+            Backend::Memory => Ok("memory://conformance".to_owned()),
             Backend::Sqlite => sqlite::shared_url(),
             Backend::Postgres => {
                 static SHARED: OnceLock<Result<String, Unavailable>> = OnceLock::new();
@@ -245,6 +250,9 @@ impl Backend {
         match self {
             Backend::Sqlite => Err(Unavailable::NotApplicable(
                 "sqlite is embedded: there is no server process to kill or pause".into(),
+            )),
+            Backend::Memory => Err(Unavailable::NotApplicable(
+                "the in-memory store has no server process to kill or pause".into(),
             )),
             Backend::Postgres => {
                 #[cfg(feature = "containers")]

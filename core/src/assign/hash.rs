@@ -1,12 +1,12 @@
-//! The hash functions under the assignors: jump consistent hash, CityHash's 128-to-64 combiner,
-//! and XXH64 for byte keys.
+//! The hash functions under the assignors: jump consistent hash, JumpBackHash, CityHash's
+//! 128-to-64 combiner, and XXH64 for byte keys.
 //!
 //! Every function here is a fixed, seedless (or fixed-seed) function of its input, computed with
 //! integer arithmetic and, in [`jump_consistent_hash`] only, IEEE-754 double operations that every
 //! platform rounds the same way. The outputs are part of headcount's compatibility promise: two
 //! members running different versions or platforms must assign a key to the same slot, so these
-//! functions never change. The vectors in `testdata/` (with the programs that produced them) pin
-//! them.
+//! functions never change. The vectors in `testdata/` pin them, with the programs that produced
+//! them or, for JumpBackHash, a header saying how hash4j produced them.
 
 /// The multiplier of CityHash's `Hash128to64`.
 const K_MUL: u64 = 0x9ddf_ea08_eb38_2d69;
@@ -54,6 +54,103 @@ pub fn jump_consistent_hash(mut key: u64, buckets: u32) -> u32 {
     }
     // 0 <= b < buckets <= u32::MAX.
     b as u32
+}
+
+/// SplitMix64's increment, the "golden gamma" `2^64 / φ` rounded to an odd number.
+const SPLITMIX_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// SplitMix64's output function (Guy Steele, Doug Lea and Christine Flood, "Fast Splittable
+/// Pseudorandom Number Generators", 2014), with David Stafford's "Mix13" finalizer constants as
+/// in `java.util.SplittableRandom`: a bijection of the 64-bit state onto the output.
+#[inline]
+fn splitmix64_mix(state: u64) -> u64 {
+    let mut z = state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// JumpBackHash (Otmar Ertl, "JumpBackHash: Say Goodbye to the Modulo Operation to Distribute
+/// Keys Uniformly to Buckets", Software: Practice and Experience 55(3), 2025,
+/// [arXiv:2403.18682](https://arxiv.org/abs/2403.18682)): the bucket in `0..buckets` of a 64-bit
+/// key, in expected constant time, with integer operations only.
+///
+/// A consistent hash like [`jump_consistent_hash`] (growing `buckets` from `n` to `n + 1` moves a
+/// key only to the new bucket `n`, about `1/(n+1)` of the keys), but it walks the buckets
+/// backwards, from the highest power-of-two range that the key's random bits select, and needs
+/// one pseudo-random 64-bit value almost always, two rarely, instead of `ln n` steps with a
+/// floating-point division each.
+///
+/// Bit for bit the reference implementation with the SplitMix64 generator, `jumpBackHashSplitMix64`
+/// of Dynatrace's hash4j library (`ConsistentHashing.jumpBackHashSplitMix64()`, equal to
+/// `jumpBackHash(PseudoRandomGeneratorProvider.splitMix64_V1())`): the key seeds SplitMix64 as
+/// `java.util.SplittableRandom(key)` does, and the values drawn are SplittableRandom's
+/// `nextLong()`s. The tests check vectors produced by running hash4j for every `buckets` up to
+/// `i32::MAX` (hash4j takes an `int`); above it the same 32-bit unsigned arithmetic goes on, and the
+/// assignors never get there ([`MAX_SLOTS`](super::MAX_SLOTS) is `2^20`).
+///
+/// The inner loop, which draws further values while a drawn candidate lies in the range but above
+/// `buckets`, ends on each draw with probability at least 1/2; it always ends, because SplitMix64
+/// outputs every 64-bit value once per period. `buckets <= 1` returns 0 (hash4j rejects 0). The
+/// key should already be a well-mixed hash: pass integer IDs through [`hash_u64`] and byte keys
+/// through [`hash_bytes`].
+///
+/// ```
+/// use headcount_core::assign::jump_back_hash;
+/// assert_eq!(jump_back_hash(0xDEAD10CC, 1000), 827);
+/// assert_eq!(jump_back_hash(42, 1_000_000), 995_878);
+/// assert_eq!(jump_back_hash(7, 0), 0);
+/// ```
+#[inline]
+pub fn jump_back_hash(key: u64, buckets: u32) -> u32 {
+    if buckets <= 1 {
+        return 0;
+    }
+    let mut state = key.wrapping_add(SPLITMIX_GAMMA);
+    let first = splitmix64_mix(state);
+    // One bit per power-of-two range [2^i, 2^(i+1)) below `buckets`: the bit says whether the key
+    // jumps into that range as the bucket count grows through it.
+    let mut ranges = ((first ^ (first >> 32)) as u32) & (u32::MAX >> (buckets - 1).leading_zeros());
+    loop {
+        if ranges == 0 {
+            return 0;
+        }
+        // The highest range the key jumps into, [low, 2 * low).
+        let low = 1u32 << (31 - ranges.leading_zeros());
+        // Where it lands there: the half of the first value that the range bits did not fold in
+        // last, as the reference picks it (by the parity of the number of set range bits).
+        let half = if ranges.count_ones() & 1 == 1 {
+            (first >> 32) as u32
+        } else {
+            first as u32
+        };
+        let bucket = low + (half & (low - 1));
+        if bucket < buckets {
+            return bucket;
+        }
+        // It landed in the range but beyond the last bucket: draw the later jumps in this range
+        // until one lands below `buckets` (done) or none is left (a candidate below `low`).
+        let high = low | (low - 1);
+        loop {
+            state = state.wrapping_add(SPLITMIX_GAMMA);
+            let next = splitmix64_mix(state);
+            let bucket = next as u32 & high;
+            if bucket < low {
+                break;
+            }
+            if bucket < buckets {
+                return bucket;
+            }
+            let bucket = (next >> 32) as u32 & high;
+            if bucket < low {
+                break;
+            }
+            if bucket < buckets {
+                return bucket;
+            }
+        }
+        ranges ^= low;
+    }
 }
 
 /// CityHash's `Hash128to64`, which RavenDB's failover code calls `CombineHash(x, y)`: mixes two

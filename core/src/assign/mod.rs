@@ -14,9 +14,16 @@
 //! | [`Ring`] | the distributor (article 003), 50 points per weight | max/avg 1.1–1.45 | only its keys move | only keys to it move | the next points' owners | `O(log 50n)` |
 //! | [`Rendezvous`] | Thaler & Ravishankar, weighted | ≈1 | only its keys move | only keys to it move | all survivors, by weight | `O(n)` |
 //! | [`Memento`] | Coluzzi et al. 2023 (arXiv 2306.09783) | ≈1 | only its keys move² | only keys to it move² | all survivors, evenly | `O(log n)` + table hops |
+//! | [`JumpBackFailover`] | Ertl 2024 (JumpBackHash) + RavenDB | ≈1 | only its keys move | only keys to it move¹ | all survivors, evenly | `O(1)` expected per hop |
+//! | [`JumpBackMemento`] | Ertl 2024 + Coluzzi et al. 2023 | ≈1 | only its keys move² | only keys to it move² | all survivors, evenly | `O(1)` expected + table hops |
 //!
 //! ¹ When it revives a dead slot, or is appended while no slot is dead (see [`JumpFailover`]).
 //! ² See [Determinism and the order of deaths](#determinism-and-the-order-of-deaths).
+//!
+//! [`JumpBackFailover`] and [`JumpBackMemento`] are [`JumpFailover`] and [`Memento`] with
+//! [`jump_back_hash`] (Otmar Ertl's JumpBackHash, 2024) in place of [`jump_consistent_hash`]
+//! (Lamping and Veach, 2014): the same guarantees, several times faster lookups, but different
+//! assignments, so every member of a group must use the same assignor.
 //!
 //! Measured balance, movement and lookup times are in `docs/assignors.md` and come from the
 //! [`report`] module and the criterion benchmarks (`cargo bench -p headcount-core`).
@@ -34,10 +41,12 @@
 //!
 //! Members must agree on every key's owner, so an assignment may depend on nothing but the
 //! topology: not on the order in which a member saw members die and join. [`Modulo`], [`Ring`],
-//! [`Rendezvous`] and [`JumpFailover`] are pure functions of the slot count, the live set and the
-//! weights, and their guarantees in the table hold for any single change (within footnote ¹).
+//! [`Rendezvous`], [`JumpFailover`] and [`JumpBackFailover`] are pure functions of the slot count,
+//! the live set and the weights, and their guarantees in the table hold for any single change
+//! (within footnote ¹).
 //!
-//! [`Memento`] is different: MementoHash keeps a table whose content depends on the order in
+//! [`Memento`] (and [`JumpBackMemento`], which shares its table and everything said here) is
+//! different: MementoHash keeps a table whose content depends on the order in
 //! which slots were removed, and its minimal movement is a property of appending one removal to
 //! that history. Here the history is part of the topology, [`Topology::dead_slots`], in one of two
 //! [`DeathOrder`]s:
@@ -114,9 +123,9 @@ mod topology;
 #[cfg(test)]
 mod vectors;
 
-pub use hash::{combine_hash, hash_bytes, hash_u64, jump_consistent_hash, xxh64};
-pub use jump::JumpFailover;
-pub use memento::Memento;
+pub use hash::{combine_hash, hash_bytes, hash_u64, jump_back_hash, jump_consistent_hash, xxh64};
+pub use jump::{JumpBackFailover, JumpFailover};
+pub use memento::{JumpBackMemento, Memento};
 pub use modulo::Modulo;
 pub use movement::{count_moved, preview, preview_bytes, Move, Movement};
 pub use rendezvous::Rendezvous;
@@ -167,19 +176,26 @@ pub enum AssignorKind {
     Rendezvous,
     /// [`Memento`], named `memento`.
     Memento,
+    /// [`JumpBackFailover`], named `jumpback`.
+    JumpBackFailover,
+    /// [`JumpBackMemento`], named `jumpback-memento`.
+    JumpBackMemento,
 }
 
 impl AssignorKind {
     /// Every assignor, in the order of the table in the module docs.
-    pub const ALL: [AssignorKind; 5] = [
+    pub const ALL: [AssignorKind; 7] = [
         AssignorKind::Modulo,
         AssignorKind::JumpFailover,
         AssignorKind::Ring,
         AssignorKind::Rendezvous,
         AssignorKind::Memento,
+        AssignorKind::JumpBackFailover,
+        AssignorKind::JumpBackMemento,
     ];
 
-    /// The assignor's name: `modulo`, `jump`, `ring`, `rendezvous` or `memento`.
+    /// The assignor's name: `modulo`, `jump`, `ring`, `rendezvous`, `memento`, `jumpback` or
+    /// `jumpback-memento`.
     pub fn name(self) -> &'static str {
         match self {
             AssignorKind::Modulo => "modulo",
@@ -187,6 +203,8 @@ impl AssignorKind {
             AssignorKind::Ring => "ring",
             AssignorKind::Rendezvous => "rendezvous",
             AssignorKind::Memento => "memento",
+            AssignorKind::JumpBackFailover => "jumpback",
+            AssignorKind::JumpBackMemento => "jumpback-memento",
         }
     }
 
@@ -198,6 +216,8 @@ impl AssignorKind {
             AssignorKind::Ring => Box::new(Ring::build(topology)?),
             AssignorKind::Rendezvous => Box::new(Rendezvous::build(topology)?),
             AssignorKind::Memento => Box::new(Memento::build(topology)?),
+            AssignorKind::JumpBackFailover => Box::new(JumpBackFailover::build(topology)?),
+            AssignorKind::JumpBackMemento => Box::new(JumpBackMemento::build(topology)?),
         })
     }
 
@@ -277,6 +297,8 @@ mod tests {
             AssignorKind::Modulo,
             AssignorKind::JumpFailover,
             AssignorKind::Memento,
+            AssignorKind::JumpBackFailover,
+            AssignorKind::JumpBackMemento,
         ] {
             assert!(
                 matches!(kind.build(&t), Err(AssignError::WeightsUnsupported { .. })),

@@ -184,7 +184,7 @@ mod tests {
     #[test]
     fn a_small_report_runs_and_is_sane() {
         let rows = report(&[3, 10], 20_000).unwrap();
-        assert_eq!(rows.len(), 10);
+        assert_eq!(rows.len(), 2 * AssignorKind::ALL.len());
         for r in &rows {
             assert!(r.max_over_avg >= 1.0);
             if r.assignor != AssignorKind::Modulo {
@@ -193,8 +193,10 @@ mod tests {
             }
         }
         let table = markdown(&rows);
-        assert_eq!(table.lines().count(), 12);
+        assert_eq!(table.lines().count(), rows.len() + 2);
         assert!(table.contains("| memento | 10 |"));
+        assert!(table.contains("| jumpback | 10 |"));
+        assert!(table.contains("| jumpback-memento | 10 |"));
     }
 
     #[test]

@@ -84,9 +84,11 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::keys::{validate_group, Keyspace, DEFAULT_PREFIX};
+use crate::metrics as m;
 use crate::store::parse_counter;
 use crate::DynStore;
 
@@ -362,7 +364,18 @@ impl MajorityIds {
     /// the deadline ([`Error::Unavailable`], retryable), or at once when so many stores fail
     /// permanently that no majority can answer (their error, such as [`Error::ForeignValue`]).
     pub async fn next(&self) -> Result<i64> {
-        self.next_until(Instant::now() + self.config.deadline).await
+        let span = tracing::debug_span!("ids.next", key = %self.key, stores = self.nodes.len());
+        let out = self
+            .next_until(Instant::now() + self.config.deadline)
+            .instrument(span)
+            .await;
+        match &out {
+            Ok(_) => ::metrics::counter!(m::IDS_GENERATED).increment(1),
+            Err(e) => {
+                ::metrics::counter!(m::IDS_FAILURES, "kind" => m::error_label(e)).increment(1)
+            }
+        }
+        out
     }
 
     /// [`MajorityIds::next`] with the deadline given as an instant.
@@ -370,14 +383,19 @@ impl MajorityIds {
         let mut attempt: u32 = 0;
         loop {
             self.stats.attempts.fetch_add(1, Ordering::Relaxed);
-            let outcome = self.attempt(deadline, attempt == 0).await;
+            let outcome = self
+                .attempt(deadline, attempt == 0)
+                .instrument(tracing::debug_span!("ids.round", attempt))
+                .await;
             let lost = match outcome {
                 Ok(id) => {
                     self.stats.ids.fetch_add(1, Ordering::Relaxed);
+                    ::metrics::counter!(m::IDS_ROUNDS, "result" => "id").increment(1);
                     return Ok(id);
                 }
                 Err(Lost::Permanent(e)) => {
                     self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    ::metrics::counter!(m::IDS_ROUNDS, "result" => "failed").increment(1);
                     return Err(e);
                 }
                 Err(Lost::Retry(lost)) => lost,
@@ -390,6 +408,7 @@ impl MajorityIds {
                 .min(self.config.backoff_max);
             let pause = rand::rng().random_range(Duration::ZERO..=bound);
             if now + pause >= deadline {
+                ::metrics::counter!(m::IDS_ROUNDS, "result" => "failed").increment(1);
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::Unavailable {
                     backend: RECIPE,
@@ -404,6 +423,8 @@ impl MajorityIds {
                     source: None,
                 });
             }
+            ::metrics::counter!(m::IDS_ROUNDS, "result" => "retry").increment(1);
+            ::metrics::counter!(m::IDS_RETRIES).increment(1);
             tokio::time::sleep(pause).await;
             attempt = attempt.saturating_add(1);
         }

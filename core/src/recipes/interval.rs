@@ -109,6 +109,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
@@ -894,7 +895,16 @@ impl Ticker {
             let now_wall = wall(self.clock.as_ref());
             if now_wall >= self.tick_time(next) {
                 let n = interval_number(now_wall, self.interval);
-                if let Err(e) = self.tick(n).await {
+                let span = tracing::debug_span!(
+                    "interval.tick",
+                    group = self.keys.space.group(),
+                    interval = n
+                );
+                let ticked = self.tick(n).instrument(span).await;
+                let result = if ticked.is_ok() { "ok" } else { "error" };
+                ::metrics::counter!(crate::metrics::INTERVAL_TICKS, "result" => result)
+                    .increment(1);
+                if let Err(e) = ticked {
                     self.set_error(&e);
                 }
             } else {

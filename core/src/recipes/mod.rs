@@ -25,3 +25,9 @@ pub use interval::{
     IntervalConfig, IntervalIndexer, IntervalPeer, IntervalStatus, Ownership, Pair, PeerHealth,
     Phase, TaskGuard,
 };
+
+/// The group lease TTL the `headcount` CLI uses when `--ttl` is not given, a sensible default
+/// for an application too: a member renews every 2 s, and a crashed member's keys move after at
+/// most 6 s plus one heartbeat. Pass it to
+/// [`GroupConfig::new`](group::GroupConfig::new).
+pub const DEFAULT_GROUP_TTL: std::time::Duration = std::time::Duration::from_secs(6);

@@ -67,10 +67,12 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTRO
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::assign::match_work_units;
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, DEFAULT_PREFIX};
+use crate::metrics as m;
 use crate::store::MAX_VALUE_LEN;
 use crate::DynStore;
 
@@ -176,6 +178,23 @@ fn parse_grpc_address(address: &str) -> Result<String> {
     if host.starts_with('[') != host.ends_with(']') {
         return Err(bad("has an unbalanced IPv6 bracket"));
     }
+    // What the prober's URI parser accepts as a host: a name, an IPv4 address, or a bracketed
+    // IPv6 one. A list (`a:1,b:2`) would be stored and then fail on every ping.
+    let plain = host.trim_start_matches('[').trim_end_matches(']');
+    let ok = if host.starts_with('[') {
+        plain
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+    } else {
+        plain
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
+    };
+    if !ok {
+        return Err(bad(
+            "has characters a host name cannot have (one address only)",
+        ));
+    }
     match port.parse::<u16>() {
         Ok(p) if p > 0 => {}
         _ => return Err(bad("has no valid port")),
@@ -196,7 +215,8 @@ pub fn namespace(prefix: &str, what: &str, ns: &str) -> Result<Keyspace> {
     })
 }
 
-fn check_service_name(name: &str) -> Result<()> {
+/// Checks a service name as [`register`] does, so a caller can validate before writing.
+pub fn check_service_name(name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::invalid("service name is empty"));
     }
@@ -215,7 +235,9 @@ fn check_service_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn check_unit_name(name: &str) -> Result<()> {
+/// Checks a work unit name as [`add_unit`] does, so a caller can validate a batch before
+/// writing any of it.
+pub fn check_unit_name(name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::invalid("work unit name is empty"));
     }
@@ -225,8 +247,13 @@ fn check_unit_name(name: &str) -> Result<()> {
             name.len()
         )));
     }
-    if name.contains('\0') {
-        return Err(Error::invalid("work unit name contains a NUL character"));
+    // A newline or another control character is a quoting mistake far more often than a name,
+    // and it breaks every line-based tool that lists units.
+    if name.chars().any(char::is_control) {
+        return Err(Error::invalid(format!(
+            "work unit name {:?} contains a control character",
+            name.escape_debug().to_string()
+        )));
     }
     Ok(())
 }
@@ -669,7 +696,12 @@ pub fn watch_assignment(
             let last = tx.borrow().clone();
             let next = match read {
                 Ok(Some(a)) if a.version >= last.version => a,
-                Ok(Some(_)) => continue,
+                // Records never go back in version, except when the namespace was wiped and a
+                // new line of tables began at 1: follow it once the table says so too.
+                Ok(Some(a)) => match read_table(&store, &distribution).await {
+                    Ok(Some(t)) if t.version < last.version && a.version <= t.version => a,
+                    _ => continue,
+                },
                 Ok(None) => Assignment {
                     version: last.version,
                     units: Vec::new(),
@@ -970,10 +1002,26 @@ impl Distributor {
     /// Probes every service concurrently, each cut at the ping timeout.
     pub async fn probe(&self, services: &[Service]) -> Vec<Health> {
         let checks = services.iter().map(|s| async move {
-            match tokio::time::timeout(self.ping_timeout, self.prober.check(s)).await {
+            let probe = match &s.liveness {
+                Ok(Liveness::Grpc(_)) => "grpc",
+                Ok(Liveness::Heartbeat) => "heartbeat",
+                Err(_) => "invalid",
+            };
+            let start = std::time::Instant::now();
+            let health = match tokio::time::timeout(self.ping_timeout, self.prober.check(s)).await {
                 Ok(h) => h,
                 Err(_) => Health::Down(format!("no answer within {:?}", self.ping_timeout)),
-            }
+            };
+            ::metrics::histogram!(m::DISTRIBUTOR_PING_DURATION, "probe" => probe)
+                .record(start.elapsed());
+            let result = if health.is_serving() {
+                "serving"
+            } else {
+                "down"
+            };
+            ::metrics::counter!(m::DISTRIBUTOR_PINGS, "probe" => probe, "result" => result)
+                .increment(1);
+            health
         });
         futures::future::join_all(checks).await
     }
@@ -982,6 +1030,11 @@ impl Distributor {
     /// table and the per-service records when anything changed. Starts over (a few times) when
     /// another distributor wrote meanwhile.
     pub async fn poll(&self) -> Result<PollOutcome> {
+        let span = tracing::debug_span!("distributor.poll", namespace = %self.distribution.key(""));
+        self.poll_once().instrument(span).await
+    }
+
+    async fn poll_once(&self) -> Result<PollOutcome> {
         let key = table_key(&self.distribution);
         for _ in 0..CAS_ATTEMPTS {
             let current_text = self.store.get(&key).await?;
@@ -1039,6 +1092,8 @@ impl Distributor {
                 .compare_and_set(&key, current_text.as_deref(), &text, None)
                 .await?
             {
+                ::metrics::counter!(m::DISTRIBUTOR_TABLE_WRITES, "result" => "written")
+                    .increment(1);
                 let (moved, added, removed) = table_diff(current.as_ref(), &next);
                 tracing::info!(
                     version = next.version,
@@ -1058,6 +1113,7 @@ impl Distributor {
                     removed,
                 });
             }
+            ::metrics::counter!(m::DISTRIBUTOR_TABLE_WRITES, "result" => "conflict").increment(1);
             tracing::debug!("another distributor wrote the table meanwhile; polling again");
         }
         Err(contended(&self.store, &key))
@@ -1255,6 +1311,62 @@ mod tests {
 
     fn names(prefix: &str, n: usize) -> Vec<String> {
         (0..n).map(|i| format!("{prefix}{i}")).collect()
+    }
+
+    #[tokio::test]
+    async fn a_watch_follows_a_new_line_of_tables_after_a_wipe() {
+        let memory = crate::memory::MemoryStore::new();
+        let store: DynStore = Arc::new(memory.clone());
+        let ns = Keyspace::with_prefix("hc", "dist").unwrap();
+        let put = |version: u64, units: &[&str]| {
+            let store = store.clone();
+            let ns = ns.clone();
+            let units: Vec<String> = units.iter().map(|u| (*u).to_owned()).collect();
+            async move {
+                let a = Assignment {
+                    version,
+                    units: units.clone(),
+                };
+                let t = Table {
+                    version,
+                    services: BTreeMap::from([("s".to_owned(), units)]),
+                    down: BTreeSet::new(),
+                };
+                store
+                    .compare_and_set(&assignment_key(&ns, "s"), None, &a.encode().unwrap(), None)
+                    .await
+                    .unwrap();
+                store
+                    .compare_and_set(&table_key(&ns), None, &t.encode().unwrap(), None)
+                    .await
+                    .unwrap();
+            }
+        };
+        put(7, &["a", "b"]).await;
+        let watch = watch_assignment(
+            store.clone(),
+            ns.clone(),
+            "s".into(),
+            Duration::from_millis(5),
+        )
+        .unwrap();
+        let seen = |version: u64| {
+            let mut rx = watch.rx.clone();
+            async move {
+                tokio::time::timeout(
+                    Duration::from_secs(5),
+                    rx.wait_for(|a| a.version == version),
+                )
+                .await
+                .is_ok()
+            }
+        };
+        assert!(seen(7).await);
+        // The namespace is wiped; a distributor starts a new line of tables at 1.
+        memory.clear();
+        put(1, &["c"]).await;
+        assert!(seen(1).await, "the watch stayed on {:?}", watch.current());
+        assert_eq!(watch.current().units, ["c"]);
     }
 
     #[test]

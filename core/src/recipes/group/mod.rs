@@ -35,9 +35,13 @@
 //!
 //! # Ownership and grants
 //!
-//! The [assignor](crate::assign) (default: jump consistent hash with failover, which moves only
-//! the changed slot's keys on a join or leave and depends only on the live slots) maps each key
-//! to a live slot of the view. [`Member::owns`] returns a [`Grant`] carrying the epoch as its
+//! The [assignor](crate::assign) (default: JumpBackHash with RavenDB's failover, which moves
+//! only the changed slot's keys on a join or leave and depends only on the live slots) maps each
+//! key to a live slot of the view. A view counts a member only when it names the member's own
+//! claim, slot *and* nonce: a member that claimed its slot number again (a restart with the same
+//! member id, a lapsed lease) owns nothing under a view that names the number under its earlier
+//! claim. The view records the publisher's assignor, and a member configured with another one
+//! is refused at join. [`Member::owns`] returns a [`Grant`] carrying the epoch as its
 //! fencing token while the key is this member's; the grant stays in flight until dropped.
 //! [`Member::watch`] gives the member's [`Assignment`] (`slot`, and the articles' 1-based
 //! `(index, replicas)` pair: the member's rank among the live slots and their count), and
@@ -50,8 +54,9 @@
 //! * keys it owns in both its active view and the new one never pause;
 //! * keys it no longer owns are revoked at once ([`Member::owns`] says no, [`Grant::is_valid`]
 //!   turns false); when no grant for them is in flight any more, the member *acknowledges* the
-//!   new epoch by writing it into its own slot record (`acked=`), which every member reads at its
-//!   next heartbeat anyway;
+//!   new view by writing its epoch and digest into its own slot record (`acked=`, `view=`),
+//!   which every member reads at its next heartbeat anyway, and writes it again if the store
+//!   loses it;
 //! * keys it gains start only once every other live slot has acknowledged that epoch (a slot
 //!   that is gone from the store has either released everything before deleting itself, or its
 //!   lease expired and its holder stopped on its own clock). Until then [`Member::owns`] says no
@@ -68,6 +73,14 @@
 //! tokens with a [`Fence`](crate::fence::Fence) (or the PostgreSQL and Redis fences of the
 //! backend crates) rejects its late writes once the new owner has written.
 //!
+//! A store that loses acknowledged writes (a failover to an asynchronous replica, a restore from
+//! a backup) voids the guarantee until the leases renewed before the loss have run out: a lost
+//! renewal lets a slot expire before its holder's deadline, and a lost view lets another member
+//! mint the same epoch for other holders. Members detect both (the renewal is refused; a view
+//! with their own epoch and other holders is replaced by one above both) and the guarantee holds
+//! again within about one TTL. A member whose view compare-and-set loses adopts nothing from the
+//! listing it read before and lists again.
+//!
 //! A member whose in-flight grants do not drain within the drain timeout (one TTL by default)
 //! stops renewing, so its lease expires and the others proceed without its acknowledgement.
 //!
@@ -75,8 +88,8 @@
 //!
 //! | key | value | TTL |
 //! |---|---|---|
-//! | `slot:{i}` | `v1 member=<id> nonce=<hex> since=<unix ms> ttl=<ms> acked=<epoch>` | the lease TTL |
-//! | `slot:view` | `v1 epoch=<E> slots=<slot>@<nonce>,...` | none |
+//! | `slot:{i}` | `v1 member=<id> nonce=<hex> since=<unix ms> ttl=<ms> acked=<epoch> view=<hex>` | the lease TTL |
+//! | `slot:view` | `v1 epoch=<E> assignor=<name> slots=<slot>@<nonce>,...` | none |
 
 mod records;
 
@@ -94,7 +107,7 @@ use crate::error::{Error, Result};
 use crate::keys::{Keyspace, DEFAULT_PREFIX};
 use crate::DynStore;
 
-pub use records::{Holder, SlotRecord, Table, ViewRecord};
+pub use records::{Holder, SlotRecord, Table, ViewRecord, MAX_EPOCH};
 
 /// The shortest lease TTL accepted.
 pub const MIN_TTL: Duration = Duration::from_millis(30);
@@ -121,14 +134,19 @@ pub struct GroupConfig {
 
 impl GroupConfig {
     /// A configuration for `group` with lease `ttl` (renewed every `ttl / 3`), a random member
-    /// id, the jump-with-failover assignor and the system clock.
+    /// id, the system clock and the assignor [`JumpBackFailover`](crate::assign::JumpBackFailover)
+    /// (JumpBackHash with RavenDB's failover, named `jumpback`): as minimal and balanced as jump
+    /// consistent hash with the same failover ([`AssignorKind::JumpFailover`], `jump`, the default
+    /// before it) and several times faster, but a different assignment. Every member of a group
+    /// must use the same assignor, so a group with members that default to `jump` must set it
+    /// with [`with_assignor`](Self::with_assignor) on the others.
     pub fn new(group: impl Into<String>, ttl: Duration) -> Self {
         GroupConfig {
             group: group.into(),
             prefix: DEFAULT_PREFIX.to_owned(),
             ttl,
             member: None,
-            assignor: AssignorKind::JumpFailover,
+            assignor: AssignorKind::JumpBackFailover,
             clock: Arc::new(SystemClock::new()),
             max_slots: DEFAULT_MAX_SLOTS,
             drain_timeout: None,
@@ -328,8 +346,28 @@ impl ViewState {
             .map(|i| (i as u32 + 1, live))
     }
 
-    fn same_slots(&self, other: &ViewState) -> bool {
-        self.record.slots().eq(other.record.slots())
+    /// `holder`'s 1-based rank and the live count, when the view names exactly this holder (the
+    /// slot *and* the claim): a view that names the slot under an earlier claim is not this
+    /// holder's, whoever holds the number now.
+    pub fn pair_of(&self, holder: Holder) -> Option<(u32, u32)> {
+        let live = self.record.holders.len() as u32;
+        self.record
+            .holders
+            .binary_search_by_key(&holder.slot, |h| h.slot)
+            .ok()
+            .filter(|&i| self.record.holders[i] == holder)
+            .map(|i| (i as u32 + 1, live))
+    }
+
+    /// Whether the key hash belongs to `holder` in this view.
+    pub fn owned_by(&self, hash: u64, holder: Holder) -> bool {
+        self.pair_of(holder).is_some() && self.owner(hash) == Some(holder.slot)
+    }
+
+    /// Whether both views name the same holders (only the epoch differs: a view republished
+    /// after it was lost or garbled), so no key changes hands between them.
+    fn same_holders(&self, other: &ViewState) -> bool {
+        self.record.holders == other.record.holders
     }
 }
 
@@ -342,6 +380,8 @@ pub struct Change {
     pub to: Arc<ViewState>,
     /// The member's slot.
     pub slot: u32,
+    /// The member's claim of that slot.
+    holder: Holder,
 }
 
 impl Change {
@@ -358,8 +398,11 @@ impl Change {
         keys.into_iter()
             .filter(|k| {
                 let h = hash_bytes(k.as_ref());
-                self.to.owner(h) == Some(self.slot)
-                    && self.from.as_ref().and_then(|f| f.owner(h)) != Some(self.slot)
+                self.to.owned_by(h, self.holder)
+                    && !self
+                        .from
+                        .as_ref()
+                        .is_some_and(|f| f.owned_by(h, self.holder))
             })
             .collect()
     }
@@ -372,8 +415,10 @@ impl Change {
         keys.into_iter()
             .filter(|k| {
                 let h = hash_bytes(k.as_ref());
-                self.from.as_ref().and_then(|f| f.owner(h)) == Some(self.slot)
-                    && self.to.owner(h) != Some(self.slot)
+                self.from
+                    .as_ref()
+                    .is_some_and(|f| f.owned_by(h, self.holder))
+                    && !self.to.owned_by(h, self.holder)
             })
             .collect()
     }
@@ -390,7 +435,8 @@ enum Scope {
 
 #[derive(Default)]
 struct State {
-    slot: Option<u32>,
+    /// The member's current claim: its slot and the claim's nonce.
+    holder: Option<Holder>,
     /// Monotonic instant after which the lease may have expired.
     deadline: Option<Duration>,
     /// Bumped whenever the lease is lost: older grants are invalid.
@@ -413,7 +459,7 @@ impl State {
     }
 
     fn pair_in(&self, view: Option<&Arc<ViewState>>) -> Option<(u32, u32)> {
-        view.and_then(|v| v.pair(self.slot?))
+        view.and_then(|v| v.pair_of(self.holder?))
     }
 
     /// Whether a grant of `scope` taken under `generation` may still be used.
@@ -424,11 +470,11 @@ impl State {
         if self.deadline.is_none_or(|d| now >= d) {
             return false;
         }
-        let (Some(slot), Some(target)) = (self.slot, self.target()) else {
+        let (Some(holder), Some(target)) = (self.holder, self.target()) else {
             return false;
         };
         match scope {
-            Scope::Key(h) => target.owner(h) == Some(slot),
+            Scope::Key(h) => target.owned_by(h, holder),
             Scope::Share => {
                 self.active.is_some()
                     && self.pair_in(self.active.as_ref()) == self.pair_in(Some(target))
@@ -439,13 +485,13 @@ impl State {
 
     /// Whether every grant in flight is still valid under the pending view.
     fn drained(&self) -> bool {
-        let (Some(slot), Some(pending)) = (self.slot, self.pending.as_ref()) else {
+        let (Some(holder), Some(pending)) = (self.holder, self.pending.as_ref()) else {
             return true;
         };
         let keys_ok = self
             .in_flight
             .iter()
-            .all(|(&h, &n)| n == 0 || pending.owner(h) == Some(slot));
+            .all(|(&h, &n)| n == 0 || pending.owned_by(h, holder));
         let share_ok = self.share_in_flight == 0
             || self.pair_in(self.active.as_ref()) == self.pair_in(Some(pending));
         keys_ok && share_ok
@@ -469,16 +515,7 @@ impl Shared {
     fn grant(self: &Arc<Self>, scope: Scope) -> Option<Grant> {
         let now = self.clock.monotonic();
         let mut st = self.lock();
-        if !st.valid(scope, st.generation, now) {
-            return None;
-        }
-        let slot = st.slot?;
-        // In a hand-off, only what the active view already granted keeps going: a key or share
-        // gained in the pending view waits for the others' acknowledgements.
-        if st.pending.is_some() && !st.valid_in_active(scope) {
-            return None;
-        }
-        let epoch = st.target()?.epoch();
+        let (slot, epoch) = st.grantable(scope, now)?;
         match scope {
             Scope::Key(h) => *st.in_flight.entry(h).or_insert(0) += 1,
             Scope::Share => st.share_in_flight += 1,
@@ -502,15 +539,32 @@ impl Shared {
 }
 
 impl State {
+    /// The slot and token a grant of `scope` would carry now, or `None` when it may not be
+    /// granted.
+    fn grantable(&self, scope: Scope, now: Duration) -> Option<(u32, u64)> {
+        if !self.valid(scope, self.generation, now) {
+            return None;
+        }
+        let slot = self.holder?.slot;
+        // In a hand-off, only what the active view already granted keeps going: a key or share
+        // gained in the pending view waits for the others' acknowledgements.
+        if self.pending.is_some() && !self.valid_in_active(scope) {
+            return None;
+        }
+        Some((slot, self.target()?.epoch()))
+    }
+
     /// Whether `scope` was granted by the active view and stayed the member's in every view
     /// adopted since (the pending one is checked by [`State::valid`]).
     fn valid_in_active(&self, scope: Scope) -> bool {
-        let (Some(slot), Some(active)) = (self.slot, self.active.as_ref()) else {
+        let (Some(holder), Some(active)) = (self.holder, self.active.as_ref()) else {
             return false;
         };
         let owns = |v: &ViewState| match scope {
-            Scope::Key(h) => v.owner(h) == Some(slot),
-            Scope::Share => v.pair(slot).is_some() && v.pair(slot) == active.pair(slot),
+            Scope::Key(h) => v.owned_by(h, holder),
+            Scope::Share => {
+                v.pair_of(holder).is_some() && v.pair_of(holder) == active.pair_of(holder)
+            }
         };
         owns(active) && self.skipped.iter().all(|v| owns(v))
     }
@@ -657,19 +711,38 @@ impl Group {
         Ok(Member {
             shared,
             member,
-            stop: stop_tx,
-            task: Some(task),
+            task: Arc::new(Heartbeat {
+                stop: stop_tx,
+                task: tokio::sync::Mutex::new(Some(task)),
+            }),
         })
     }
 }
 
 /// A member of a group: ask it which keys it owns; it heartbeats in the background until
-/// [`Member::leave`].
+/// [`Member::leave`]. Clones are handles to the same member (one heartbeat, one slot): the
+/// heartbeat stops when one of them leaves, or when the last one is dropped.
+#[derive(Clone)]
 pub struct Member {
     shared: Arc<Shared>,
     member: String,
+    task: Arc<Heartbeat>,
+}
+
+/// The member's background task, shared by its handles.
+struct Heartbeat {
     stop: watch::Sender<bool>,
-    task: Option<JoinHandle<Result<()>>>,
+    task: tokio::sync::Mutex<Option<JoinHandle<Result<()>>>>,
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        // Every handle dropped without leave(): stop heartbeating; the slot expires after the
+        // TTL.
+        if let Some(task) = self.task.get_mut().take() {
+            task.abort();
+        }
+    }
 }
 
 impl fmt::Debug for Member {
@@ -691,6 +764,17 @@ impl Member {
     /// key is), `None` otherwise. Hold the grant while working on the key.
     pub fn owns(&self, key: impl AsRef<[u8]>) -> Option<Grant> {
         self.shared.grant(Scope::Key(hash_bytes(key.as_ref())))
+    }
+
+    /// The token [`Member::owns`] would grant `key` under right now, without taking a grant
+    /// (nothing is in flight afterwards): for monitoring and for tests that check who owns what.
+    pub fn would_grant(&self, key: impl AsRef<[u8]>) -> Option<u64> {
+        let now = self.shared.clock.monotonic();
+        let scope = Scope::Key(hash_bytes(key.as_ref()));
+        self.shared
+            .lock()
+            .grantable(scope, now)
+            .map(|(_, epoch)| epoch)
     }
 
     /// [`Member::owns`] for a key that is already a hash (see [`crate::assign::hash_u64`]).
@@ -763,23 +847,17 @@ impl Member {
 
     /// Leaves gracefully: stops granting, waits (up to the drain timeout) for grants in flight,
     /// deletes the slot and publishes the view without it. Returns the error that ended the
-    /// member early, if one did (another process with the same member id).
-    pub async fn leave(mut self) -> Result<()> {
-        let _ = self.stop.send(true);
-        match self.task.take() {
+    /// member early, if one did (another process with the same member id). Any handle may
+    /// leave; a second call, from another handle, waits for the first and returns `Ok`.
+    pub async fn leave(self) -> Result<()> {
+        let _ = self.task.stop.send(true);
+        // The lock is held until the task ended, so a second leave waits for the first.
+        let mut task = self.task.task.lock().await;
+        match task.take() {
             Some(task) => task
                 .await
                 .map_err(|e| Error::config(format!("the heartbeat task failed: {e}")))?,
             None => Ok(()),
-        }
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        // Dropped without leave(): stop heartbeating; the slot expires after the TTL.
-        if let Some(task) = self.task.take() {
-            task.abort();
         }
     }
 }
@@ -833,6 +911,7 @@ impl Runner {
     /// The join: waits out a previous incarnation's lease, then claims.
     async fn first_claim(&mut self) -> Result<()> {
         let mut table = self.list().await?;
+        self.check_assignor(&table)?;
         let mine =
             |t: &Table, m: &str| t.slots.iter().find(|(_, r)| r.member == m).map(|(&s, _)| s);
         if let Some(slot) = mine(&table, &self.member) {
@@ -868,6 +947,27 @@ impl Runner {
         ))
     }
 
+    /// Refuses to join a group whose live members map keys with another assignor: both sides
+    /// would grant the same keys.
+    fn check_assignor(&self, table: &Table) -> Result<()> {
+        let Some(view) = &table.view else {
+            return Ok(());
+        };
+        let Some(theirs) = view.assignor.filter(|&a| a != self.assignor) else {
+            return Ok(());
+        };
+        let live = table.live();
+        if view.holders.iter().any(|h| live.contains(h)) {
+            return Err(Error::config(format!(
+                "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one",
+                self.keys.group(),
+                theirs.name(),
+                self.assignor.name()
+            )));
+        }
+        Ok(())
+    }
+
     /// Claims the preferred slot if free, else the lowest free one; on success publishes the
     /// view with this member in it. Returns whether it claimed.
     async fn claim(&mut self, table: &Table) -> Result<bool> {
@@ -899,6 +999,7 @@ impl Runner {
             ttl_ms: self.ttl.as_millis() as u64,
             // Holding nothing, it has let go of everything under any view up to this one.
             acked: self.highest,
+            view: 0,
         };
         if self.own_nonces.len() >= 64 {
             self.own_nonces.remove(0);
@@ -915,7 +1016,7 @@ impl Runner {
         }
         {
             let mut st = self.shared.lock();
-            st.slot = Some(slot);
+            st.holder = Some(record.holder(slot));
             st.deadline = Some(self.deadline(sent));
         }
         self.preferred = Some(slot);
@@ -946,7 +1047,9 @@ impl Runner {
             } else {
                 next
             };
+            // Biased: a fixed order of readiness checks keeps a simulation run reproducible.
             let drained_wake = tokio::select! {
+                biased;
                 _ = stop.changed() => break,
                 _ = self.clock.sleep_until(wake) => false,
                 _ = self.shared.released.notified(), if self.pending_since.is_some() => true,
@@ -999,15 +1102,14 @@ impl Runner {
             return Ok(());
         }
         let sent = self.clock.monotonic();
-        let result = self
-            .store
-            .renew_and_list(
-                &self.slot_key(slot),
-                &record.to_string(),
-                self.ttl,
-                &self.listing,
-            )
-            .await;
+        let store = self.store.clone();
+        let (key, text, listing) = (
+            self.slot_key(slot),
+            record.to_string(),
+            self.listing.clone(),
+        );
+        let renewal = store.renew_and_list(&key, &text, self.ttl, &listing);
+        let result = self.before_lapse(renewal).await;
         match result {
             Err(e) => {
                 self.set_error(Some(&e));
@@ -1034,7 +1136,7 @@ impl Runner {
                 {
                     let mut st = self.shared.lock();
                     st.deadline = Some(self.deadline(sent));
-                    st.slot = Some(slot);
+                    st.holder = Some(record.holder(slot));
                 }
                 self.set_error(None);
                 let table = Table::parse(&self.listing, listing);
@@ -1043,6 +1145,24 @@ impl Runner {
                 Ok(())
             }
         }
+    }
+
+    /// Awaits a store call; if the lease deadline passes first, stops all work at that instant
+    /// (the assignment turns `rejoining` then, not when the call finally returns) and goes on
+    /// waiting for the call.
+    async fn before_lapse<T>(&mut self, call: impl std::future::Future<Output = T>) -> T {
+        let deadline = self.shared.lock().deadline;
+        let Some(deadline) = deadline else {
+            return call.await;
+        };
+        tokio::pin!(call);
+        tokio::select! {
+            biased;
+            v = &mut call => return v,
+            _ = self.clock.sleep_until(deadline) => {}
+        }
+        self.revoke("the lease deadline passed while a renewal was in flight");
+        call.await
     }
 
     /// Claims again after losing the lease. A full group or a store error is retried at the
@@ -1123,8 +1243,18 @@ impl Runner {
         // The floor counts the acknowledgements too: a member that never saw the view (it was
         // lost or overwritten) still must not publish an epoch some member already acted on.
         let floor = self.highest.max(table.highest_epoch());
+        // A view with the epoch this member works towards but other holders: a store that lost
+        // writes minted that epoch twice. Equal tokens would pass every fence, so it is
+        // replaced by a view above both.
+        let twin_epoch = {
+            let st = self.shared.lock();
+            match (st.target(), &table.view) {
+                (Some(t), Some(v)) => t.epoch() == v.epoch && t.record().holders != v.holders,
+                _ => false,
+            }
+        };
         let stale = match &table.view {
-            Some(v) => v.holders != live || v.epoch < floor,
+            Some(v) => v.holders != live || v.epoch < floor || twin_epoch,
             None => true,
         };
         self.highest = floor;
@@ -1136,10 +1266,19 @@ impl Runner {
                 _ => now,
             };
             let again = now.saturating_sub(since) >= self.heartbeat;
-            if own_change || lowest || again {
+            if self.highest >= MAX_EPOCH {
+                let e = Error::foreign(
+                    &self.view_key,
+                    "an epoch below the largest one (a view or acknowledgement holds it: stop every member and delete the group's keys to start again)",
+                    &self.highest.to_string(),
+                );
+                self.set_error(Some(&e));
+                self.last_discrepancy = Some((live, since));
+            } else if own_change || lowest || again {
                 let next = ViewRecord {
                     epoch: self.highest.saturating_add(1),
                     holders: live.clone(),
+                    assignor: Some(self.assignor),
                 };
                 match self
                     .store
@@ -1157,8 +1296,15 @@ impl Runner {
                         newest = Some(next);
                         self.last_discrepancy = None;
                     }
-                    Ok(false) => self.last_discrepancy = Some((live, since)),
+                    // Someone else changed the view since this listing (or the reply was lost):
+                    // the view in the listing is stale, so adopt nothing and list again at the
+                    // next (quarter-heartbeat) beat.
+                    Ok(false) => {
+                        newest = None;
+                        self.last_discrepancy = Some((live, since));
+                    }
                     Err(e) => {
+                        newest = None;
                         self.set_error(Some(&e));
                         self.last_discrepancy = Some((live, since));
                     }
@@ -1214,17 +1360,35 @@ impl Runner {
     /// right away when the live slots did not change, so nothing moves to this member). With no
     /// table (woken by a dropped grant) it only acknowledges.
     async fn progress(&mut self, table: Option<&Table>) {
-        let (pending, drained, same_slots) = {
+        let (pending, active) = {
+            let st = self.shared.lock();
+            (st.pending.clone(), st.active.clone())
+        };
+        if pending.is_none() {
+            // An acknowledgement the store lost (it rolled back, or a write timed out and was
+            // not applied) is written again: the others wait for it.
+            if let Some(active) = active {
+                let lost = self
+                    .record
+                    .as_ref()
+                    .is_some_and(|(_, r)| !r.has_acked(active.record()));
+                if lost && !self.abandoned {
+                    self.acknowledge(&active).await;
+                }
+            }
+            return;
+        }
+        let (pending, drained, same_holders) = {
             let st = self.shared.lock();
             let Some(p) = st.pending.clone() else {
                 return;
             };
-            // Nothing moves to this member when the live slots stayed the same, unless a view
-            // in between moved something away and back (then another member may have started
-            // it: wait for everyone's acknowledgement).
-            let same = match (&st.active, st.slot) {
-                (Some(a), Some(slot)) => {
-                    st.skipped.is_empty() && a.same_slots(&p) && p.pair(slot).is_some()
+            // Nothing moves to or from this member when the holders stayed the same, unless a
+            // view in between moved something away and back (then another member may have
+            // started it: wait for everyone's acknowledgement).
+            let same = match (&st.active, st.holder) {
+                (Some(a), Some(h)) => {
+                    st.skipped.is_empty() && a.same_holders(&p) && p.pair_of(h).is_some()
                 }
                 _ => false,
             };
@@ -1246,48 +1410,70 @@ impl Runner {
         if self.abandoned {
             return;
         }
-        if record.acked < epoch {
-            let acked = SlotRecord {
-                acked: epoch,
-                ..record.clone()
-            };
-            let sent = self.clock.monotonic();
-            match self
-                .store
-                .compare_and_set(
-                    &self.slot_key(slot),
-                    Some(&record.to_string()),
-                    &acked.to_string(),
-                    Some(self.ttl),
-                )
-                .await
-            {
-                Ok(true) => {
-                    self.record = Some((slot, acked));
-                    self.shared.lock().deadline = Some(self.deadline(sent));
-                }
-                Ok(false) => {
-                    self.revoke("the slot was no longer ours at acknowledgement");
-                    self.record = None;
-                    self.preferred = Some(slot);
-                    return;
-                }
-                Err(e) => {
-                    self.set_error(Some(&e));
-                    return;
-                }
-            }
+        if !record.has_acked(pending.record()) && !self.acknowledge(&pending).await {
+            return;
         }
         let others_acked = match table {
-            Some(t) => t.slots.iter().all(|(&s, r)| s == slot || r.acked >= epoch),
+            Some(t) => t
+                .slots
+                .iter()
+                .all(|(&s, r)| s == slot || r.has_acked(pending.record())),
             None => false,
         };
-        if same_slots || others_acked {
-            self.activate(pending, slot);
+        if same_holders || others_acked {
+            self.activate(pending, record.holder(slot));
         }
     }
 
-    fn activate(&mut self, view: Arc<ViewState>, slot: u32) {
+    /// Writes the acknowledgement of `view` into the member's slot record. Returns whether it
+    /// did.
+    async fn acknowledge(&mut self, view: &ViewState) -> bool {
+        let Some((slot, record)) = self.record.clone() else {
+            return false;
+        };
+        let acked = SlotRecord {
+            acked: view.epoch(),
+            view: view.record().digest(),
+            ..record.clone()
+        };
+        let sent = self.clock.monotonic();
+        match self
+            .store
+            .compare_and_set(
+                &self.slot_key(slot),
+                Some(&record.to_string()),
+                &acked.to_string(),
+                Some(self.ttl),
+            )
+            .await
+        {
+            Ok(true) => {
+                self.record = Some((slot, acked));
+                self.shared.lock().deadline = Some(self.deadline(sent));
+                true
+            }
+            Ok(false) => {
+                // An earlier acknowledgement whose reply was lost may have been applied: the
+                // slot then holds this very text, and the claim is still ours.
+                if let Ok(Some(now)) = self.store.get(&self.slot_key(slot)).await {
+                    if now == acked.to_string() {
+                        self.record = Some((slot, acked));
+                        return true;
+                    }
+                }
+                self.revoke("the slot was no longer ours at acknowledgement");
+                self.record = None;
+                self.preferred = Some(slot);
+                false
+            }
+            Err(e) => {
+                self.set_error(Some(&e));
+                false
+            }
+        }
+    }
+
+    fn activate(&mut self, view: Arc<ViewState>, holder: Holder) {
         let from = {
             let mut st = self.shared.lock();
             if st.pending.as_ref().map(|p| p.epoch()) != Some(view.epoch()) {
@@ -1298,7 +1484,8 @@ impl Runner {
             st.active.replace(view.clone())
         };
         self.pending_since = None;
-        let pair = view.pair(slot);
+        let slot = holder.slot;
+        let pair = view.pair_of(holder);
         let live: Vec<u32> = view.record.slots().collect();
         tracing::info!(group = self.keys.group(), member = %self.member, epoch = view.epoch(), slot, index = ?pair.map(|p| p.0), replicas = live.len(), "view active");
         self.shared.publish(|a| {
@@ -1307,12 +1494,18 @@ impl Runner {
             a.replicas = live.len() as u32;
             a.epoch = view.epoch();
             a.live = live;
-            a.phase = GroupPhase::Active;
+            // A view that does not name this claim gives it nothing: it waits for one that does.
+            a.phase = if pair.is_some() {
+                GroupPhase::Active
+            } else {
+                GroupPhase::Joining
+            };
         });
         let _ = self.shared.changes.send(Change {
             from,
             to: view,
             slot,
+            holder,
         });
     }
 
@@ -1331,39 +1524,34 @@ impl Runner {
     async fn leave(&mut self) -> Result<()> {
         self.shared.lock().leaving = true;
         let give_up = self.clock.monotonic() + self.drain_timeout;
-        loop {
+        let drained = loop {
             let busy = {
                 let st = self.shared.lock();
                 st.in_flight.values().any(|&n| n > 0) || st.share_in_flight > 0
             };
-            if !busy || self.clock.monotonic() >= give_up {
-                break;
+            if !busy {
+                break true;
+            }
+            if self.clock.monotonic() >= give_up {
+                tracing::warn!(group = self.keys.group(), member = %self.member, "grants still in flight after the drain timeout: leaving the lease to expire instead of deleting the slot");
+                break false;
             }
             tokio::select! {
+                biased;
                 _ = self.shared.released.notified() => {}
                 _ = self.clock.sleep(self.heartbeat / 4) => {}
             }
-        }
+        };
         let mut result = Ok(());
         if let Some((slot, record)) = self.record.take() {
             let key = self.slot_key(slot);
             let text = record.to_string();
-            // Delete only our own claim, and only while the lease is safely ours: a slot that
-            // may have expired could already be someone else's.
-            let alive = self
-                .shared
-                .lock()
-                .deadline
-                .is_some_and(|d| self.clock.monotonic() + self.ttl / 10 < d);
-            if alive {
-                match self.store.get(&key).await {
-                    Ok(Some(v)) if v == text => {
-                        if let Err(e) = self.store.delete(&key).await {
-                            result = Err(e);
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => result = Err(e),
+            // Delete only our own claim (one atomic compare-and-delete, so a delayed delete
+            // never removes the next holder's claim), and only once nothing is in flight: with
+            // grants still out, the others must wait for the lease to expire, not for a delete.
+            if drained {
+                if let Err(e) = self.store.compare_and_delete(&key, &text).await {
+                    result = Err(e);
                 }
             }
             if result.is_ok() {
@@ -1371,6 +1559,7 @@ impl Runner {
                     let live = table.live();
                     let stale = table.view.as_ref().is_none_or(|v| v.holders != live);
                     if stale
+                        && self.highest.max(table.highest_epoch()) < MAX_EPOCH
                         && table
                             .view
                             .as_ref()
@@ -1380,6 +1569,7 @@ impl Runner {
                         let next = ViewRecord {
                             epoch,
                             holders: live,
+                            assignor: Some(self.assignor),
                         };
                         let _ = self
                             .store
@@ -1402,7 +1592,7 @@ impl Runner {
             st.pending = None;
             st.skipped.clear();
             st.deadline = None;
-            st.slot = None;
+            st.holder = None;
         }
         self.shared.publish(|a| {
             a.slot = None;
@@ -1426,7 +1616,8 @@ pub struct GroupStatus {
 }
 
 /// Reads a group's slot table and view, and counts which slot owns each of the keys `0..sample`
-/// (as decimal strings) under the published view with `assignor`.
+/// (as decimal strings) under the published view with the assignor it names (`assignor` for a
+/// view that names none).
 pub async fn status(
     store: &DynStore,
     prefix: &str,
@@ -1443,7 +1634,8 @@ pub async fn status(
         .is_some_and(|v| v.holders == table.live());
     let mut sample_owned = Vec::new();
     if let Some(v) = &table.view {
-        let state = ViewState::build(v.clone(), assignor)?;
+        // The view names the assignor its publisher used; `assignor` is for older views.
+        let state = ViewState::build(v.clone(), v.assignor.unwrap_or(assignor))?;
         let mut counts: std::collections::BTreeMap<u32, u64> = v.slots().map(|s| (s, 0)).collect();
         for k in 0..sample {
             if let Some(owner) = state.owner(hash_bytes(k.to_string().as_bytes())) {

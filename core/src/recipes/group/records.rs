@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::assign::AssignorKind;
+
 /// The format tag every record starts with, so a later format can be told apart.
 const TAG: &str = "v1";
 
@@ -16,7 +18,7 @@ pub const MAX_EPOCH: u64 = i64::MAX as u64 - 1;
 
 /// One live slot's record: who holds it, since when, and the newest epoch it acknowledged.
 ///
-/// `v1 member=<id> nonce=<16 hex> since=<unix ms> ttl=<ms> acked=<epoch>`
+/// `v1 member=<id> nonce=<16 hex> since=<unix ms> ttl=<ms> acked=<epoch> view=<16 hex>`
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotRecord {
     /// The member's stable id.
@@ -31,9 +33,21 @@ pub struct SlotRecord {
     /// The newest epoch whose hand-off this holder completed: it holds no grant for a key it does
     /// not own in that view, and will never again start a key under an older one.
     pub acked: u64,
+    /// The [digest](ViewRecord::digest) of the view acknowledged under `acked`, or 0 when the
+    /// holder acknowledged every view up to `acked` at once (a fresh claim holds nothing). A
+    /// store that lost writes can mint one epoch twice, for two different views: the digest
+    /// says which of them was acknowledged.
+    pub view: u64,
 }
 
 impl SlotRecord {
+    /// Whether this holder has acknowledged `view`: a newer epoch, the same epoch for the same
+    /// view, or that epoch or a newer one for every view (a claim holding nothing).
+    pub fn has_acked(&self, view: &ViewRecord) -> bool {
+        self.acked > view.epoch
+            || (self.acked == view.epoch && (self.view == 0 || self.view == view.digest()))
+    }
+
     /// Parses a slot record; `None` for anything else (a foreign value).
     pub fn parse(text: &str) -> Option<SlotRecord> {
         let mut parts = text.split(' ');
@@ -49,8 +63,9 @@ impl SlotRecord {
             since_ms: fields.get("since")?.parse().ok()?,
             ttl_ms: fields.get("ttl")?.parse().ok()?,
             acked: fields.get("acked")?.parse().ok()?,
+            view: u64::from_str_radix(fields.get("view")?, 16).ok()?,
         };
-        (fields.len() == 5 && record.acked <= MAX_EPOCH).then_some(record)
+        (fields.len() == 6 && record.acked <= MAX_EPOCH).then_some(record)
     }
 
     /// The holder: member and nonce, as a view names it.
@@ -66,8 +81,8 @@ impl fmt::Display for SlotRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{TAG} member={} nonce={:016x} since={} ttl={} acked={}",
-            self.member, self.nonce, self.since_ms, self.ttl_ms, self.acked
+            "{TAG} member={} nonce={:016x} since={} ttl={} acked={} view={:016x}",
+            self.member, self.nonce, self.since_ms, self.ttl_ms, self.acked, self.view
         )
     }
 }
@@ -96,14 +111,17 @@ pub struct Holder {
 
 /// A published view: the epoch and the live slots with their holders.
 ///
-/// `v1 epoch=<E> slots=<slot>@<nonce hex>,...` (slots ascending; `slots=` empty when nobody is
-/// live).
+/// `v1 epoch=<E> assignor=<name> slots=<slot>@<nonce hex>,...` (slots ascending; `slots=` empty
+/// when nobody is live; `assignor=` absent in views written before it was recorded).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ViewRecord {
     /// The epoch: minted by the store (a compare-and-set from the previous view), only increases.
     pub epoch: u64,
     /// The live slots, ascending.
     pub holders: Vec<Holder>,
+    /// The assignor of the member that published it: members configured with another one
+    /// would map keys differently, so they refuse to join.
+    pub assignor: Option<AssignorKind>,
 }
 
 impl ViewRecord {
@@ -114,7 +132,11 @@ impl ViewRecord {
             return None;
         }
         let fields = fields(parts)?;
-        if fields.len() != 2 {
+        let assignor = match fields.get("assignor") {
+            Some(name) => Some(name.parse::<AssignorKind>().ok()?),
+            None => None,
+        };
+        if fields.len() != 2 + usize::from(assignor.is_some()) {
             return None;
         }
         let epoch: u64 = fields.get("epoch")?.parse().ok()?;
@@ -143,7 +165,20 @@ impl ViewRecord {
         if holders.windows(2).any(|w| w[0].slot >= w[1].slot) {
             return None;
         }
-        Some(ViewRecord { epoch, holders })
+        Some(ViewRecord {
+            epoch,
+            holders,
+            assignor,
+        })
+    }
+
+    /// A digest of the holders (not the epoch), never 0: what a slot record's `view=` names.
+    pub fn digest(&self) -> u64 {
+        let mut text = String::with_capacity(self.holders.len() * 24);
+        for h in &self.holders {
+            text.push_str(&format!("{}@{:016x},", h.slot, h.nonce));
+        }
+        crate::assign::hash_bytes(text.as_bytes()) | 1
     }
 
     /// The live slot numbers, ascending.
@@ -154,7 +189,11 @@ impl ViewRecord {
 
 impl fmt::Display for ViewRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{TAG} epoch={} slots=", self.epoch)?;
+        write!(f, "{TAG} epoch={} ", self.epoch)?;
+        if let Some(a) = self.assignor {
+            write!(f, "assignor={} ", a.name())?;
+        }
+        f.write_str("slots=")?;
         for (i, h) in self.holders.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
@@ -251,11 +290,12 @@ mod tests {
             since_ms: 1_700_000_000_000,
             ttl_ms: 3000,
             acked: 7,
+            view: 0x1f,
         };
         let text = r.to_string();
         assert_eq!(
             text,
-            "v1 member=web-1 nonce=0000000000000abc since=1700000000000 ttl=3000 acked=7"
+            "v1 member=web-1 nonce=0000000000000abc since=1700000000000 ttl=3000 acked=7 view=000000000000001f"
         );
         assert_eq!(SlotRecord::parse(&text), Some(r));
         for bad in [
@@ -285,16 +325,28 @@ mod tests {
                     nonce: u64::MAX,
                 },
             ],
+            assignor: None,
         };
         let text = v.to_string();
         assert_eq!(
             text,
             "v1 epoch=12 slots=0@0000000000000001,4@ffffffffffffffff"
         );
-        assert_eq!(ViewRecord::parse(&text), Some(v));
+        assert_eq!(ViewRecord::parse(&text), Some(v.clone()));
+        let named = ViewRecord {
+            assignor: Some(AssignorKind::JumpBackFailover),
+            ..v
+        };
+        assert_eq!(
+            named.to_string(),
+            "v1 epoch=12 assignor=jumpback slots=0@0000000000000001,4@ffffffffffffffff"
+        );
+        assert_eq!(ViewRecord::parse(&named.to_string()), Some(named));
+        assert_eq!(ViewRecord::parse("v1 epoch=1 assignor=nope slots="), None);
         let empty = ViewRecord {
             epoch: 3,
             holders: vec![],
+            assignor: None,
         };
         assert_eq!(ViewRecord::parse(&empty.to_string()), Some(empty));
         for bad in [
@@ -322,6 +374,7 @@ mod tests {
                 since_ms: 0,
                 ttl_ms: 1000,
                 acked: 0,
+                view: 0,
             }
             .to_string()
         };

@@ -1,0 +1,16 @@
+-- headcount compare_and_delete: KEYS[1] = key, then the index keys (index.lua);
+-- ARGV[1] = the value the key must hold. Returns 1 when it deleted, 0 when the key is absent or
+-- holds something else; a key of another Redis type is reported as {'foreign', type}.
+local k = KEYS[1]
+local t = redis.call('TYPE', k)['ok']
+if t ~= 'string' then
+  if t == 'none' then return 0 end
+  return {'foreign', 'a Redis ' .. t}
+end
+if redis.call('GET', k) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', k)
+untrack(k)
+done(nil)
+return 1

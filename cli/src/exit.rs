@@ -1,0 +1,160 @@
+//! Exit statuses, the one error line, and stdout that may be closed or full.
+//!
+//! The statuses are the contract a supervisor acts on (also in `--help` and `docs/cli.md`):
+//! retry on [`UNAVAILABLE`], fix the command line on [`USAGE`], page someone on [`FAILURE`].
+
+use std::fmt::Display;
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use headcount::{Error, ErrorKind};
+
+/// The command ran and failed for good: a store refused us (authentication, a foreign value, a
+/// member id already in use), a member gave up, a conformance case failed, the demo
+/// lost or duplicated a task, or stdout could not be written. Restarting as is will not help.
+pub const FAILURE: u8 = 1;
+/// A usage or configuration error: a bad flag, URL, name or value, or no store given where one
+/// is required. Nothing was written to the store.
+pub const USAGE: u8 = 2;
+/// The store could not be reached or did not answer in time: retry later (sysexits'
+/// `EX_TEMPFAIL`).
+pub const UNAVAILABLE: u8 = 75;
+/// `exec` only: headcount itself failed (any of the above), as `env` and `timeout` report it.
+pub const EXEC_FAILED: u8 = 125;
+/// `exec` only: the command was found but cannot be run (not executable, a directory).
+pub const NOT_EXECUTABLE: u8 = 126;
+/// `exec` only: the command was not found.
+pub const NOT_FOUND: u8 = 127;
+
+/// The table printed after every `--help`.
+pub const EXIT_CODES_HELP: &str = "\
+Exit status:
+  0    success, or stopped by SIGINT/SIGTERM (run, exec, status --watch)
+  1    failed for good: the store refused us (auth, a foreign value, member id in use), a
+       member gave up, a conformance case failed, output could not be written
+  2    usage or configuration error: bad flag, URL or value, a database that is not ours or
+       does not exist (read-only commands), no --store where one is required
+  75   the store is unreachable or timed out: retry later
+  exec: 125 headcount itself failed (the error line says why), 126 CMD is not executable,
+       127 CMD not found, otherwise CMD's own status (128+N when signal N ended it)";
+
+/// Why a command ends unsuccessfully.
+#[derive(Debug)]
+pub enum CliError {
+    /// The library's error; its kind decides the status.
+    Store(Error),
+    /// Stdout was closed by its reader (`| head -1`): end quietly.
+    StdoutClosed,
+    /// Stdout could not be written for another reason (a full disk).
+    Stdout(std::io::Error),
+    /// A failure already phrased, with its status.
+    Exit {
+        /// The exit status.
+        code: u8,
+        /// The error line (without the `headcount: error:` prefix); empty to print nothing.
+        message: String,
+    },
+}
+
+impl From<Error> for CliError {
+    fn from(e: Error) -> Self {
+        CliError::Store(e)
+    }
+}
+
+impl CliError {
+    /// A usage error with this message.
+    pub fn usage(message: impl Into<String>) -> Self {
+        CliError::Exit {
+            code: USAGE,
+            message: message.into(),
+        }
+    }
+
+    /// The exit status of this error outside `exec`.
+    pub fn code(&self) -> u8 {
+        match self {
+            CliError::Store(e) => code_of(e),
+            CliError::StdoutClosed => 0,
+            CliError::Stdout(_) => FAILURE,
+            CliError::Exit { code, .. } => *code,
+        }
+    }
+
+    /// The error line, or `None` when the command ends quietly.
+    pub fn message(&self) -> Option<String> {
+        match self {
+            CliError::Store(e) => Some(e.to_string()),
+            CliError::StdoutClosed => None,
+            CliError::Stdout(e) => Some(format!("cannot write to stdout: {e}")),
+            CliError::Exit { message, .. } if message.is_empty() => None,
+            CliError::Exit { message, .. } => Some(message.clone()),
+        }
+    }
+}
+
+/// The status of a library error: usage, retryable, or permanent.
+pub fn code_of(e: &Error) -> u8 {
+    match e.kind() {
+        ErrorKind::Config | ErrorKind::InvalidArgument => USAGE,
+        ErrorKind::Unavailable | ErrorKind::Timeout => UNAVAILABLE,
+        _ => FAILURE,
+    }
+}
+
+/// Prints the one error line on stderr.
+pub fn print_error(message: &str) {
+    // stderr may be closed too: there is nowhere left to say so.
+    let _ = writeln!(std::io::stderr().lock(), "headcount: error: {message}");
+}
+
+/// Prints a warning line on stderr.
+pub fn print_warning(message: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "headcount: warning: {message}");
+}
+
+/// Ends the process for `e`: the error line, then the status (`exec` maps headcount's own
+/// failures to [`EXEC_FAILED`]).
+pub fn report(e: &CliError, exec: bool) -> ExitCode {
+    if let Some(message) = e.message() {
+        print_error(&message);
+    }
+    let code = match e.code() {
+        code @ (0 | NOT_EXECUTABLE | NOT_FOUND) => code,
+        _ if exec => EXEC_FAILED,
+        code => code,
+    };
+    ExitCode::from(code)
+}
+
+/// Writes one line on stdout. A closed stdout is [`CliError::StdoutClosed`], any other failure
+/// [`CliError::Stdout`]: never a panic.
+pub fn emit(line: impl Display) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(stdout_error)
+}
+
+/// Writes text as is on stdout (see [`emit`]).
+pub fn emit_raw(text: &[u8]) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text)
+        .and_then(|()| out.flush())
+        .map_err(stdout_error)
+}
+
+fn stdout_error(e: std::io::Error) -> CliError {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        CliError::StdoutClosed
+    } else {
+        CliError::Stdout(e)
+    }
+}
+
+/// `emit!("{}", x)?` writes one formatted line on stdout (see [`emit`]).
+macro_rules! emit {
+    ($($arg:tt)*) => {
+        $crate::exit::emit(format_args!($($arg)*))
+    };
+}

@@ -1,0 +1,163 @@
+//! Logs and metrics of the commands: `--log-format text|json` on stderr (no ANSI colours unless
+//! stderr is a terminal), and `--metrics-addr` serving headcount's metrics for Prometheus.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use headcount::Error;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// How log lines on stderr are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per event, with its spans.
+    Json,
+}
+
+impl LogFormat {
+    /// Parses `text` or `json`; anything else is a one-line configuration error.
+    pub fn parse(text: Option<&str>) -> Result<LogFormat, String> {
+        match text.map(str::trim) {
+            None | Some("text") => Ok(LogFormat::Text),
+            Some("json") => Ok(LogFormat::Json),
+            Some(other) => Err(format!(
+                "--log-format is `text` or `json`, not `{}`",
+                other.escape_debug()
+            )),
+        }
+    }
+}
+
+/// Installs the logger: `RUST_LOG` when set, else `default_filter`; events on stderr.
+pub fn init_logging(format: LogFormat, default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_ansi(false).init(),
+    }
+}
+
+/// The `--metrics-addr` option of the long-running commands.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct MetricsArgs {
+    /// Serve Prometheus metrics on this address (`127.0.0.1:9464`, `0.0.0.0:9464`; port 0 picks
+    /// a free one, logged at start) at `/metrics`. See docs/observability.md.
+    #[arg(long, env = "HEADCOUNT_METRICS_ADDR", value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
+}
+
+/// The bucket bounds (seconds) of every histogram: all of headcount's are durations, from a
+/// local SQLite call to a hand-off that waits out a lease.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// The log target of the "serving metrics" line, on by default so a user of port 0 learns the
+/// port.
+pub const METRICS_LOG_TARGET: &str = "headcount::metrics";
+
+/// Binds `addr`, installs the Prometheus recorder and serves `/metrics` in the background for
+/// the rest of the process. Fails (before anything else happens) when the address cannot be
+/// bound.
+pub async fn serve_metrics(addr: &str) -> Result<SocketAddr, Error> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::config(format!("cannot serve metrics on {addr}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| Error::config(format!("cannot serve metrics on {addr}: {e}")))?;
+    let handle = PrometheusBuilder::new()
+        // Buckets make every histogram a Prometheus histogram (aggregatable across members)
+        // instead of a per-process summary.
+        .set_buckets(LATENCY_BUCKETS)
+        .map_err(|e| Error::config(format!("cannot set up the metrics buckets: {e}")))?
+        .install_recorder()
+        .map_err(|e| Error::config(format!("cannot install the metrics recorder: {e}")))?;
+    headcount::metrics::describe();
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        // Histograms keep their samples until upkeep drains them into their buckets.
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    tokio::spawn(accept(listener, handle));
+    tracing::info!(target: METRICS_LOG_TARGET, addr = %local, "serving Prometheus metrics at http://{local}/metrics");
+    Ok(local)
+}
+
+async fn accept(listener: TcpListener, handle: PrometheusHandle) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let handle = handle.clone();
+                tokio::spawn(async move {
+                    // A client that stalls is dropped; nothing else depends on it.
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(10), answer(stream, handle)).await;
+                });
+            }
+            Err(e) => {
+                tracing::warn!(target: METRICS_LOG_TARGET, error = %e, "metrics endpoint: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// One HTTP/1.x exchange: `GET /metrics` (or `/`) gets the Prometheus text, anything else 404
+/// or 405; the connection is closed after the answer.
+async fn answer(mut stream: TcpStream, handle: PrometheusHandle) -> std::io::Result<()> {
+    let mut request = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    let line = request.split(|&b| b == b'\r' || b == b'\n').next();
+    let line = String::from_utf8_lossy(line.unwrap_or_default());
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, body) = match (method, path) {
+        ("GET" | "HEAD", "/metrics" | "/") => ("200 OK", handle.render()),
+        ("GET" | "HEAD", _) => ("404 Not Found", "not found: try /metrics\n".to_owned()),
+        _ => ("405 Method Not Allowed", "use GET\n".to_owned()),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    if method != "HEAD" {
+        stream.write_all(body.as_bytes()).await?;
+    }
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_formats_parse() {
+        assert_eq!(LogFormat::parse(None), Ok(LogFormat::Text));
+        assert_eq!(LogFormat::parse(Some("json")), Ok(LogFormat::Json));
+        let e = LogFormat::parse(Some("xml")).unwrap_err();
+        assert!(!e.contains('\n') && e.contains("xml"), "{e}");
+    }
+}

@@ -1,0 +1,182 @@
+//! `--metrics-addr` and `--log-format`, end to end: a real `headcount run` on a SQLite file
+//! serves the documented metrics over plain HTTP; bad input fails in one line.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // tests fail by panicking
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn headcount() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_headcount"));
+    c.env_remove("HEADCOUNT_STORE")
+        .env_remove("RUST_LOG")
+        .env_remove("HEADCOUNT_LOG_FORMAT")
+        .env_remove("HEADCOUNT_METRICS_ADDR");
+    c
+}
+
+/// Kills the child (SIGTERM, then SIGKILL) when the test ends, passing or not.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `GET path` over plain TCP; returns the status line and the body.
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).expect("read the reply");
+    let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+#[test]
+fn run_serves_the_documented_metrics_and_logs_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/m.db", dir.path().display());
+    let mut child = headcount()
+        .args([
+            "run", "--store", &url, "--group", "metrics", "--ttl", "600ms",
+        ])
+        .args(["--metrics-addr", "127.0.0.1:0", "--log-format", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start headcount");
+    let stderr = child.stderr.take().expect("stderr");
+    let reap = Reap(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The first log line says where the endpoint listens (port 0 picked one).
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a log line with the metrics address");
+    assert!(!line.contains('\u{1b}'), "ANSI escapes in a pipe: {line:?}");
+    let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
+    let addr = v["fields"]["addr"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no addr in {line}"))
+        .to_owned();
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+
+    // Heartbeats every 200 ms: poll until the group's renewal shows up as a store operation.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (status, body) = http_get(&addr, "/metrics");
+        assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+        if body.contains("operation=\"renew_and_list\"") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no heartbeat metric:\n{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for name in [
+        "# TYPE headcount_store_operation_duration_seconds histogram",
+        "headcount_store_operation_duration_seconds_bucket{backend=\"sqlite\",operation=\"compare_and_set\",le=\"0.001\"}",
+        "headcount_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"list\"}",
+    ] {
+        assert!(body.contains(name), "{name} missing from:\n{body}");
+    }
+    let (status, _) = http_get(&addr, "/nothing");
+    assert!(status.contains("404"), "{status}");
+    drop(reap);
+    // Every line the process wrote on stderr was a JSON object.
+    for line in rx.try_iter() {
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&line).is_ok(),
+            "{line:?}"
+        );
+    }
+}
+
+#[test]
+fn a_metrics_address_in_use_fails_in_one_line_before_joining() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("never.db");
+    let url = format!("sqlite://{}", db.display());
+    let out = headcount()
+        .args([
+            "run",
+            "--store",
+            &url,
+            "--group",
+            "g",
+            "--metrics-addr",
+            &addr,
+        ])
+        .output()
+        .expect("run headcount");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("cannot serve metrics on"), "{stderr}");
+    assert!(
+        !db.exists(),
+        "the store was opened before the metrics failed"
+    );
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn a_bad_log_format_fails_in_one_line() {
+    for args in [
+        &["--log-format", "xml", "run", "--group", "g"][..],
+        &["run", "--group", "g", "--log-format", ""][..],
+    ] {
+        let out = headcount()
+            .args(args)
+            .args(["--store", "memory://"])
+            .output()
+            .expect("run headcount");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains("--log-format"), "{stderr}");
+    }
+}
+
+#[test]
+fn passwords_never_reach_the_logs() {
+    // Nothing listens on port 1; every log level on, in both formats.
+    for format in ["text", "json"] {
+        let out = headcount()
+            .env("RUST_LOG", "trace")
+            .args(["--log-format", format, "run", "--group", "g"])
+            .args([
+                "--store",
+                "postgres://app:hunter2@127.0.0.1:1/db?timeout=1s",
+            ])
+            .output()
+            .expect("run headcount");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+}

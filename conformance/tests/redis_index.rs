@@ -1,0 +1,243 @@
+//! The Redis key index on real servers: a listing costs O(keys under the prefix) however many
+//! unrelated keys the database holds, the index stays close to the live keys for a prefix that
+//! is never listed, and on Redis Cluster a listing needs a hash tag in its prefix.
+#![cfg(feature = "redis")]
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use headcount::ErrorKind;
+use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use redis::aio::ConnectionLike;
+
+/// A dedicated store, or None (with a SKIP line) when the server is not installed.
+fn start(backend: Backend, f: impl FnOnce() -> Result<KvStore, Unavailable>) -> Option<KvStore> {
+    match f() {
+        Ok(s) => Some(s),
+        Err(Unavailable::Missing(why)) if !backend.required() => {
+            let _ = writeln!(std::io::stderr(), "SKIP redis_index: {why}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn zcard(conn: &mut impl ConnectionLike, key: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// `usec_per_call` of EVALSHA from `INFO commandstats`: the server's time per script call.
+async fn evalsha_usec_per_call(conn: &mut impl ConnectionLike) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .and_then(|s| {
+            s.split(',')
+                .find_map(|kv| kv.strip_prefix("usec_per_call="))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no evalsha in INFO commandstats: {info}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_ignores_a_large_unrelated_keyspace() {
+    let Some(server) = start(Backend::Redis, || {
+        KvStore::redis_with(None, &["--enable-debug-command", "yes"])
+    }) else {
+        return;
+    };
+    let url = server.url();
+    let mut conn = raw(&url).await;
+    let _: () = redis::cmd("DEBUG")
+        .arg("POPULATE")
+        .arg(100_000)
+        .arg("unrelated")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let store = headcount::connect(&url).await.unwrap();
+    let mut want = Vec::new();
+    for i in 0..50 {
+        let k = format!("hc:{{ix}}:a:{i:02}");
+        assert!(store.compare_and_set(&k, None, "v", None).await.unwrap());
+        want.push((k, "v".to_owned()));
+    }
+    for k in ["hc:{ix}:b:1", "hc:{ix}:a", "plain:1"] {
+        store.incr(k, None).await.unwrap();
+    }
+    // Written by another client: not in headcount's index, so not listed.
+    let _: () = redis::cmd("SET")
+        .arg("hc:{ix}:a:raw")
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        assert_eq!(store.list("hc:{ix}:a:").await.unwrap(), want);
+    }
+    // The old SCAN over 100,000 keys took tens of milliseconds per call; reading 50 names from
+    // the index takes tens of microseconds. The bound leaves room for a loaded machine.
+    let usec = evalsha_usec_per_call(&mut conn).await;
+    assert!(usec < 5_000.0, "list took {usec} µs per call on the server");
+    assert_eq!(
+        store.list("plain:").await.unwrap(),
+        vec![("plain:1".to_owned(), "1".to_owned())]
+    );
+    assert!(store.list("unrelated:").await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_stays_bounded_for_a_prefix_never_listed() {
+    let Some(server) = start(Backend::Redis, || KvStore::redis(None)) else {
+        return;
+    };
+    let url = server.url();
+    let mut conn = raw(&url).await;
+    let store = headcount::connect(&url).await.unwrap();
+    let ttl = Duration::from_millis(300);
+    let write_expiring = |tag: &'static str| {
+        let store = store.clone();
+        async move {
+            for chunk in (0..1000).collect::<Vec<_>>().chunks(50) {
+                futures::future::try_join_all(chunk.iter().map(|i| {
+                    let store = store.clone();
+                    let key = format!("hc:{{{tag}}}:n:{i}");
+                    async move { store.incr(&key, Some(ttl)).await }
+                }))
+                .await
+                .unwrap();
+            }
+        }
+    };
+
+    // Only keys with a TTL: the index keys expire with the last of them, with no further call.
+    write_expiring("gone").await;
+    assert!(zcard(&mut conn, "headcount:index").await >= 1000);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: u64 = redis::cmd("EXISTS")
+            .arg("headcount:index")
+            .arg("headcount:expiry")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the index outlived its keys");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // With a persistent key beside them, the index stays; writes sweep the expired names.
+    store.incr("hc:{live}:n", None).await.unwrap();
+    write_expiring("never-listed").await;
+    assert!(zcard(&mut conn, "headcount:index").await >= 1001);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store
+        .get("hc:{never-listed}:n:999")
+        .await
+        .unwrap()
+        .is_some()
+    {
+        assert!(Instant::now() < deadline, "the keys did not expire");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Each write removes up to 8 expired names: 1,000 need 125 writes.
+    for _ in 0..130 {
+        store.incr("hc:{live}:n", None).await.unwrap();
+    }
+    assert_eq!(zcard(&mut conn, "headcount:index").await, 1);
+    assert_eq!(zcard(&mut conn, "headcount:expiry").await, 0);
+    assert_eq!(
+        store.list("hc:").await.unwrap(),
+        vec![("hc:{live}:n".to_owned(), "131".to_owned())]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_lists_need_a_hash_tag() {
+    let Some(cluster) = start(Backend::RedisCluster, || KvStore::redis_cluster(None, None)) else {
+        return;
+    };
+    let store = headcount::connect(&cluster.url()).await.unwrap();
+    let nodes: Vec<String> = cluster
+        .servers
+        .iter()
+        .map(|s| format!("redis://127.0.0.1:{}", s.port))
+        .collect();
+    let mut conn = redis::cluster::ClusterClient::new(nodes)
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+
+    // A key without a hash tag is written and read, but no index can share its slot.
+    assert_eq!(store.incr("plain:n", None).await.unwrap(), 1);
+    assert_eq!(store.get("plain:n").await.unwrap().as_deref(), Some("1"));
+    for prefix in ["plain:", "hc:", "hc:{t"] {
+        let err = store.list(prefix).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{prefix}: {err}");
+        assert!(err.to_string().contains("hash tag"), "{err}");
+    }
+    // renew_and_list refuses before renewing anything.
+    assert!(store
+        .compare_and_set("plain:slot", None, "me", Some(Duration::from_secs(60)))
+        .await
+        .unwrap());
+    let err = store
+        .renew_and_list("plain:slot", "me", Duration::from_secs(1), "plain:")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("plain:slot")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        pttl > 2_000,
+        "the refused call renewed the key: PTTL {pttl}"
+    );
+
+    // A tagged key is recorded in its tag's index, in its slot.
+    store.incr("hc:{t}:a", None).await.unwrap();
+    let names: Vec<String> = redis::cmd("ZRANGE")
+        .arg("{t}:headcount:index")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(names, vec!["hc:{t}:a".to_owned()]);
+    assert_eq!(
+        store.list("hc:{t}:").await.unwrap(),
+        vec![("hc:{t}:a".to_owned(), "1".to_owned())]
+    );
+    // The index names are not keys headcount writes.
+    let err = store.incr("{t}:headcount:index", None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+}

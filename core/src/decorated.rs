@@ -1,0 +1,175 @@
+//! [`Decorated`]: a store that forwards every call to an inner store and runs [`Hooks`] around
+//! it: latency recording and call counting (the conformance suite and benchmarks), a pause (the
+//! demo), injected faults ([`FaultyStore`](crate::sim::FaultyStore)), metrics and tracing spans
+//! ([`Instrumented`](crate::instrumented::Instrumented)).
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tracing::Instrument;
+
+use crate::error::{Error, Result};
+use crate::store::{Capabilities, Durability, Store};
+use crate::DynStore;
+
+/// What a [`Decorated`] store does around every call it forwards. `op` is the method's name:
+/// `incr`, `get`, `expire`, `compare_and_set`, `delete`, `compare_and_delete`, `list`, `set_max`,
+/// `incr_and_get`, `renew_and_list`, `durability` (`capabilities` is forwarded without hooks).
+#[async_trait]
+pub trait Hooks: Send + Sync + Debug + 'static {
+    /// Runs before the call goes to the inner store (a pause can wait here). An error returned
+    /// here is the call's answer, and the inner store is not called.
+    async fn before(&self, _op: &'static str) -> Result<()> {
+        Ok(())
+    }
+
+    /// Runs after the inner store answered (successfully or not), `took` after `before`. An
+    /// error returned here replaces the answer (a reply lost after the store applied the call).
+    async fn after(&self, _op: &'static str, _took: Duration) -> Result<()> {
+        Ok(())
+    }
+
+    /// The span the whole call (hooks included) runs in. `key` is the call's key, or its
+    /// prefix for `list` and `renew_and_list` (empty for `durability`): a span should record
+    /// only a part of it that names no stored value. By default, no span.
+    fn span(&self, _op: &'static str, _key: &str) -> tracing::Span {
+        tracing::Span::none()
+    }
+
+    /// Sees the inner store's answer, before [`Hooks::after`]: `error` is its error, if it
+    /// failed. Cannot change the answer.
+    fn outcome(&self, _op: &'static str, _took: Duration, _error: Option<&Error>) {}
+}
+
+/// A store that forwards every call to `inner`, each of the provided methods (`set_max`,
+/// `incr_and_get`, `renew_and_list`, `compare_and_delete`, `durability`) to the inner store's
+/// own, so a backend's native override is what runs, with its [`Hooks`] around each.
+#[derive(Debug, Clone)]
+pub struct Decorated<H> {
+    inner: DynStore,
+    hooks: H,
+}
+
+impl<H: Hooks> Decorated<H> {
+    /// Wraps `inner`.
+    pub fn with(inner: DynStore, hooks: H) -> Self {
+        Decorated { inner, hooks }
+    }
+
+    /// The hooks.
+    pub fn hooks(&self) -> &H {
+        &self.hooks
+    }
+
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        key: &str,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let span = self.hooks.span(op, key);
+        async move {
+            self.hooks.before(op).await?;
+            let start = Instant::now();
+            let out = call.await;
+            let took = start.elapsed();
+            self.hooks.outcome(op, took, out.as_ref().err());
+            self.hooks.after(op, took).await?;
+            out
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+#[async_trait]
+impl<H: Hooks> Store for Decorated<H> {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
+        self.call("incr", key, self.inner.incr(key, ttl)).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<String>> {
+        self.call("get", key, self.inner.get(key)).await
+    }
+
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
+        self.call("expire", key, self.inner.expire(key, ttl)).await
+    }
+
+    async fn compare_and_set(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+        ttl: Option<Duration>,
+    ) -> Result<bool> {
+        self.call(
+            "compare_and_set",
+            key,
+            self.inner.compare_and_set(key, expected, new, ttl),
+        )
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool> {
+        self.call("delete", key, self.inner.delete(key)).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        self.call("list", prefix, self.inner.list(prefix)).await
+    }
+
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        self.call(
+            "compare_and_delete",
+            key,
+            self.inner.compare_and_delete(key, expected),
+        )
+        .await
+    }
+
+    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
+        self.call("set_max", key, self.inner.set_max(key, value, ttl))
+            .await
+    }
+
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        self.call(
+            "incr_and_get",
+            incr_key,
+            self.inner.incr_and_get(incr_key, by, ttl, get_key),
+        )
+        .await
+    }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        self.call(
+            "renew_and_list",
+            prefix,
+            self.inner.renew_and_list(key, holder, ttl, prefix),
+        )
+        .await
+    }
+
+    async fn durability(&self) -> Result<Durability> {
+        self.call("durability", "", self.inner.durability()).await
+    }
+}

@@ -1,0 +1,157 @@
+//! Group rules checked on the in-memory store: what a member refuses, and what it never shows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use headcount_core::assign::AssignorKind;
+use headcount_core::memory::MemoryStore;
+use headcount_core::recipes::group::{Group, GroupConfig};
+use headcount_core::{DynStore, ErrorKind};
+
+const TTL: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn a_member_with_another_assignor_is_refused() {
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let a = Group::join(
+        store.clone(),
+        GroupConfig::new("g", TTL).with_assignor(AssignorKind::JumpFailover),
+    )
+    .await
+    .expect("first member joins");
+    tokio::time::timeout(Duration::from_secs(5), a.active(0))
+        .await
+        .expect("active in time")
+        .expect("active");
+    let err = Group::join(
+        store.clone(),
+        GroupConfig::new("g", TTL).with_assignor(AssignorKind::JumpBackFailover),
+    )
+    .await
+    .expect_err("a second assignor is refused");
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(err.to_string().contains("`jump` assignor"), "{err}");
+    // The same assignor joins.
+    let b = Group::join(
+        store.clone(),
+        GroupConfig::new("g", TTL).with_assignor(AssignorKind::JumpFailover),
+    )
+    .await
+    .expect("same assignor joins");
+    b.leave().await.expect("leave b");
+    a.leave().await.expect("leave a");
+}
+
+#[tokio::test]
+async fn epochs_never_pass_the_largest_and_the_member_says_why() {
+    use headcount_core::recipes::group::MAX_EPOCH;
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let view = format!("v1 epoch={MAX_EPOCH} slots=");
+    assert!(store
+        .compare_and_set("hc:{g}:slot:view", None, &view, None)
+        .await
+        .expect("plant the view"));
+    let m = Group::join(store.clone(), GroupConfig::new("g", TTL))
+        .await
+        .expect("joins");
+    let mut rx = m.watch();
+    let said = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let Some(e) = rx.borrow_and_update().last_error.clone() {
+                return e;
+            }
+            if rx.changed().await.is_err() {
+                return String::new();
+            }
+        }
+    })
+    .await
+    .expect("an error within 5 s");
+    assert!(said.contains("largest"), "{said}");
+    // A few heartbeats later the stored view is still the largest epoch, nothing above it.
+    tokio::time::sleep(TTL).await;
+    assert_eq!(
+        store.get("hc:{g}:slot:view").await.expect("get").as_deref(),
+        Some(view.as_str())
+    );
+    assert_ne!(
+        m.assignment().phase,
+        headcount_core::recipes::group::GroupPhase::Active
+    );
+    m.leave().await.expect("leave");
+}
+
+#[tokio::test]
+async fn a_stalled_renewal_turns_the_assignment_inactive_at_the_lease_deadline() {
+    use headcount_core::recipes::group::GroupPhase;
+    use headcount_core::sim::{Faults, FaultyStore};
+    use headcount_core::SystemClock;
+    let memory: DynStore = Arc::new(MemoryStore::new());
+    let faults = Faults::new(1);
+    let store: DynStore = Arc::new(FaultyStore::new(
+        memory,
+        faults.clone(),
+        Arc::new(SystemClock::new()),
+    ));
+    let m = Group::join(store, GroupConfig::new("g", TTL))
+        .await
+        .expect("joins");
+    tokio::time::timeout(Duration::from_secs(5), m.active(0))
+        .await
+        .expect("active in time")
+        .expect("active");
+    // Every store call stalls from now on, as behind a frozen connection.
+    faults.pause();
+    let stalled = tokio::time::Instant::now();
+    let mut rx = m.watch();
+    tokio::time::timeout(TTL * 2, async {
+        loop {
+            if rx.borrow_and_update().phase == GroupPhase::Rejoining {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the watch says rejoining by the lease deadline, while the call is still stalled");
+    // The deadline is the last renewal's send time plus 0.9 TTL: within one TTL of the stall.
+    assert!(
+        stalled.elapsed() <= TTL + Duration::from_millis(100),
+        "{:?}",
+        stalled.elapsed()
+    );
+    assert!(m.would_grant("k").is_none());
+    faults.resume();
+    m.leave().await.expect("leave");
+}
+
+#[tokio::test]
+async fn status_counts_ownership_with_the_assignor_the_view_names() {
+    use headcount_core::recipes::group::status;
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let config = || GroupConfig::new("g", TTL).with_assignor(AssignorKind::JumpFailover);
+    let a = Group::join(store.clone(), config()).await.expect("a joins");
+    let b = Group::join(store.clone(), config()).await.expect("b joins");
+    let c = Group::join(store.clone(), config()).await.expect("c joins");
+    for m in [&a, &b, &c] {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while m.active(0).await.map(|x| x.replicas).unwrap_or(0) < 3 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("three active");
+    }
+    let with_jump = status(&store, "hc", "g", AssignorKind::JumpFailover, 3000)
+        .await
+        .expect("status");
+    let asked_other = status(&store, "hc", "g", AssignorKind::Modulo, 3000)
+        .await
+        .expect("status");
+    assert_eq!(with_jump.sample_owned, asked_other.sample_owned);
+    for m in [a, b, c] {
+        m.leave().await.expect("leave");
+    }
+}
