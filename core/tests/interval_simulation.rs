@@ -3,6 +3,9 @@
 //! single-threaded Tokio runtime with paused time, each with its own constant skew below half
 //! the interval.
 //!
+//! Peers' store calls also stall for a while (a stopped process, a frozen connection), so a
+//! call sent before the stall lands when it ends, possibly intervals later.
+//!
 //! Checked every 10 ms of virtual time: no task is owned by two peers at once. Checked at the
 //! end: within four intervals of the last change every task has exactly one owner.
 //!
@@ -30,6 +33,9 @@ const TICK: Duration = Duration::from_millis(10);
 
 struct Peer {
     label: String,
+    faults: Arc<Faults>,
+    /// When a pause of this peer's store calls ends.
+    paused_until: Option<tokio::time::Instant>,
     peer: Option<IntervalPeer>,
     joining: Option<tokio::task::JoinHandle<headcount_core::Result<IntervalPeer>>>,
 }
@@ -76,12 +82,22 @@ async fn run_seed(seed: u64, delays: Option<Duration>) -> Result<(), String> {
                 }
             }
         }
+        for p in peers.iter_mut() {
+            if p.paused_until
+                .is_some_and(|t| tokio::time::Instant::now() >= t)
+            {
+                p.paused_until = None;
+                p.faults.resume();
+                last_change = tokio::time::Instant::now();
+                log.push(format!("{at:.3}s {} resumes", p.label));
+            }
+        }
         let live: Vec<usize> = (0..peers.len())
             .filter(|&i| peers[i].peer.is_some() || peers[i].joining.is_some())
             .collect();
         if faulty && rng.random_bool(0.01) {
             last_change = tokio::time::Instant::now();
-            match rng.random_range(0..10) {
+            match rng.random_range(0..12) {
                 0..5 if live.len() < 6 => {
                     let label = format!("p{}", peers.len());
                     let faults = Faults::new(seed ^ peers.len() as u64);
@@ -94,7 +110,7 @@ async fn run_seed(seed: u64, delays: Option<Duration>) -> Result<(), String> {
                     }
                     let handle: DynStore = Arc::new(FaultyStore::new(
                         Arc::new(store.clone()),
-                        faults,
+                        faults.clone(),
                         clock_dyn.clone(),
                     ));
                     let skew = Duration::from_millis(
@@ -107,6 +123,8 @@ async fn run_seed(seed: u64, delays: Option<Duration>) -> Result<(), String> {
                     log.push(format!("{at:.3}s {label} joins (skew {skew:?})"));
                     peers.push(Peer {
                         label,
+                        faults,
+                        paused_until: None,
                         peer: None,
                         joining: Some(tokio::spawn(IntervalIndexer::join(handle, config))),
                     });
@@ -127,6 +145,20 @@ async fn run_seed(seed: u64, delays: Option<Duration>) -> Result<(), String> {
                     peers[i].peer = None;
                     if let Some(j) = peers[i].joining.take() {
                         j.abort();
+                    }
+                }
+                10..12 if !live.is_empty() => {
+                    // The store calls of one peer stall (SIGSTOP, a frozen connection): a call
+                    // sent before the pause lands when it ends, possibly intervals later.
+                    let i = live[rng.random_range(0..live.len())];
+                    if peers[i].paused_until.is_none() {
+                        let pause = Duration::from_millis(rng.random_range(200..2_500));
+                        log.push(format!(
+                            "{at:.3}s {} store calls stall for {pause:?}",
+                            peers[i].label
+                        ));
+                        peers[i].faults.pause();
+                        peers[i].paused_until = Some(tokio::time::Instant::now() + pause);
                     }
                 }
                 _ => {}
@@ -194,6 +226,10 @@ fn interval_simulation() {
         }
     }
     if let Some(first) = failures.first() {
-        panic!("{} seeds failed; the first:\n{first}", failures.len());
+        let twice = failures.iter().filter(|f| f.contains(" owned by ")).count();
+        panic!(
+            "{} seeds failed ({twice} with a task owned twice); the first:\n{first}",
+            failures.len()
+        );
     }
 }

@@ -11,13 +11,29 @@
 //! 1. `n = ⌈now / I⌉` on the peer's (injected) clock, an instant exactly on a boundary counting as
 //!    the start of the interval it opens (so `n = ⌊now / I⌋ + 1`);
 //! 2. in **one round trip** ([`Store::incr_and_get`](crate::Store::incr_and_get)): add the peer's capacity `w` (1 unless
-//!    weighted) to the counter of interval `n` and read the counter of interval `n - 1`;
+//!    weighted) to the counter of interval `n` and read the **sealed** count of interval `n - 1`
+//!    (below; the first peer to tick `n` seals it, in two or three more round trips);
 //! 3. the increment's result is the peer's draw for interval `n`: it holds the slots
 //!    `result - w + 1 ..= result`;
 //! 4. if the peer also drew in interval `n - 1`, the pair for interval `n` is its first slot of
-//!    `n - 1` as **index** and the counter of `n - 1` as **replicas**: both describe the same
-//!    interval, which is over, so every peer that ticked in `n - 1` holds a distinct index in
-//!    `1..=replicas`. That is seed 000's "emit (index, replicas) once both are known".
+//!    `n - 1` as **index** and the sealed count of `n - 1` as **replicas**: both describe the
+//!    same interval, which is over, so every peer that ticked in `n - 1` holds a distinct index
+//!    in `1..=replicas`. That is seed 000's "emit (index, replicas) once both are known".
+//!
+//! # The sealed count
+//!
+//! The articles read the counter of `n - 1` directly. An increment that lands late (sent in
+//! time, then held up by a stalled connection or a paused process) can then land *between* two
+//! peers' reads: one pairs with `replicas = c`, another with `c + 1`, under the same epoch, and
+//! both take some of the same tasks. Here the first peer that needs the count of `n - 1` copies
+//! the counter into `interval:seal:{n-1}` with a create-if-absent compare-and-set and everyone
+//! uses the seal. A draw that landed after the seal was taken is above it, so it owns nothing
+//! that interval (the `index > replicas` rule) and its peer owes no acknowledgement for it.
+//!
+//! A peer also takes nothing from a tick whose reply arrives three quarters of an interval or
+//! more after the interval's start on its clock: the seal of `n` is taken no earlier than the
+//! start of `n + 1` on another peer's clock, so only a reply before that proves the increment is
+//! in the seal. Such a draw counts for an acknowledgement only once the seal shows it does.
 //!
 //! A peer increments the counter of `n` only in the first half of interval `n` on its own clock:
 //! its skewed tick always is, but a join or a tick that wakes late (a paused process, a slow
@@ -40,6 +56,7 @@
 //! | key | value | TTL |
 //! |---|---|---|
 //! | `interval:{n}` | the counter of interval `n` (sum of the capacities of the peers that ticked) | 3 intervals |
+//! | `interval:seal:{n}` | the count of interval `n` as the pairs of interval `n + 1` use it | 3 intervals |
 //! | `interval:transition:{n}` | acknowledgements of the move to interval `n`'s pairs (sum of capacities) | 3 intervals |
 //! | `interval:health:{member}` | `epoch=… index=… replicas=… capacity=…` of one live peer | 2 intervals |
 //!
@@ -85,10 +102,7 @@
 //!
 //! **Guarantee**: at any instant, no two peers hold active pairs that own the same task, provided
 //! (a) every peer either acknowledges or is dead (crashed, stopped), (b) the clocks of the peers
-//! are within a quarter interval of each other, (c) an increment of the interval counter reaches
-//! the store within a quarter interval of being sent (a peer sends it only in the first half of
-//! the interval on its own clock; with (b), every increment of interval `n - 1`'s counter then
-//! lands before any peer reads it at its tick of `n`), and (d) no peer is paused (GC, SIGSTOP,
+//! are within a quarter interval of each other, and (c) no peer is paused (GC, SIGSTOP,
 //! VM migration) between [`Ownership::begin`] returning a guard and its task finishing for
 //! longer than the rest of the interval. An active pair also expires on the peer's own clock a quarter
 //! interval after the tick that should have replaced it, so a peer cut off from the store stops
@@ -406,6 +420,10 @@ impl Keys {
 
     fn transition(&self, n: u64) -> String {
         self.space.key(format_args!("interval:transition:{n}"))
+    }
+
+    fn seal(&self, n: u64) -> String {
+        self.space.key(format_args!("interval:seal:{n}"))
     }
 
     fn health_prefix(&self) -> String {
@@ -792,11 +810,33 @@ fn parse_health(member: &str, value: &str) -> Option<PeerHealth> {
     })
 }
 
+/// A count of peers' capacities read at `key`: a decimal integer of at least 1.
+fn parse_count(key: &str, text: &str) -> Result<u64> {
+    match parse_counter(key, text).map(u64::try_from) {
+        Ok(Ok(count)) if count >= 1 => Ok(count),
+        Ok(_) => Err(Error::foreign(key, "a count of at least 1", text)),
+        Err(e) => Err(e),
+    }
+}
+
 /// The slots a peer drew in one interval.
 #[derive(Debug, Clone, Copy)]
 struct Draw {
     epoch: u64,
     first: u64,
+    /// The counter's value after the increment: the last slot drawn.
+    last: u64,
+    /// The reply came too late to be sure the increment landed before the interval's count was
+    /// sealed: the draw gives no pair, and its acknowledgement is owed only if the seal counts it.
+    late: bool,
+}
+
+impl Draw {
+    /// Whether the sealed count of the draw's interval includes this draw. Increments are
+    /// atomic, so a draw is either wholly below the sealed value or wholly above it.
+    fn counted_in(&self, sealed: u64) -> bool {
+        self.last <= sealed
+    }
 }
 
 /// A new pair waiting for the drain and the acknowledgements.
@@ -922,42 +962,23 @@ impl Ticker {
         self.last_tick = Some(n);
         self.publish(|s| s.last_tick = Some(n));
         let previous = self.draw.take().filter(|d| d.epoch + 1 == n);
-        let now = wall(self.clock.as_ref());
-        if now >= interval_start(n, self.interval) + self.interval / 2 {
-            // Too late to draw in `n`: a peer reading the count of `n` at its tick of `n + 1`
-            // may already have, so an increment now could be missing from its count while
-            // another peer's later read includes it. No draw for `n` (the next tick draws); like
-            // a failed tick, the active pair stays until it expires and `n`'s acknowledgement
-            // is owed.
-            if previous.is_some() {
+        // Where this tick ends without reading the sealed count of `n - 1`: a draw whose reply
+        // came in time is in that count (see `late` below), so it owes `n`'s acknowledgement; a
+        // late one may not be, and an acknowledgement from a peer the count leaves out would let
+        // the others activate before a counted peer let go.
+        let owes_unsealed = previous.is_some_and(|d| !d.late);
+        let start = interval_start(n, self.interval);
+        if wall(self.clock.as_ref()) >= start + self.interval / 2 {
+            // Too late to draw in `n`: the reply could not arrive before the count of `n` is
+            // sealed. No draw for `n` (the next tick draws); like a failed tick, the active pair
+            // stays until it expires and `n`'s acknowledgement is owed.
+            if owes_unsealed {
                 self.owed.insert(n);
             }
-            self.pending = None;
-            if !joining {
-                let message = format!(
-                    "the tick of interval {n} ran in the second half of the interval; \
-                     skipped drawing in it"
-                );
-                tracing::warn!(member = %self.member, "{message}");
-                self.publish(|s| {
-                    s.last_error = Some(message);
-                    if s.phase != Phase::Stopped {
-                        s.phase = if s.pair.is_some() {
-                            Phase::Faulted
-                        } else {
-                            Phase::Warming
-                        };
-                    }
-                });
-            }
-            self.progress().await;
-            if self.heartbeat {
-                let pair = self.shared.current();
-                if let Err(e) = self.write_health(n, pair).await {
-                    tracing::warn!(member = %self.member, error = %e, "health heartbeat failed");
-                }
-            }
-            return Ok(());
+            let message = format!(
+                "the tick of interval {n} ran in the second half of the interval; skipped drawing in it"
+            );
+            return self.skip(n, joining, message).await;
         }
         let by = i64::try_from(self.capacity).unwrap_or(1);
         let result = self
@@ -966,16 +987,16 @@ impl Ticker {
                 &self.keys.counter(n),
                 by,
                 Some(self.ttl()),
-                &self.keys.counter(n.saturating_sub(1)),
+                &self.keys.seal(n.saturating_sub(1)),
             )
             .await;
-        let (value, read) = match result {
+        let (value, sealed) = match result {
             Ok(r) => r,
             Err(e) => {
                 // Whether the increment applied is unknown: no draw for `n`. The active pair
                 // stays until it expires on its own; the acknowledgement of `n` is owed once it
                 // is given up.
-                if previous.is_some() {
+                if owes_unsealed {
                     self.owed.insert(n);
                 }
                 self.pending = None;
@@ -991,43 +1012,58 @@ impl Ticker {
                 &value.to_string(),
             ));
         }
+        // The count of `n` is sealed by the first peer that ticks `n + 1`, at the earliest at the
+        // start of `n + 1` on its clock, so no earlier than `start + 3I/4` on ours (clocks within
+        // a quarter interval). A reply before that proves the increment is in the seal; a later
+        // one (a stalled connection, a paused process) proves nothing: the draw gives no pair,
+        // and this tick adopts none either, since the others' next transition may not wait for
+        // us.
+        let late = wall(self.clock.as_ref()) >= start + self.interval * 3 / 4;
         self.draw = Some(Draw {
             epoch: n,
             first: u64::try_from(first).unwrap_or(0),
+            last: u64::try_from(value).unwrap_or(0),
+            late,
         });
-
-        // The pair needs our draw of n - 1 and that interval's count.
-        let pair = match (previous, read) {
-            (Some(prev), Some(text)) => {
-                let key = self.keys.counter(n - 1);
-                match parse_counter(&key, &text).map(|r| u64::try_from(r).unwrap_or(0)) {
-                    Ok(r) if r >= 1 && r >= prev.first.saturating_add(self.capacity - 1) => Ok(Some(Pair {
-                        epoch: n,
-                        index: prev.first,
-                        replicas: r,
-                        capacity: self.capacity,
-                    })),
-                    Ok(_) => Err(Error::foreign(
-                        &key,
-                        "a count covering every slot drawn in that interval",
-                        &text,
-                    )),
-                    Err(e) => Err(e),
-                }
+        if late {
+            if owes_unsealed {
+                self.owed.insert(n);
             }
-            (Some(_), None) => Err(Error::Unavailable {
-                backend: "interval",
-                message: format!(
-                    "the counter of interval {} vanished before interval {n} read it (expired or deleted)",
-                    n - 1
-                ),
-                source: None,
-            }),
-            (None, _) => Ok(None),
-        };
-        if previous.is_some() {
-            self.owed.insert(n);
+            let message = format!(
+                "the store answered the tick of interval {n} after three quarters of the \
+                 interval; took no pair from it"
+            );
+            return self.skip(n, joining, message).await;
         }
+
+        // The pair needs our draw of n - 1 and that interval's sealed count.
+        let pair = match previous {
+            None => Ok(None),
+            Some(prev) => match self.sealed_count(n - 1, sealed).await {
+                Ok(count) => {
+                    if prev.counted_in(count) {
+                        self.owed.insert(n);
+                    }
+                    if prev.late || !prev.counted_in(count) {
+                        // Drawn after the count was sealed: no slot this interval.
+                        Ok(None)
+                    } else {
+                        Ok(Some(Pair {
+                            epoch: n,
+                            index: prev.first,
+                            replicas: count,
+                            capacity: self.capacity,
+                        }))
+                    }
+                }
+                Err(e) => {
+                    if owes_unsealed {
+                        self.owed.insert(n);
+                    }
+                    Err(e)
+                }
+            },
+        };
         self.pending = None;
         let outcome = match pair {
             Ok(Some(pair)) => {
@@ -1056,6 +1092,77 @@ impl Ticker {
             }
         }
         outcome
+    }
+
+    /// Ends a tick of `n` that takes no pair: the active pair stays until it expires, a pending
+    /// one is dropped, and the status says why (except on the joining tick).
+    async fn skip(&mut self, n: u64, joining: bool, message: String) -> Result<()> {
+        self.pending = None;
+        if !joining {
+            tracing::warn!(member = %self.member, "{message}");
+            self.publish(|s| {
+                s.last_error = Some(message);
+                if s.phase != Phase::Stopped {
+                    s.phase = if s.pair.is_some() {
+                        Phase::Faulted
+                    } else {
+                        Phase::Warming
+                    };
+                }
+            });
+        }
+        self.progress().await;
+        if self.heartbeat {
+            let pair = self.shared.current();
+            if let Err(e) = self.write_health(n, pair).await {
+                tracing::warn!(member = %self.member, error = %e, "health heartbeat failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// The count of interval `m`, sealed: the first peer to need it after `m` copies the counter
+    /// into the seal key (create-if-absent), and every peer uses the seal, so an increment that
+    /// lands late (after some peer read the counter) cannot give two peers pairs of one epoch
+    /// from different counts. `read` is the seal as the tick's round trip read it.
+    async fn sealed_count(&self, m: u64, read: Option<String>) -> Result<u64> {
+        let seal = self.keys.seal(m);
+        let text = match read {
+            Some(text) => text,
+            None => {
+                let counter = self.keys.counter(m);
+                let Some(text) = self.store.get(&counter).await? else {
+                    return Err(Error::Unavailable {
+                        backend: "interval",
+                        message: format!(
+                            "the counter of interval {m} vanished before interval {} read it \
+                             (expired or deleted)",
+                            m + 1
+                        ),
+                        source: None,
+                    });
+                };
+                let count = parse_count(&counter, &text)?;
+                if self
+                    .store
+                    .compare_and_set(&seal, None, &count.to_string(), Some(self.ttl()))
+                    .await?
+                {
+                    return Ok(count);
+                }
+                self.store
+                    .get(&seal)
+                    .await?
+                    .ok_or_else(|| Error::Unavailable {
+                        backend: "interval",
+                        message: format!(
+                            "the sealed count of interval {m} vanished as it was read"
+                        ),
+                        source: None,
+                    })?
+            }
+        };
+        parse_count(&seal, &text)
     }
 
     fn deactivate(&self) {
@@ -1216,7 +1323,9 @@ impl Ticker {
         while self.shared.in_flight.load(Ordering::SeqCst) > 0 && self.clock.monotonic() < give_up {
             self.clock.sleep(self.poll_period()).await;
         }
-        if let Some(draw) = self.draw {
+        // A late draw may be missing from its interval's sealed count: acknowledging for it
+        // could stand in for a counted peer, so the others take the timeout instead.
+        if let Some(draw) = self.draw.filter(|d| !d.late) {
             self.owed.insert(draw.epoch.saturating_add(1));
         }
         let mut first_error = None;
