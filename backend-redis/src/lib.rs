@@ -12,9 +12,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_ttl, check_value, ttl_millis,
+    check_renew_and_list_if_changed, check_ttl, check_value, direct_entries, listing_digest,
+    ttl_millis,
 };
-use headcount_core::{Capabilities, Durability, Error, Result, Store};
+use headcount_core::{Capabilities, Durability, Error, RenewedListing, Result, Store};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -59,6 +60,14 @@ const RENEW_AND_LIST_LUA: &str = indexed!(
     "settle()\ntable.insert(out, 1, renewed)\nreturn out\n"
 );
 const INCR_AND_GET_LUA: &str = indexed!(2, include_str!("scripts/incr_and_get.lua"));
+/// `renew_and_list_if_changed`: the renewal and version check, then (when the version changed)
+/// the shared listing.
+const RENEW_CHECK_LUA: &str = indexed!(
+    1,
+    include_str!("scripts/renew_check.lua"),
+    include_str!("scripts/list_body.lua"),
+    "table.insert(out, 1, version)\ntable.insert(out, 1, renewed)\nreturn out\n"
+);
 
 /// The index of every key on a single server.
 const INDEX_KEY: &str = "headcount:index";
@@ -102,11 +111,17 @@ impl IndexKeys {
 /// Whether `key` is the name of an index (of either topology): headcount never writes there
 /// through the `Store` API, or the index would be overwritten.
 fn is_index_name(key: &str) -> bool {
-    if key == INDEX_KEY || key == EXPIRY_KEY {
-        return true;
+    // The index, the expiry index, the sweep marker and the directory versions (index.lua).
+    let reserved = |rest: &str| {
+        rest == "index" || rest == "expiry" || rest == "swept" || rest.starts_with("version:")
+    };
+    if let Some(rest) = key.strip_prefix("headcount:") {
+        return reserved(rest);
     }
     match key.strip_prefix('{').and_then(|r| r.split_once('}')) {
-        Some((tag, rest)) if !tag.is_empty() => rest == INDEX_SUFFIX || rest == EXPIRY_SUFFIX,
+        Some((tag, rest)) if !tag.is_empty() => {
+            rest.strip_prefix(":headcount:").is_some_and(reserved)
+        }
         _ => false,
     }
 }
@@ -123,6 +138,7 @@ struct Scripts {
     list: Script,
     incr_and_get: Script,
     renew_and_list: Script,
+    renew_check: Script,
 }
 
 impl Scripts {
@@ -137,6 +153,7 @@ impl Scripts {
             list: Script::new(LIST_LUA),
             incr_and_get: Script::new(INCR_AND_GET_LUA),
             renew_and_list: Script::new(RENEW_AND_LIST_LUA),
+            renew_check: Script::new(RENEW_CHECK_LUA),
         }
     }
 }
@@ -578,7 +595,67 @@ impl Store for RedisStore {
         caps.native_incr_and_get = true;
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
+        caps.native_change_version = true;
         caps
+    }
+
+    async fn renew_and_list_if_changed(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dir: &str,
+        since: Option<&str>,
+    ) -> Result<RenewedListing> {
+        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
+        let list_index = self.index_for_prefix(dir)?;
+        let key_index = self.index_for_key(key)?;
+        if key_index.as_ref() != Some(&list_index) {
+            // Not one slot (outside headcount's naming): the provided method's two calls.
+            let renewed = self
+                .compare_and_set(key, Some(holder), holder, Some(ttl))
+                .await?;
+            let entries = direct_entries(dir, self.list(dir).await?);
+            let version = listing_digest(&entries);
+            let listing = (since != Some(version.as_str())).then_some(entries);
+            return Ok(RenewedListing::new(renewed, version, listing));
+        }
+        // Expiries are noticed by a sweep at most this often per index (see renew_check.lua).
+        let period = (ttl / 12).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        let mut call = self.inner.scripts.renew_check.key(key);
+        list_index.add_to(&mut call);
+        call.arg(dir)
+            .arg(holder)
+            .arg(ttl_millis(ttl))
+            .arg(since.unwrap_or_default())
+            .arg(ttl_millis(period));
+        let reply: Value = self
+            .run("renew_and_list_if_changed", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        let Value::Array(mut items) = reply else {
+            return Err(unexpected(reply));
+        };
+        match (items.first(), items.get(1)) {
+            (Some(Value::Int(n)), Some(Value::BulkString(v))) => {
+                let renewed = *n == 1;
+                let version = String::from_utf8_lossy(v).into_owned();
+                let listing = if items.len() > 2 {
+                    let listed = list_reply(Value::Array(items.split_off(2)))?;
+                    Some(direct_entries(dir, listed))
+                } else {
+                    None
+                };
+                Ok(RenewedListing::new(renewed, version, listing))
+            }
+            // `{'foreign', key, type}`, from the renewal or the listing.
+            _ => Err(list_reply(Value::Array(items)).err().unwrap_or_else(|| {
+                unexpected(Value::SimpleString(
+                    "a version check without a version".into(),
+                ))
+            })),
+        }
     }
 
     async fn renew_and_list(
@@ -1021,6 +1098,10 @@ mod tests {
             "headcount:expiry",
             "{g}:headcount:index",
             "{g}:headcount:expiry",
+            "headcount:swept",
+            "{g}:headcount:swept",
+            "headcount:version:hc:{g}:slot:",
+            "{g}:headcount:version:hc:{g}:slot:",
         ] {
             assert!(is_index_name(name), "{name}");
         }

@@ -41,12 +41,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use headcount::recipes::group::{Assignment, Group, GroupConfig, GroupPhase, Member};
 use headcount::{Capabilities, DynStore};
-use headcount_conformance::harness::Backend;
+use headcount_conformance::harness::{Backend, KvStore, Unavailable};
 use headcount_conformance::{Decorated, Hooks};
 use tokio::sync::watch;
 
 const PREFIX: &str = "hcb";
-const METHODS: [&str; 12] = [
+const METHODS: [&str; 13] = [
     "incr",
     "get",
     "expire",
@@ -57,6 +57,7 @@ const METHODS: [&str; 12] = [
     "set_max",
     "incr_and_get",
     "renew_and_list",
+    "renew_and_list_if_changed",
     "durability",
     "capabilities",
 ];
@@ -128,6 +129,11 @@ struct Opts {
     reps: usize,
     scale: Vec<usize>,
     scale_ttl: Duration,
+    /// Unrelated keys put in the scale part's Redis first (`DEBUG POPULATE`).
+    unrelated: u64,
+    /// The heartbeat designs of the scale part: `versioned` (read the table when it changed),
+    /// `full` (read it at every heartbeat, the design before).
+    designs: Vec<String>,
     /// The convergence part's lease TTL (default 1.5 s, raised to the backend's minimum).
     ttl: Option<Duration>,
 }
@@ -144,6 +150,8 @@ fn opts() -> Opts {
         reps: 5,
         scale: vec![100, 1000],
         scale_ttl: Duration::from_secs(6),
+        unrelated: 1_000_000,
+        designs: vec!["versioned".into(), "full".into()],
         ttl: None,
     };
     // `cargo test --all-targets` runs this binary without `--bench`, in a debug build: a smoke
@@ -180,6 +188,8 @@ fn opts() -> Opts {
             }
             "--ttl" => o.ttl = Some(Duration::from_secs_f64(value().parse().unwrap())),
             "--scale-ttl" => o.scale_ttl = Duration::from_secs_f64(value().parse().unwrap()),
+            "--unrelated" => o.unrelated = value().parse().expect("--unrelated N"),
+            "--designs" => o.designs = value().split(',').map(str::to_owned).collect(),
             _ => {}
         }
     }
@@ -206,6 +216,8 @@ struct Fleet {
     store: DynStore,
     group: String,
     ttl: Duration,
+    /// Members read the whole table at every heartbeat (the design before version checks).
+    full_reads: bool,
     members: Vec<(Member, watch::Receiver<Assignment>)>,
 }
 
@@ -213,7 +225,8 @@ impl Fleet {
     async fn join(&mut self, id: &str) -> std::result::Result<(), String> {
         let cfg = GroupConfig::new(&self.group, self.ttl)
             .with_prefix(PREFIX)
-            .with_member(id);
+            .with_member(id)
+            .with_change_checks(!self.full_reads);
         let m = Group::join(self.store.clone(), cfg)
             .await
             .map_err(|e| format!("join of {id}: {e}"))?;
@@ -360,6 +373,7 @@ async fn convergence(
         store,
         group: group_name(),
         ttl,
+        full_reads: false,
         members: Vec::new(),
     };
     for i in 0..5 {
@@ -510,12 +524,18 @@ async fn redis_info(
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("cmdstat_") {
             if let Some((cmd, stats)) = rest.split_once(':') {
-                let n = stats
-                    .split(',')
-                    .find_map(|kv| kv.strip_prefix("calls="))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                calls.insert(cmd.to_owned(), n);
+                let field = |name: &str| -> u64 {
+                    stats
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix(name))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0)
+                };
+                calls.insert(cmd.to_owned(), field("calls="));
+                // The server time of the scripts, in µs, under a name of its own.
+                if cmd == "evalsha" {
+                    calls.insert("evalsha usec".to_owned(), field("usec="));
+                }
             }
         } else if let Some(v) = line
             .strip_prefix("used_cpu_sys:")
@@ -550,6 +570,7 @@ async fn scale(
     url: &str,
     n: usize,
     ttl: Duration,
+    full_reads: bool,
     rows: &mut Vec<String>,
     detail: &mut Vec<String>,
 ) -> std::result::Result<(), String> {
@@ -569,6 +590,7 @@ async fn scale(
         store: store.clone(),
         group: group_name(),
         ttl,
+        full_reads,
         members: Vec::new(),
     };
     let t0 = Instant::now();
@@ -620,6 +642,8 @@ async fn scale(
         .collect();
     let heartbeats = secs / hb.as_secs_f64();
     let per_member_hb = |x: u64| x as f64 / n as f64 / heartbeats;
+    let script_usec = server_cmds.get("evalsha usec").copied().unwrap_or(0) as f64
+        / server_cmds.get("evalsha").copied().unwrap_or(1).max(1) as f64;
     let view_key = format!("{PREFIX}:{{{}}}:slot:view", fleet.group);
     let view_len = store
         .get(&view_key)
@@ -654,7 +678,8 @@ async fn scale(
         .await?;
 
     let row = format!(
-        "| {n} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B |",
+        "| {n} | {} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {script_usec:.1} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B |",
+        if full_reads { "full table every heartbeat (before)" } else { "versioned (read on change)" },
         ms(ttl),
         joined.as_secs_f64(),
         converged.as_secs_f64(),
@@ -721,21 +746,46 @@ fn main() {
             }
         }
         if o.only.iter().any(|p| p == "scale") {
-            let Some(url) = url_of(Backend::Redis).await else {
-                return;
+            // A Redis of its own, holding unrelated data first, as a user's would.
+            let server = match KvStore::redis_with(None, &["--enable-debug-command", "yes"]) {
+                Ok(s) => s,
+                Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
+                    eprintln!("SKIP group bench scale part: {why}");
+                    return;
+                }
+                Err(e) => panic!("{e}"),
             };
+            let url = server.url();
             let mut rows = Vec::new();
             let mut detail = Vec::new();
             for &n in &o.scale {
-                eprintln!("scale: {n} members");
-                if let Err(e) = scale(&url, n, o.scale_ttl, &mut rows, &mut detail).await {
-                    eprintln!("scale {n}: FAILED: {e}");
-                    rows.push(format!("| {n} | failed: {e} |"));
+                for design in &o.designs {
+                    let full = design == "full";
+                    let mut conn = redis::Client::open(url.as_str())
+                        .unwrap()
+                        .get_multiplexed_async_connection()
+                        .await
+                        .unwrap();
+                    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+                    if o.unrelated > 0 {
+                        let _: () = redis::cmd("DEBUG")
+                            .arg("POPULATE")
+                            .arg(o.unrelated)
+                            .arg("unrelated")
+                            .query_async(&mut conn)
+                            .await
+                            .unwrap();
+                    }
+                    eprintln!("scale: {n} members, {design}, {} unrelated keys", o.unrelated);
+                    if let Err(e) = scale(&url, n, o.scale_ttl, full, &mut rows, &mut detail).await {
+                        eprintln!("scale {n}: FAILED: {e}");
+                        rows.push(format!("| {n} | {design} | failed: {e} |"));
+                    }
                 }
             }
-            println!("\n### One group on one local Redis\n");
-            println!("| members | TTL ms | all joined | all active | round trips/s (wrapper) | per member per heartbeat | server commands/s | per member per heartbeat | Redis CPU | client CPU | leave: view / active ms | crash: view / active ms | view record | slot record |");
-            println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+            println!("\n### One group on one local Redis holding {} unrelated keys\n", o.unrelated);
+            println!("| members | heartbeat | TTL ms | all joined | all active | round trips/s (wrapper) | per member per heartbeat | server commands/s | per member per heartbeat | server µs per script call | Redis CPU | client CPU | leave: view / active ms | crash: view / active ms | view record | slot record |");
+            println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
             for r in &rows {
                 println!("{r}");
             }

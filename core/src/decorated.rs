@@ -11,12 +11,13 @@ use async_trait::async_trait;
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
-use crate::store::{Capabilities, Durability, Store};
+use crate::store::{Capabilities, Durability, RenewedListing, Store};
 use crate::DynStore;
 
 /// What a [`Decorated`] store does around every call it forwards. `op` is the method's name:
 /// `incr`, `get`, `expire`, `compare_and_set`, `delete`, `compare_and_delete`, `list`, `set_max`,
-/// `incr_and_get`, `renew_and_list`, `durability` (`capabilities` is forwarded without hooks).
+/// `incr_and_get`, `renew_and_list`, `renew_and_list_if_changed`, `durability` (`capabilities`
+/// is forwarded without hooks).
 #[async_trait]
 pub trait Hooks: Send + Sync + Debug + 'static {
     /// Runs before the call goes to the inner store (a pause can wait here). An error returned
@@ -32,7 +33,7 @@ pub trait Hooks: Send + Sync + Debug + 'static {
     }
 
     /// The span the whole call (hooks included) runs in. `key` is the call's key, or its
-    /// prefix for `list` and `renew_and_list` (empty for `durability`): a span should record
+    /// prefix for `list`, `renew_and_list` and `renew_and_list_if_changed` (empty for `durability`): a span should record
     /// only a part of it that names no stored value. By default, no span.
     fn span(&self, _op: &'static str, _key: &str) -> tracing::Span {
         tracing::Span::none()
@@ -44,7 +45,8 @@ pub trait Hooks: Send + Sync + Debug + 'static {
 }
 
 /// A store that forwards every call to `inner`, each of the provided methods (`set_max`,
-/// `incr_and_get`, `renew_and_list`, `compare_and_delete`, `durability`) to the inner store's
+/// `incr_and_get`, `renew_and_list`, `renew_and_list_if_changed`, `compare_and_delete`,
+/// `durability`) to the inner store's
 /// own, so a backend's native override is what runs, with its [`Hooks`] around each.
 #[derive(Debug, Clone)]
 pub struct Decorated<H> {
@@ -165,6 +167,23 @@ impl<H: Hooks> Store for Decorated<H> {
             "renew_and_list",
             prefix,
             self.inner.renew_and_list(key, holder, ttl, prefix),
+        )
+        .await
+    }
+
+    async fn renew_and_list_if_changed(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dir: &str,
+        since: Option<&str>,
+    ) -> Result<RenewedListing> {
+        self.call(
+            "renew_and_list_if_changed",
+            dir,
+            self.inner
+                .renew_and_list_if_changed(key, holder, ttl, dir, since),
         )
         .await
     }

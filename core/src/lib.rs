@@ -18,7 +18,7 @@ pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use keys::{validate_group, validate_prefix, Keyspace, DEFAULT_PREFIX};
 pub use memory::MemoryStore;
-pub use store::{Capabilities, Durability, Store};
+pub use store::{Capabilities, Durability, RenewedListing, Store};
 
 /// A store shared between tasks and recipes.
 pub type DynStore = std::sync::Arc<dyn Store>;

@@ -58,6 +58,11 @@ pub struct Capabilities {
     /// Whether [`Store::compare_and_delete`] removes the key at once (true) or lets it expire
     /// within the backend's shortest TTL, as the provided method does (false).
     pub native_compare_and_delete: bool,
+    /// Whether [`Store::renew_and_list_if_changed`] keeps a version of each directory, so an
+    /// unchanged directory costs the server and the wire a constant amount whatever it holds
+    /// (true), or lists the directory every time and compares a digest, as the provided method
+    /// does (false).
+    pub native_change_version: bool,
 }
 
 impl Capabilities {
@@ -73,6 +78,7 @@ impl Capabilities {
             native_incr_and_get: false,
             native_renew_and_list: false,
             native_compare_and_delete: false,
+            native_change_version: false,
         }
     }
 
@@ -234,6 +240,48 @@ pub trait Store: Send + Sync + Debug + 'static {
         Ok((renewed, listed))
     }
 
+    /// Renews a lease and tells whether anything directly under the directory `dir` changed
+    /// since `since`: if `key` holds `holder`, resets its TTL to `ttl` from now (keeping the
+    /// value); returns whether it did, the directory's current version, and the keys directly
+    /// under `dir` with their values (sorted by key, as [`Store::list`] would) **only when the
+    /// version differs from `since`** (or `since` is `None`). A group member's heartbeat: renew
+    /// its slot, and read the slot table only when a claim, a leave, a view, an acknowledgement
+    /// or an expiry changed it.
+    ///
+    /// `dir` must end with `:`; the keys directly under it are those that start with `dir` and
+    /// have no further `:`. A version is opaque text compared for equality only: two calls
+    /// return the same version only if the keys directly under `dir` and their values were the
+    /// same at both, also across a restart, a flush or a rollback of the store (a renewal, which
+    /// changes only a TTL, may or may not change the version). Like a Redis listing, a Redis
+    /// version follows the writes made through headcount and expiries, not another client's
+    /// writes.
+    ///
+    /// The listing is taken after the renewal, as in [`Store::renew_and_list`].
+    ///
+    /// The provided implementation is one [`Store::renew_and_list`] and a digest of the
+    /// directory's entries: one round trip, but work and bytes in proportion to the directory.
+    /// Backends that keep a version per directory override it and say so in
+    /// [`Capabilities::native_change_version`].
+    async fn renew_and_list_if_changed(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dir: &str,
+        since: Option<&str>,
+    ) -> Result<RenewedListing> {
+        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
+        let (renewed, listed) = self.renew_and_list(key, holder, ttl, dir).await?;
+        let entries = direct_entries(dir, listed);
+        let version = listing_digest(&entries);
+        let listing = (since != Some(version.as_str())).then_some(entries);
+        Ok(RenewedListing {
+            renewed,
+            version,
+            listing,
+        })
+    }
+
     /// Atomically removes `key` if it holds `expected`. Returns whether it did; false (and
     /// nothing written) when the key is absent, expired or holds anything else. A group member
     /// leaves with it, so a delayed delete never removes the next holder's claim.
@@ -290,6 +338,68 @@ impl Durability {
             detail: detail.into(),
         }
     }
+}
+
+/// The answer of [`Store::renew_and_list_if_changed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RenewedListing {
+    /// Whether the key held the holder and its TTL was reset.
+    pub renewed: bool,
+    /// The directory's version: pass it as `since` next time.
+    pub version: String,
+    /// The keys directly under the directory with their values, sorted by key; `None` when the
+    /// version equals `since`.
+    pub listing: Option<Vec<(String, String)>>,
+}
+
+impl RenewedListing {
+    /// An answer (for backends outside this crate).
+    pub fn new(renewed: bool, version: String, listing: Option<Vec<(String, String)>>) -> Self {
+        RenewedListing {
+            renewed,
+            version,
+            listing,
+        }
+    }
+}
+
+/// Of a listing of `dir`, the entries directly under it (no `:` after `dir`).
+pub fn direct_entries(dir: &str, listed: Vec<(String, String)>) -> Vec<(String, String)> {
+    listed
+        .into_iter()
+        .filter(|(k, _)| k.strip_prefix(dir).is_some_and(|rest| !rest.contains(':')))
+        .collect()
+}
+
+/// The version of a directory as the provided [`Store::renew_and_list_if_changed`] computes it:
+/// a digest of its entries, so equal versions mean equal contents (up to a 64-bit collision).
+pub fn listing_digest(entries: &[(String, String)]) -> String {
+    let mut bytes = Vec::new();
+    for (k, v) in entries {
+        bytes.extend_from_slice(&(k.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(k.as_bytes());
+        bytes.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(v.as_bytes());
+    }
+    format!("d{:016x}", crate::assign::hash_bytes(&bytes))
+}
+
+/// The argument checks of [`Store::renew_and_list_if_changed`]: those of
+/// [`Store::renew_and_list`], and a directory that ends with `:`.
+pub fn check_renew_and_list_if_changed(
+    key: &str,
+    holder: &str,
+    ttl: Duration,
+    dir: &str,
+) -> Result<()> {
+    check_renew_and_list(key, holder, ttl, dir)?;
+    if !dir.ends_with(':') {
+        return Err(Error::invalid(format!(
+            "directory `{dir}` does not end with `:`"
+        )));
+    }
+    Ok(())
 }
 
 /// The argument checks of [`Store::renew_and_list`]: the key, the holder value, the TTL and the

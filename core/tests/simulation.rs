@@ -122,9 +122,14 @@ impl Sim {
         let clock: Arc<dyn Clock> = Arc::new(self.clock.clone());
         let inner: DynStore = Arc::new(self.store.clone());
         let store: DynStore = Arc::new(FaultyStore::new(inner, faults.clone(), clock.clone()));
+        // Half the processes read the table only when the store reports a change, the others
+        // at every heartbeat, so both heartbeats run against each other (chosen without a draw,
+        // so the seeds' schedules are those of before).
+        let change_checks = (self.seed ^ self.procs.len() as u64).is_multiple_of(2);
         let config = GroupConfig::new("sim", TTL)
             .with_member(id.clone())
-            .with_clock(clock);
+            .with_clock(clock)
+            .with_change_checks(change_checks);
         let joining = tokio::spawn(Group::join(store, config));
         self.note(format!("{label} ({id}) joins"));
         self.procs.push(Proc {

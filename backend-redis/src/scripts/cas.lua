@@ -10,6 +10,9 @@ local function write()
   else
     redis.call('SET', k, ARGV[2], 'PX', ARGV[3])
   end
+  -- A write of the value the key already held (a renewal through compare-and-set) changes no
+  -- listing.
+  if ARGV[4] == '1' or ARGV[1] ~= ARGV[2] then changed(k) end
   done(k)
   return 1
 end

@@ -23,5 +23,6 @@ end
 if created and ARGV[1] ~= '' then
   redis.call('PEXPIRE', KEYS[1], ARGV[1])
 end
+changed(KEYS[1])
 done(KEYS[1])
 return {'ok', n}

@@ -23,6 +23,7 @@ end
 if created and ARGV[2] ~= '' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
+changed(KEYS[1])
 done(KEYS[1])
 local t = redis.call('TYPE', KEYS[2])['ok']
 if t == 'none' then

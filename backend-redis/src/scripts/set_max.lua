@@ -45,5 +45,6 @@ if ARGV[2] == '' then
 else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
+changed(KEYS[1])
 done(KEYS[1])
 return 1

@@ -233,3 +233,192 @@ pub async fn renew_and_list_lists_prefix(ctx: &Ctx) -> CaseResult {
     expect_expiry(ctx, &short, "me", sent, done, SHORT_TTL).await?;
     Ok(())
 }
+
+/// Calls `renew_and_list_if_changed` and returns its answer.
+async fn check(
+    ctx: &Ctx,
+    key: &str,
+    holder: &str,
+    dir: &str,
+    since: Option<&str>,
+) -> Result<headcount::RenewedListing, Failure> {
+    ctx.store
+        .renew_and_list_if_changed(key, holder, LONG_TTL, dir, since)
+        .await
+        .during(format!(
+            "renew_and_list_if_changed({key:?}, {holder:?}, {dir:?}, {since:?})"
+        ))
+}
+
+/// `renew_and_list_if_changed` renews like `renew_and_list`, and lists exactly the keys directly
+/// under the directory (not deeper ones, not siblings) when no version is given; bad arguments
+/// (a directory without the final `:`) are `InvalidArgument` and renew nothing.
+pub async fn renew_if_changed_renews_and_lists(ctx: &Ctx) -> CaseResult {
+    let dir = format!("{}slot:", ctx.prefix);
+    let mine = ctx.key("slot:1");
+    let (_, put_done) = put(ctx, &mine, "me", Some(SHORT_TTL)).await?;
+    put(ctx, &ctx.key("slot:view"), "v", None).await?;
+    for name in ["slot:deep:1", "slots:1", "slot"] {
+        put(ctx, &ctx.key(name), "out", Some(LONG_TTL)).await?;
+    }
+    let answer = check(ctx, &mine, "me", &dir, None).await?;
+    ensure!(answer.renewed, "the holder's renewal returned false");
+    ensure_eq!(
+        answer.listing,
+        Some(vec![
+            (mine.clone(), "me".to_owned()),
+            (ctx.key("slot:view"), "v".to_owned()),
+        ]),
+        "listing of {dir:?} with no version given"
+    );
+    // The renewal extended the short TTL.
+    wait_until(put_done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+    ensure_eq!(
+        ctx.store.get(&mine).await.during("get")?,
+        Some("me".to_owned()),
+        "get after the original TTL passed (the renewal should have extended it)"
+    );
+    // Another holder renews nothing.
+    let answer = check(ctx, &mine, "someone else", &dir, None).await?;
+    ensure_eq!(answer.renewed, false, "another holder's renewal");
+    // A directory must end with ':'.
+    let bad = ctx
+        .store
+        .renew_and_list_if_changed(&mine, "me", LONG_TTL, &ctx.key("slot"), None)
+        .await;
+    expect_kind(
+        "renew_and_list_if_changed with a directory without ':'",
+        bad,
+        ErrorKind::InvalidArgument,
+    )?;
+    Ok(())
+}
+
+/// The version stays the same across renewals and writes outside the directory, and changes
+/// (with the listing sent again) when a key directly under it is created, changed, deleted,
+/// compare-and-deleted, or expires with nobody writing.
+pub async fn renew_if_changed_follows_changes(ctx: &Ctx) -> CaseResult {
+    let dir = format!("{}slot:", ctx.prefix);
+    let mine = ctx.key("slot:1");
+    put(ctx, &mine, "me", Some(LONG_TTL)).await?;
+    let first = check(ctx, &mine, "me", &dir, None).await?;
+    let mut version = first.version.clone();
+    // Unchanged: a renewal, a renewal through compare_and_set, writes beside and below.
+    ctx.store
+        .compare_and_set(&mine, Some("me"), "me", Some(LONG_TTL))
+        .await
+        .during("compare_and_set with the same value")?;
+    for name in ["slot:deep:1", "slots:1", "other:1"] {
+        put(ctx, &ctx.key(name), "out", Some(LONG_TTL)).await?;
+    }
+    let again = check(ctx, &mine, "me", &dir, Some(&version)).await?;
+    ensure!(again.renewed, "the holder's renewal returned false");
+    ensure_eq!(
+        again.listing,
+        None,
+        "listing after renewals and writes outside the directory (version {version:?} then {:?})",
+        again.version
+    );
+    ensure_eq!(again.version, version, "version after nothing changed");
+
+    // Each change below is seen once, with the listing as it now is.
+    let other = ctx.key("slot:2");
+    let steps: Vec<(&str, Vec<(String, String)>)> = vec![
+        (
+            "create",
+            vec![(mine.clone(), "me".into()), (other.clone(), "a".into())],
+        ),
+        (
+            "change",
+            vec![(mine.clone(), "me".into()), (other.clone(), "b".into())],
+        ),
+        ("compare_and_delete", vec![(mine.clone(), "me".into())]),
+        (
+            "create again",
+            vec![(mine.clone(), "me".into()), (other.clone(), "c".into())],
+        ),
+        ("delete", vec![(mine.clone(), "me".into())]),
+    ];
+    for (step, want) in steps {
+        match step {
+            "create" => drop(put(ctx, &other, "a", Some(LONG_TTL)).await?),
+            "change" => {
+                ctx.store
+                    .compare_and_set(&other, Some("a"), "b", Some(LONG_TTL))
+                    .await
+                    .during("compare_and_set a -> b")?;
+            }
+            "compare_and_delete" => {
+                ctx.store
+                    .compare_and_delete(&other, "b")
+                    .await
+                    .during("compare_and_delete")?;
+            }
+            "create again" => drop(put(ctx, &other, "c", Some(LONG_TTL)).await?),
+            _ => {
+                ctx.store.delete(&other).await.during("delete")?;
+            }
+        }
+        // A backend without a native compare_and_delete lets the key expire within its
+        // shortest TTL: poll until the listing shows it.
+        let deadline =
+            Instant::now() + ctx.caps().min_ttl + ctx.tolerance() + Duration::from_secs(2);
+        loop {
+            let answer = check(ctx, &mine, "me", &dir, Some(&version)).await?;
+            if answer.listing.as_ref() == Some(&want) {
+                ensure!(
+                    answer.version != version,
+                    "after {step}: a new listing under the old version {version:?}"
+                );
+                version = answer.version;
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "after {step}: listing {:?} (version {:?}, was {version:?}), want {want:?}",
+                answer.listing,
+                answer.version
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let same = check(ctx, &mine, "me", &dir, Some(&version)).await?;
+        ensure_eq!(same.listing, None, "listing right after {step} was seen");
+    }
+
+    // An expiry with nobody writing: seen by the heartbeat alone.
+    let (sent, done) = put(ctx, &other, "short", Some(SHORT_TTL)).await?;
+    let seen = check(ctx, &mine, "me", &dir, Some(&version)).await?;
+    ensure!(
+        seen.listing.is_some(),
+        "the short-lived key's creation went unseen"
+    );
+    version = seen.version;
+    let deadline =
+        done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance() + Duration::from_secs(3);
+    loop {
+        let answer = check(ctx, &mine, "me", &dir, Some(&version)).await?;
+        if let Some(listing) = answer.listing {
+            ensure_eq!(
+                listing,
+                vec![(mine.clone(), "me".to_owned())],
+                "listing after the short-lived key expired"
+            );
+            ensure!(
+                Instant::now()
+                    >= sent
+                        + ctx
+                            .caps()
+                            .effective_ttl(SHORT_TTL)
+                            .saturating_sub(ctx.tolerance()),
+                "the version changed before the key could have expired"
+            );
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the expiry of {other:?} did not change the version within the TTL + 3 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}

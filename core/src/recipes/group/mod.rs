@@ -4,8 +4,14 @@
 //! # Membership
 //!
 //! A member claims the lowest free slot `hc:{group}:slot:{i}` with a compare-and-set "only if
-//! absent" and the lease TTL, and renews it every TTL/3 (one [`Store::renew_and_list`](crate::Store::renew_and_list) round
-//! trip: renew the slot and read the slot table and the published view). A member that leaves
+//! absent" and the lease TTL, and renews it every TTL/3 in one
+//! [`Store::renew_and_list`](crate::Store::renew_and_list) round trip: renew the slot, and read
+//! the slot table and the published view. With [`GroupConfig::with_change_checks`] the round
+//! trip is [`Store::renew_and_list_if_changed`](crate::Store::renew_and_list_if_changed), which
+//! sends the table only when the store's version of it changed since the member last read it (a
+//! claim, a leave, an acknowledgement, a view, or a lease running out); an unchanged table is
+//! taken from the member's copy, so a steady group costs each member constant work and bytes per
+//! heartbeat on a backend that keeps versions. A member that leaves
 //! gracefully stops its work, deletes its slot and publishes the view without it, so the others
 //! move on at their next heartbeat instead of waiting for the TTL. A member whose renewal fails
 //! (its slot expired, or someone overwrote it) stops all work at once and claims a slot again
@@ -105,6 +111,7 @@ use crate::assign::{hash_bytes, Assignor, AssignorKind, Topology};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, DEFAULT_PREFIX};
+use crate::store::RenewedListing;
 use crate::DynStore;
 
 pub use records::{Holder, SlotRecord, Table, ViewRecord, MAX_EPOCH};
@@ -130,6 +137,7 @@ pub struct GroupConfig {
     clock: Arc<dyn Clock>,
     max_slots: u32,
     drain_timeout: Option<Duration>,
+    change_checks: bool,
 }
 
 impl GroupConfig {
@@ -150,6 +158,7 @@ impl GroupConfig {
             clock: Arc::new(SystemClock::new()),
             max_slots: DEFAULT_MAX_SLOTS,
             drain_timeout: None,
+            change_checks: false,
         }
     }
 
@@ -189,6 +198,19 @@ impl GroupConfig {
     /// lease so the others can proceed (default: the TTL).
     pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = Some(timeout);
+        self
+    }
+
+    /// Heartbeats ask the store whether the slot table changed
+    /// ([`Store::renew_and_list_if_changed`](crate::Store::renew_and_list_if_changed)) and read
+    /// it only then, instead of reading it at every heartbeat
+    /// ([`Store::renew_and_list`](crate::Store::renew_and_list), the default). The protocol is the
+    /// same. On Redis a steady group then costs the server a constant amount per heartbeat
+    /// whatever its size (a third of the commands and a tenth of the script time at 300 members),
+    /// but a hand-off in a group of hundreds currently converges several times slower (see
+    /// `docs/group.md`), which is why it is not yet the default.
+    pub fn with_change_checks(mut self, on: bool) -> Self {
+        self.change_checks = on;
         self
     }
 
@@ -697,6 +719,7 @@ impl Group {
             assignor: config.assignor,
             max_slots: config.max_slots,
             drain_timeout: config.drain_timeout.unwrap_or(config.ttl),
+            change_checks: config.change_checks,
             record: None,
             preferred: None,
             highest: 0,
@@ -704,6 +727,7 @@ impl Group {
             pending_since: None,
             abandoned: false,
             own_nonces: Vec::new(),
+            seen: None,
         };
         runner.first_claim().await?;
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -877,6 +901,9 @@ struct Runner {
     assignor: AssignorKind,
     max_slots: u32,
     drain_timeout: Duration,
+    /// Read the table only when the store reports a change (see
+    /// [`GroupConfig::with_change_checks`]).
+    change_checks: bool,
     /// The current claim: slot and record as stored.
     record: Option<(u32, SlotRecord)>,
     preferred: Option<u32>,
@@ -891,6 +918,9 @@ struct Runner {
     abandoned: bool,
     /// The nonces of every claim this process attempted.
     own_nonces: Vec<u64>,
+    /// The slot table as last read and the store's version of it: a heartbeat whose version
+    /// is the same reads nothing and works from this copy.
+    seen: Option<(String, Table)>,
 }
 
 impl Runner {
@@ -1108,15 +1138,26 @@ impl Runner {
             record.to_string(),
             self.listing.clone(),
         );
-        let renewal = store.renew_and_list(&key, &text, self.ttl, &listing);
-        let result = self.before_lapse(renewal).await;
+        let result = if !self.change_checks {
+            let renewal = store.renew_and_list(&key, &text, self.ttl, &listing);
+            self.before_lapse(renewal)
+                .await
+                .map(|(renewed, listed)| (renewed, Table::parse(&self.listing, listed)))
+        } else {
+            let since = self.seen.as_ref().map(|(v, _)| v.clone());
+            let renewal =
+                store.renew_and_list_if_changed(&key, &text, self.ttl, &listing, since.as_deref());
+            match self.before_lapse(renewal).await {
+                Ok(answer) => self.table_of(answer).await,
+                Err(e) => Err(e),
+            }
+        };
         match result {
             Err(e) => {
                 self.set_error(Some(&e));
                 Ok(())
             }
-            Ok((false, listing)) => {
-                let table = Table::parse(&self.listing, listing);
+            Ok((false, table)) => {
                 // A write of ours that reported an error may have been applied after all (an
                 // acknowledgement that timed out): the slot then holds our claim with other
                 // text. It is still ours; take its text and renew at the next beat.
@@ -1132,19 +1173,38 @@ impl Runner {
                 self.reclaim(&table).await;
                 Ok(())
             }
-            Ok((true, listing)) => {
+            Ok((true, table)) => {
                 {
                     let mut st = self.shared.lock();
                     st.deadline = Some(self.deadline(sent));
                     st.holder = Some(record.holder(slot));
                 }
                 self.set_error(None);
-                let table = Table::parse(&self.listing, listing);
                 self.check_twin(&table, slot).await?;
                 self.on_table(table, false).await;
                 Ok(())
             }
         }
+    }
+
+    /// The slot table a heartbeat's answer stands for: the listing it carries, or the copy kept
+    /// from the last one when the store's version of the table is unchanged. Whether the
+    /// renewal succeeded comes along.
+    async fn table_of(&mut self, answer: RenewedListing) -> Result<(bool, Table)> {
+        let table = match answer.listing {
+            Some(listing) => Table::parse(&self.listing, listing),
+            None => match &self.seen {
+                Some((version, table)) if *version == answer.version => table.clone(),
+                // The store answered "unchanged" for a version this member does not hold
+                // (it asked with the one it holds, so only a faulty store does): read it.
+                _ => {
+                    self.seen = None;
+                    self.list().await?
+                }
+            },
+        };
+        self.seen = Some((answer.version, table.clone()));
+        Ok((answer.renewed, table))
     }
 
     /// Awaits a store call; if the lease deadline passes first, stops all work at that instant

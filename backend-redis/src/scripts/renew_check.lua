@@ -1,0 +1,64 @@
+-- headcount renew_and_list_if_changed, the group member's heartbeat: renews KEYS[1] if it holds
+-- the holder, then answers the version of the directory ARGV[1] and, only when that differs
+-- from the caller's, the directory's listing (list_body.lua runs after this part, whose `out`
+-- it builds; lib.rs calls this script only when the key and the directory share one index).
+-- KEYS[1] = the key to renew, then the index keys (index.lua).
+-- ARGV[1] = the directory, ARGV[2] = the holder, ARGV[3] = the TTL in ms, ARGV[4] = the
+-- version the caller has ('' for none), ARGV[5] = the sweep period in ms.
+-- Returns {renewed, version} when the version is the caller's, {renewed, version, 'ok', key1,
+-- value1, ...} otherwise, or {'foreign', key, type}.
+--
+-- The steady state costs Redis four commands besides the EVALSHA: GET and PEXPIRE of the key,
+-- MGET of the version and the sweep marker, and ZADD of the key's expiry score. The expiry
+-- score is taken from the marker, which holds the server time of the last sweep and lives one
+-- sweep period, so the score is at most a period early: the key is renewed (and re-scored) long
+-- before it comes due, and a dead member's name comes due at most a period early, when the
+-- sweep re-scores it once. Without the marker (a period passed), this call sweeps: TIME, the
+-- due names (each checked and re-scored or removed, which changes its directory's version),
+-- the index keys' expiry, and a new marker. So expiries are noticed within a sweep period or
+-- two by whichever member beats first, and no call does more than a constant amount of work.
+local renewed = 0
+local ok, v = pcall(redis.call, 'GET', KEYS[1])
+if not ok then
+  local msg = type(v) == 'table' and v.err or tostring(v)
+  if string.find(msg, 'WRONGTYPE', 1, true) then
+    return {'foreign', KEYS[1], 'a Redis ' .. redis.call('TYPE', KEYS[1])['ok']}
+  end
+  return redis.error_reply(msg)
+end
+if v == ARGV[2] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  renewed = 1
+end
+local vk = VBASE .. ARGV[1]
+local swept_key = string.sub(IDX, 1, #IDX - 5) .. 'swept'
+local got = redis.call('MGET', vk, swept_key)
+local version, mark = got[1], got[2]
+if mark then
+  if renewed == 1 then
+    redis.call('ZADD', EXP, ms(tonumber(mark) + tonumber(ARGV[3])), KEYS[1])
+  end
+else
+  local limit = 32
+  local n = sweep(limit)
+  if renewed == 1 then
+    track(KEYS[1])
+  end
+  if n < limit then
+    redis.call('SET', swept_key, ms(now()), 'PX', ARGV[5])
+  end
+  settle()
+  -- Keep the version of a directory that is renewed but not written.
+  if version then
+    redis.call('PEXPIRE', vk, VERSION_TTL_MS)
+  end
+  version = redis.call('GET', vk)
+end
+if not version then
+  -- Never written through this index, or flushed: a version above any earlier one.
+  bump(vk)
+  version = redis.call('GET', vk)
+end
+if version == ARGV[4] then
+  return {renewed, version}
+end
