@@ -67,13 +67,26 @@ const METHODS: [&str; 13] = [
 #[derive(Debug, Default)]
 struct Counting {
     calls: [AtomicU64; METHODS.len()],
+    /// Calls that failed or took longer than [`SLOW`], by method.
+    slow: [AtomicU64; METHODS.len()],
 }
+
+/// A call slower than this is counted apart (a congested store or client).
+const SLOW: Duration = Duration::from_millis(500);
 
 #[async_trait]
 impl Hooks for Counting {
     async fn before(&self, op: &'static str) -> headcount::Result<()> {
         self.hit(op);
         Ok(())
+    }
+
+    fn outcome(&self, op: &'static str, took: Duration, error: Option<&headcount::Error>) {
+        if error.is_some() || took > SLOW {
+            if let Some(i) = METHODS.iter().position(|m| *m == op) {
+                self.slow[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -88,6 +101,15 @@ impl Counting {
             panic!("the group bench does not count `{method}`: add it to METHODS");
         };
         self.calls[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn slow_snapshot(&self) -> BTreeMap<&'static str, u64> {
+        METHODS
+            .iter()
+            .zip(&self.slow)
+            .map(|(m, c)| (*m, c.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     fn snapshot(&self) -> BTreeMap<&'static str, u64> {
@@ -658,6 +680,7 @@ async fn scale(
 
     // One graceful leave of a middle slot, then one crash of another middle slot.
     let e0 = fleet.settle(n as u32, limit).await?;
+    let before_changes = counting.hooks().snapshot();
     let i = fleet.index_of_slot(n as u32 / 2);
     let (m, _) = fleet.members.remove(i);
     let t0 = Instant::now();
@@ -676,6 +699,7 @@ async fn scale(
     let (cv, ca) = fleet
         .measure(t0, e0, n as u32 - 2, Duration::from_millis(10), limit)
         .await?;
+    let change_calls = delta(&before_changes, &counting.hooks().snapshot());
 
     let row = format!(
         "| {n} | {} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {script_usec:.1} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B |",
@@ -699,7 +723,8 @@ async fn scale(
     eprintln!("{row}");
     rows.push(row);
     detail.push(format!(
-        "{n} members{steady}: wrapper calls {calls:?}; server commands {server_cmds:?} over {secs:.1} s"
+        "{n} members{steady}: wrapper calls {calls:?}; server commands {server_cmds:?} over {secs:.1} s; wrapper calls from the leave to the crash's convergence: {change_calls:?}; calls over {SLOW:?} or failed, whole run: {:?}",
+        counting.hooks().slow_snapshot()
     ));
     // Leave without waiting on each one in turn: the group is being torn down.
     let leaves: Vec<_> = fleet
