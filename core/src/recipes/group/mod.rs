@@ -206,9 +206,9 @@ impl GroupConfig {
     /// it only then, instead of reading it at every heartbeat
     /// ([`Store::renew_and_list`](crate::Store::renew_and_list), the default). The protocol is the
     /// same. On Redis a steady group then costs the server a constant amount per heartbeat
-    /// whatever its size (a third of the commands and a tenth of the script time at 300 members),
-    /// but a hand-off in a group of hundreds currently converges several times slower (see
-    /// `docs/group.md`), which is why it is not yet the default.
+    /// whatever its size (a third of the commands and a seventh of the script time at 300
+    /// members, with the same convergence); off by default until it has run through the whole
+    /// conformance suite.
     pub fn with_change_checks(mut self, on: bool) -> Self {
         self.change_checks = on;
         self
@@ -321,6 +321,8 @@ impl Assignment {
 pub struct ViewState {
     record: ViewRecord,
     assignor: Option<Box<dyn Assignor>>,
+    /// The record's digest, computed once: acknowledgements are checked against it per slot.
+    digest: u64,
 }
 
 impl fmt::Debug for ViewState {
@@ -340,7 +342,17 @@ impl ViewState {
             let topology = Topology::from_live_slots(record.slots())?;
             Some(kind.build(&topology)?)
         };
-        Ok(ViewState { record, assignor })
+        let digest = record.digest();
+        Ok(ViewState {
+            record,
+            assignor,
+            digest,
+        })
+    }
+
+    /// Whether `slot_record` acknowledged this view (see [`SlotRecord::has_acked`]).
+    fn acked_by(&self, slot_record: &SlotRecord) -> bool {
+        slot_record.has_acked_digest(self.record.epoch, self.digest)
     }
 
     /// The epoch.
@@ -1431,7 +1443,7 @@ impl Runner {
                 let lost = self
                     .record
                     .as_ref()
-                    .is_some_and(|(_, r)| !r.has_acked(active.record()));
+                    .is_some_and(|(_, r)| !active.acked_by(r));
                 if lost && !self.abandoned {
                     self.acknowledge(&active).await;
                 }
@@ -1470,14 +1482,14 @@ impl Runner {
         if self.abandoned {
             return;
         }
-        if !record.has_acked(pending.record()) && !self.acknowledge(&pending).await {
+        if !pending.acked_by(&record) && !self.acknowledge(&pending).await {
             return;
         }
         let others_acked = match table {
             Some(t) => t
                 .slots
                 .iter()
-                .all(|(&s, r)| s == slot || r.has_acked(pending.record())),
+                .all(|(&s, r)| s == slot || pending.acked_by(r)),
             None => false,
         };
         if same_holders || others_acked {
@@ -1493,7 +1505,7 @@ impl Runner {
         };
         let acked = SlotRecord {
             acked: view.epoch(),
-            view: view.record().digest(),
+            view: view.digest,
             ..record.clone()
         };
         let sent = self.clock.monotonic();

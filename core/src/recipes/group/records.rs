@@ -44,8 +44,14 @@ impl SlotRecord {
     /// Whether this holder has acknowledged `view`: a newer epoch, the same epoch for the same
     /// view, or that epoch or a newer one for every view (a claim holding nothing).
     pub fn has_acked(&self, view: &ViewRecord) -> bool {
-        self.acked > view.epoch
-            || (self.acked == view.epoch && (self.view == 0 || self.view == view.digest()))
+        self.has_acked_digest(view.epoch, view.digest())
+    }
+
+    /// [`SlotRecord::has_acked`] for the view of `epoch` whose [digest](ViewRecord::digest) the
+    /// caller computed once: checking every record of a large group against one view must not
+    /// recompute the view's digest per record.
+    pub fn has_acked_digest(&self, epoch: u64, digest: u64) -> bool {
+        self.acked > epoch || (self.acked == epoch && (self.view == 0 || self.view == digest))
     }
 
     /// Parses a slot record; `None` for anything else (a foreign value).
