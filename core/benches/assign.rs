@@ -38,7 +38,7 @@ fn lookups(c: &mut Criterion, group: &str, keys: &[u64], build: impl Fn(u32) -> 
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             let mut i = 0;
             b.iter(|| {
-                i = (i + 1) % keys.len();
+                i = (i + 1) & (keys.len() - 1);
                 a.owner(black_box(keys[i]))
             })
         });
@@ -61,7 +61,7 @@ fn bench_hashes(c: &mut Criterion) {
                 group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, &n| {
                     let mut i = 0;
                     b.iter(|| {
-                        i = (i + 1) % keys.len();
+                        i = (i + 1) & (keys.len() - 1);
                         hash(black_box(keys[i]), n)
                     })
                 });

@@ -68,7 +68,8 @@ impl Assignor for Memento {
 
     #[inline]
     fn owner(&self, key: u64) -> u32 {
-        self.table.owner(&self.topology, key, jump_consistent_hash)
+        self.table
+            .owner(&self.topology, key, jump_consistent_hash, combine_rehash)
     }
 }
 
@@ -85,10 +86,17 @@ impl Assignor for Memento {
 /// below every dead slot, and the lowest dead slot coming back).
 ///
 /// A different function from [`Memento`]: the two place most keys on different slots, so all the
-/// members of a group must use the same one. The table is the same; only the first hop is
-/// cheaper, an expected constant number of integer operations instead of jump consistent hash's
+/// members of a group must use the same one. The table is the same; the hops are cheaper. The
+/// first is an expected constant number of integer operations instead of jump consistent hash's
 /// `ln n` floating-point divisions, which makes a lookup with every slot live several times
-/// faster. Allocation-free. Refuses unequal weights.
+/// faster. A key that lands on a removed slot `b` re-hashes with one multiplication,
+/// `(key ^ b·φ)·M` (φ the 64-bit golden ratio, `M` an odd mixing constant) reduced into the
+/// working range by multiply-shift, rather than [`Memento`]'s three-multiplication
+/// [`combine_hash`]: enough because the key is already a hash ([`Assignor::owner`]), every
+/// re-hash of it is a bijection of the key for a fixed `b`, and the reduction keeps the product's
+/// high bits, which depend on all of the key's bits. Balance with half the slots dead is the same as
+/// [`Memento`]'s to sampling error (the assignor report and the property tests check it).
+/// Allocation-free. Refuses unequal weights.
 #[derive(Debug, Clone)]
 pub struct JumpBackMemento {
     topology: Topology,
@@ -115,8 +123,23 @@ impl Assignor for JumpBackMemento {
 
     #[inline]
     fn owner(&self, key: u64) -> u32 {
-        self.table.owner(&self.topology, key, jump_back_hash)
+        self.table
+            .owner(&self.topology, key, jump_back_hash, multiply_rehash)
     }
+}
+
+/// [`Memento`]'s re-hash of `key` from removed slot `b` into `0..r`.
+#[inline]
+fn combine_rehash(key: u64, b: u32, r: u32) -> u32 {
+    reduce(combine_hash(key, u64::from(b)), r)
+}
+
+/// [`JumpBackMemento`]'s re-hash of `key` from removed slot `b` into `0..r`.
+#[inline]
+fn multiply_rehash(key: u64, b: u32, r: u32) -> u32 {
+    const SLOT: u64 = 0x9e37_79b9_7f4a_7c15;
+    const MIX: u64 = 0xd6e8_feb8_6659_fd93;
+    reduce((key ^ u64::from(b).wrapping_mul(SLOT)).wrapping_mul(MIX), r)
 }
 
 /// MementoHash's state: the b-array's size and the replacement table.
@@ -148,24 +171,38 @@ impl Table {
 
     /// The owner of `key`, with `hash` as the consistent hash over the b-array.
     #[inline]
-    fn owner(&self, topology: &Topology, key: u64, hash: impl Fn(u64, u32) -> u32) -> u32 {
+    fn owner(
+        &self,
+        topology: &Topology,
+        key: u64,
+        hash: impl Fn(u64, u32) -> u32,
+        rehash: impl Fn(u64, u32, u32) -> u32,
+    ) -> u32 {
         let b = hash(key, self.b_array);
         let r = self.replacer[b as usize];
         if r == NONE {
             return b;
         }
-        self.follow(topology, key, b, r)
+        self.follow(topology, key, b, r, rehash)
     }
 
     /// The paper's loop for a key whose first slot `b` was removed, replaced by `r`.
-    fn follow(&self, topology: &Topology, key: u64, mut b: u32, mut r: u32) -> u32 {
+    #[inline]
+    fn follow(
+        &self,
+        topology: &Topology,
+        key: u64,
+        mut b: u32,
+        mut r: u32,
+        rehash: impl Fn(u64, u32, u32) -> u32,
+    ) -> u32 {
         // Every slot number below is < b_array: the hash's result is, and so are re-hashes into
         // 0..r and replacers (r <= b_array - 1). The outer loop's r strictly decreases, and the
         // paper shows the inner loop ends too; `budget` only guards against a broken table,
         // answering a live slot rather than looping.
         let mut budget = 2 * self.replacer.len() + 2;
         while r != NONE {
-            b = reduce(combine_hash(key, u64::from(b)), r);
+            b = rehash(key, b, r);
             let mut next = self.replacer[b as usize];
             while next != NONE && next >= r {
                 b = next;
