@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_ttl, check_value, ttl_millis,
+    check_renew_and_list_if_changed, check_ttl, check_value, ttl_millis, RenewedListing,
 };
 use headcount_core::{Capabilities, Durability, Error, Result, Store};
 use tokio_postgres::types::ToSql;
@@ -60,6 +60,7 @@ struct Statements {
     compare_and_delete: String,
     list: String,
     renew_and_list: String,
+    renew_if_changed: String,
     set_max: String,
     raw_value: String,
     gc: String,
@@ -165,6 +166,32 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                  SELECT EXISTS (SELECT 1 FROM r), l.key, l.value
                  FROM (VALUES (1)) AS one (x)
                  LEFT JOIN ({listing}) AS l ON true
+                 ORDER BY l.key",
+                listing = listing("$4", "$5"),
+            ),
+            // The renewal, then the keys directly under the directory ($4, $5: its LIKE patterns;
+            // $6: its length in characters) and an md5 of them computed by the server: the rows
+            // come back only when that digest differs from $7 (the caller's version), else one
+            // row with the digest and no key. Like `renew_and_list`, the listing reads the
+            // statement's snapshot, which the renewal (a TTL of a live row) does not change.
+            // Each entry is length-prefixed, so the digest is of an unambiguous encoding.
+            renew_if_changed: format!(
+                "WITH r AS (
+                   UPDATE {t} AS cur SET expires_at = {new_expiry}
+                   WHERE {by_key} AND cur.value = $3 AND {live} RETURNING 1
+                 ),
+                 l AS (
+                   SELECT d.key, d.value FROM ({listing}) AS d
+                   WHERE strpos(substr(d.key, $6::int + 1), ':') = 0
+                 ),
+                 v AS (
+                   SELECT 'p' || md5(coalesce(string_agg(
+                     length(l.key)::text || ':' || l.key || length(l.value)::text || ':' || l.value,
+                     '' ORDER BY l.key), '')) AS version
+                   FROM l
+                 )
+                 SELECT EXISTS (SELECT 1 FROM r), v.version, l.key, l.value
+                 FROM v LEFT JOIN l ON v.version IS DISTINCT FROM $7::text
                  ORDER BY l.key",
                 listing = listing("$4", "$5"),
             ),
@@ -596,6 +623,55 @@ impl Store for PostgresStore {
             }
         }
         Ok((renewed, listed))
+    }
+
+    /// One statement: the renewal, and the directory's entries with a digest the server
+    /// computes (md5 of the entries, length-prefixed); the entries cross the wire only when the
+    /// digest differs from `since`. An unchanged directory costs the wire a constant amount; the
+    /// server still reads the directory's rows (an index range scan), so
+    /// [`Capabilities::native_change_version`] stays false.
+    async fn renew_and_list_if_changed(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dir: &str,
+        since: Option<&str>,
+    ) -> Result<RenewedListing> {
+        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
+        let ttl_ms = ttl_millis(ttl);
+        let (head, whole) = prefix_patterns(dir);
+        let dir_chars = i32::try_from(dir.chars().count())
+            .map_err(|_| Error::invalid("directory longer than 2^31 characters"))?;
+        let rows = self
+            .inner
+            .query(
+                "renew_and_list_if_changed",
+                &self.inner.sql.renew_if_changed,
+                &[&key, &ttl_ms, &holder, &head, &whole, &dir_chars, &since],
+                None,
+            )
+            .await?;
+        self.note_write();
+        let unexpected = |e: tokio_postgres::Error| {
+            Error::rejected(BACKEND, format!("unexpected result column: {e}"), e)
+        };
+        let mut renewed = false;
+        let mut version = String::new();
+        let mut listed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            renewed = row.try_get(0).map_err(unexpected)?;
+            version = row.try_get(1).map_err(unexpected)?;
+            let key: Option<String> = row.try_get(2).map_err(unexpected)?;
+            let value: Option<String> = row.try_get(3).map_err(unexpected)?;
+            if let (Some(key), Some(value)) = (key, value) {
+                listed.push((key, value));
+            }
+        }
+        // The digest equals `since`: no rows came. It differs: every entry came (none when the
+        // directory is empty, which the caller may not hold yet).
+        let listing = (since != Some(version.as_str())).then_some(listed);
+        Ok(RenewedListing::new(renewed, version, listing))
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
