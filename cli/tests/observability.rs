@@ -89,7 +89,7 @@ fn run_serves_the_documented_metrics_and_logs_json() {
     let body = loop {
         let (status, body) = http_get(&addr, "/metrics");
         assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
-        if body.contains("operation=\"renew_and_list\"") {
+        if body.contains("operation=\"renew_and_list_if_changed\"") {
             break body;
         }
         assert!(Instant::now() < deadline, "no heartbeat metric:\n{body}");
