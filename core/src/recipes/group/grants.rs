@@ -1,0 +1,217 @@
+//! Grants: the member's shared state, what a [`Grant`] covers, and when it is valid.
+
+use super::*;
+
+/// What a grant covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scope {
+    /// One key, by hash.
+    Key(u64),
+    /// The member's whole share: valid while its `(index, replicas)` pair stays the same.
+    Share,
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    /// The member's current claim: its slot and the claim's nonce.
+    pub(super) holder: Option<Holder>,
+    /// Monotonic instant after which the lease may have expired.
+    pub(super) deadline: Option<Duration>,
+    /// Bumped whenever the lease is lost: older grants are invalid.
+    pub(super) generation: u64,
+    pub(super) active: Option<Arc<ViewState>>,
+    pub(super) pending: Option<Arc<ViewState>>,
+    /// Views adopted as pending and superseded before they became active. The member may have
+    /// acknowledged one of them (releasing what it did not own there) and another member may
+    /// have started work under it, so what the member keeps granting during the hand-off must
+    /// be its own in every one of them.
+    pub(super) skipped: Vec<Arc<ViewState>>,
+    pub(super) in_flight: HashMap<u64, usize>,
+    pub(super) share_in_flight: usize,
+    pub(super) leaving: bool,
+}
+
+impl State {
+    pub(super) fn target(&self) -> Option<&Arc<ViewState>> {
+        self.pending.as_ref().or(self.active.as_ref())
+    }
+
+    pub(super) fn pair_in(&self, view: Option<&Arc<ViewState>>) -> Option<(u32, u32)> {
+        view.and_then(|v| v.pair_of(self.holder?))
+    }
+
+    /// Whether a grant of `scope` taken under `generation` may still be used.
+    pub(super) fn valid(&self, scope: Scope, generation: u64, now: Duration) -> bool {
+        if generation != self.generation || self.leaving {
+            return false;
+        }
+        if self.deadline.is_none_or(|d| now >= d) {
+            return false;
+        }
+        let (Some(holder), Some(target)) = (self.holder, self.target()) else {
+            return false;
+        };
+        match scope {
+            Scope::Key(h) => target.owned_by(h, holder),
+            Scope::Share => {
+                self.active.is_some()
+                    && self.pair_in(self.active.as_ref()) == self.pair_in(Some(target))
+                    && self.pair_in(Some(target)).is_some()
+            }
+        }
+    }
+
+    /// Whether every grant in flight is still valid under the pending view.
+    pub(super) fn drained(&self) -> bool {
+        let (Some(holder), Some(pending)) = (self.holder, self.pending.as_ref()) else {
+            return true;
+        };
+        let keys_ok = self
+            .in_flight
+            .iter()
+            .all(|(&h, &n)| n == 0 || pending.owned_by(h, holder));
+        let share_ok = self.share_in_flight == 0
+            || self.pair_in(self.active.as_ref()) == self.pair_in(Some(pending));
+        keys_ok && share_ok
+    }
+}
+
+pub(super) struct Shared {
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) state: Mutex<State>,
+    /// Woken when a grant is dropped, so a drain finishes without waiting for a heartbeat.
+    pub(super) released: Notify,
+    pub(super) assignment: watch::Sender<Assignment>,
+    pub(super) changes: broadcast::Sender<Change>,
+}
+
+impl Shared {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn grant(self: &Arc<Self>, scope: Scope) -> Option<Grant> {
+        let now = self.clock.monotonic();
+        let mut st = self.lock();
+        let (slot, epoch) = st.grantable(scope, now)?;
+        match scope {
+            Scope::Key(h) => *st.in_flight.entry(h).or_insert(0) += 1,
+            Scope::Share => st.share_in_flight += 1,
+        }
+        Some(Grant {
+            shared: self.clone(),
+            scope,
+            epoch,
+            slot,
+            generation: st.generation,
+        })
+    }
+
+    pub(super) fn publish(&self, update: impl FnOnce(&mut Assignment)) {
+        self.assignment.send_if_modified(|a| {
+            let before = a.clone();
+            update(a);
+            *a != before
+        });
+    }
+}
+
+impl State {
+    /// The slot and token a grant of `scope` would carry now, or `None` when it may not be
+    /// granted.
+    pub(super) fn grantable(&self, scope: Scope, now: Duration) -> Option<(u32, u64)> {
+        if !self.valid(scope, self.generation, now) {
+            return None;
+        }
+        let slot = self.holder?.slot;
+        // In a hand-off, only what the active view already granted keeps going: a key or share
+        // gained in the pending view waits for the others' acknowledgements.
+        if self.pending.is_some() && !self.valid_in_active(scope) {
+            return None;
+        }
+        Some((slot, self.target()?.epoch()))
+    }
+
+    /// Whether `scope` was granted by the active view and stayed the member's in every view
+    /// adopted since (the pending one is checked by [`State::valid`]).
+    pub(super) fn valid_in_active(&self, scope: Scope) -> bool {
+        let (Some(holder), Some(active)) = (self.holder, self.active.as_ref()) else {
+            return false;
+        };
+        let owns = |v: &ViewState| match scope {
+            Scope::Key(h) => v.owned_by(h, holder),
+            Scope::Share => {
+                v.pair_of(holder).is_some() && v.pair_of(holder) == active.pair_of(holder)
+            }
+        };
+        owns(active) && self.skipped.iter().all(|v| owns(v))
+    }
+}
+
+/// The right to work on a key (or on the member's whole share) under one epoch. The epoch is the
+/// fencing token to hand to the sink. The grant is in flight until dropped: a hand-off waits for
+/// it.
+pub struct Grant {
+    pub(super) shared: Arc<Shared>,
+    pub(super) scope: Scope,
+    pub(super) epoch: u64,
+    pub(super) slot: u32,
+    pub(super) generation: u64,
+}
+
+impl fmt::Debug for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Grant")
+            .field("scope", &self.scope)
+            .field("epoch", &self.epoch)
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+impl Grant {
+    /// The fencing token: the epoch of the view the grant was taken under.
+    pub fn token(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The epoch (same as [`Grant::token`]).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The slot of the member holding it.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Whether the grant may still be used: the member's lease is alive on its own clock and the
+    /// key (or share) is still its own in the newest view it adopted. Check it before each
+    /// side effect; a sink should still check the token with a fence.
+    pub fn is_valid(&self) -> bool {
+        let now = self.shared.clock.monotonic();
+        self.shared.lock().valid(self.scope, self.generation, now)
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        {
+            let mut st = self.shared.lock();
+            if st.generation == self.generation {
+                match self.scope {
+                    Scope::Key(h) => {
+                        if let Some(n) = st.in_flight.get_mut(&h) {
+                            *n = n.saturating_sub(1);
+                            if *n == 0 {
+                                st.in_flight.remove(&h);
+                            }
+                        }
+                    }
+                    Scope::Share => st.share_in_flight = st.share_in_flight.saturating_sub(1),
+                }
+            }
+        }
+        self.shared.released.notify_one();
+    }
+}

@@ -1,0 +1,229 @@
+//! Joining: [`Group::join`], and the [`Member`] handle with its heartbeat task.
+
+use super::*;
+
+/// Joins groups.
+#[derive(Debug, Clone, Copy)]
+pub struct Group;
+
+impl Group {
+    /// Claims a slot in the group (its previous one when `config` names a member id whose slot
+    /// is still free) and starts heartbeating in the background. Returns once the slot is
+    /// claimed; the first view becomes active shortly after (watch [`Member::watch`]).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a bad group, prefix, member id, TTL (also one below
+    /// the store's shortest lease) or slot limit; [`Error::Rejected`] when another live process
+    /// holds a slot with the same member id, or the group is full; the store's own error when it
+    /// cannot be reached.
+    pub async fn join(store: DynStore, config: GroupConfig) -> Result<Member> {
+        let keys = config.check()?;
+        let caps = store.capabilities();
+        if config.ttl < caps.min_ttl {
+            return Err(Error::invalid(format!(
+                "lease TTL {:?} is shorter than the {} store's shortest lease of {:?}",
+                config.ttl, caps.backend, caps.min_ttl
+            )));
+        }
+        let member = config
+            .member
+            .clone()
+            .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
+        let (assignment, _) = watch::channel(Assignment {
+            member: member.clone(),
+            slot: None,
+            index: None,
+            replicas: 0,
+            epoch: 0,
+            live: Vec::new(),
+            phase: GroupPhase::Joining,
+            last_error: None,
+        });
+        let (changes, _) = broadcast::channel(64);
+        let shared = Arc::new(Shared {
+            clock: config.clock.clone(),
+            state: Mutex::new(State::default()),
+            released: Notify::new(),
+            assignment,
+            changes,
+        });
+        let heartbeat = config.ttl / 3;
+        let mut runner = Runner {
+            store,
+            shared: shared.clone(),
+            clock: config.clock.clone(),
+            listing: keys.key("slot:"),
+            view_key: keys.key("slot:view"),
+            keys,
+            member: member.clone(),
+            ttl: config.ttl,
+            effective_ttl: caps.effective_ttl(config.ttl),
+            heartbeat,
+            assignor: config.assignor,
+            max_slots: config.max_slots,
+            drain_timeout: config.drain_timeout.unwrap_or(config.ttl),
+            change_checks: config.change_checks,
+            record: None,
+            preferred: None,
+            highest: 0,
+            last_discrepancy: None,
+            pending_since: None,
+            abandoned: false,
+            own_nonces: Vec::new(),
+            seen: None,
+        };
+        runner.first_claim().await?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(runner.run(stop_rx));
+        Ok(Member {
+            shared,
+            member,
+            task: Arc::new(Heartbeat {
+                stop: stop_tx,
+                task: tokio::sync::Mutex::new(Some(task)),
+            }),
+        })
+    }
+}
+
+/// A member of a group: ask it which keys it owns; it heartbeats in the background until
+/// [`Member::leave`]. Clones are handles to the same member (one heartbeat, one slot): the
+/// heartbeat stops when one of them leaves, or when the last one is dropped.
+#[derive(Clone)]
+pub struct Member {
+    pub(super) shared: Arc<Shared>,
+    pub(super) member: String,
+    pub(super) task: Arc<Heartbeat>,
+}
+
+/// The member's background task, shared by its handles.
+pub(super) struct Heartbeat {
+    pub(super) stop: watch::Sender<bool>,
+    pub(super) task: tokio::sync::Mutex<Option<JoinHandle<Result<()>>>>,
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        // Every handle dropped without leave(): stop heartbeating; the slot expires after the
+        // TTL.
+        if let Some(task) = self.task.get_mut().take() {
+            task.abort();
+        }
+    }
+}
+
+impl fmt::Debug for Member {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Member")
+            .field("member", &self.member)
+            .field("assignment", &*self.shared.assignment.borrow())
+            .finish()
+    }
+}
+
+impl Member {
+    /// The member id.
+    pub fn member(&self) -> &str {
+        &self.member
+    }
+
+    /// A grant for `key` when it is this member's now (see the [module docs](super) for when a
+    /// key is), `None` otherwise. Hold the grant while working on the key.
+    pub fn owns(&self, key: impl AsRef<[u8]>) -> Option<Grant> {
+        self.shared.grant(Scope::Key(hash_bytes(key.as_ref())))
+    }
+
+    /// The token [`Member::owns`] would grant `key` under right now, without taking a grant
+    /// (nothing is in flight afterwards): for monitoring and for tests that check who owns what.
+    pub fn would_grant(&self, key: impl AsRef<[u8]>) -> Option<u64> {
+        let now = self.shared.clock.monotonic();
+        let scope = Scope::Key(hash_bytes(key.as_ref()));
+        self.shared
+            .lock()
+            .grantable(scope, now)
+            .map(|(_, epoch)| epoch)
+    }
+
+    /// [`Member::owns`] for a key that is already a hash (see [`crate::assign::hash_u64`]).
+    pub fn owns_hash(&self, hash: u64) -> Option<Grant> {
+        self.shared.grant(Scope::Key(hash))
+    }
+
+    /// A grant for the member's whole share, valid while its `(index, replicas)` pair stays the
+    /// same: for programs that split work by the pair themselves (`headcount exec`).
+    pub fn share(&self) -> Option<Grant> {
+        self.shared.grant(Scope::Share)
+    }
+
+    /// The current assignment. A member whose lease deadline passed while its heartbeat task
+    /// could not run (a paused process) reports `Rejoining` at once, before that task catches
+    /// up and publishes it.
+    pub fn assignment(&self) -> Assignment {
+        let mut a = self.shared.assignment.borrow().clone();
+        let now = self.shared.clock.monotonic();
+        let lapsed = self.shared.lock().deadline.is_some_and(|d| now >= d);
+        if lapsed && matches!(a.phase, GroupPhase::Active | GroupPhase::Handoff) {
+            a.phase = GroupPhase::Rejoining;
+            a.index = None;
+        }
+        a
+    }
+
+    /// A watch of the assignment.
+    pub fn watch(&self) -> watch::Receiver<Assignment> {
+        self.shared.assignment.subscribe()
+    }
+
+    /// A stream of activated view changes (a lagging receiver skips the oldest).
+    pub fn changes(&self) -> broadcast::Receiver<Change> {
+        self.shared.changes.subscribe()
+    }
+
+    /// Waits until the member is active under a view of at least `epoch` (0: any view) that
+    /// includes its slot.
+    pub async fn active(&self, epoch: u64) -> Result<Assignment> {
+        let mut rx = self.watch();
+        loop {
+            {
+                let a = rx.borrow_and_update();
+                if a.phase == GroupPhase::Active && a.epoch >= epoch && a.index.is_some() {
+                    return Ok(a.clone());
+                }
+                if matches!(a.phase, GroupPhase::Stopped | GroupPhase::Failed) {
+                    return Err(Error::Unavailable {
+                        backend: "group",
+                        message: format!(
+                            "member {} is {}: {}",
+                            a.member,
+                            a.phase.as_str(),
+                            a.last_error.as_deref().unwrap_or("it left the group")
+                        ),
+                        source: None,
+                    });
+                }
+            }
+            if rx.changed().await.is_err() {
+                return Err(Error::Unavailable {
+                    backend: "group",
+                    message: "the member's heartbeat task ended".into(),
+                    source: None,
+                });
+            }
+        }
+    }
+
+    /// Leaves gracefully: stops granting, waits (up to the drain timeout) for grants in flight,
+    /// deletes the slot and publishes the view without it. Returns the error that ended the
+    /// member early, if one did (another process with the same member id). Any handle may
+    /// leave; a second call, from another handle, waits for the first and returns `Ok`.
+    pub async fn leave(self) -> Result<()> {
+        let _ = self.task.stop.send(true);
+        // The lock is held until the task ended, so a second leave waits for the first.
+        let mut task = self.task.task.lock().await;
+        match task.take() {
+            Some(task) => task
+                .await
+                .map_err(|e| Error::config(format!("the heartbeat task failed: {e}")))?,
+            None => Ok(()),
+        }
+    }
+}

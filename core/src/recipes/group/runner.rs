@@ -1,0 +1,783 @@
+//! The heartbeat runner: renewals, reading the slot table, publishing and adopting views, acknowledgements and hand-off.
+
+use super::*;
+
+/// The background heartbeat.
+pub(super) struct Runner {
+    pub(super) store: DynStore,
+    pub(super) shared: Arc<Shared>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) keys: Keyspace,
+    pub(super) listing: String,
+    pub(super) view_key: String,
+    pub(super) member: String,
+    pub(super) ttl: Duration,
+    pub(super) effective_ttl: Duration,
+    pub(super) heartbeat: Duration,
+    pub(super) assignor: AssignorKind,
+    pub(super) max_slots: u32,
+    pub(super) drain_timeout: Duration,
+    /// Read the table only when the store reports a change (see
+    /// [`GroupConfig::with_change_checks`]).
+    pub(super) change_checks: bool,
+    /// The current claim: slot and record as stored.
+    pub(super) record: Option<(u32, SlotRecord)>,
+    pub(super) preferred: Option<u32>,
+    /// The highest epoch seen in any view.
+    pub(super) highest: u64,
+    /// The live holders of a listing that disagreed with the published view, and since when
+    /// (monotonic): while it lasts the member polls at a quarter heartbeat so it adopts the view
+    /// the lowest slot publishes soon after, and publishes itself when it outlasts a heartbeat.
+    pub(super) last_discrepancy: Option<(Vec<Holder>, Duration)>,
+    pub(super) pending_since: Option<Duration>,
+    /// Gave up renewing (drain timeout): waits for its lease to pass, then claims again.
+    pub(super) abandoned: bool,
+    /// The nonces of every claim this process attempted.
+    pub(super) own_nonces: Vec<u64>,
+    /// The slot table as last read and the store's version of it: a heartbeat whose version
+    /// is the same reads nothing and works from this copy.
+    pub(super) seen: Option<(String, Table)>,
+}
+
+impl Runner {
+    pub(super) fn slot_key(&self, slot: u32) -> String {
+        self.keys.slot(slot)
+    }
+
+    pub(super) fn set_error(&self, e: Option<&Error>) {
+        let msg = e.map(|e| e.to_string());
+        self.shared.publish(|a| a.last_error = msg);
+    }
+
+    pub(super) async fn list(&self) -> Result<Table> {
+        let listing = self.store.list(&self.listing).await?;
+        Ok(Table::parse(&self.listing, listing))
+    }
+
+    /// The join: waits out a previous incarnation's lease, then claims.
+    pub(super) async fn first_claim(&mut self) -> Result<()> {
+        let mut table = self.list().await?;
+        self.check_assignor(&table)?;
+        let mine =
+            |t: &Table, m: &str| t.slots.iter().find(|(_, r)| r.member == m).map(|(&s, _)| s);
+        if let Some(slot) = mine(&table, &self.member) {
+            self.preferred = Some(slot);
+            let give_up = self.clock.monotonic() + self.effective_ttl + 2 * self.heartbeat;
+            while mine(&table, &self.member).is_some() {
+                if self.clock.monotonic() >= give_up {
+                    return Err(Error::Rejected {
+                        backend: self.store.capabilities().backend,
+                        message: format!(
+                            "member id `{}` holds slot {slot} and kept it past its lease TTL: another live process uses the same member id",
+                            self.member
+                        ),
+                        source: None,
+                    });
+                }
+                self.clock
+                    .sleep(self.heartbeat.min(Duration::from_millis(250)))
+                    .await;
+                table = self.list().await?;
+            }
+        }
+        for _ in 0..16 {
+            if self.claim(&table).await? {
+                return Ok(());
+            }
+            table = self.list().await?;
+        }
+        Err(Error::unavailable(
+            self.store.capabilities().backend,
+            "lost the race for a free slot 16 times in a row",
+            "contention",
+        ))
+    }
+
+    /// Refuses to join a group whose live members map keys with another assignor: both sides
+    /// would grant the same keys.
+    pub(super) fn check_assignor(&self, table: &Table) -> Result<()> {
+        let Some(view) = &table.view else {
+            return Ok(());
+        };
+        let Some(theirs) = view.assignor.filter(|&a| a != self.assignor) else {
+            return Ok(());
+        };
+        let live = table.live();
+        if view.holders.iter().any(|h| live.contains(h)) {
+            return Err(Error::config(format!(
+                "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one",
+                self.keys.group(),
+                theirs.name(),
+                self.assignor.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Claims the preferred slot if free, else the lowest free one; on success publishes the
+    /// view with this member in it. Returns whether it claimed.
+    pub(super) async fn claim(&mut self, table: &Table) -> Result<bool> {
+        let slot = match self.preferred {
+            Some(p) if !table.slots.contains_key(&p) && !table.foreign.contains_key(&p) => p,
+            _ => table.lowest_free(0),
+        };
+        if slot >= self.max_slots {
+            return Err(Error::Rejected {
+                backend: self.store.capabilities().backend,
+                message: format!(
+                    "group `{}` is full: every slot below {} is held",
+                    self.keys.group(),
+                    self.max_slots
+                ),
+                source: None,
+            });
+        }
+        self.highest = self.highest.max(table.highest_epoch());
+        let record = SlotRecord {
+            member: self.member.clone(),
+            nonce: rand::random(),
+            since_ms: self
+                .clock
+                .now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            ttl_ms: self.ttl.as_millis() as u64,
+            // Holding nothing, it has let go of everything under any view up to this one.
+            acked: self.highest,
+            view: 0,
+        };
+        if self.own_nonces.len() >= 64 {
+            self.own_nonces.remove(0);
+        }
+        self.own_nonces.push(record.nonce);
+        let sent = self.clock.monotonic();
+        let key = self.slot_key(slot);
+        if !self
+            .store
+            .compare_and_set(&key, None, &record.to_string(), Some(self.ttl))
+            .await?
+        {
+            return Ok(false);
+        }
+        {
+            let mut st = self.shared.lock();
+            st.holder = Some(record.holder(slot));
+            st.deadline = Some(self.deadline(sent));
+        }
+        self.preferred = Some(slot);
+        self.record = Some((slot, record.clone()));
+        self.shared.publish(|a| {
+            a.slot = Some(slot);
+            a.phase = GroupPhase::Joining;
+        });
+        tracing::info!(group = self.keys.group(), member = %self.member, slot, "claimed a slot");
+        let mut table = table.clone();
+        table.slots.insert(slot, record);
+        self.on_table(table, true).await;
+        Ok(true)
+    }
+
+    pub(super) fn deadline(&self, sent: Duration) -> Duration {
+        sent + self.ttl - self.ttl / 10
+    }
+
+    pub(super) async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<()> {
+        let mut next = self.clock.monotonic() + self.heartbeat;
+        loop {
+            let fast = self.pending_since.is_some()
+                || self.record.is_none()
+                || self.last_discrepancy.is_some();
+            let wake = if fast {
+                next.min(self.clock.monotonic() + self.heartbeat / 4)
+            } else {
+                next
+            };
+            // Biased: a fixed order of readiness checks keeps a simulation run reproducible.
+            let drained_wake = tokio::select! {
+                biased;
+                _ = stop.changed() => break,
+                _ = self.clock.sleep_until(wake) => false,
+                _ = self.shared.released.notified(), if self.pending_since.is_some() => true,
+            };
+            if *stop.borrow() {
+                break;
+            }
+            if drained_wake {
+                // A grant was dropped during a hand-off: acknowledge now if that was the last.
+                self.progress(None).await;
+                continue;
+            }
+            if self.clock.monotonic() >= next {
+                next = self.clock.monotonic() + self.heartbeat;
+            }
+            if let Err(e) = self.beat().await {
+                if e.kind() == crate::ErrorKind::Rejected {
+                    self.fail(&e).await;
+                    return Err(e);
+                }
+            }
+        }
+        self.leave().await
+    }
+
+    /// One heartbeat: renew and read the table, or claim again when the lease is gone.
+    pub(super) async fn beat(&mut self) -> Result<()> {
+        let now = self.clock.monotonic();
+        let expired = self.shared.lock().deadline.is_some_and(|d| now >= d);
+        if expired {
+            self.revoke("the lease deadline passed without a renewal");
+        }
+        let Some((slot, record)) = self.record.clone() else {
+            let table = match self.list().await {
+                Ok(t) => t,
+                Err(e) => {
+                    self.set_error(Some(&e));
+                    return Ok(());
+                }
+            };
+            self.reclaim(&table).await;
+            return Ok(());
+        };
+        if self.abandoned {
+            if expired {
+                // The lease has run out on our clock: claim afresh.
+                self.abandoned = false;
+                self.record = None;
+            }
+            return Ok(());
+        }
+        let sent = self.clock.monotonic();
+        let store = self.store.clone();
+        let (key, text, listing) = (
+            self.slot_key(slot),
+            record.to_string(),
+            self.listing.clone(),
+        );
+        let result = if !self.change_checks {
+            let renewal = store.renew_and_list(&key, &text, self.ttl, &listing);
+            self.before_lapse(renewal)
+                .await
+                .map(|(renewed, listed)| (renewed, Table::parse(&self.listing, listed)))
+        } else {
+            let since = self.seen.as_ref().map(|(v, _)| v.clone());
+            let renewal =
+                store.renew_and_list_if_changed(&key, &text, self.ttl, &listing, since.as_deref());
+            match self.before_lapse(renewal).await {
+                Ok(answer) => self.table_of(answer).await,
+                Err(e) => Err(e),
+            }
+        };
+        match result {
+            Err(e) => {
+                self.set_error(Some(&e));
+                Ok(())
+            }
+            Ok((false, table)) => {
+                // A write of ours that reported an error may have been applied after all (an
+                // acknowledgement that timed out): the slot then holds our claim with other
+                // text. It is still ours; take its text and renew at the next beat.
+                if let Some(r) = table.slots.get(&slot) {
+                    if r.member == self.member && r.nonce == record.nonce {
+                        self.record = Some((slot, r.clone()));
+                        return Ok(());
+                    }
+                }
+                self.revoke("the slot was no longer ours at renewal");
+                self.record = None;
+                self.preferred = Some(slot);
+                self.reclaim(&table).await;
+                Ok(())
+            }
+            Ok((true, table)) => {
+                {
+                    let mut st = self.shared.lock();
+                    st.deadline = Some(self.deadline(sent));
+                    st.holder = Some(record.holder(slot));
+                }
+                self.set_error(None);
+                self.check_twin(&table, slot).await?;
+                self.on_table(table, false).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// The slot table a heartbeat's answer stands for: the listing it carries, or the copy kept
+    /// from the last one when the store's version of the table is unchanged. Whether the
+    /// renewal succeeded comes along.
+    pub(super) async fn table_of(&mut self, answer: RenewedListing) -> Result<(bool, Table)> {
+        let table = match answer.listing {
+            Some(listing) => Table::parse(&self.listing, listing),
+            None => match &self.seen {
+                Some((version, table)) if *version == answer.version => table.clone(),
+                // The store answered "unchanged" for a version this member does not hold
+                // (it asked with the one it holds, so only a faulty store does): read it.
+                _ => {
+                    self.seen = None;
+                    self.list().await?
+                }
+            },
+        };
+        self.seen = Some((answer.version, table.clone()));
+        Ok((answer.renewed, table))
+    }
+
+    /// Awaits a store call; if the lease deadline passes first, stops all work at that instant
+    /// (the assignment turns `rejoining` then, not when the call finally returns) and goes on
+    /// waiting for the call.
+    pub(super) async fn before_lapse<T>(
+        &mut self,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        let deadline = self.shared.lock().deadline;
+        let Some(deadline) = deadline else {
+            return call.await;
+        };
+        tokio::pin!(call);
+        tokio::select! {
+            biased;
+            v = &mut call => return v,
+            _ = self.clock.sleep_until(deadline) => {}
+        }
+        self.revoke("the lease deadline passed while a renewal was in flight");
+        call.await
+    }
+
+    /// Claims again after losing the lease. A full group or a store error is retried at the
+    /// next beat, never fatal: the member was in the group a moment ago.
+    pub(super) async fn reclaim(&mut self, table: &Table) {
+        match self.claim(table).await {
+            Ok(_) => self.set_error(None),
+            Err(e) => self.set_error(Some(&e)),
+        }
+    }
+
+    /// Another live slot with our member id: the holder of the higher slot yields. Claims this
+    /// process made before (a write that timed out but was applied, a lease given up) are ours,
+    /// not a twin's: they are shortened to expire soon instead.
+    pub(super) async fn check_twin(&mut self, table: &Table, slot: u32) -> Result<()> {
+        let Some((_, mine)) = &self.record else {
+            return Ok(());
+        };
+        let mine = mine.nonce;
+        for (&s, r) in &table.slots {
+            if s != slot && r.member == self.member && self.own_nonces.contains(&r.nonce) {
+                let short = self.store.capabilities().min_ttl.max(MIN_TTL);
+                let text = r.to_string();
+                let _ = self
+                    .store
+                    .compare_and_set(&self.slot_key(s), Some(&text), &text, Some(short))
+                    .await;
+            }
+        }
+        match table.slots.iter().find(|(&s, r)| {
+            r.member == self.member
+                && r.nonce != mine
+                && !self.own_nonces.contains(&r.nonce)
+                && s < slot
+        }) {
+            Some((&other, _)) => Err(Error::Rejected {
+                backend: self.store.capabilities().backend,
+                message: format!(
+                    "member id `{}` is also held by slot {other}, a live process: this one (slot {slot}) yields",
+                    self.member
+                ),
+                source: None,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops all work at once: every grant turns invalid.
+    pub(super) fn revoke(&mut self, why: &str) {
+        let had = {
+            let mut st = self.shared.lock();
+            let had = st.active.is_some() || st.pending.is_some() || st.deadline.is_some();
+            st.generation += 1;
+            st.active = None;
+            st.pending = None;
+            st.skipped.clear();
+            st.deadline = None;
+            st.in_flight.clear();
+            st.share_in_flight = 0;
+            had
+        };
+        self.pending_since = None;
+        if had {
+            tracing::warn!(group = self.keys.group(), member = %self.member, "{why}: stopped all work");
+        }
+        self.shared.publish(|a| {
+            a.index = None;
+            a.phase = GroupPhase::Rejoining;
+        });
+    }
+
+    /// Publishes a view when the table calls for one, adopts the newest view, and moves the
+    /// hand-off along.
+    pub(super) async fn on_table(&mut self, table: Table, own_change: bool) {
+        let live = table.live();
+        let my_slot = self.record.as_ref().map(|(s, _)| *s);
+        let mut newest = table.view.clone();
+        // The floor counts the acknowledgements too: a member that never saw the view (it was
+        // lost or overwritten) still must not publish an epoch some member already acted on.
+        let floor = self.highest.max(table.highest_epoch());
+        // A view with the epoch this member works towards but other holders: a store that lost
+        // writes minted that epoch twice. Equal tokens would pass every fence, so it is
+        // replaced by a view above both.
+        let twin_epoch = {
+            let st = self.shared.lock();
+            match (st.target(), &table.view) {
+                (Some(t), Some(v)) => t.epoch() == v.epoch && t.record().holders != v.holders,
+                _ => false,
+            }
+        };
+        let stale = match &table.view {
+            Some(v) => v.holders != live || v.epoch < floor || twin_epoch,
+            None => true,
+        };
+        self.highest = floor;
+        if stale {
+            let lowest = live.first().map(|h| h.slot) == my_slot && my_slot.is_some();
+            let now = self.clock.monotonic();
+            let since = match &self.last_discrepancy {
+                Some((seen, since)) if *seen == live => *since,
+                _ => now,
+            };
+            let again = now.saturating_sub(since) >= self.heartbeat;
+            if self.highest >= MAX_EPOCH {
+                let e = Error::foreign(
+                    &self.view_key,
+                    "an epoch below the largest one (a view or acknowledgement holds it: stop every member and delete the group's keys to start again)",
+                    &self.highest.to_string(),
+                );
+                self.set_error(Some(&e));
+                self.last_discrepancy = Some((live, since));
+            } else if own_change || lowest || again {
+                let next = ViewRecord {
+                    epoch: self.highest.saturating_add(1),
+                    holders: live.clone(),
+                    assignor: Some(self.assignor),
+                };
+                match self
+                    .store
+                    .compare_and_set(
+                        &self.view_key,
+                        table.view_text.as_deref(),
+                        &next.to_string(),
+                        None,
+                    )
+                    .await
+                {
+                    Ok(true) => {
+                        tracing::info!(group = self.keys.group(), member = %self.member, epoch = next.epoch, live = next.holders.len(), "published a view");
+                        self.highest = next.epoch;
+                        newest = Some(next);
+                        self.last_discrepancy = None;
+                    }
+                    // Someone else changed the view since this listing (or the reply was lost):
+                    // the view in the listing is stale, so adopt nothing and list again at the
+                    // next (quarter-heartbeat) beat.
+                    Ok(false) => {
+                        newest = None;
+                        self.last_discrepancy = Some((live, since));
+                    }
+                    Err(e) => {
+                        newest = None;
+                        self.set_error(Some(&e));
+                        self.last_discrepancy = Some((live, since));
+                    }
+                }
+            } else {
+                self.last_discrepancy = Some((live, since));
+            }
+        } else {
+            self.last_discrepancy = None;
+        }
+        if let Some(v) = newest {
+            self.adopt(v);
+        }
+        self.progress(Some(&table)).await;
+    }
+
+    /// Makes `view` the pending view when it is newer than what the member has.
+    pub(super) fn adopt(&mut self, view: ViewRecord) {
+        let current = {
+            let st = self.shared.lock();
+            st.target().map(|v| v.epoch())
+        };
+        if current.is_some_and(|e| e >= view.epoch) {
+            return;
+        }
+        let state = match ViewState::build(view, self.assignor) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                self.set_error(Some(&e));
+                return;
+            }
+        };
+        let has_active = {
+            let mut st = self.shared.lock();
+            if let Some(old) = st.pending.replace(state) {
+                st.skipped.push(old);
+            }
+            st.active.is_some()
+        };
+        if self.pending_since.is_none() {
+            self.pending_since = Some(self.clock.monotonic());
+        }
+        self.shared.publish(|a| {
+            a.phase = if has_active {
+                GroupPhase::Handoff
+            } else {
+                GroupPhase::Joining
+            }
+        });
+    }
+
+    /// Acknowledges the pending epoch once drained, and activates it once the others have (or
+    /// right away when the live slots did not change, so nothing moves to this member). With no
+    /// table (woken by a dropped grant) it only acknowledges.
+    pub(super) async fn progress(&mut self, table: Option<&Table>) {
+        let (pending, active) = {
+            let st = self.shared.lock();
+            (st.pending.clone(), st.active.clone())
+        };
+        if pending.is_none() {
+            // An acknowledgement the store lost (it rolled back, or a write timed out and was
+            // not applied) is written again: the others wait for it.
+            if let Some(active) = active {
+                let lost = self
+                    .record
+                    .as_ref()
+                    .is_some_and(|(_, r)| !active.acked_by(r));
+                if lost && !self.abandoned {
+                    self.acknowledge(&active).await;
+                }
+            }
+            return;
+        }
+        let (pending, drained, same_holders) = {
+            let st = self.shared.lock();
+            let Some(p) = st.pending.clone() else {
+                return;
+            };
+            // Nothing moves to or from this member when the holders stayed the same, unless a
+            // view in between moved something away and back (then another member may have
+            // started it: wait for everyone's acknowledgement).
+            let same = match (&st.active, st.holder) {
+                (Some(a), Some(h)) => {
+                    st.skipped.is_empty() && a.same_holders(&p) && p.pair_of(h).is_some()
+                }
+                _ => false,
+            };
+            (p, st.drained(), same)
+        };
+        let epoch = pending.epoch();
+        if !drained {
+            let since = self.pending_since.unwrap_or_else(|| self.clock.monotonic());
+            if self.clock.monotonic().saturating_sub(since) > self.drain_timeout && !self.abandoned
+            {
+                tracing::warn!(group = self.keys.group(), member = %self.member, epoch, "grants did not drain within the drain timeout: giving up the lease");
+                self.abandoned = true;
+            }
+            return;
+        }
+        let Some((slot, record)) = self.record.clone() else {
+            return;
+        };
+        if self.abandoned {
+            return;
+        }
+        if !pending.acked_by(&record) && !self.acknowledge(&pending).await {
+            return;
+        }
+        let others_acked = match table {
+            Some(t) => t
+                .slots
+                .iter()
+                .all(|(&s, r)| s == slot || pending.acked_by(r)),
+            None => false,
+        };
+        if same_holders || others_acked {
+            self.activate(pending, record.holder(slot));
+        }
+    }
+
+    /// Writes the acknowledgement of `view` into the member's slot record. Returns whether it
+    /// did.
+    pub(super) async fn acknowledge(&mut self, view: &ViewState) -> bool {
+        let Some((slot, record)) = self.record.clone() else {
+            return false;
+        };
+        let acked = SlotRecord {
+            acked: view.epoch(),
+            view: view.digest,
+            ..record.clone()
+        };
+        let sent = self.clock.monotonic();
+        match self
+            .store
+            .compare_and_set(
+                &self.slot_key(slot),
+                Some(&record.to_string()),
+                &acked.to_string(),
+                Some(self.ttl),
+            )
+            .await
+        {
+            Ok(true) => {
+                self.record = Some((slot, acked));
+                self.shared.lock().deadline = Some(self.deadline(sent));
+                true
+            }
+            Ok(false) => {
+                // An earlier acknowledgement whose reply was lost may have been applied: the
+                // slot then holds this very text, and the claim is still ours.
+                if let Ok(Some(now)) = self.store.get(&self.slot_key(slot)).await {
+                    if now == acked.to_string() {
+                        self.record = Some((slot, acked));
+                        return true;
+                    }
+                }
+                self.revoke("the slot was no longer ours at acknowledgement");
+                self.record = None;
+                self.preferred = Some(slot);
+                false
+            }
+            Err(e) => {
+                self.set_error(Some(&e));
+                false
+            }
+        }
+    }
+
+    pub(super) fn activate(&mut self, view: Arc<ViewState>, holder: Holder) {
+        let from = {
+            let mut st = self.shared.lock();
+            if st.pending.as_ref().map(|p| p.epoch()) != Some(view.epoch()) {
+                return;
+            }
+            st.pending = None;
+            st.skipped.clear();
+            st.active.replace(view.clone())
+        };
+        self.pending_since = None;
+        let slot = holder.slot;
+        let pair = view.pair_of(holder);
+        let live: Vec<u32> = view.record.slots().collect();
+        tracing::info!(group = self.keys.group(), member = %self.member, epoch = view.epoch(), slot, index = ?pair.map(|p| p.0), replicas = live.len(), "view active");
+        self.shared.publish(|a| {
+            a.slot = Some(slot);
+            a.index = pair.map(|p| p.0);
+            a.replicas = live.len() as u32;
+            a.epoch = view.epoch();
+            a.live = live;
+            // A view that does not name this claim gives it nothing: it waits for one that does.
+            a.phase = if pair.is_some() {
+                GroupPhase::Active
+            } else {
+                GroupPhase::Joining
+            };
+        });
+        let _ = self.shared.changes.send(Change {
+            from,
+            to: view,
+            slot,
+            holder,
+        });
+    }
+
+    /// Ends with an error: leaves the slot to others and reports.
+    pub(super) async fn fail(&mut self, e: &Error) {
+        tracing::error!(group = self.keys.group(), member = %self.member, "{e}");
+        let _ = self.leave().await;
+        let msg = e.to_string();
+        self.shared.publish(|a| {
+            a.phase = GroupPhase::Failed;
+            a.last_error = Some(msg);
+        });
+    }
+
+    /// Stops granting, drains, deletes the slot and publishes the view without it.
+    pub(super) async fn leave(&mut self) -> Result<()> {
+        self.shared.lock().leaving = true;
+        let give_up = self.clock.monotonic() + self.drain_timeout;
+        let drained = loop {
+            let busy = {
+                let st = self.shared.lock();
+                st.in_flight.values().any(|&n| n > 0) || st.share_in_flight > 0
+            };
+            if !busy {
+                break true;
+            }
+            if self.clock.monotonic() >= give_up {
+                tracing::warn!(group = self.keys.group(), member = %self.member, "grants still in flight after the drain timeout: leaving the lease to expire instead of deleting the slot");
+                break false;
+            }
+            tokio::select! {
+                biased;
+                _ = self.shared.released.notified() => {}
+                _ = self.clock.sleep(self.heartbeat / 4) => {}
+            }
+        };
+        let mut result = Ok(());
+        if let Some((slot, record)) = self.record.take() {
+            let key = self.slot_key(slot);
+            let text = record.to_string();
+            // Delete only our own claim (one atomic compare-and-delete, so a delayed delete
+            // never removes the next holder's claim), and only once nothing is in flight: with
+            // grants still out, the others must wait for the lease to expire, not for a delete.
+            if drained {
+                if let Err(e) = self.store.compare_and_delete(&key, &text).await {
+                    result = Err(e);
+                }
+            }
+            if result.is_ok() {
+                if let Ok(table) = self.list().await {
+                    let live = table.live();
+                    let stale = table.view.as_ref().is_none_or(|v| v.holders != live);
+                    if stale
+                        && self.highest.max(table.highest_epoch()) < MAX_EPOCH
+                        && table
+                            .view
+                            .as_ref()
+                            .is_some_and(|v| v.slots().any(|s| s == slot))
+                    {
+                        let epoch = self.highest.max(table.highest_epoch()).saturating_add(1);
+                        let next = ViewRecord {
+                            epoch,
+                            holders: live,
+                            assignor: Some(self.assignor),
+                        };
+                        let _ = self
+                            .store
+                            .compare_and_set(
+                                &self.view_key,
+                                table.view_text.as_deref(),
+                                &next.to_string(),
+                                None,
+                            )
+                            .await;
+                    }
+                }
+            }
+            tracing::info!(group = self.keys.group(), member = %self.member, slot, "left the group");
+        }
+        {
+            let mut st = self.shared.lock();
+            st.generation += 1;
+            st.active = None;
+            st.pending = None;
+            st.skipped.clear();
+            st.deadline = None;
+            st.holder = None;
+        }
+        self.shared.publish(|a| {
+            a.slot = None;
+            a.index = None;
+            a.phase = GroupPhase::Stopped;
+        });
+        result
+    }
+}

@@ -1,0 +1,51 @@
+//! What `headcount status` shows: [`status`] and [`GroupStatus`].
+
+use super::*;
+
+/// What `headcount status` shows: the slot table, the published view and ownership of a
+/// sample of keys.
+#[derive(Debug, Clone)]
+pub struct GroupStatus {
+    /// The parsed slot table.
+    pub table: Table,
+    /// Whether the published view names exactly the live slots.
+    pub view_current: bool,
+    /// For each live slot of the published view, how many of the sampled keys it owns.
+    pub sample_owned: Vec<(u32, u64)>,
+}
+
+/// Reads a group's slot table and view, and counts which slot owns each of the keys `0..sample`
+/// (as decimal strings) under the published view with the assignor it names (`assignor` for a
+/// view that names none).
+pub async fn status(
+    store: &DynStore,
+    prefix: &str,
+    group: &str,
+    assignor: AssignorKind,
+    sample: u64,
+) -> Result<GroupStatus> {
+    let keys = Keyspace::with_prefix(prefix, group)?;
+    let listing_prefix = keys.key("slot:");
+    let table = Table::parse(&listing_prefix, store.list(&listing_prefix).await?);
+    let view_current = table
+        .view
+        .as_ref()
+        .is_some_and(|v| v.holders == table.live());
+    let mut sample_owned = Vec::new();
+    if let Some(v) = &table.view {
+        // The view names the assignor its publisher used; `assignor` is for older views.
+        let state = ViewState::build(v.clone(), v.assignor.unwrap_or(assignor))?;
+        let mut counts: std::collections::BTreeMap<u32, u64> = v.slots().map(|s| (s, 0)).collect();
+        for k in 0..sample {
+            if let Some(owner) = state.owner(hash_bytes(k.to_string().as_bytes())) {
+                *counts.entry(owner).or_insert(0) += 1;
+            }
+        }
+        sample_owned = counts.into_iter().collect();
+    }
+    Ok(GroupStatus {
+        table,
+        view_current,
+        sample_owned,
+    })
+}

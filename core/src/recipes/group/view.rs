@@ -1,0 +1,207 @@
+//! Views as members see them: [`ViewState`], the [`Assignment`] a member publishes, its [`GroupPhase`], and the [`Change`] of an activated view.
+
+use super::*;
+
+/// Where a member stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GroupPhase {
+    /// Claimed a slot, waiting for its first view to become active.
+    Joining,
+    /// Working under its active view.
+    Active,
+    /// A newer view was adopted: revoked keys are draining or the others' acknowledgements are
+    /// awaited; kept keys keep working.
+    Handoff,
+    /// Lost its lease (renewal failed or the deadline passed): all work stopped, claiming again.
+    Rejoining,
+    /// Left the group.
+    Stopped,
+    /// Gave up for good (another live process uses the same member id).
+    Failed,
+}
+
+impl GroupPhase {
+    /// Lower-case name for logs and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupPhase::Joining => "joining",
+            GroupPhase::Active => "active",
+            GroupPhase::Handoff => "handoff",
+            GroupPhase::Rejoining => "rejoining",
+            GroupPhase::Stopped => "stopped",
+            GroupPhase::Failed => "failed",
+        }
+    }
+}
+
+/// A member's place in the group under its active view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// The member id.
+    pub member: String,
+    /// The member's stable slot, while it holds one.
+    pub slot: Option<u32>,
+    /// The articles' index: the member's 1-based rank among the live slots of the active view
+    /// (`None` when it is not in it).
+    pub index: Option<u32>,
+    /// The number of live slots in the active view.
+    pub replicas: u32,
+    /// The active view's epoch (0 before the first).
+    pub epoch: u64,
+    /// The live slots of the active view, ascending.
+    pub live: Vec<u32>,
+    /// Where the member stands.
+    pub phase: GroupPhase,
+    /// The last error met while renewing or publishing, cleared by the next success.
+    pub last_error: Option<String>,
+}
+
+impl Assignment {
+    /// The articles' `(index, replicas)`: task `t` belongs to this member when
+    /// `t % replicas == index - 1`.
+    pub fn pair(&self) -> Option<(u32, u32)> {
+        self.index.map(|i| (i, self.replicas))
+    }
+}
+
+/// A view with its assignor built.
+pub struct ViewState {
+    pub(super) record: ViewRecord,
+    pub(super) assignor: Option<Box<dyn Assignor>>,
+    /// The record's digest, computed once: acknowledgements are checked against it per slot.
+    pub(super) digest: u64,
+}
+
+impl fmt::Debug for ViewState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ViewState")
+            .field("epoch", &self.record.epoch)
+            .field("live", &self.record.holders.len())
+            .finish()
+    }
+}
+
+impl ViewState {
+    pub(super) fn build(record: ViewRecord, kind: AssignorKind) -> Result<ViewState> {
+        let assignor = if record.holders.is_empty() {
+            None
+        } else {
+            let topology = Topology::from_live_slots(record.slots())?;
+            Some(kind.build(&topology)?)
+        };
+        let digest = record.digest();
+        Ok(ViewState {
+            record,
+            assignor,
+            digest,
+        })
+    }
+
+    /// Whether `slot_record` acknowledged this view (see [`SlotRecord::has_acked`]).
+    pub(super) fn acked_by(&self, slot_record: &SlotRecord) -> bool {
+        slot_record.has_acked_digest(self.record.epoch, self.digest)
+    }
+
+    /// The epoch.
+    pub fn epoch(&self) -> u64 {
+        self.record.epoch
+    }
+
+    /// The published record.
+    pub fn record(&self) -> &ViewRecord {
+        &self.record
+    }
+
+    /// The slot owning a key hash, if any slot is live.
+    pub fn owner(&self, hash: u64) -> Option<u32> {
+        self.assignor.as_ref().map(|a| a.owner(hash))
+    }
+
+    /// `slot`'s 1-based rank and the live count.
+    pub fn pair(&self, slot: u32) -> Option<(u32, u32)> {
+        let live = self.record.holders.len() as u32;
+        self.record
+            .holders
+            .binary_search_by_key(&slot, |h| h.slot)
+            .ok()
+            .map(|i| (i as u32 + 1, live))
+    }
+
+    /// `holder`'s 1-based rank and the live count, when the view names exactly this holder (the
+    /// slot *and* the claim): a view that names the slot under an earlier claim is not this
+    /// holder's, whoever holds the number now.
+    pub fn pair_of(&self, holder: Holder) -> Option<(u32, u32)> {
+        let live = self.record.holders.len() as u32;
+        self.record
+            .holders
+            .binary_search_by_key(&holder.slot, |h| h.slot)
+            .ok()
+            .filter(|&i| self.record.holders[i] == holder)
+            .map(|i| (i as u32 + 1, live))
+    }
+
+    /// Whether the key hash belongs to `holder` in this view.
+    pub fn owned_by(&self, hash: u64, holder: Holder) -> bool {
+        self.pair_of(holder).is_some() && self.owner(hash) == Some(holder.slot)
+    }
+
+    /// Whether both views name the same holders (only the epoch differs: a view republished
+    /// after it was lost or garbled), so no key changes hands between them.
+    pub(super) fn same_holders(&self, other: &ViewState) -> bool {
+        self.record.holders == other.record.holders
+    }
+}
+
+/// A view change as one member lived it: emitted when it activates a new view.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// The view active before (none on the first).
+    pub from: Option<Arc<ViewState>>,
+    /// The view now active.
+    pub to: Arc<ViewState>,
+    /// The member's slot.
+    pub slot: u32,
+    /// The member's claim of that slot.
+    pub(super) holder: Holder,
+}
+
+impl Change {
+    /// The epoch now active.
+    pub fn epoch(&self) -> u64 {
+        self.to.epoch()
+    }
+
+    /// Of `keys`, those this member owns now and did not before.
+    pub fn gained<'a, K: AsRef<[u8]> + ?Sized + 'a>(
+        &self,
+        keys: impl IntoIterator<Item = &'a K>,
+    ) -> Vec<&'a K> {
+        keys.into_iter()
+            .filter(|k| {
+                let h = hash_bytes(k.as_ref());
+                self.to.owned_by(h, self.holder)
+                    && !self
+                        .from
+                        .as_ref()
+                        .is_some_and(|f| f.owned_by(h, self.holder))
+            })
+            .collect()
+    }
+
+    /// Of `keys`, those this member owned before and does not now.
+    pub fn lost<'a, K: AsRef<[u8]> + ?Sized + 'a>(
+        &self,
+        keys: impl IntoIterator<Item = &'a K>,
+    ) -> Vec<&'a K> {
+        keys.into_iter()
+            .filter(|k| {
+                let h = hash_bytes(k.as_ref());
+                self.from
+                    .as_ref()
+                    .is_some_and(|f| f.owned_by(h, self.holder))
+                    && !self.to.owned_by(h, self.holder)
+            })
+            .collect()
+    }
+}
