@@ -4,7 +4,9 @@
 
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+use std::time::Instant;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use tokio::sync::watch;
@@ -32,17 +34,52 @@ pub trait Clock: Send + Sync + Debug + 'static {
     }
 }
 
-/// The real clocks: [`SystemTime::now`], [`Instant`] and `tokio::time::sleep`.
+/// The real clocks: [`SystemTime::now`] for the wall clock and, for
+/// [`monotonic`](Clock::monotonic), a clock that **keeps counting while the host is suspended**
+/// (`CLOCK_BOOTTIME` on Linux and Android; `std::time::Instant` elsewhere, which may stop during
+/// a suspend).
+///
+/// Why: a member's lease deadline is measured on this clock, while the store expires the lease
+/// on its own. A clock that stops while a laptop or VM is suspended (`CLOCK_MONOTONIC`, which
+/// `Instant` reads on Linux) would let a member resume believing its lease still had time left
+/// when the store had long expired it and another member owned its keys. With `CLOCK_BOOTTIME`
+/// the suspended time counts, so a resumed member's grants are invalid at once
+/// ([`Grant::is_valid`](crate::recipes::group::Grant::is_valid) reads the clock when called).
+///
+/// Sleeps use `tokio::time::sleep`, whose timer runs on `CLOCK_MONOTONIC`, in slices of at most
+/// [`SLEEP_SLICE`]: after a suspend a sleeper wakes within one slice of the resume, not a whole
+/// sleep later. Under tokio's paused test time this clock does not advance with tokio's; use a
+/// [`ManualClock`] there.
 #[derive(Debug, Clone)]
 pub struct SystemClock {
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
     origin: Instant,
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    boot_origin: Duration,
+}
+
+/// The longest single timer a [`SystemClock`] sleep waits on before reading the clock again.
+pub const SLEEP_SLICE: Duration = Duration::from_millis(250);
+
+/// `CLOCK_BOOTTIME`: time since boot, suspended time included.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn boot_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    // The kernel never reports negative times for this clock.
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
 }
 
 impl SystemClock {
     /// A system clock whose monotonic origin is now.
     pub fn new() -> Self {
         SystemClock {
+            #[cfg(not(any(target_os = "linux", target_os = "android")))]
             origin: Instant::now(),
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            boot_origin: boot_time(),
         }
     }
 }
@@ -60,11 +97,29 @@ impl Clock for SystemClock {
     }
 
     fn monotonic(&self) -> Duration {
-        self.origin.elapsed()
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        {
+            boot_time().saturating_sub(self.boot_origin)
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        {
+            self.origin.elapsed()
+        }
     }
 
     async fn sleep(&self, d: Duration) {
-        tokio::time::sleep(d).await;
+        let deadline = self.monotonic().saturating_add(d);
+        self.sleep_until(deadline).await;
+    }
+
+    async fn sleep_until(&self, deadline: Duration) {
+        loop {
+            let now = self.monotonic();
+            if now >= deadline {
+                return;
+            }
+            tokio::time::sleep((deadline - now).min(SLEEP_SLICE)).await;
+        }
     }
 }
 
@@ -201,6 +256,7 @@ impl<C: Clock> Clock for OffsetClock<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[tokio::test]
     async fn manual_clock_wakes_sleepers_only_when_advanced_past_deadline() {
@@ -246,6 +302,32 @@ mod tests {
         clock.set_wall(SystemTime::UNIX_EPOCH);
         assert_eq!(clock.now(), SystemTime::UNIX_EPOCH);
         assert_eq!(clock.monotonic(), Duration::from_secs(3));
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn system_clock_counts_boot_time() {
+        // Read CLOCK_BOOTTIME around the clock's own reading: the clock is boot time since its
+        // origin, so it lies between the two differences.
+        let before = boot_time();
+        let c = SystemClock::new();
+        let after_new = boot_time();
+        std::thread::sleep(Duration::from_millis(20));
+        let start = boot_time();
+        let m = c.monotonic();
+        let end = boot_time();
+        assert!(m >= start - after_new, "{m:?} < {:?}", start - after_new);
+        assert!(m <= end - before, "{m:?} > {:?}", end - before);
+        assert!(m >= Duration::from_millis(20));
+    }
+
+    #[tokio::test]
+    async fn system_clock_sleeps_longer_than_a_slice() {
+        let c = SystemClock::new();
+        let t = Instant::now();
+        c.sleep(SLEEP_SLICE + Duration::from_millis(30)).await;
+        assert!(c.monotonic() >= SLEEP_SLICE + Duration::from_millis(30));
+        assert!(t.elapsed() >= SLEEP_SLICE + Duration::from_millis(30));
     }
 
     #[tokio::test]

@@ -155,3 +155,38 @@ async fn status_counts_ownership_with_the_assignor_the_view_names() {
         m.leave().await.expect("leave");
     }
 }
+
+/// A host suspend, as the member's clock sees it: time jumps past the lease in one step, and no
+/// task of the member runs in between. Its grants must be invalid at the first check after the
+/// resume, before its heartbeat task has run at all. (`SystemClock` counts suspended time by
+/// reading `CLOCK_BOOTTIME`; this checks that grants judge validity by reading the clock.)
+#[tokio::test]
+async fn grants_are_invalid_at_once_after_a_suspend_past_the_lease() {
+    use headcount_core::{Clock, ManualClock};
+    let clock = ManualClock::at_unix_secs(1_000_000);
+    let clock_dyn: Arc<dyn Clock> = Arc::new(clock.clone());
+    let store: DynStore = Arc::new(MemoryStore::with_clock(clock_dyn.clone()));
+    let m = Group::join(store, GroupConfig::new("g", TTL).with_clock(clock_dyn))
+        .await
+        .expect("joins");
+    let mut step = 0;
+    while m.assignment().phase != headcount_core::recipes::group::GroupPhase::Active {
+        clock.advance(TTL / 10);
+        tokio::task::yield_now().await;
+        step += 1;
+        assert!(step < 1000, "never active: {:?}", m.assignment());
+    }
+    let grant = m.owns("k").expect("a lone active member owns every key");
+    assert!(grant.is_valid());
+    // The suspend: well past the lease, in one step.
+    clock.advance(TTL * 3);
+    assert!(
+        !grant.is_valid(),
+        "a grant outlived the lease across a suspend"
+    );
+    assert!(
+        m.owns("k").is_none(),
+        "a new grant after a suspend past the lease"
+    );
+    drop(grant);
+}
