@@ -89,15 +89,19 @@
 //! * otherwise it stops taking new tasks ([`Ownership::begin`] and [`Ownership::should_process`]
 //!   say no), waits for its in-flight tasks ([`TaskGuard`]s) to finish, acknowledges, and takes
 //!   tasks under the new pair only once the acknowledgements reach `replicas` (every peer of
-//!   interval `n - 1`, which are exactly the peers that may still hold an older pair, has let go)
-//!   or one interval has passed since its tick.
+//!   interval `n - 1`, which are exactly the peers that may still hold an older pair, has let go).
+//!   There is no timeout in the normal case: a peer that does not acknowledge (a task running past
+//!   the interval, a pause) stalls the peers whose pairs changed until it does, a crashed one until
+//!   the counters no longer count it (up to two intervals). Only a peer whose own next tick is
+//!   late (its store calls stalled) takes its pending pair one interval after its tick without
+//!   every acknowledgement; that pair expires a quarter interval after the late tick's due time.
 //!
 //! A peer leaving with [`IntervalPeer::stop`] drains and acknowledges the transitions it owes
-//! before it goes, so the others need not wait for the timeout.
+//! before it goes, so the others need not wait for the counters to stop counting it.
 //!
 //! An acknowledgement is an increment, so it is sent at most once: the peer forgets it owes it
 //! before sending, and a failed send (which may have applied) is not retried. A lost one only
-//! makes the peers waiting for it take the one-interval timeout; a retried one could count a
+//! makes the peers waiting for it wait for the next interval; a retried one could count a
 //! capacity twice and let them activate before a peer still holding an old pair let go.
 //!
 //! **Guarantee**: at any instant, no two peers hold active pairs that own the same task, provided
@@ -106,10 +110,10 @@
 //! VM migration) between [`Ownership::begin`] returning a guard and its task finishing for
 //! longer than the rest of the interval. An active pair also expires on the peer's own clock a quarter
 //! interval after the tick that should have replaced it, so a peer cut off from the store stops
-//! on its own before the others' one-interval timeout lets them take over.
+//! on its own; the others take its tasks once the counters no longer count it.
 //!
 //! **Limits**: a peer paused longer than that (or whose clock is off by more) can still finish a
-//! task the others consider theirs: the timeout cannot tell a paused peer from a dead one. Make
+//! task the others consider theirs: nothing can tell a paused peer from a dead one. Make
 //! the sink reject stale work with the epoch ([`TaskGuard::epoch`]) as a fencing token when that
 //! matters. Tasks owned by a crashed peer are not taken by anyone until the counters no longer
 //! include it (up to two intervals); a peer that stops taking tasks during a transition leaves
@@ -354,7 +358,7 @@ pub enum Phase {
     Active,
     /// A new pair arrived: not taking new tasks, waiting for in-flight ones to finish.
     Draining,
-    /// Drained and acknowledged: waiting for the other peers' acknowledgements (or the timeout).
+    /// Drained and acknowledged: waiting for the other peers' acknowledgements.
     Waiting,
     /// The last tick could not be confirmed (store fault, foreign value, or it ran in the second
     /// half of its interval and skipped drawing): the pair shown is the last confirmed one, and
@@ -1200,7 +1204,8 @@ impl Ticker {
     }
 
     /// Sends the acknowledgements owed once drained, and activates a pending pair once every
-    /// peer acknowledged or the timeout passed.
+    /// peer acknowledged (or, when this peer's own next tick is late, one interval after its
+    /// tick).
     async fn progress(&mut self) {
         if !self.owed.is_empty() {
             let active = self.shared.current();
@@ -1218,7 +1223,7 @@ impl Ticker {
                 }
                 // An acknowledgement is an increment: sent at most once, never retried, since a
                 // failure may have applied it. A lost one only makes the others wait for the
-                // one-interval timeout.
+                // next interval.
                 self.owed.remove(&n);
                 if let Err(e) = self.ack(n).await {
                     self.set_error(&e);
@@ -1324,7 +1329,8 @@ impl Ticker {
             self.clock.sleep(self.poll_period()).await;
         }
         // A late draw may be missing from its interval's sealed count: acknowledging for it
-        // could stand in for a counted peer, so the others take the timeout instead.
+        // could stand in for a counted peer, so the others wait for the counters to stop
+        // counting this peer instead.
         if let Some(draw) = self.draw.filter(|d| !d.late) {
             self.owed.insert(draw.epoch.saturating_add(1));
         }
