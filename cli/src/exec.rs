@@ -134,13 +134,10 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
             }
             // A lapsed lease (the member could not renew in time) is no cooperative hand-off:
             // the others stop waiting for this grant once the slot expires, so the command
-            // gets no grace period.
-            Ended::Revoked
-                if matches!(
-                    member.assignment().phase,
-                    GroupPhase::Rejoining | GroupPhase::Joining
-                ) =>
-            {
+            // gets no grace period. Asked of the grant, not of the member's phase: a member
+            // that lapsed and quickly became active again is no longer `rejoining`, but this
+            // grant is still the lapsed lease's.
+            Ended::Revoked if grant.lease_lapsed() => {
                 tracing::warn!("the lease lapsed: stopping the command at once");
                 terminate(&mut child, Duration::ZERO).await
             }

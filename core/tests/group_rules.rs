@@ -190,3 +190,62 @@ async fn grants_are_invalid_at_once_after_a_suspend_past_the_lease() {
     );
     drop(grant);
 }
+
+/// A grant taken before a lapse says so after the member became active again: `exec` gives its
+/// command no grace period then, since the others no longer wait for that grant (review finding
+/// 10: asking the member's phase instead, an `exec` that lapsed and quickly re-gained its share
+/// gave the old command the grace period beside the new owner).
+#[tokio::test]
+async fn a_grant_from_before_a_lapse_says_so_after_the_member_is_active_again() {
+    use headcount_core::recipes::group::GroupPhase;
+    use headcount_core::sim::{Faults, FaultyStore};
+    use headcount_core::SystemClock;
+    let memory: DynStore = Arc::new(MemoryStore::new());
+    let faults = Faults::new(1);
+    let store: DynStore = Arc::new(FaultyStore::new(
+        memory,
+        faults.clone(),
+        Arc::new(SystemClock::new()),
+    ));
+    let m = Group::join(store, GroupConfig::new("g", TTL))
+        .await
+        .expect("joins");
+    tokio::time::timeout(Duration::from_secs(5), m.active(0))
+        .await
+        .expect("active in time")
+        .expect("active");
+    let old = m.owns("k").expect("a lone member owns every key");
+    assert!(!old.lease_lapsed());
+    faults.pause();
+    let mut rx = m.watch();
+    tokio::time::timeout(TTL * 2, async {
+        while rx.borrow_and_update().phase != GroupPhase::Rejoining {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the lease lapses");
+    faults.resume();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let a = m.assignment();
+            if a.phase == GroupPhase::Active {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("active again");
+    assert!(!old.is_valid());
+    assert!(
+        old.lease_lapsed(),
+        "the old grant does not say its lease lapsed"
+    );
+    let new = m.owns("k").expect("owns the key again");
+    assert!(!new.lease_lapsed());
+    drop((old, new));
+    m.leave().await.expect("leave");
+}

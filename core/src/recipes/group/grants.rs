@@ -192,6 +192,15 @@ impl Grant {
         let now = self.shared.clock.monotonic();
         self.shared.lock().valid(self.scope, self.generation, now)
     }
+
+    /// Whether the member's lease lapsed (its renewal failed or its deadline passed) since this
+    /// grant was taken, even if it has claimed a slot and become active again since. The others
+    /// then no longer wait for this grant: its work must stop at once, with no grace period.
+    /// An invalid grant whose lease did not lapse was revoked by a cooperative hand-off, which
+    /// waits for it to be dropped.
+    pub fn lease_lapsed(&self) -> bool {
+        self.shared.lock().generation != self.generation
+    }
 }
 
 impl Drop for Grant {
