@@ -249,3 +249,50 @@ async fn a_grant_from_before_a_lapse_says_so_after_the_member_is_active_again() 
     drop((old, new));
     m.leave().await.expect("leave");
 }
+
+/// A slot record with no expiry (a restore that dropped TTLs, a hand edit) holding a claim that
+/// never acknowledges: the members must not wait for it forever (review finding 13). Before the
+/// fix the lone member stayed in hand-off for good, with no error.
+#[tokio::test]
+async fn a_slot_record_without_expiry_does_not_stall_the_group() {
+    use headcount_core::recipes::group::{GroupPhase, SlotRecord};
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let m = Group::join(store.clone(), GroupConfig::new("g", TTL))
+        .await
+        .expect("joins");
+    tokio::time::timeout(Duration::from_secs(5), m.active(0))
+        .await
+        .expect("active in time")
+        .expect("active");
+    let ghost = SlotRecord {
+        member: "ghost".into(),
+        nonce: 0xdead_beef,
+        since_ms: 1,
+        ttl_ms: TTL.as_millis() as u64,
+        acked: 0,
+        view: 0,
+    };
+    assert!(store
+        .compare_and_set("hc:{g}:slot:5", None, &ghost.to_string(), None)
+        .await
+        .expect("write the ghost"));
+    // The member sees a new live slot, publishes a view with it, and waits for its
+    // acknowledgement; it must end active in a view without the ghost.
+    let settled = tokio::time::timeout(TTL * 20, async {
+        loop {
+            let a = m.assignment();
+            if a.phase == GroupPhase::Active && a.replicas == 1 && a.epoch > 1 {
+                return a;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        settled.is_ok(),
+        "stalled on the record without expiry: {:?}",
+        m.assignment()
+    );
+    assert_eq!(store.get("hc:{g}:slot:5").await.expect("get"), None);
+    m.leave().await.expect("leave");
+}

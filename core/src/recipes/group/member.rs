@@ -69,6 +69,7 @@ impl Group {
             pending_since: None,
             abandoned: false,
             own_nonces: Vec::new(),
+            nudged: Vec::new(),
             seen: None,
         };
         runner.first_claim().await?;

@@ -34,6 +34,9 @@ pub(super) struct Runner {
     pub(super) abandoned: bool,
     /// The nonces of every claim this process attempted.
     pub(super) own_nonces: Vec<u64>,
+    /// The claims (slot, nonce) whose lease TTL this member re-applied while waiting for their
+    /// acknowledgement of the pending view's epoch (see [`Runner::expire_stalled`]).
+    pub(super) nudged: Vec<(u32, u64, u64)>,
     /// The slot table as last read and the store's version of it: a heartbeat whose version
     /// is the same reads nothing and works from this copy.
     pub(super) seen: Option<(String, Table)>,
@@ -601,6 +604,49 @@ impl Runner {
         };
         if same_holders || others_acked {
             self.activate(pending, record.holder(slot));
+        } else if let Some(t) = table {
+            self.expire_stalled(t, &pending, slot).await;
+        }
+    }
+
+    /// A hand-off stalled for three TTLs on a slot that has not acknowledged: re-applies that
+    /// slot's own lease TTL to it, once per claim and epoch, with a compare-and-set that keeps
+    /// its value. A live holder renews within a third of its TTL anyway, so this changes nothing
+    /// for it; a record that has no expiry (restored by a tool that drops TTLs, written by hand)
+    /// expires after that TTL, and the group proceeds without it instead of waiting forever.
+    pub(super) async fn expire_stalled(&mut self, table: &Table, pending: &ViewState, own: u32) {
+        let since = self.pending_since.unwrap_or_else(|| self.clock.monotonic());
+        if self.clock.monotonic().saturating_sub(since) < self.ttl * 3 {
+            return;
+        }
+        let epoch = pending.epoch();
+        let stalled: Vec<(u32, SlotRecord)> = table
+            .slots
+            .iter()
+            .filter(|(&s, r)| {
+                s != own && !pending.acked_by(r) && !self.nudged.contains(&(s, r.nonce, epoch))
+            })
+            .map(|(&s, r)| (s, r.clone()))
+            .collect();
+        for (s, r) in stalled {
+            self.nudged.push((s, r.nonce, epoch));
+            let text = r.to_string();
+            let ttl = Duration::from_millis(r.ttl_ms).clamp(MIN_TTL, MAX_TTL);
+            match self
+                .store
+                .compare_and_set(&self.slot_key(s), Some(&text), &text, Some(ttl))
+                .await
+            {
+                Ok(true) => {
+                    tracing::warn!(group = self.keys.group(), member = %self.member, slot = s, epoch, "slot has not acknowledged for three TTLs: re-applied its lease TTL, so a record without expiry does not stall the group")
+                }
+                Ok(false) => {}
+                Err(e) => self.set_error(Some(&e)),
+            }
+        }
+        // Bounded: only the claims of the current table, for the newest epochs.
+        if self.nudged.len() > 4 * table.slots.len() + 16 {
+            self.nudged.retain(|&(_, _, e)| e == epoch);
         }
     }
 
