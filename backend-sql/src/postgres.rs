@@ -565,6 +565,27 @@ async fn run(
     client.query(&statement, params).await
 }
 
+fn unexpected_column(e: tokio_postgres::Error) -> Error {
+    Error::rejected(BACKEND, format!("unexpected result column: {e}"), e)
+}
+
+/// The rows of a renewal with a listing: column 0 says whether the renewal applied, columns
+/// `first` and `first + 1` hold a key and its value (both NULL on the one row of an empty or
+/// unsent listing).
+fn renewal_rows(rows: &[Row], first: usize) -> Result<(bool, Vec<(String, String)>)> {
+    let mut renewed = false;
+    let mut listed = Vec::with_capacity(rows.len());
+    for row in rows {
+        renewed = row.try_get(0).map_err(unexpected_column)?;
+        let key: Option<String> = row.try_get(first).map_err(unexpected_column)?;
+        let value: Option<String> = row.try_get(first + 1).map_err(unexpected_column)?;
+        if let (Some(key), Some(value)) = (key, value) {
+            listed.push((key, value));
+        }
+    }
+    Ok((renewed, listed))
+}
+
 fn first_column<T>(rows: &[Row]) -> Result<Option<T>>
 where
     T: for<'a> tokio_postgres::types::FromSql<'a>,
@@ -609,19 +630,7 @@ impl Store for PostgresStore {
             )
             .await?;
         self.note_write();
-        let unexpected = |e: tokio_postgres::Error| {
-            Error::rejected(BACKEND, format!("unexpected result column: {e}"), e)
-        };
-        let mut renewed = false;
-        let mut listed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            renewed = row.try_get(0).map_err(unexpected)?;
-            let key: Option<String> = row.try_get(1).map_err(unexpected)?;
-            let value: Option<String> = row.try_get(2).map_err(unexpected)?;
-            if let (Some(key), Some(value)) = (key, value) {
-                listed.push((key, value));
-            }
-        }
+        let (renewed, listed) = renewal_rows(&rows, 1)?;
         Ok((renewed, listed))
     }
 
@@ -653,21 +662,17 @@ impl Store for PostgresStore {
             )
             .await?;
         self.note_write();
-        let unexpected = |e: tokio_postgres::Error| {
-            Error::rejected(BACKEND, format!("unexpected result column: {e}"), e)
-        };
-        let mut renewed = false;
-        let mut version = String::new();
-        let mut listed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            renewed = row.try_get(0).map_err(unexpected)?;
-            version = row.try_get(1).map_err(unexpected)?;
-            let key: Option<String> = row.try_get(2).map_err(unexpected)?;
-            let value: Option<String> = row.try_get(3).map_err(unexpected)?;
-            if let (Some(key), Some(value)) = (key, value) {
-                listed.push((key, value));
+        let (renewed, listed) = renewal_rows(&rows, 2)?;
+        let version: String = match rows.first() {
+            Some(row) => row.try_get(1).map_err(unexpected_column)?,
+            None => {
+                return Err(Error::rejected(
+                    BACKEND,
+                    "renew_and_list_if_changed returned no row",
+                    "the statement always returns one",
+                ))
             }
-        }
+        };
         // The digest equals `since`: no rows came. It differs: every entry came (none when the
         // directory is empty, which the caller may not hold yet).
         let listing = (since != Some(version.as_str())).then_some(listed);

@@ -917,6 +917,39 @@ async fn processes(
     ))
 }
 
+/// A Redis of its own for the scale and processes parts (`DEBUG` enabled, to fill it), or `None`
+/// when Redis is not installed and not required.
+fn own_redis(part: &str) -> Option<KvStore> {
+    match KvStore::redis_with(None, &["--enable-debug-command", "yes"]) {
+        Ok(s) => Some(s),
+        Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
+            eprintln!("SKIP group bench {part} part: {why}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Empties the Redis at `url` and fills it with `unrelated` keys (`DEBUG POPULATE`), as a
+/// user's Redis holding other data would be.
+async fn fill_redis(url: &str, unrelated: u64) {
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    if unrelated > 0 {
+        let _: () = redis::cmd("DEBUG")
+            .arg("POPULATE")
+            .arg(unrelated)
+            .arg("unrelated")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
 fn main() {
     let o = opts();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -951,13 +984,8 @@ fn main() {
         }
         if o.only.iter().any(|p| p == "scale") {
             // A Redis of its own, holding unrelated data first, as a user's would.
-            let server = match KvStore::redis_with(None, &["--enable-debug-command", "yes"]) {
-                Ok(s) => s,
-                Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
-                    eprintln!("SKIP group bench scale part: {why}");
-                    return;
-                }
-                Err(e) => panic!("{e}"),
+            let Some(server) = own_redis("scale") else {
+                return;
             };
             let url = server.url();
             let mut rows = Vec::new();
@@ -965,21 +993,7 @@ fn main() {
             for &n in &o.scale {
                 for design in &o.designs {
                     let full = design == "full";
-                    let mut conn = redis::Client::open(url.as_str())
-                        .unwrap()
-                        .get_multiplexed_async_connection()
-                        .await
-                        .unwrap();
-                    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
-                    if o.unrelated > 0 {
-                        let _: () = redis::cmd("DEBUG")
-                            .arg("POPULATE")
-                            .arg(o.unrelated)
-                            .arg("unrelated")
-                            .query_async(&mut conn)
-                            .await
-                            .unwrap();
-                    }
+                    fill_redis(&url, o.unrelated).await;
                     eprintln!("scale: {n} members, {design}, {} unrelated keys", o.unrelated);
                     if let Err(e) = scale(&url, n, o.scale_ttl, full, &mut rows, &mut detail).await {
                         eprintln!("scale {n}: FAILED: {e}");
@@ -999,29 +1013,11 @@ fn main() {
             }
         }
         if o.only.iter().any(|p| p == "processes") {
-            let server = match KvStore::redis_with(None, &["--enable-debug-command", "yes"]) {
-                Ok(s) => s,
-                Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
-                    eprintln!("SKIP group bench processes part: {why}");
-                    return;
-                }
-                Err(e) => panic!("{e}"),
+            let Some(server) = own_redis("processes") else {
+                return;
             };
             let url = server.url();
-            let mut conn = redis::Client::open(url.as_str())
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
-            if o.unrelated > 0 {
-                let _: () = redis::cmd("DEBUG")
-                    .arg("POPULATE")
-                    .arg(o.unrelated)
-                    .arg("unrelated")
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-            }
+            fill_redis(&url, o.unrelated).await;
             eprintln!("processes: {} `headcount run`, {} unrelated keys", o.processes, o.unrelated);
             let row = match processes(&o.headcount, &url, o.processes, o.scale_ttl, o.unrelated).await {
                 Ok(row) => row,

@@ -10,6 +10,32 @@ use headcount_core::{DynStore, ErrorKind};
 
 const TTL: Duration = Duration::from_millis(300);
 
+/// A lone active member of group `g` on an in-memory store behind a fault layer, and the layer's
+/// controls.
+#[allow(clippy::expect_used)]
+async fn faulty_lone_member() -> (
+    headcount_core::recipes::group::Member,
+    Arc<headcount_core::sim::Faults>,
+) {
+    use headcount_core::sim::{Faults, FaultyStore};
+    use headcount_core::SystemClock;
+    let memory: DynStore = Arc::new(MemoryStore::new());
+    let faults = Faults::new(1);
+    let store: DynStore = Arc::new(FaultyStore::new(
+        memory,
+        faults.clone(),
+        Arc::new(SystemClock::new()),
+    ));
+    let m = Group::join(store, GroupConfig::new("g", TTL))
+        .await
+        .expect("joins");
+    tokio::time::timeout(Duration::from_secs(5), m.active(0))
+        .await
+        .expect("active in time")
+        .expect("active");
+    (m, faults)
+}
+
 #[tokio::test]
 async fn a_member_with_another_assignor_is_refused() {
     let store: DynStore = Arc::new(MemoryStore::new());
@@ -84,22 +110,7 @@ async fn epochs_never_pass_the_largest_and_the_member_says_why() {
 #[tokio::test]
 async fn a_stalled_renewal_turns_the_assignment_inactive_at_the_lease_deadline() {
     use headcount_core::recipes::group::GroupPhase;
-    use headcount_core::sim::{Faults, FaultyStore};
-    use headcount_core::SystemClock;
-    let memory: DynStore = Arc::new(MemoryStore::new());
-    let faults = Faults::new(1);
-    let store: DynStore = Arc::new(FaultyStore::new(
-        memory,
-        faults.clone(),
-        Arc::new(SystemClock::new()),
-    ));
-    let m = Group::join(store, GroupConfig::new("g", TTL))
-        .await
-        .expect("joins");
-    tokio::time::timeout(Duration::from_secs(5), m.active(0))
-        .await
-        .expect("active in time")
-        .expect("active");
+    let (m, faults) = faulty_lone_member().await;
     // Every store call stalls from now on, as behind a frozen connection.
     faults.pause();
     let stalled = tokio::time::Instant::now();
@@ -198,22 +209,7 @@ async fn grants_are_invalid_at_once_after_a_suspend_past_the_lease() {
 #[tokio::test]
 async fn a_grant_from_before_a_lapse_says_so_after_the_member_is_active_again() {
     use headcount_core::recipes::group::GroupPhase;
-    use headcount_core::sim::{Faults, FaultyStore};
-    use headcount_core::SystemClock;
-    let memory: DynStore = Arc::new(MemoryStore::new());
-    let faults = Faults::new(1);
-    let store: DynStore = Arc::new(FaultyStore::new(
-        memory,
-        faults.clone(),
-        Arc::new(SystemClock::new()),
-    ));
-    let m = Group::join(store, GroupConfig::new("g", TTL))
-        .await
-        .expect("joins");
-    tokio::time::timeout(Duration::from_secs(5), m.active(0))
-        .await
-        .expect("active in time")
-        .expect("active");
+    let (m, faults) = faulty_lone_member().await;
     let old = m.owns("k").expect("a lone member owns every key");
     assert!(!old.lease_lapsed());
     faults.pause();
