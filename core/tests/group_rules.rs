@@ -260,16 +260,16 @@ async fn a_slot_record_without_expiry_does_not_stall_the_group() {
         .await
         .expect("active in time")
         .expect("active");
-    let ghost = SlotRecord {
-        member: "ghost".into(),
-        nonce: 0xdead_beef,
-        since_ms: 1,
-        ttl_ms: TTL.as_millis() as u64,
-        acked: 0,
-        view: 0,
-    };
+    // Written by hand: fields in another order and an unpadded nonce, which parse to a claim
+    // but are not the text the member would write for it.
+    let ghost = format!(
+        "v1 nonce=deadbeef member=ghost since=1 ttl={} acked=0 view=0",
+        TTL.as_millis()
+    );
+    let parsed = SlotRecord::parse(&ghost).expect("the hand-written record parses");
+    assert_ne!(parsed.to_string(), ghost);
     assert!(store
-        .compare_and_set("hc:{g}:slot:5", None, &ghost.to_string(), None)
+        .compare_and_set("hc:{g}:slot:5", None, &ghost, None)
         .await
         .expect("write the ghost"));
     // The member sees a new live slot, publishes a view with it, and waits for its

@@ -193,13 +193,18 @@ impl Grant {
         self.shared.lock().valid(self.scope, self.generation, now)
     }
 
-    /// Whether the member's lease lapsed (its renewal failed or its deadline passed) since this
-    /// grant was taken, even if it has claimed a slot and become active again since. The others
+    /// Whether the member's lease lapsed (its renewal failed or its deadline passed on its
+    /// clock) since this grant was taken, even if it has claimed a slot and become active again
+    /// since. The others
     /// then no longer wait for this grant: its work must stop at once, with no grace period.
     /// An invalid grant whose lease did not lapse was revoked by a cooperative hand-off, which
     /// waits for it to be dropped.
     pub fn lease_lapsed(&self) -> bool {
-        self.shared.lock().generation != self.generation
+        let now = self.shared.clock.monotonic();
+        let st = self.shared.lock();
+        // The deadline counts as soon as it passes on the member's clock, before the heartbeat
+        // task notices and revokes (which bumps the generation).
+        st.generation != self.generation || st.deadline.is_none_or(|d| now >= d)
     }
 }
 

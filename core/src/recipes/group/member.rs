@@ -70,6 +70,7 @@ impl Group {
             abandoned: false,
             own_nonces: Vec::new(),
             nudged: Vec::new(),
+            stalled_since: None,
             seen: None,
         };
         runner.first_claim().await?;

@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// The most stalled slots one beat re-applies a lease TTL to ([`Runner::expire_stalled`]).
+pub(super) const NUDGES_PER_BEAT: usize = 8;
+
 /// The background heartbeat.
 pub(super) struct Runner {
     pub(super) store: DynStore,
@@ -37,6 +40,8 @@ pub(super) struct Runner {
     /// The claims (slot, nonce) whose lease TTL this member re-applied while waiting for their
     /// acknowledgement of the pending view's epoch (see [`Runner::expire_stalled`]).
     pub(super) nudged: Vec<(u32, u64, u64)>,
+    /// The pending epoch whose hand-off [`Runner::expire_stalled`] times, and since when.
+    pub(super) stalled_since: Option<(u64, Duration)>,
     /// The slot table as last read and the store's version of it: a heartbeat whose version
     /// is the same reads nothing and works from this copy.
     pub(super) seen: Option<(String, Table)>,
@@ -611,37 +616,75 @@ impl Runner {
 
     /// A hand-off stalled for three TTLs on a slot that has not acknowledged: re-applies that
     /// slot's own lease TTL to it, once per claim and epoch, with a compare-and-set that keeps
-    /// its value. A live holder renews within a third of its TTL anyway, so this changes nothing
-    /// for it; a record that has no expiry (restored by a tool that drops TTLs, written by hand)
-    /// expires after that TTL, and the group proceeds without it instead of waiting forever.
+    /// its exact stored text. A live holder renews within a third of its TTL anyway, so this
+    /// changes nothing for it; a record that has no expiry (restored by a tool that drops TTLs,
+    /// written by hand) expires after that TTL, and the group proceeds without it instead of
+    /// waiting forever. Only the lowest slot that acknowledged the epoch does it, at most
+    /// [`NUDGES_PER_BEAT`] slots per beat, so a large group in churn does not write O(n²).
     pub(super) async fn expire_stalled(&mut self, table: &Table, pending: &ViewState, own: u32) {
-        let since = self.pending_since.unwrap_or_else(|| self.clock.monotonic());
-        if self.clock.monotonic().saturating_sub(since) < self.ttl * 3 {
+        let epoch = pending.epoch();
+        let now = self.clock.monotonic();
+        let since = match self.stalled_since {
+            Some((e, t)) if e == epoch => t,
+            _ => {
+                self.stalled_since = Some((epoch, now));
+                now
+            }
+        };
+        if now.saturating_sub(since) < self.ttl * 3 {
             return;
         }
-        let epoch = pending.epoch();
+        let lowest_acked = table
+            .slots
+            .iter()
+            .filter(|(&s, r)| s == own || pending.acked_by(r))
+            .map(|(&s, _)| s)
+            .min();
+        if lowest_acked != Some(own) {
+            return;
+        }
         let stalled: Vec<(u32, SlotRecord)> = table
             .slots
             .iter()
             .filter(|(&s, r)| {
                 s != own && !pending.acked_by(r) && !self.nudged.contains(&(s, r.nonce, epoch))
             })
+            .take(NUDGES_PER_BEAT)
             .map(|(&s, r)| (s, r.clone()))
             .collect();
         for (s, r) in stalled {
-            self.nudged.push((s, r.nonce, epoch));
-            let text = r.to_string();
+            let key = self.slot_key(s);
+            // The exact stored text: a record written by hand may parse to the same claim with
+            // other spacing or digits, which a re-serialized one would not match.
+            let text = match self.store.get(&key).await {
+                Ok(Some(text)) if SlotRecord::parse(&text).as_ref() == Some(&r) => text,
+                Ok(_) => {
+                    // Changed or gone since the listing: nothing to do for this claim.
+                    self.nudged.push((s, r.nonce, epoch));
+                    continue;
+                }
+                Err(e) => {
+                    self.set_error(Some(&e));
+                    return;
+                }
+            };
             let ttl = Duration::from_millis(r.ttl_ms).clamp(MIN_TTL, MAX_TTL);
             match self
                 .store
-                .compare_and_set(&self.slot_key(s), Some(&text), &text, Some(ttl))
+                .compare_and_set(&key, Some(&text), &text, Some(ttl))
                 .await
             {
-                Ok(true) => {
-                    tracing::warn!(group = self.keys.group(), member = %self.member, slot = s, epoch, "slot has not acknowledged for three TTLs: re-applied its lease TTL, so a record without expiry does not stall the group")
+                Ok(applied) => {
+                    self.nudged.push((s, r.nonce, epoch));
+                    if applied {
+                        tracing::warn!(group = self.keys.group(), member = %self.member, slot = s, epoch, "slot has not acknowledged for three TTLs: re-applied its lease TTL, so a record without expiry does not stall the group");
+                    }
                 }
-                Ok(false) => {}
-                Err(e) => self.set_error(Some(&e)),
+                // Not recorded: tried again at the next beat.
+                Err(e) => {
+                    self.set_error(Some(&e));
+                    return;
+                }
             }
         }
         // Bounded: only the claims of the current table, for the newest epochs.
