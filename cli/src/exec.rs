@@ -139,9 +139,9 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
             // grant is still the lapsed lease's.
             Ended::Revoked if grant.lease_lapsed() => {
                 tracing::warn!("the lease lapsed: stopping the command at once");
-                terminate(&mut child, Duration::ZERO).await
+                terminate(&mut child, Duration::ZERO, &grant).await
             }
-            Ended::Revoked | Ended::Signal => terminate(&mut child, args.grace).await,
+            Ended::Revoked | Ended::Signal => terminate(&mut child, args.grace, &grant).await,
         };
         let reason = match ended {
             Ended::Revoked => "revoked",
@@ -374,19 +374,32 @@ fn die_with_parent(command: &mut Command) {
 
 /// SIGTERM to the command's process group, SIGKILL after `grace`, and a SIGKILL to whatever is
 /// left of the group once the command is gone, so nothing it started works on without a grant.
-async fn terminate(child: &mut Child, grace: Duration) -> ExitStatus {
+async fn terminate(child: &mut Child, grace: Duration, grant: &Grant) -> ExitStatus {
     let pid = child.id();
     if let Some(pid) = pid {
         signal_group(pid, Signal::Term);
     }
-    let status = match tokio::time::timeout(grace, child.wait()).await {
-        Ok(Ok(status)) => Some(status),
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "cannot wait for the command");
-            None
+    // The grace lasts only while the lease does: once it lapses nobody waits for this grant, and
+    // the next owner may already run the share.
+    let lapsed = async {
+        while !grant.lease_lapsed() {
+            tokio::time::sleep(CHECK_EVERY).await;
         }
-        Err(_) => {
-            tracing::warn!(?grace, "the command outlived its grace period: SIGKILL");
+    };
+    let status = tokio::select! {
+        waited = tokio::time::timeout(grace, child.wait()) => match waited {
+            Ok(Ok(status)) => Some(status),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot wait for the command");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(?grace, "the command outlived its grace period: SIGKILL");
+                None
+            }
+        },
+        () = lapsed => {
+            tracing::warn!("the lease lapsed during the grace period: SIGKILL");
             None
         }
     };
