@@ -170,7 +170,9 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                 listing = listing("$4", "$5"),
             ),
             // The renewal, then the keys directly under the directory ($4, $5: its LIKE patterns;
-            // $6: its length in characters) and an md5 of them computed by the server: the rows
+            // $6: the directory, measured by the server in its own encoding's characters, as
+            // `substr` counts them) and a SHA-256 of them computed by the server (not md5, which
+            // FIPS-mode servers refuse): the rows
             // come back only when that digest differs from $7 (the caller's version), else one
             // row with the digest and no key. Like `renew_and_list`, the listing reads the
             // statement's snapshot, which the renewal (a TTL of a live row) does not change.
@@ -182,12 +184,12 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                  ),
                  l AS (
                    SELECT d.key, d.value FROM ({listing}) AS d
-                   WHERE strpos(substr(d.key, $6::int + 1), ':') = 0
+                   WHERE strpos(substr(d.key, length($6::text) + 1), ':') = 0
                  ),
                  v AS (
-                   SELECT 'p' || md5(coalesce(string_agg(
+                   SELECT 'p' || encode(sha256(convert_to(coalesce(string_agg(
                      length(l.key)::text || ':' || l.key || length(l.value)::text || ':' || l.value,
-                     '' ORDER BY l.key), '')) AS version
+                     '' ORDER BY l.key), ''), 'UTF8')), 'hex') AS version
                    FROM l
                  )
                  SELECT EXISTS (SELECT 1 FROM r), v.version, l.key, l.value
@@ -635,7 +637,7 @@ impl Store for PostgresStore {
     }
 
     /// One statement: the renewal, and the directory's entries with a digest the server
-    /// computes (md5 of the entries, length-prefixed); the entries cross the wire only when the
+    /// computes (SHA-256 of the entries, length-prefixed); the entries cross the wire only when the
     /// digest differs from `since`. An unchanged directory costs the wire a constant amount; the
     /// server still reads the directory's rows (an index range scan), so
     /// [`Capabilities::native_change_version`] stays false.
@@ -650,14 +652,12 @@ impl Store for PostgresStore {
         check_renew_and_list_if_changed(key, holder, ttl, dir)?;
         let ttl_ms = ttl_millis(ttl);
         let (head, whole) = prefix_patterns(dir);
-        let dir_chars = i32::try_from(dir.chars().count())
-            .map_err(|_| Error::invalid("directory longer than 2^31 characters"))?;
         let rows = self
             .inner
             .query(
                 "renew_and_list_if_changed",
                 &self.inner.sql.renew_if_changed,
-                &[&key, &ttl_ms, &holder, &head, &whole, &dir_chars, &since],
+                &[&key, &ttl_ms, &holder, &head, &whole, &dir, &since],
                 None,
             )
             .await?;

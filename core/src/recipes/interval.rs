@@ -92,9 +92,11 @@
 //!   interval `n - 1`, which are exactly the peers that may still hold an older pair, has let go).
 //!   There is no timeout in the normal case: a peer that does not acknowledge (a task running past
 //!   the interval, a pause) stalls the peers whose pairs changed until it does, a crashed one until
-//!   the counters no longer count it (up to two intervals). Only a peer whose own next tick is
-//!   late (its store calls stalled) takes its pending pair one interval after its tick without
-//!   every acknowledgement; that pair expires a quarter interval after the late tick's due time.
+//!   the counters no longer count it (up to two intervals). Only a peer whose next tick has not
+//!   run one interval after it adopted the pair (its own work held up: a stalled acknowledgement
+//!   send, a pause, its wall clock falling behind its monotonic clock) takes the pending pair
+//!   without every acknowledgement; that pair expires a quarter interval after the due time of
+//!   the tick that should have replaced it.
 //!
 //! A peer leaving with [`IntervalPeer::stop`] drains and acknowledges the transitions it owes
 //! before it goes, so the others need not wait for the counters to stop counting it.
@@ -1204,8 +1206,8 @@ impl Ticker {
     }
 
     /// Sends the acknowledgements owed once drained, and activates a pending pair once every
-    /// peer acknowledged (or, when this peer's own next tick is late, one interval after its
-    /// tick).
+    /// peer acknowledged (or, when this peer's next tick has not run one interval after it
+    /// adopted the pair, then).
     async fn progress(&mut self) {
         if !self.owed.is_empty() {
             let active = self.shared.current();
