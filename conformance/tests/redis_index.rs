@@ -243,3 +243,58 @@ async fn cluster_lists_need_a_hash_tag() {
     let err = store.incr("{t}:headcount:index", None).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
 }
+
+/// The heartbeat reads its key with the version in one `MGET`, which answers nil for a key of
+/// another Redis type: the script must still tell that apart from an absent key and refuse it as
+/// foreign, renewing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_refuses_a_key_of_another_type() {
+    let Some(server) = start(Backend::Redis, || KvStore::redis(None)) else {
+        return;
+    };
+    let store = headcount::connect(&server.url()).await.unwrap();
+    let mut conn = raw(&server.url()).await;
+    let ttl = Duration::from_secs(5);
+    // Absent: nothing renewed, the (empty) directory listed.
+    let answer = store
+        .renew_and_list_if_changed("hc:{t}:slot:0", "me", ttl, "hc:{t}:slot:", None)
+        .await
+        .unwrap();
+    assert!(!answer.renewed);
+    assert_eq!(answer.listing.as_deref(), Some(&[][..]));
+    // A hash where the slot should be: refused as foreign, its TTL untouched.
+    let _: () = redis::cmd("HSET")
+        .arg("hc:{t}:slot:0")
+        .arg("f")
+        .arg("v")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = store
+        .renew_and_list_if_changed("hc:{t}:slot:0", "me", ttl, "hc:{t}:slot:", None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ForeignValue, "{err}");
+    assert!(err.to_string().contains("hash"), "{err}");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("hc:{t}:slot:0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pttl, -1, "the refused call set an expiry");
+    // Our own value: renewed.
+    let _: () = redis::cmd("DEL")
+        .arg("hc:{t}:slot:0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(store
+        .compare_and_set("hc:{t}:slot:0", None, "me", Some(ttl))
+        .await
+        .unwrap());
+    let answer = store
+        .renew_and_list_if_changed("hc:{t}:slot:0", "me", ttl, "hc:{t}:slot:", None)
+        .await
+        .unwrap();
+    assert!(answer.renewed);
+}

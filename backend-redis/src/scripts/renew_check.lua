@@ -8,8 +8,10 @@
 -- Returns {renewed, version} when the version is the caller's, {renewed, version, 'ok', key1,
 -- value1, ...} otherwise, or {'foreign', key, type}.
 --
--- The steady state costs Redis four commands besides the EVALSHA: GET and PEXPIRE of the key,
--- MGET of the version and the sweep marker, and ZADD of the key's expiry score. The expiry
+-- The steady state costs Redis three commands besides the EVALSHA: one MGET of the key, the
+-- version and the sweep marker, PEXPIRE of the key, and ZADD of the key's expiry score (MGET
+-- answers nil for a key of another type, so a nil key is told apart with TYPE, off the steady
+-- path). The expiry
 -- score is taken from the marker, which holds the server time of the last sweep and lives one
 -- sweep period, so the score is at most a period early: the key is renewed (and re-scored) long
 -- before it comes due, and a dead member's name comes due at most a period early, when the
@@ -18,22 +20,19 @@
 -- the index keys' expiry, and a new marker. So expiries are noticed within a sweep period or
 -- two by whichever member beats first, and no call does more than a constant amount of work.
 local renewed = 0
-local ok, v = pcall(redis.call, 'GET', KEYS[1])
-if not ok then
-  local msg = type(v) == 'table' and v.err or tostring(v)
-  if string.find(msg, 'WRONGTYPE', 1, true) then
-    return {'foreign', KEYS[1], 'a Redis ' .. redis.call('TYPE', KEYS[1])['ok']}
+local vk = VBASE .. ARGV[1]
+local swept_key = string.sub(IDX, 1, #IDX - 5) .. 'swept'
+local got = redis.call('MGET', KEYS[1], vk, swept_key)
+local v, version, mark = got[1], got[2], got[3]
+if not v then
+  local kt = redis.call('TYPE', KEYS[1])['ok']
+  if kt ~= 'none' then
+    return {'foreign', KEYS[1], 'a Redis ' .. kt}
   end
-  return redis.error_reply(msg)
-end
-if v == ARGV[2] then
+elseif v == ARGV[2] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   renewed = 1
 end
-local vk = VBASE .. ARGV[1]
-local swept_key = string.sub(IDX, 1, #IDX - 5) .. 'swept'
-local got = redis.call('MGET', vk, swept_key)
-local version, mark = got[1], got[2]
 if mark then
   if renewed == 1 then
     redis.call('ZADD', EXP, ms(tonumber(mark) + tonumber(ARGV[3])), KEYS[1])
