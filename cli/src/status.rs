@@ -111,7 +111,7 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
                 "since": rfc3339(UNIX_EPOCH + Duration::from_millis(r.since_ms)),
                 "age_ms": now_ms.saturating_sub(r.since_ms),
                 "ttl_ms": r.ttl_ms,
-                "acked": r.acked,
+                "acked": s.acked(slot),
                 "in_view": s.table.view.as_ref().is_some_and(|v| v.holders.contains(&r.holder(slot))),
                 "sample_owned": owned(s, slot),
             })
@@ -138,6 +138,7 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
         "view": view,
         "view_text": if s.table.view.is_none() { s.table.view_text.clone() } else { None },
         "view_current": s.view_current,
+        "settled": s.table.settled.map(|m| m.epoch),
         "sample": args.sample,
         "sample_owned": s.sample_owned.iter().map(|&(slot, n)| serde_json::json!({"slot": slot, "keys": n})).collect::<Vec<_>>(),
     })
@@ -161,6 +162,13 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
     };
     emit!("group {}  at {}", args.group, rfc3339(now))?;
     emit!("view  {view}")?;
+    match s.table.settled {
+        Some(m) => emit!(
+            "settled  epoch {} (every live member acknowledged it)",
+            m.epoch
+        )?,
+        None => emit!("settled  none yet")?,
+    }
     emit("")?;
     if s.table.slots.is_empty() {
         emit!("no live members")?;
@@ -200,7 +208,7 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
                 rfc3339(UNIX_EPOCH + Duration::from_millis(r.since_ms)),
                 now_ms.saturating_sub(r.since_ms) as f64 / 1000.0,
                 r.ttl_ms,
-                r.acked,
+                s.acked(slot).unwrap_or(r.acked),
                 owns
             )?;
         }

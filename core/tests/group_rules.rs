@@ -1,4 +1,6 @@
 //! Group rules checked on the in-memory store: what a member refuses, and what it never shows.
+// Tests fail by panicking.
+#![allow(clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -291,4 +293,169 @@ async fn a_slot_record_without_expiry_does_not_stall_the_group() {
     );
     assert_eq!(store.get("hc:{g}:slot:5").await.expect("get"), None);
     m.leave().await.expect("leave");
+}
+
+/// Counts, per store, the writes that changed a key of the slot directory and, per renewed key,
+/// the heartbeats that carried the slot table.
+#[derive(Debug)]
+struct Counting {
+    inner: DynStore,
+    dir: String,
+    dir_writes: std::sync::atomic::AtomicUsize,
+    reads: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+}
+
+impl Counting {
+    fn wrote(&self, key: &str, changed: bool) {
+        if changed && key.starts_with(&self.dir) {
+            self.dir_writes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn reset(&self) {
+        self.dir_writes
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+        self.reads.lock().expect("lock").clear();
+    }
+}
+
+#[async_trait::async_trait]
+impl headcount_core::Store for Counting {
+    fn capabilities(&self) -> headcount_core::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn incr(&self, key: &str, ttl: Option<Duration>) -> headcount_core::Result<i64> {
+        let r = self.inner.incr(key, ttl).await;
+        self.wrote(key, r.is_ok());
+        r
+    }
+    async fn get(&self, key: &str) -> headcount_core::Result<Option<String>> {
+        self.inner.get(key).await
+    }
+    async fn expire(&self, key: &str, ttl: Duration) -> headcount_core::Result<bool> {
+        self.inner.expire(key, ttl).await
+    }
+    async fn compare_and_set(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+        ttl: Option<Duration>,
+    ) -> headcount_core::Result<bool> {
+        let r = self.inner.compare_and_set(key, expected, new, ttl).await;
+        // Writing the same text again (a TTL refresh) changes nothing a reader sees.
+        self.wrote(key, matches!(r, Ok(true)) && expected != Some(new));
+        r
+    }
+    async fn delete(&self, key: &str) -> headcount_core::Result<bool> {
+        let r = self.inner.delete(key).await;
+        self.wrote(key, matches!(r, Ok(true)));
+        r
+    }
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> headcount_core::Result<bool> {
+        let r = self.inner.compare_and_delete(key, expected).await;
+        self.wrote(key, matches!(r, Ok(true)));
+        r
+    }
+    async fn list(&self, prefix: &str) -> headcount_core::Result<Vec<(String, String)>> {
+        self.inner.list(prefix).await
+    }
+    async fn renew_and_list_if_changed(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dir: &str,
+        since: Option<&str>,
+    ) -> headcount_core::Result<headcount_core::store::RenewedListing> {
+        let r = self
+            .inner
+            .renew_and_list_if_changed(key, holder, ttl, dir, since)
+            .await;
+        if matches!(&r, Ok(answer) if answer.listing.is_some()) {
+            *self
+                .reads
+                .lock()
+                .expect("lock")
+                .entry(key.to_owned())
+                .or_default() += 1;
+        }
+        r
+    }
+}
+
+/// A view change costs each member a constant number of slot-table reads, however many members
+/// acknowledge it: acknowledgements are written outside the slot directory, and one member
+/// settles the view. Before, every acknowledgement changed the table, so during a hand-off each
+/// member read the table again at every poll that followed one (16 members: 15 more writes to
+/// the directory per view change).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledgements_do_not_change_the_slot_table() {
+    use headcount_core::recipes::group::GroupPhase;
+    const N: usize = 16;
+    let ttl = Duration::from_millis(600);
+    let counting = Arc::new(Counting {
+        inner: Arc::new(MemoryStore::new()),
+        dir: "hc:{g}:slot:".into(),
+        dir_writes: Default::default(),
+        reads: Default::default(),
+    });
+    let store: DynStore = counting.clone();
+    let mut members = Vec::new();
+    for i in 0..N {
+        let m = Group::join(
+            store.clone(),
+            GroupConfig::new("g", ttl).with_member(format!("m{i}")),
+        )
+        .await
+        .expect("joins");
+        members.push(m);
+    }
+    let converged = |members: &[headcount_core::recipes::group::Member], n: usize| {
+        let first = members[0].assignment().epoch;
+        members.iter().all(|m| {
+            let a = m.assignment();
+            a.phase == GroupPhase::Active && a.epoch == first && a.replicas as usize == n
+        })
+    };
+    let wait = |members: &[headcount_core::recipes::group::Member], n: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let members = members.to_vec();
+        async move {
+            while !converged(&members, n) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "not converged on {n}: {:?}",
+                    members.iter().map(|m| m.assignment()).collect::<Vec<_>>()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    wait(&members, N).await;
+    // Let the last heartbeats that read the joins' tables pass.
+    tokio::time::sleep(ttl).await;
+    counting.reset();
+    let epoch = members[0].assignment().epoch;
+    let leaver = members.remove(N / 2);
+    leaver.leave().await.expect("leave");
+    wait(&members, N - 1).await;
+    assert!(members[0].assignment().epoch > epoch);
+    // Two more heartbeats: reads that follow the change late are counted too.
+    tokio::time::sleep(ttl).await;
+    let writes = counting
+        .dir_writes
+        .load(std::sync::atomic::Ordering::SeqCst);
+    let reads = counting.reads.lock().expect("lock").clone();
+    // The leave's delete, the new view, its settled mark.
+    assert!(
+        writes <= 3,
+        "{writes} writes to the slot directory for one view change"
+    );
+    let most = reads.values().copied().max().unwrap_or(0);
+    assert!(most <= 3, "a member read the table {most} times: {reads:?}");
+    for m in members {
+        m.leave().await.expect("leave");
+    }
 }

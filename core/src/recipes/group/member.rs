@@ -53,6 +53,8 @@ impl Group {
             clock: config.clock.clone(),
             listing: keys.key("slot:"),
             view_key: keys.key("slot:view"),
+            ack_listing: keys.key("ack:"),
+            settled_key: keys.key("slot:settled"),
             keys,
             member: member.clone(),
             ttl: config.ttl,
@@ -72,6 +74,10 @@ impl Group {
             nudged: Vec::new(),
             stalled_since: None,
             seen: None,
+            ack: None,
+            settled: None,
+            settling: false,
+            acks_read: None,
         };
         runner.first_claim().await?;
         let (stop_tx, stop_rx) = watch::channel(false);

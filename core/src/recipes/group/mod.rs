@@ -10,7 +10,7 @@
 //! the round trip is
 //! [`Store::renew_and_list_if_changed`](crate::Store::renew_and_list_if_changed), which
 //! sends the table only when the store's version of it changed since the member last read it (a
-//! claim, a leave, an acknowledgement, a view, or a lease running out); an unchanged table is
+//! claim, a leave, a view published or settled, or a lease running out); an unchanged table is
 //! taken from the member's copy, so a steady group costs each member constant work and bytes per
 //! heartbeat on a backend that keeps versions. A member that leaves
 //! gracefully stops its work, deletes its slot and publishes the view without it, so the others
@@ -31,12 +31,12 @@
 //! The live slots (with the nonce of each claim) form the *view*. A member that sees the live
 //! slots differ from the published view `hc:{group}:slot:view` publishes `{epoch + 1, slots}`
 //! with a compare-and-set against the view it read, so exactly one of the members that try wins
-//! and the epoch is minted by the store. The lowest live slot publishes at once; any other member
-//! polls at a quarter heartbeat while it sees a difference (so it adopts the new view soon after
-//! it is published) and publishes itself when the same difference outlasts a heartbeat (the
-//! lowest may be the one that died); a member that joins or leaves publishes its own change. The new epoch is one
-//! above the highest the publisher has seen in any view *or in any live member's
-//! acknowledgement*, so a view that does not decode, was deleted, or went back (a store that
+//! and the epoch is minted by the store. The lowest live slot publishes at once; when a slot of
+//! the view is gone, any other member polls at a quarter heartbeat (so it adopts the new view
+//! soon after it is published) and publishes itself when the same difference outlasts a
+//! heartbeat (the lowest may be the one that died); a member that joins or leaves publishes its
+//! own change. The new epoch is one above the highest the publisher has seen in any view, settled
+//! mark *or live member's record*, so a view that does not decode, was deleted, or went back (a store that
 //! lost its data) is replaced by one above every epoch a live member acted on: epochs only
 //! increase as long as one member survives. Epochs above `i64::MAX - 1` are foreign values.
 //!
@@ -61,13 +61,21 @@
 //! * keys it owns in both its active view and the new one never pause;
 //! * keys it no longer owns are revoked at once ([`Member::owns`] says no, [`Grant::is_valid`]
 //!   turns false); when no grant for them is in flight any more, the member *acknowledges* the
-//!   new view by writing its epoch and digest into its own slot record (`acked=`, `view=`),
-//!   which every member reads at its next heartbeat anyway, and writes it again if the store
-//!   loses it;
-//! * keys it gains start only once every other live slot has acknowledged that epoch (a slot
-//!   that is gone from the store has either released everything before deleting itself, or its
-//!   lease expired and its holder stopped on its own clock). Until then [`Member::owns`] says no
-//!   for them.
+//!   new view by writing its epoch and digest, with its claim's nonce, to `hc:{group}:ack:{slot}`
+//!   (outside the slot directory, so acknowledging does not change the table the others read);
+//! * the member holding the lowest live slot reads the acknowledgements while the published view
+//!   is unsettled and, once every live slot acknowledged it, writes the *settled mark*
+//!   `hc:{group}:slot:settled` (the view's epoch and digest). Should it not (an older version of
+//!   headcount holds it), a member whose hand-off waited two heartbeats does it, once a heartbeat.
+//!   A member whose acknowledged view stays unsettled for a heartbeat writes its acknowledgement
+//!   again, in case the store lost it;
+//! * keys it gains start only once the view is settled, or every other live slot's record
+//!   acknowledges it (a fresh claim, an older version). A slot that is gone from the store has
+//!   either released everything before deleting itself, or its lease expired and its holder
+//!   stopped on its own clock; a slot claimed after the acknowledgements were read holds nothing
+//!   from before. Until then [`Member::owns`] says no for them. Waiting for the mark, a member
+//!   polls it with one `get` between heartbeats, so a view change costs each member a constant
+//!   number of table reads.
 //!
 //! **Guarantee**: a key is granted under one epoch to at most one member (the view is a
 //! function of the epoch, and the assignor of the view); and a member starts granting a key it
@@ -97,6 +105,8 @@
 //! |---|---|---|
 //! | `slot:{i}` | `v1 member=<id> nonce=<hex> since=<unix ms> ttl=<ms> acked=<epoch> view=<hex>` | the lease TTL |
 //! | `slot:view` | `v1 epoch=<E> assignor=<name> slots=<slot>@<nonce>,...` | none |
+//! | `slot:settled` | `v1 epoch=<E> view=<hex>` | none |
+//! | `ack:{i}` | `v1 nonce=<hex> acked=<epoch> view=<hex>` | four lease TTLs |
 
 // The files of this module, each holding one part of the recipe described above:
 // `config` (GroupConfig), `records` (the slot and view records and the parsed slot table), `view`
@@ -111,7 +121,7 @@ mod runner;
 mod status;
 mod view;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
@@ -130,7 +140,8 @@ pub use config::GroupConfig;
 pub use grants::Grant;
 use grants::{Scope, Shared, State};
 pub use member::{Group, Member};
-pub use records::{Holder, SlotRecord, Table, ViewRecord, MAX_EPOCH};
+use records::parse_acks;
+pub use records::{AckRecord, Holder, SettledRecord, SlotRecord, Table, ViewRecord, MAX_EPOCH};
 use runner::Runner;
 pub use status::{status, GroupStatus};
 pub use view::{Assignment, Change, GroupPhase, ViewState};

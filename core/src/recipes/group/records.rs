@@ -1,5 +1,7 @@
-//! The two records of a group in the store, as text a person can read with the store's own
-//! client: a slot record (`hc:{group}:slot:{i}`) and the published view (`hc:{group}:slot:view`).
+//! The records of a group in the store, as text a person can read with the store's own client:
+//! a slot record (`hc:{group}:slot:{i}`), the published view (`hc:{group}:slot:view`), the mark
+//! of the newest view every live slot acknowledged (`hc:{group}:slot:settled`), and each slot's
+//! acknowledgement (`hc:{group}:ack:{i}`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -30,8 +32,10 @@ pub struct SlotRecord {
     pub since_ms: u64,
     /// The lease TTL the holder renews with, in milliseconds.
     pub ttl_ms: u64,
-    /// The newest epoch whose hand-off this holder completed: it holds no grant for a key it does
-    /// not own in that view, and will never again start a key under an older one.
+    /// An epoch whose hand-off this holder completed: it holds no grant for a key it does not
+    /// own in that view, and will never again start a key under an older one. This version
+    /// writes the highest epoch it had seen when it claimed (holding nothing) and acknowledges
+    /// later views in an [`AckRecord`]; earlier versions rewrote it at every acknowledgement.
     pub acked: u64,
     /// The [digest](ViewRecord::digest) of the view acknowledged under `acked`, or 0 when the
     /// holder acknowledged every view up to `acked` at once (a fresh claim holds nothing). A
@@ -113,6 +117,110 @@ pub struct Holder {
     pub slot: u32,
     /// The nonce of the claim.
     pub nonce: u64,
+}
+
+/// A slot holder's acknowledgement, kept outside the slot directory (`hc:{group}:ack:{i}`) so
+/// that acknowledging does not change the slot table every member reads.
+///
+/// `v1 nonce=<16 hex> acked=<epoch> view=<16 hex>`: the claim it belongs to (an acknowledgement
+/// whose nonce is not the live claim's counts for nothing), the epoch and the
+/// [digest](ViewRecord::digest) of the view whose hand-off the holder completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckRecord {
+    /// The nonce of the claim that acknowledged.
+    pub nonce: u64,
+    /// The acknowledged epoch.
+    pub acked: u64,
+    /// The acknowledged view's digest.
+    pub view: u64,
+}
+
+impl AckRecord {
+    /// Whether this acknowledges the view of `epoch` with `digest` (a newer epoch does too: the
+    /// holder then holds no grant for a key it does not own in that newer view, and it never
+    /// again starts a key under an older one).
+    pub fn has_acked_digest(&self, epoch: u64, digest: u64) -> bool {
+        self.acked > epoch || (self.acked == epoch && self.view == digest)
+    }
+
+    /// Parses an acknowledgement; `None` for anything else.
+    pub fn parse(text: &str) -> Option<AckRecord> {
+        let mut parts = text.split(' ');
+        if parts.next()? != TAG {
+            return None;
+        }
+        let fields = fields(parts)?;
+        let record = AckRecord {
+            nonce: u64::from_str_radix(fields.get("nonce")?, 16).ok()?,
+            acked: fields.get("acked")?.parse().ok()?,
+            view: u64::from_str_radix(fields.get("view")?, 16).ok()?,
+        };
+        (fields.len() == 3 && record.acked <= MAX_EPOCH).then_some(record)
+    }
+}
+
+impl fmt::Display for AckRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{TAG} nonce={:016x} acked={} view={:016x}",
+            self.nonce, self.acked, self.view
+        )
+    }
+}
+
+/// The newest view every slot live at the time had acknowledged (or, gone from the store, had
+/// lost its lease): `hc:{group}:slot:settled`, written by one member after it read the
+/// acknowledgements, so the others need not read them.
+///
+/// `v1 epoch=<E> view=<16 hex>`
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SettledRecord {
+    /// The settled view's epoch.
+    pub epoch: u64,
+    /// The settled view's [digest](ViewRecord::digest).
+    pub view: u64,
+}
+
+impl SettledRecord {
+    /// Whether this settles the view of `epoch` with `digest`.
+    pub fn settles(&self, epoch: u64, digest: u64) -> bool {
+        self.epoch == epoch && self.view == digest
+    }
+
+    /// Parses a mark; `None` for anything else.
+    pub fn parse(text: &str) -> Option<SettledRecord> {
+        let mut parts = text.split(' ');
+        if parts.next()? != TAG {
+            return None;
+        }
+        let fields = fields(parts)?;
+        let record = SettledRecord {
+            epoch: fields.get("epoch")?.parse().ok()?,
+            view: u64::from_str_radix(fields.get("view")?, 16).ok()?,
+        };
+        (fields.len() == 2 && record.epoch <= MAX_EPOCH).then_some(record)
+    }
+}
+
+impl fmt::Display for SettledRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{TAG} epoch={} view={:016x}", self.epoch, self.view)
+    }
+}
+
+/// The acknowledgements of a group's slots (a listing of `hc:{group}:ack:`), by slot. Values
+/// that do not parse count as no acknowledgement.
+pub(super) fn parse_acks(prefix: &str, listing: Vec<(String, String)>) -> BTreeMap<u32, AckRecord> {
+    listing
+        .into_iter()
+        .filter_map(|(key, value)| {
+            let suffix = key.strip_prefix(prefix)?;
+            let slot: u32 = suffix.parse().ok()?;
+            (slot.to_string() == suffix).then_some(())?;
+            Some((slot, AckRecord::parse(&value)?))
+        })
+        .collect()
 }
 
 /// A published view: the epoch and the live slots with their holders.
@@ -222,6 +330,10 @@ pub struct Table {
     pub view_text: Option<String>,
     /// The published view, when there is one and it parses.
     pub view: Option<ViewRecord>,
+    /// The settled mark as stored (for a compare-and-set), when there is one.
+    pub settled_text: Option<String>,
+    /// The settled mark, when there is one and it parses.
+    pub settled: Option<SettledRecord>,
 }
 
 impl Table {
@@ -235,6 +347,11 @@ impl Table {
             if suffix == "view" {
                 table.view = ViewRecord::parse(&value);
                 table.view_text = Some(value);
+                continue;
+            }
+            if suffix == "settled" {
+                table.settled = SettledRecord::parse(&value);
+                table.settled_text = Some(value);
                 continue;
             }
             // Only canonical numbers: `007` is not slot 7.
@@ -261,10 +378,33 @@ impl Table {
         table
     }
 
-    /// The highest epoch this listing shows: the view's, or any member's acknowledgement.
+    /// The highest epoch this listing shows: the view's, the settled mark's, or any member's
+    /// acknowledgement in its slot record.
     pub fn highest_epoch(&self) -> u64 {
         let acked = self.slots.values().map(|r| r.acked).max().unwrap_or(0);
-        self.view.as_ref().map_or(0, |v| v.epoch).max(acked)
+        let settled = self.settled.map_or(0, |s| s.epoch);
+        self.view
+            .as_ref()
+            .map_or(0, |v| v.epoch)
+            .max(acked)
+            .max(settled)
+    }
+
+    /// Whether the holder of `slot` acknowledged the view of `epoch` with `digest`, in its slot
+    /// record or in an acknowledgement of `acks` that belongs to its claim.
+    pub fn slot_acked(
+        &self,
+        slot: u32,
+        acks: &BTreeMap<u32, AckRecord>,
+        epoch: u64,
+        digest: u64,
+    ) -> bool {
+        self.slots.get(&slot).is_some_and(|r| {
+            r.has_acked_digest(epoch, digest)
+                || acks
+                    .get(&slot)
+                    .is_some_and(|a| a.nonce == r.nonce && a.has_acked_digest(epoch, digest))
+        })
     }
 
     /// The live holders, ascending by slot: the view this listing calls for.
@@ -368,6 +508,52 @@ mod tests {
         ] {
             assert_eq!(ViewRecord::parse(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn acks_and_settled_marks_round_trip_and_reject_garbage() {
+        let a = AckRecord {
+            nonce: 0xabc,
+            acked: 7,
+            view: 0x1f,
+        };
+        assert_eq!(
+            a.to_string(),
+            "v1 nonce=0000000000000abc acked=7 view=000000000000001f"
+        );
+        assert_eq!(AckRecord::parse(&a.to_string()), Some(a));
+        assert!(a.has_acked_digest(7, 0x1f) && a.has_acked_digest(6, 0x99));
+        assert!(!a.has_acked_digest(7, 0x20) && !a.has_acked_digest(8, 0x1f));
+        let s = SettledRecord {
+            epoch: 9,
+            view: 0x2b,
+        };
+        assert_eq!(s.to_string(), "v1 epoch=9 view=000000000000002b");
+        assert_eq!(SettledRecord::parse(&s.to_string()), Some(s));
+        assert!(s.settles(9, 0x2b) && !s.settles(9, 0x2c) && !s.settles(8, 0x2b));
+        for bad in [
+            "",
+            "v1 nonce=1 acked=1",
+            "v1 nonce=1 acked=1 view=1 x=1",
+            "v1 nonce=1 acked=-1 view=1",
+            "v1 nonce=1 acked=9223372036854775807 view=1",
+        ] {
+            assert_eq!(AckRecord::parse(bad), None, "{bad:?}");
+        }
+        for bad in ["", "v1 epoch=1", "v1 epoch=x view=1", "v2 epoch=1 view=1"] {
+            assert_eq!(SettledRecord::parse(bad), None, "{bad:?}");
+        }
+        let p = "hc:{g}:ack:";
+        let acks = parse_acks(
+            p,
+            vec![
+                (format!("{p}0"), a.to_string()),
+                (format!("{p}01"), a.to_string()),
+                (format!("{p}2"), "garbage".into()),
+                (format!("{p}x"), a.to_string()),
+            ],
+        );
+        assert_eq!(acks.into_iter().collect::<Vec<_>>(), [(0, a)]);
     }
 
     #[test]

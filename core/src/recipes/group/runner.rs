@@ -5,6 +5,18 @@ use super::*;
 /// The most stalled slots one beat re-applies a lease TTL to ([`Runner::expire_stalled`]).
 pub(super) const NUDGES_PER_BEAT: usize = 8;
 
+/// Live slots that disagree with the published view.
+pub(super) struct Discrepancy {
+    /// The live holders of the listing.
+    pub(super) live: Vec<Holder>,
+    /// Since when (monotonic).
+    pub(super) since: Duration,
+    /// Whether the member polls at a quarter heartbeat meanwhile: the lowest slot (which
+    /// publishes), and every member when a slot of the view is gone (the lowest may be the one
+    /// gone). A new claim publishes the view with itself, so the others need not poll for it.
+    pub(super) fast: bool,
+}
+
 /// The background heartbeat.
 pub(super) struct Runner {
     pub(super) store: DynStore,
@@ -31,7 +43,7 @@ pub(super) struct Runner {
     /// The live holders of a listing that disagreed with the published view, and since when
     /// (monotonic): while it lasts the member polls at a quarter heartbeat so it adopts the view
     /// the lowest slot publishes soon after, and publishes itself when it outlasts a heartbeat.
-    pub(super) last_discrepancy: Option<(Vec<Holder>, Duration)>,
+    pub(super) last_discrepancy: Option<Discrepancy>,
     pub(super) pending_since: Option<Duration>,
     /// Gave up renewing (drain timeout): waits for its lease to pass, then claims again.
     pub(super) abandoned: bool,
@@ -45,11 +57,44 @@ pub(super) struct Runner {
     /// The slot table as last read and the store's version of it: a heartbeat whose version
     /// is the same reads nothing and works from this copy.
     pub(super) seen: Option<(String, Table)>,
+    /// `hc:{group}:ack:`, the directory of the acknowledgements.
+    pub(super) ack_listing: String,
+    /// `hc:{group}:slot:settled`.
+    pub(super) settled_key: String,
+    /// The acknowledgement this member last wrote, as stored, and when (monotonic).
+    pub(super) ack: Option<(AckRecord, String, Duration)>,
+    /// The newest settled mark read (from the table or a poll).
+    pub(super) settled: Option<SettledRecord>,
+    /// This member settles: its slot is the lowest live one and the published view is not
+    /// settled yet, so it polls the acknowledgements at a quarter heartbeat.
+    pub(super) settling: bool,
+    /// When this member last read the acknowledgements (monotonic).
+    pub(super) acks_read: Option<Duration>,
 }
+
+/// How long an acknowledgement lives, in lease TTLs: it matters only until its view is settled,
+/// and a member whose view stays unsettled writes it again every heartbeat.
+const ACK_TTLS: u32 = 4;
 
 impl Runner {
     pub(super) fn slot_key(&self, slot: u32) -> String {
         self.keys.slot(slot)
+    }
+
+    fn ack_key(&self, slot: u32) -> String {
+        format!("{}{slot}", self.ack_listing)
+    }
+
+    /// Whether this member's current claim has acknowledged `view`: in its slot record (a fresh
+    /// claim has let go of everything up to the epoch it claimed at) or in its acknowledgement.
+    pub(super) fn has_acked(&self, view: &ViewState) -> bool {
+        let Some((_, record)) = &self.record else {
+            return false;
+        };
+        view.acked_by(record)
+            || self.ack.as_ref().is_some_and(|(a, _, _)| {
+                a.nonce == record.nonce && a.has_acked_digest(view.epoch(), view.digest)
+            })
     }
 
     pub(super) fn set_error(&self, e: Option<&Error>) {
@@ -175,6 +220,7 @@ impl Runner {
         }
         self.preferred = Some(slot);
         self.record = Some((slot, record.clone()));
+        self.ack = None;
         self.shared.publish(|a| {
             a.slot = Some(slot);
             a.phase = GroupPhase::Joining;
@@ -195,7 +241,8 @@ impl Runner {
         loop {
             let fast = self.pending_since.is_some()
                 || self.record.is_none()
-                || self.last_discrepancy.is_some();
+                || self.settling
+                || self.last_discrepancy.as_ref().is_some_and(|d| d.fast);
             let wake = if fast {
                 next.min(self.clock.monotonic() + self.heartbeat / 4)
             } else {
@@ -216,10 +263,16 @@ impl Runner {
                 self.progress(None).await;
                 continue;
             }
-            if self.clock.monotonic() >= next {
+            let full = self.clock.monotonic() >= next;
+            if full {
                 next = self.clock.monotonic() + self.heartbeat;
             }
-            if let Err(e) = self.beat().await {
+            let result = if full || !self.only_settling_awaited() {
+                self.beat().await
+            } else {
+                self.poll_settled().await
+            };
+            if let Err(e) = result {
                 if e.kind() == crate::ErrorKind::Rejected {
                     self.fail(&e).await;
                     return Err(e);
@@ -227,6 +280,48 @@ impl Runner {
             }
         }
         self.leave().await
+    }
+
+    /// Whether all this member awaits between heartbeats is the settled mark of the view it
+    /// acknowledged: then it polls that small key instead of renewing and reading the table, so
+    /// a hand-off costs it a constant number of table reads however many members acknowledge.
+    fn only_settling_awaited(&self) -> bool {
+        if self.record.is_none() || self.abandoned || self.settling {
+            return false;
+        }
+        if self.last_discrepancy.as_ref().is_some_and(|d| d.fast) {
+            return false;
+        }
+        let pending = self.shared.lock().pending.clone();
+        pending.is_some_and(|p| self.has_acked(&p))
+    }
+
+    /// Reads the settled mark: activates the pending view once it is settled, and reads the
+    /// table at once when a newer view was settled.
+    pub(super) async fn poll_settled(&mut self) -> Result<()> {
+        let text = match self.store.get(&self.settled_key).await {
+            Ok(text) => text,
+            Err(e) => {
+                self.set_error(Some(&e));
+                return Ok(());
+            }
+        };
+        let Some(mark) = text.as_deref().and_then(SettledRecord::parse) else {
+            return Ok(());
+        };
+        let pending = self.shared.lock().pending.clone();
+        let Some(pending) = pending else {
+            return Ok(());
+        };
+        if mark.settles(pending.epoch(), pending.digest) {
+            self.settled = Some(mark);
+            self.progress(None).await;
+            Ok(())
+        } else if mark.epoch > pending.epoch() {
+            self.beat().await
+        } else {
+            Ok(())
+        }
     }
 
     /// One heartbeat: renew and read the table, or claim again when the lease is gone.
@@ -449,9 +544,17 @@ impl Runner {
             let lowest = live.first().map(|h| h.slot) == my_slot && my_slot.is_some();
             let now = self.clock.monotonic();
             let since = match &self.last_discrepancy {
-                Some((seen, since)) if *seen == live => *since,
+                Some(d) if d.live == live => d.since,
                 _ => now,
             };
+            // A slot of the view is gone (a crash, a lapse): every member watches closely, in
+            // case the lowest slot is the one gone. New claims alone publish their own view.
+            let fast = lowest
+                || table.view.as_ref().is_none_or(|v| {
+                    v.holders
+                        .iter()
+                        .any(|h| table.slots.get(&h.slot).is_none_or(|r| r.nonce != h.nonce))
+                });
             let again = now.saturating_sub(since) >= self.heartbeat;
             if self.highest >= MAX_EPOCH {
                 let e = Error::foreign(
@@ -460,7 +563,7 @@ impl Runner {
                     &self.highest.to_string(),
                 );
                 self.set_error(Some(&e));
-                self.last_discrepancy = Some((live, since));
+                self.last_discrepancy = Some(Discrepancy { live, since, fast });
             } else if own_change || lowest || again {
                 let next = ViewRecord {
                     epoch: self.highest.saturating_add(1),
@@ -488,16 +591,16 @@ impl Runner {
                     // next (quarter-heartbeat) beat.
                     Ok(false) => {
                         newest = None;
-                        self.last_discrepancy = Some((live, since));
+                        self.last_discrepancy = Some(Discrepancy { live, since, fast });
                     }
                     Err(e) => {
                         newest = None;
                         self.set_error(Some(&e));
-                        self.last_discrepancy = Some((live, since));
+                        self.last_discrepancy = Some(Discrepancy { live, since, fast });
                     }
                 }
             } else {
-                self.last_discrepancy = Some((live, since));
+                self.last_discrepancy = Some(Discrepancy { live, since, fast });
             }
         } else {
             self.last_discrepancy = None;
@@ -505,7 +608,126 @@ impl Runner {
         if let Some(v) = newest {
             self.adopt(v);
         }
+        self.settled = table.settled;
         self.progress(Some(&table)).await;
+        if self.settle(&table).await {
+            self.progress(Some(&table)).await;
+        }
+        self.reassert(&table).await;
+    }
+
+    /// Settles the published view when this member's slot is the lowest live one (or, as a
+    /// fallback for a lowest slot that does not, when its own hand-off has waited two
+    /// heartbeats, at most once a heartbeat): reads the acknowledgements and, once every live
+    /// slot acknowledged the view, writes the settled mark the others poll. Returns whether it
+    /// wrote it.
+    pub(super) async fn settle(&mut self, table: &Table) -> bool {
+        self.settling = false;
+        let Some((own, _)) = self.record.clone() else {
+            return false;
+        };
+        if self.abandoned {
+            return false;
+        }
+        let Some(view) = &table.view else {
+            return false;
+        };
+        let target = self.shared.lock().target().cloned();
+        let Some(target) = target.filter(|t| t.epoch() == view.epoch) else {
+            return false;
+        };
+        let (epoch, digest) = (target.epoch(), target.digest);
+        if self
+            .settled
+            .is_some_and(|m| m.epoch > epoch || m.settles(epoch, digest))
+        {
+            self.stalled_since = None;
+            return false;
+        }
+        // The same epoch for other holders: a store that lost writes minted it twice, and
+        // `on_table` replaces it.
+        if target.record().holders != view.holders || !self.has_acked(&target) {
+            return false;
+        }
+        let now = self.clock.monotonic();
+        let lowest = table.slots.keys().next() == Some(&own);
+        self.settling = lowest;
+        let fallback = self
+            .pending_since
+            .is_some_and(|t| now.saturating_sub(t) >= 2 * self.heartbeat)
+            && self
+                .acks_read
+                .is_none_or(|t| now.saturating_sub(t) >= self.heartbeat);
+        if !lowest && !fallback {
+            return false;
+        }
+        self.acks_read = Some(now);
+        let acks = match self.store.list(&self.ack_listing).await {
+            Ok(listing) => parse_acks(&self.ack_listing, listing),
+            Err(e) => {
+                self.set_error(Some(&e));
+                return false;
+            }
+        };
+        // This member's own acknowledgement is what it did, whatever the store kept of it.
+        let all = table
+            .slots
+            .keys()
+            .all(|&s| s == own || table.slot_acked(s, &acks, epoch, digest));
+        if !all {
+            if lowest {
+                self.expire_stalled(table, &acks, &target, own).await;
+            }
+            return false;
+        }
+        let mark = SettledRecord {
+            epoch,
+            view: digest,
+        };
+        match self
+            .store
+            .compare_and_set(
+                &self.settled_key,
+                table.settled_text.as_deref(),
+                &mark.to_string(),
+                None,
+            )
+            .await
+        {
+            Ok(true) => {
+                tracing::debug!(group = self.keys.group(), member = %self.member, epoch, "every live slot acknowledged the view: settled it");
+                self.settled = Some(mark);
+                self.settling = false;
+                self.stalled_since = None;
+                true
+            }
+            // Changed since the listing: read again at the next beat.
+            Ok(false) => false,
+            Err(e) => {
+                self.set_error(Some(&e));
+                false
+            }
+        }
+    }
+
+    /// Writes this member's acknowledgement again when the published view is one it
+    /// acknowledged and has stayed unsettled for a heartbeat since the last write: the store
+    /// may have lost it (a rollback, an expiry during a long hand-off, a late write of an earlier
+    /// claim of the slot), and the others wait for it.
+    pub(super) async fn reassert(&mut self, table: &Table) {
+        let (Some(view), Some((slot, record))) = (&table.view, self.record.clone()) else {
+            return;
+        };
+        if self.abandoned || self.settled.is_some_and(|m| m.epoch >= view.epoch) {
+            return;
+        }
+        let Some((ack, _, written)) = self.ack.clone() else {
+            return;
+        };
+        let stale = self.clock.monotonic().saturating_sub(written) >= self.heartbeat;
+        if ack.nonce == record.nonce && ack.acked >= view.epoch && stale {
+            self.write_ack(slot, ack).await;
+        }
     }
 
     /// Makes `view` the pending view when it is newer than what the member has.
@@ -547,22 +769,9 @@ impl Runner {
     /// right away when the live slots did not change, so nothing moves to this member). With no
     /// table (woken by a dropped grant) it only acknowledges.
     pub(super) async fn progress(&mut self, table: Option<&Table>) {
-        let (pending, active) = {
-            let st = self.shared.lock();
-            (st.pending.clone(), st.active.clone())
-        };
+        let pending = self.shared.lock().pending.clone();
+        // An acknowledgement the store lost is written again by `reassert`.
         if pending.is_none() {
-            // An acknowledgement the store lost (it rolled back, or a write timed out and was
-            // not applied) is written again: the others wait for it.
-            if let Some(active) = active {
-                let lost = self
-                    .record
-                    .as_ref()
-                    .is_some_and(|(_, r)| !active.acked_by(r));
-                if lost && !self.abandoned {
-                    self.acknowledge(&active).await;
-                }
-            }
             return;
         }
         let (pending, drained, same_holders) = {
@@ -597,20 +806,23 @@ impl Runner {
         if self.abandoned {
             return;
         }
-        if !pending.acked_by(&record) && !self.acknowledge(&pending).await {
+        if !self.has_acked(&pending) && !self.acknowledge(&pending).await {
             return;
         }
-        let others_acked = match table {
-            Some(t) => t
-                .slots
+        // Settled: every slot live when the settling member read the acknowledgements had
+        // acknowledged (a slot claimed since holds nothing from before). Members that still
+        // acknowledge in their slot records (a fresh claim; an earlier version of headcount)
+        // are read from the table directly.
+        let settled = self
+            .settled
+            .is_some_and(|m| m.settles(epoch, pending.digest));
+        let others_acked = table.is_some_and(|t| {
+            t.slots
                 .iter()
-                .all(|(&s, r)| s == slot || pending.acked_by(r)),
-            None => false,
-        };
-        if same_holders || others_acked {
+                .all(|(&s, r)| s == slot || pending.acked_by(r))
+        });
+        if same_holders || settled || others_acked {
             self.activate(pending, record.holder(slot));
-        } else if let Some(t) = table {
-            self.expire_stalled(t, &pending, slot).await;
         }
     }
 
@@ -619,10 +831,16 @@ impl Runner {
     /// its exact stored text. A live holder renews within a third of its TTL anyway, so this
     /// changes nothing for it; a record that has no expiry (restored by a tool that drops TTLs,
     /// written by hand) expires after that TTL, and the group proceeds without it instead of
-    /// waiting forever. Only the lowest slot that acknowledged the epoch does it, at most
+    /// waiting forever. Only the settling member (the lowest live slot) does it, at most
     /// [`NUDGES_PER_BEAT`] slots per beat, so a large group in churn does not write O(n²).
-    pub(super) async fn expire_stalled(&mut self, table: &Table, pending: &ViewState, own: u32) {
-        let epoch = pending.epoch();
+    pub(super) async fn expire_stalled(
+        &mut self,
+        table: &Table,
+        acks: &BTreeMap<u32, AckRecord>,
+        pending: &ViewState,
+        own: u32,
+    ) {
+        let (epoch, digest) = (pending.epoch(), pending.digest);
         let now = self.clock.monotonic();
         let since = match self.stalled_since {
             Some((e, t)) if e == epoch => t,
@@ -634,20 +852,13 @@ impl Runner {
         if now.saturating_sub(since) < self.ttl * 3 {
             return;
         }
-        let lowest_acked = table
-            .slots
-            .iter()
-            .filter(|(&s, r)| s == own || pending.acked_by(r))
-            .map(|(&s, _)| s)
-            .min();
-        if lowest_acked != Some(own) {
-            return;
-        }
         let stalled: Vec<(u32, SlotRecord)> = table
             .slots
             .iter()
             .filter(|(&s, r)| {
-                s != own && !pending.acked_by(r) && !self.nudged.contains(&(s, r.nonce, epoch))
+                s != own
+                    && !table.slot_acked(s, acks, epoch, digest)
+                    && !self.nudged.contains(&(s, r.nonce, epoch))
             })
             .take(NUDGES_PER_BEAT)
             .map(|(&s, r)| (s, r.clone()))
@@ -693,52 +904,58 @@ impl Runner {
         }
     }
 
-    /// Writes the acknowledgement of `view` into the member's slot record. Returns whether it
-    /// did.
+    /// Writes the acknowledgement of `view` (`hc:{group}:ack:{slot}`). Returns whether it did.
     pub(super) async fn acknowledge(&mut self, view: &ViewState) -> bool {
         let Some((slot, record)) = self.record.clone() else {
             return false;
         };
-        let acked = SlotRecord {
+        let ack = AckRecord {
+            nonce: record.nonce,
             acked: view.epoch(),
             view: view.digest,
-            ..record.clone()
         };
+        self.write_ack(slot, ack).await
+    }
+
+    /// Stores `ack` at the slot's acknowledgement key, replacing whatever is there (only this
+    /// slot's holder writes it; an earlier claim's acknowledgement counts for nothing). Returns
+    /// whether it did.
+    pub(super) async fn write_ack(&mut self, slot: u32, ack: AckRecord) -> bool {
+        let key = self.ack_key(slot);
+        let text = ack.to_string();
+        let ttl = (self.ttl * ACK_TTLS).min(MAX_TTL);
         let sent = self.clock.monotonic();
-        match self
-            .store
-            .compare_and_set(
-                &self.slot_key(slot),
-                Some(&record.to_string()),
-                &acked.to_string(),
-                Some(self.ttl),
-            )
-            .await
-        {
-            Ok(true) => {
-                self.record = Some((slot, acked));
-                self.shared.lock().deadline = Some(self.deadline(sent));
-                true
-            }
-            Ok(false) => {
-                // An earlier acknowledgement whose reply was lost may have been applied: the
-                // slot then holds this very text, and the claim is still ours.
-                if let Ok(Some(now)) = self.store.get(&self.slot_key(slot)).await {
-                    if now == acked.to_string() {
-                        self.record = Some((slot, acked));
-                        return true;
-                    }
+        let mut expected = self
+            .ack
+            .as_ref()
+            .filter(|(a, _, _)| a.nonce == ack.nonce)
+            .map(|(_, t, _)| t.clone());
+        // Two tries: what this member last wrote, then what the store holds (an earlier claim's
+        // acknowledgement, or none when the store lost ours).
+        for _ in 0..2 {
+            match self
+                .store
+                .compare_and_set(&key, expected.as_deref(), &text, Some(ttl))
+                .await
+            {
+                Ok(true) => {
+                    self.ack = Some((ack, text, sent));
+                    return true;
                 }
-                self.revoke("the slot was no longer ours at acknowledgement");
-                self.record = None;
-                self.preferred = Some(slot);
-                false
-            }
-            Err(e) => {
-                self.set_error(Some(&e));
-                false
+                Ok(false) => match self.store.get(&key).await {
+                    Ok(now) => expected = now,
+                    Err(e) => {
+                        self.set_error(Some(&e));
+                        return false;
+                    }
+                },
+                Err(e) => {
+                    self.set_error(Some(&e));
+                    return false;
+                }
             }
         }
+        false
     }
 
     pub(super) fn activate(&mut self, view: Arc<ViewState>, holder: Holder) {

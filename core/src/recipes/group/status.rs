@@ -8,10 +8,25 @@ use super::*;
 pub struct GroupStatus {
     /// The parsed slot table.
     pub table: Table,
+    /// The acknowledgements (`hc:{group}:ack:{i}`) that belong to a live slot's claim, by slot.
+    pub acks: BTreeMap<u32, AckRecord>,
     /// Whether the published view names exactly the live slots.
     pub view_current: bool,
     /// For each live slot of the published view, how many of the sampled keys it owns.
     pub sample_owned: Vec<(u32, u64)>,
+}
+
+impl GroupStatus {
+    /// The newest epoch the holder of `slot` acknowledged: in its acknowledgement, or in its
+    /// slot record (the epoch it claimed at, or an earlier version's acknowledgement).
+    pub fn acked(&self, slot: u32) -> Option<u64> {
+        let record = self.table.slots.get(&slot)?;
+        Some(
+            self.acks
+                .get(&slot)
+                .map_or(record.acked, |a| a.acked.max(record.acked)),
+        )
+    }
 }
 
 /// Reads a group's slot table and view, and counts which slot owns each of the keys `0..sample`
@@ -27,6 +42,9 @@ pub async fn status(
     let keys = Keyspace::with_prefix(prefix, group)?;
     let listing_prefix = keys.key("slot:");
     let table = Table::parse(&listing_prefix, store.list(&listing_prefix).await?);
+    let ack_prefix = keys.key("ack:");
+    let mut acks = parse_acks(&ack_prefix, store.list(&ack_prefix).await?);
+    acks.retain(|slot, a| table.slots.get(slot).is_some_and(|r| r.nonce == a.nonce));
     let view_current = table
         .view
         .as_ref()
@@ -45,6 +63,7 @@ pub async fn status(
     }
     Ok(GroupStatus {
         table,
+        acks,
         view_current,
         sample_owned,
     })
