@@ -74,6 +74,7 @@ impl Group {
             nudged: Vec::new(),
             stalled_since: None,
             seen: None,
+            unsettled: false,
             ack: None,
             settled: None,
             settling: false,

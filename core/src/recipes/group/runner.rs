@@ -56,7 +56,11 @@ pub(super) struct Runner {
     pub(super) stalled_since: Option<(u64, Duration)>,
     /// The slot table as last read and the store's version of it: a heartbeat whose version
     /// is the same reads nothing and works from this copy.
-    pub(super) seen: Option<(String, Table)>,
+    pub(super) seen: Option<(String, Arc<Table>)>,
+    /// The published view in the last table read is newer than the newest settled mark: a
+    /// heartbeat must look at the table again even when it did not change (to write a lost
+    /// acknowledgement again, see [`Runner::reassert`]).
+    pub(super) unsettled: bool,
     /// `hc:{group}:ack:`, the directory of the acknowledgements.
     pub(super) ack_listing: String,
     /// `hc:{group}:slot:settled`.
@@ -228,7 +232,7 @@ impl Runner {
         tracing::info!(group = self.keys.group(), member = %self.member, slot, "claimed a slot");
         let mut table = table.clone();
         table.slots.insert(slot, record);
-        self.on_table(table, true).await;
+        self.on_table(&table, true).await;
         Ok(true)
     }
 
@@ -359,9 +363,9 @@ impl Runner {
         );
         let result = if !self.change_checks {
             let renewal = store.renew_and_list(&key, &text, self.ttl, &listing);
-            self.before_lapse(renewal)
-                .await
-                .map(|(renewed, listed)| (renewed, Table::parse(&self.listing, listed)))
+            self.before_lapse(renewal).await.map(|(renewed, listed)| {
+                (renewed, Arc::new(Table::parse(&self.listing, listed)), true)
+            })
         } else {
             let since = self.seen.as_ref().map(|(v, _)| v.clone());
             let renewal =
@@ -376,7 +380,7 @@ impl Runner {
                 self.set_error(Some(&e));
                 Ok(())
             }
-            Ok((false, table)) => {
+            Ok((false, table, _)) => {
                 // A write of ours that reported an error may have been applied after all (an
                 // acknowledgement that timed out): the slot then holds our claim with other
                 // text. It is still ours; take its text and renew at the next beat.
@@ -392,15 +396,27 @@ impl Runner {
                 self.reclaim(&table).await;
                 Ok(())
             }
-            Ok((true, table)) => {
+            Ok((true, table, changed)) => {
                 {
                     let mut st = self.shared.lock();
                     st.deadline = Some(self.deadline(sent));
                     st.holder = Some(record.holder(slot));
                 }
                 self.set_error(None);
+                // The same table as at the last beat, an active view (a lapse revokes it: the
+                // member adopts the view again), and nothing that waits on time: the table
+                // would decide nothing new, so a steady member does constant work.
+                let idle = !changed
+                    && self.shared.lock().active.is_some()
+                    && self.last_discrepancy.is_none()
+                    && self.pending_since.is_none()
+                    && !self.settling
+                    && !self.unsettled;
+                if idle {
+                    return Ok(());
+                }
                 self.check_twin(&table, slot).await?;
-                self.on_table(table, false).await;
+                self.on_table(&table, false).await;
                 Ok(())
             }
         }
@@ -408,22 +424,25 @@ impl Runner {
 
     /// The slot table a heartbeat's answer stands for: the listing it carries, or the copy kept
     /// from the last one when the store's version of the table is unchanged. Whether the
-    /// renewal succeeded comes along.
-    pub(super) async fn table_of(&mut self, answer: RenewedListing) -> Result<(bool, Table)> {
-        let table = match answer.listing {
-            Some(listing) => Table::parse(&self.listing, listing),
+    /// renewal succeeded comes along, and whether the table differs from the last one.
+    pub(super) async fn table_of(
+        &mut self,
+        answer: RenewedListing,
+    ) -> Result<(bool, Arc<Table>, bool)> {
+        let (table, changed) = match answer.listing {
+            Some(listing) => (Arc::new(Table::parse(&self.listing, listing)), true),
             None => match &self.seen {
-                Some((version, table)) if *version == answer.version => table.clone(),
+                Some((version, table)) if *version == answer.version => (table.clone(), false),
                 // The store answered "unchanged" for a version this member does not hold
                 // (it asked with the one it holds, so only a faulty store does): read it.
                 _ => {
                     self.seen = None;
-                    self.list().await?
+                    (Arc::new(self.list().await?), true)
                 }
             },
         };
         self.seen = Some((answer.version, table.clone()));
-        Ok((answer.renewed, table))
+        Ok((answer.renewed, table, changed))
     }
 
     /// Awaits a store call; if the lease deadline passes first, stops all work at that instant
@@ -518,7 +537,7 @@ impl Runner {
 
     /// Publishes a view when the table calls for one, adopts the newest view, and moves the
     /// hand-off along.
-    pub(super) async fn on_table(&mut self, table: Table, own_change: bool) {
+    pub(super) async fn on_table(&mut self, table: &Table, own_change: bool) {
         let live = table.live();
         let my_slot = self.record.as_ref().map(|(s, _)| *s);
         let mut newest = table.view.clone();
@@ -582,6 +601,8 @@ impl Runner {
                 {
                     Ok(true) => {
                         tracing::info!(group = self.keys.group(), member = %self.member, epoch = next.epoch, live = next.holders.len(), "published a view");
+                        // As after settling: the next beat reads the table this write changed.
+                        self.seen = None;
                         self.highest = next.epoch;
                         newest = Some(next);
                         self.last_discrepancy = None;
@@ -609,11 +630,16 @@ impl Runner {
             self.adopt(v);
         }
         self.settled = table.settled;
-        self.progress(Some(&table)).await;
-        if self.settle(&table).await {
-            self.progress(Some(&table)).await;
+        self.unsettled = table
+            .view
+            .as_ref()
+            .is_some_and(|v| self.settled.is_none_or(|m| m.epoch < v.epoch));
+        self.progress(Some(table)).await;
+        if self.settle(table).await {
+            self.unsettled = false;
+            self.progress(Some(table)).await;
         }
-        self.reassert(&table).await;
+        self.reassert(table).await;
     }
 
     /// Settles the published view when this member's slot is the lowest live one (or, as a
@@ -696,6 +722,10 @@ impl Runner {
         {
             Ok(true) => {
                 tracing::debug!(group = self.keys.group(), member = %self.member, epoch, "every live slot acknowledged the view: settled it");
+                // Read the table at the next beat even if its version is the one held: a
+                // store that rolls back to exactly that table must not leave this member
+                // believing its write stuck.
+                self.seen = None;
                 self.settled = Some(mark);
                 self.settling = false;
                 self.stalled_since = None;
