@@ -806,9 +806,25 @@ async fn all_active(
         }
         if Instant::now() > limit {
             let active = alive.iter().filter(|&&i| last[i].phase == "active").count();
+            let behind: Vec<String> = alive
+                .iter()
+                .filter(|&&i| {
+                    let p = &last[i];
+                    p.phase != "active" || p.replicas != n || p.epoch != epoch
+                })
+                .take(5)
+                .map(|&i| {
+                    let p = &last[i];
+                    format!(
+                        "process {i}: {} epoch {} replicas {} index {:?}",
+                        p.phase, p.epoch, p.replicas, p.index
+                    )
+                })
+                .collect();
             return Err(format!(
-                "{active} of {} active, not all with replicas {n} on one epoch above {above}",
-                alive.len()
+                "{active} of {} active, not all with replicas {n} on one epoch above {above} (epoch of the first: {epoch}; behind: {})",
+                alive.len(),
+                behind.join("; ")
             ));
         }
         tokio::time::sleep(Duration::from_millis(5)).await;

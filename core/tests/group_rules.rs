@@ -459,3 +459,52 @@ async fn acknowledgements_do_not_change_the_slot_table() {
         m.leave().await.expect("leave");
     }
 }
+
+/// Many members started at once all race for the lowest free slot; every one of them must get a
+/// slot (a join that loses the race again and again must not fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_joins_all_get_slots() {
+    use headcount_core::sim::{FaultRates, Faults, FaultyStore};
+    use headcount_core::SystemClock;
+    // Every call delayed by up to 5 ms, as over a network: the joins interleave.
+    let faults = Faults::new(7);
+    faults.set_rates(FaultRates {
+        fail_before: 0.0,
+        fail_after: 0.0,
+        delay: 1.0,
+        max_delay: Duration::from_millis(5),
+    });
+    let store: DynStore = Arc::new(FaultyStore::new(
+        Arc::new(MemoryStore::new()),
+        faults,
+        Arc::new(SystemClock::new()),
+    ));
+    let joins: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                Group::join(
+                    store,
+                    GroupConfig::new("g", Duration::from_secs(6)).with_member(format!("m{i}")),
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut members = Vec::new();
+    let mut failed = Vec::new();
+    for j in joins {
+        match j.await.expect("join task") {
+            Ok(m) => members.push(m),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} joins failed: {failed:?}",
+        failed.len()
+    );
+    for m in members {
+        m.leave().await.expect("leave");
+    }
+}

@@ -75,7 +75,7 @@
 //!   stopped on its own clock; a slot claimed after the acknowledgements were read holds nothing
 //!   from before. Until then [`Member::owns`] says no for them. Waiting for the mark, a member
 //!   polls it with one `get` between heartbeats, so a view change costs each member a constant
-//!   number of table reads.
+//!   number of table reads. Both polls run at an eighth of a heartbeat.
 //!
 //! **Guarantee**: a key is granted under one epoch to at most one member (the view is a
 //! function of the epoch, and the assignor of the view); and a member starts granting a key it

@@ -70,11 +70,14 @@ pub(super) struct Runner {
     /// The newest settled mark read (from the table or a poll).
     pub(super) settled: Option<SettledRecord>,
     /// This member settles: its slot is the lowest live one and the published view is not
-    /// settled yet, so it polls the acknowledgements at a quarter heartbeat.
+    /// settled yet, so it polls the acknowledgements at an eighth of a heartbeat.
     pub(super) settling: bool,
     /// When this member last read the acknowledgements (monotonic).
     pub(super) acks_read: Option<Duration>,
 }
+
+/// How many times a join tries to claim a slot before it reports contention.
+const CLAIM_ATTEMPTS: u32 = 32;
 
 /// How long an acknowledgement lives, in lease TTLs: it matters only until its view is settled,
 /// and a member whose view stays unsettled writes it again every heartbeat.
@@ -137,15 +140,23 @@ impl Runner {
                 table = self.list().await?;
             }
         }
-        for _ in 0..16 {
-            if self.claim(&table).await? {
+        // Members started together all want the lowest free slot, and only one wins each
+        // round: after a lost race a member picks among the lowest 2, 4, 8, ... free slots at
+        // random, so a burst of n joins settles in about log n rounds instead of n.
+        for attempt in 0..CLAIM_ATTEMPTS {
+            let skip = if attempt == 0 {
+                0
+            } else {
+                rand::random_range(0..1u32 << attempt.min(12))
+            };
+            if self.claim(&table, skip).await? {
                 return Ok(());
             }
             table = self.list().await?;
         }
         Err(Error::unavailable(
             self.store.capabilities().backend,
-            "lost the race for a free slot 16 times in a row",
+            format!("lost the race for a free slot {CLAIM_ATTEMPTS} times in a row"),
             "contention",
         ))
     }
@@ -171,12 +182,18 @@ impl Runner {
         Ok(())
     }
 
-    /// Claims the preferred slot if free, else the lowest free one; on success publishes the
-    /// view with this member in it. Returns whether it claimed.
-    pub(super) async fn claim(&mut self, table: &Table) -> Result<bool> {
+    /// Claims the preferred slot if free, else the lowest free one after skipping `skip` free
+    /// ones; on success publishes the view with this member in it. Returns whether it claimed.
+    pub(super) async fn claim(&mut self, table: &Table, skip: u32) -> Result<bool> {
         let slot = match self.preferred {
-            Some(p) if !table.slots.contains_key(&p) && !table.foreign.contains_key(&p) => p,
-            _ => table.lowest_free(0),
+            Some(p)
+                if skip == 0
+                    && !table.slots.contains_key(&p)
+                    && !table.foreign.contains_key(&p) =>
+            {
+                p
+            }
+            _ => (0..skip).fold(table.lowest_free(0), |s, _| table.lowest_free(s + 1)),
         };
         if slot >= self.max_slots {
             return Err(Error::Rejected {
@@ -247,8 +264,16 @@ impl Runner {
                 || self.record.is_none()
                 || self.settling
                 || self.last_discrepancy.as_ref().is_some_and(|d| d.fast);
+            // Settling polls twice as often: one small read each (the settled mark, or the
+            // settling member's listing of the acknowledgements), and it is the last step of
+            // every hand-off.
+            let step = if self.settling || self.only_settling_awaited() {
+                self.heartbeat / 8
+            } else {
+                self.heartbeat / 4
+            };
             let wake = if fast {
-                next.min(self.clock.monotonic() + self.heartbeat / 4)
+                next.min(self.clock.monotonic() + step)
             } else {
                 next
             };
@@ -469,7 +494,7 @@ impl Runner {
     /// Claims again after losing the lease. A full group or a store error is retried at the
     /// next beat, never fatal: the member was in the group a moment ago.
     pub(super) async fn reclaim(&mut self, table: &Table) {
-        match self.claim(table).await {
+        match self.claim(table, 0).await {
             Ok(_) => self.set_error(None),
             Err(e) => self.set_error(Some(&e)),
         }
