@@ -78,6 +78,7 @@ impl Group {
             ack: None,
             settled: None,
             settling: false,
+            published: None,
             acks_read: None,
         };
         runner.first_claim().await?;

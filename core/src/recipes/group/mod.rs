@@ -63,8 +63,8 @@
 //!   turns false); when no grant for them is in flight any more, the member *acknowledges* the
 //!   new view by writing its epoch and digest, with its claim's nonce, to `hc:{group}:ack:{slot}`
 //!   (outside the slot directory, so acknowledging does not change the table the others read);
-//! * the member holding the lowest live slot reads the acknowledgements while the published view
-//!   is unsettled and, once every live slot acknowledged it, writes the *settled mark*
+//! * the member holding the lowest live slot, and the member that published the view, read the
+//!   acknowledgements while the published view is unsettled and, once every live slot acknowledged it, writes the *settled mark*
 //!   `hc:{group}:slot:settled` (the view's epoch and digest). Should it not (an older version of
 //!   headcount holds it), a member whose hand-off waited two heartbeats does it, once a heartbeat.
 //!   A member whose acknowledged view stays unsettled for a heartbeat writes its acknowledgement

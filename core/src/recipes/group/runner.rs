@@ -72,6 +72,9 @@ pub(super) struct Runner {
     /// This member settles: its slot is the lowest live one and the published view is not
     /// settled yet, so it polls the acknowledgements at an eighth of a heartbeat.
     pub(super) settling: bool,
+    /// The epoch of the view this member last published: it settles that view too (without
+    /// waiting for the lowest slot to read the view at its next heartbeat).
+    pub(super) published: Option<u64>,
     /// When this member last read the acknowledgements (monotonic).
     pub(super) acks_read: Option<Duration>,
 }
@@ -628,6 +631,7 @@ impl Runner {
                         tracing::info!(group = self.keys.group(), member = %self.member, epoch = next.epoch, live = next.holders.len(), "published a view");
                         // As after settling: the next beat reads the table this write changed.
                         self.seen = None;
+                        self.published = Some(next.epoch);
                         self.highest = next.epoch;
                         newest = Some(next);
                         self.last_discrepancy = None;
@@ -665,6 +669,14 @@ impl Runner {
             self.progress(Some(table)).await;
         }
         self.reassert(table).await;
+        // A view this member just published is not in this table yet: poll (reading the
+        // table, then the acknowledgements) until it is settled.
+        if self
+            .published
+            .is_some_and(|e| table.view.as_ref().is_none_or(|v| v.epoch < e))
+        {
+            self.settling = true;
+        }
     }
 
     /// Settles the published view when this member's slot is the lowest live one (or, as a
@@ -702,14 +714,15 @@ impl Runner {
         }
         let now = self.clock.monotonic();
         let lowest = table.slots.keys().next() == Some(&own);
-        self.settling = lowest;
+        let publisher = self.published == Some(epoch);
+        self.settling = lowest || publisher;
         let fallback = self
             .pending_since
             .is_some_and(|t| now.saturating_sub(t) >= 2 * self.heartbeat)
             && self
                 .acks_read
                 .is_none_or(|t| now.saturating_sub(t) >= self.heartbeat);
-        if !lowest && !fallback {
+        if !lowest && !publisher && !fallback {
             return false;
         }
         self.acks_read = Some(now);
@@ -726,7 +739,7 @@ impl Runner {
             .keys()
             .all(|&s| s == own || table.slot_acked(s, &acks, epoch, digest));
         if !all {
-            if lowest {
+            if self.settling {
                 self.expire_stalled(table, &acks, &target, own).await;
             }
             return false;
