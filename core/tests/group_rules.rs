@@ -462,23 +462,29 @@ async fn acknowledgements_do_not_change_the_slot_table() {
 
 /// Many members started at once all race for the lowest free slot; every one of them must get a
 /// slot (a join that loses the race again and again must not fail).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_joins_all_get_slots() {
+/// An in-memory store behind a fault layer that delays every call by up to `max_delay` (seeded),
+/// as over a network, so concurrent joins interleave.
+fn delayed_store(seed: u64, max_delay: Duration) -> DynStore {
     use headcount_core::sim::{FaultRates, Faults, FaultyStore};
     use headcount_core::SystemClock;
-    // Every call delayed by up to 5 ms, as over a network: the joins interleave.
-    let faults = Faults::new(7);
+    let faults = Faults::new(seed);
     faults.set_rates(FaultRates {
         fail_before: 0.0,
         fail_after: 0.0,
         delay: 1.0,
-        max_delay: Duration::from_millis(5),
+        max_delay,
     });
-    let store: DynStore = Arc::new(FaultyStore::new(
+    Arc::new(FaultyStore::new(
         Arc::new(MemoryStore::new()),
         faults,
         Arc::new(SystemClock::new()),
-    ));
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_joins_all_get_slots() {
+    // Every call delayed by up to 5 ms, as over a network: the joins interleave.
+    let store = delayed_store(7, Duration::from_millis(5));
     let joins: Vec<_> = (0..64)
         .map(|i| {
             let store = store.clone();
@@ -507,4 +513,45 @@ async fn a_burst_of_joins_all_get_slots() {
     for m in members {
         m.leave().await.expect("leave");
     }
+}
+
+/// A burst of joins that fills the group to its maximum: a join that lost a race picks among
+/// the free slots there are, never past the last one, so none is refused as "full" while a slot
+/// is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_that_fills_the_group_is_not_refused_as_full() {
+    const SLOTS: u32 = 6;
+    let store = delayed_store(11, Duration::from_millis(3));
+    let mut failed = Vec::new();
+    for round in 0..8 {
+        let joins: Vec<_> = (0..SLOTS)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    Group::join(
+                        store,
+                        GroupConfig::new(format!("g{round}"), Duration::from_secs(6))
+                            .with_member(format!("m{i}"))
+                            .with_max_slots(SLOTS),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let mut members = Vec::new();
+        for j in joins {
+            match j.await.expect("join task") {
+                Ok(m) => members.push(m),
+                Err(e) => failed.push(format!("round {round}: {e}")),
+            }
+        }
+        for m in members {
+            m.leave().await.expect("leave");
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} joins failed: {failed:?}",
+        failed.len()
+    );
 }

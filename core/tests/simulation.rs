@@ -6,10 +6,16 @@
 //! schedule joins members, restarts them with the same member id, makes them leave gracefully,
 //! crashes them, pauses them past their lease, starts twins, rolls the store back, and injects
 //! faults into every store call (delays that reorder replies, failures before the store, writes
-//! applied with their reply lost). Workers hold grants for random keys for random times.
+//! applied with their reply lost). Workers hold grants for random keys for random times, and
+//! grants for their whole share (the `(index, replicas)` pair that `headcount exec` splits work
+//! by). The assignor depends on the seed: the default, the modulo assignor (which moves keys
+//! between members that stay, so a key can move away from a member and back within two views),
+//! and MementoHash.
 //!
 //! Checked every 10 ms of virtual time:
 //! * no two members hold, or could take, a valid grant for one key at the same instant;
+//! * no two members hold valid share grants whose pairs cover one item (item `k` belongs to
+//!   `(i, n)` when `k mod n = i`) at the same instant;
 //! * a member's active epoch never goes back.
 //!
 //! Checked at the end, after the faults stop: every live member is active under one view, and
@@ -23,6 +29,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use headcount_core::assign::AssignorKind;
 use headcount_core::memory::{MemoryStore, Snapshot};
 use headcount_core::recipes::group::{Grant, Group, GroupConfig, GroupPhase, Member};
 use headcount_core::sim::{FaultRates, Faults, FaultyStore, SimClock};
@@ -74,14 +81,23 @@ struct Proc {
     joining: Option<JoinHandle<headcount_core::Result<Member>>>,
     member: Option<Member>,
     held: Vec<(Grant, usize, Duration)>,
+    /// Share grants held: the grant, the `(index, replicas)` pair it was taken for, until when.
+    shares: Vec<(Grant, (u32, u32), Duration)>,
     resume_at: Option<Duration>,
     last_epoch: u64,
     leaving: bool,
 }
 
+/// A process holding a share grant: its number, the `(index, replicas)` pair, the token.
+type ShareOwner = (usize, (u32, u32), u64);
+
 struct Sim {
     seed: u64,
     rng: StdRng,
+    /// Draws for the share grants, apart from `rng` so that a seed's schedule of events and key
+    /// grants is the one it had before share grants were simulated.
+    share_rng: StdRng,
+    assignor: Option<AssignorKind>,
     clock: SimClock,
     store: MemoryStore,
     procs: Vec<Proc>,
@@ -126,10 +142,13 @@ impl Sim {
         // at every heartbeat, so both heartbeats run against each other (chosen without a draw,
         // so the seeds' schedules are those of before).
         let change_checks = (self.seed ^ self.procs.len() as u64).is_multiple_of(2);
-        let config = GroupConfig::new("sim", TTL)
+        let mut config = GroupConfig::new("sim", TTL)
             .with_member(id.clone())
             .with_clock(clock)
             .with_change_checks(change_checks);
+        if let Some(assignor) = self.assignor {
+            config = config.with_assignor(assignor);
+        }
         let joining = tokio::spawn(Group::join(store, config));
         self.note(format!("{label} ({id}) joins"));
         self.procs.push(Proc {
@@ -139,6 +158,7 @@ impl Sim {
             joining: Some(joining),
             member: None,
             held: Vec::new(),
+            shares: Vec::new(),
             resume_at: None,
             last_epoch: 0,
             leaving: false,
@@ -181,6 +201,7 @@ impl Sim {
     fn crash(&mut self, i: usize) {
         let p = &mut self.procs[i];
         p.held.clear();
+        p.shares.clear();
         p.member = None;
         if let Some(j) = p.joining.take() {
             j.abort();
@@ -210,6 +231,7 @@ impl Sim {
                 let i = pick(&mut self.rng, &alive);
                 if let Some(m) = self.procs[i].member.take() {
                     self.procs[i].held.clear();
+                    self.procs[i].shares.clear();
                     let label = self.procs[i].label.clone();
                     self.note(format!("{label} leaves"));
                     // The handle kept by the checker until the leave is done is the clone.
@@ -281,6 +303,19 @@ impl Sim {
         let now = self.now();
         for i in 0..self.procs.len() {
             self.procs[i].held.retain(|(_, _, until)| *until > now);
+            self.procs[i].shares.retain(|(_, _, until)| *until > now);
+            if self.procs[i].resume_at.is_none() && self.share_rng.random_bool(0.1) {
+                let hold = Duration::from_millis(self.share_rng.random_range(0..700));
+                if let Some(m) = &self.procs[i].member {
+                    // No await between the two reads: the pair is the one the grant is for.
+                    let a = m.assignment();
+                    if let (Some(g), Some(index)) = (m.share(), a.index) {
+                        self.procs[i]
+                            .shares
+                            .push((g, (index, a.replicas), now + hold));
+                    }
+                }
+            }
             if self.procs[i].resume_at.is_some() || self.rng.random_bool(0.9) {
                 continue;
             }
@@ -326,8 +361,43 @@ impl Sim {
         owners
     }
 
+    /// Who holds a valid share grant covering each item.
+    fn share_owners(&self) -> Vec<Vec<ShareOwner>> {
+        let mut owners = vec![Vec::new(); KEYS];
+        for (i, p) in self.procs.iter().enumerate() {
+            for (g, (index, replicas), _) in &p.shares {
+                if !g.is_valid() || *replicas == 0 {
+                    continue;
+                }
+                for (k, owners) in owners.iter_mut().enumerate() {
+                    if k as u32 % replicas == *index {
+                        owners.push((i, (*index, *replicas), g.token()));
+                    }
+                }
+            }
+        }
+        owners
+    }
+
     fn check_safety(&mut self) -> Result<(), String> {
         let strict = self.rolled_back.is_none_or(|t| self.now() > t + 2 * TTL);
+        for (k, owners) in self.share_owners().iter().enumerate() {
+            let distinct: std::collections::BTreeSet<usize> =
+                owners.iter().map(|(i, _, _)| *i).collect();
+            if strict && distinct.len() > 1 {
+                let who: Vec<String> = owners
+                    .iter()
+                    .map(|(i, pair, t)| {
+                        format!("{} share {pair:?} token {t}", self.procs[*i].label)
+                    })
+                    .collect();
+                return Err(format!(
+                    "two share owners of item {k} at {:.3}s: {}",
+                    self.now().as_secs_f64(),
+                    who.join("; ")
+                ));
+            }
+        }
         for (k, owners) in self.owners().iter().enumerate() {
             if strict && owners.len() > 1 {
                 let who: Vec<String> = owners
@@ -405,9 +475,17 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<(), String> {
     let plan = Plan::for_seed(&mut rng);
     let clock = SimClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
     let store = MemoryStore::with_clock(Arc::new(clock.clone()));
+    // Chosen without a draw, so the seeds' schedules are those of before.
+    let assignor = match seed % 4 {
+        1 => Some(AssignorKind::Modulo),
+        3 => Some(AssignorKind::Memento),
+        _ => None,
+    };
     let mut sim = Sim {
         seed,
         rng,
+        share_rng: StdRng::seed_from_u64(seed ^ 0x5eed_54a2e),
+        assignor,
         clock,
         store,
         procs: Vec::new(),
@@ -417,7 +495,7 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<(), String> {
         verbose,
         rolled_back: None,
     };
-    sim.note(format!("{plan:?}"));
+    sim.note(format!("{plan:?} assignor {assignor:?}"));
     let first = sim.rng.random_range(1..=3);
     for _ in 0..first {
         let id = format!("m{}", sim.next_member);
@@ -469,6 +547,7 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<(), String> {
         p.faults.resume();
         p.resume_at = None;
         p.held.clear();
+        p.shares.clear();
     }
     let quiet = sim.now();
     // A join may wait one TTL for a previous incarnation; then TTL + two heartbeats + hand-off.

@@ -36,9 +36,12 @@
 //! soon after it is published) and publishes itself when the same difference outlasts a
 //! heartbeat (the lowest may be the one that died); a member that joins or leaves publishes its
 //! own change. The new epoch is one above the highest the publisher has seen in any view, settled
-//! mark *or live member's record*, so a view that does not decode, was deleted, or went back (a store that
-//! lost its data) is replaced by one above every epoch a live member acted on: epochs only
-//! increase as long as one member survives. Epochs above `i64::MAX - 1` are foreign values.
+//! mark, slot record or acknowledgement it read, so a view that does not decode, was deleted, or
+//! went back is replaced by one above it. A store that lost writes can still let a member that
+//! never saw a view mint that view's epoch again for other holders: acknowledgements and the
+//! settled mark name the view's digest as well as its epoch, so one never counts for the other,
+//! and a member working towards that epoch replaces the twin with a view above both. Epochs above
+//! `i64::MAX - 1` are foreign values.
 //!
 //! # Ownership and grants
 //!
@@ -62,7 +65,9 @@
 //! * keys it no longer owns are revoked at once ([`Member::owns`] says no, [`Grant::is_valid`]
 //!   turns false); when no grant for them is in flight any more, the member *acknowledges* the
 //!   new view by writing its epoch and digest, with its claim's nonce, to `hc:{group}:ack:{slot}`
-//!   (outside the slot directory, so acknowledging does not change the table the others read);
+//!   (outside the slot directory, so acknowledging does not change the table the others read).
+//!   An acknowledgement counts for that view only: a member that skipped a view may still hold a
+//!   key that moved away in it and back in the next;
 //! * the member holding the lowest live slot, and the member that published the view, read the
 //!   acknowledgements while the published view is unsettled and, once every live slot acknowledged it, writes the *settled mark*
 //!   `hc:{group}:slot:settled` (the view's epoch and digest). Should it not (an older version of

@@ -45,8 +45,12 @@ pub struct SlotRecord {
 }
 
 impl SlotRecord {
-    /// Whether this holder has acknowledged `view`: a newer epoch, the same epoch for the same
-    /// view, or that epoch or a newer one for every view (a claim holding nothing).
+    /// Whether this holder has acknowledged `view`: that epoch for that view, or that epoch or
+    /// a newer one for every view (a claim holding nothing).
+    ///
+    /// An acknowledgement of a newer view does not count for an older one: a member that skipped
+    /// view E and acknowledged E+1 may still hold a key it owns in E-1 and E+1 but not in E (a
+    /// key that moved away in E and back in E+1), and activating E elsewhere would grant it twice.
     pub fn has_acked(&self, view: &ViewRecord) -> bool {
         self.has_acked_digest(view.epoch, view.digest())
     }
@@ -55,7 +59,7 @@ impl SlotRecord {
     /// caller computed once: checking every record of a large group against one view must not
     /// recompute the view's digest per record.
     pub fn has_acked_digest(&self, epoch: u64, digest: u64) -> bool {
-        self.acked > epoch || (self.acked == epoch && (self.view == 0 || self.view == digest))
+        (self.view == 0 && self.acked >= epoch) || (self.acked == epoch && self.view == digest)
     }
 
     /// Parses a slot record; `None` for anything else (a foreign value).
@@ -136,11 +140,11 @@ pub struct AckRecord {
 }
 
 impl AckRecord {
-    /// Whether this acknowledges the view of `epoch` with `digest` (a newer epoch does too: the
-    /// holder then holds no grant for a key it does not own in that newer view, and it never
-    /// again starts a key under an older one).
+    /// Whether this acknowledges the view of `epoch` with `digest`: exactly that view. An
+    /// acknowledgement of a newer view does not count for an older one (see
+    /// [`SlotRecord::has_acked`]).
     pub fn has_acked_digest(&self, epoch: u64, digest: u64) -> bool {
-        self.acked > epoch || (self.acked == epoch && self.view == digest)
+        self.acked == epoch && self.view == digest
     }
 
     /// Parses an acknowledgement; `None` for anything else.
@@ -522,8 +526,11 @@ mod tests {
             "v1 nonce=0000000000000abc acked=7 view=000000000000001f"
         );
         assert_eq!(AckRecord::parse(&a.to_string()), Some(a));
-        assert!(a.has_acked_digest(7, 0x1f) && a.has_acked_digest(6, 0x99));
+        assert!(a.has_acked_digest(7, 0x1f));
         assert!(!a.has_acked_digest(7, 0x20) && !a.has_acked_digest(8, 0x1f));
+        // A member that skipped view 6 and acknowledged 7 may hold a key it lost in 6 and got
+        // back in 7: its acknowledgement says nothing about 6.
+        assert!(!a.has_acked_digest(6, 0x99));
         let s = SettledRecord {
             epoch: 9,
             view: 0x2b,

@@ -196,7 +196,22 @@ impl Runner {
             {
                 p
             }
-            _ => (0..skip).fold(table.lowest_free(0), |s, _| table.lowest_free(s + 1)),
+            _ => {
+                // Skipping past the last free slot below the maximum would call the group full
+                // while it is not: the skip wraps around the free slots there are.
+                let first = table.lowest_free(0);
+                let mut free = 1u32;
+                let mut s = first;
+                while free <= skip {
+                    s = table.lowest_free(s + 1);
+                    if s >= self.max_slots {
+                        break;
+                    }
+                    free += 1;
+                }
+                let skip = skip % free;
+                (0..skip).fold(first, |s, _| table.lowest_free(s + 1))
+            }
         };
         if slot >= self.max_slots {
             return Err(Error::Rejected {
@@ -659,10 +674,12 @@ impl Runner {
             self.adopt(v);
         }
         self.settled = table.settled;
-        self.unsettled = table
-            .view
-            .as_ref()
-            .is_some_and(|v| self.settled.is_none_or(|m| m.epoch < v.epoch));
+        // Compared by digest too: after a rollback one epoch can stand for two views, and a mark
+        // for the other one settles nothing here.
+        self.unsettled = table.view.as_ref().is_some_and(|v| {
+            self.settled
+                .is_none_or(|m| m.epoch < v.epoch || (m.epoch == v.epoch && m.view != v.digest()))
+        });
         self.progress(Some(table)).await;
         if self.settle(table).await {
             self.unsettled = false;
@@ -733,6 +750,10 @@ impl Runner {
                 return false;
             }
         };
+        // An acknowledgement above the published view (the store lost the view it acknowledged)
+        // raises the floor of the next epoch this member publishes.
+        let acked = acks.values().map(|a| a.acked).max().unwrap_or(0);
+        self.highest = self.highest.max(acked);
         // This member's own acknowledgement is what it did, whatever the store kept of it.
         let all = table
             .slots
@@ -786,14 +807,19 @@ impl Runner {
         let (Some(view), Some((slot, record))) = (&table.view, self.record.clone()) else {
             return;
         };
-        if self.abandoned || self.settled.is_some_and(|m| m.epoch >= view.epoch) {
+        let digest = view.digest();
+        if self.abandoned
+            || self
+                .settled
+                .is_some_and(|m| m.epoch > view.epoch || m.settles(view.epoch, digest))
+        {
             return;
         }
         let Some((ack, _, written)) = self.ack.clone() else {
             return;
         };
         let stale = self.clock.monotonic().saturating_sub(written) >= self.heartbeat;
-        if ack.nonce == record.nonce && ack.acked >= view.epoch && stale {
+        if ack.nonce == record.nonce && ack.has_acked_digest(view.epoch, digest) && stale {
             self.write_ack(slot, ack).await;
         }
     }
@@ -899,7 +925,7 @@ impl Runner {
     /// its exact stored text. A live holder renews within a third of its TTL anyway, so this
     /// changes nothing for it; a record that has no expiry (restored by a tool that drops TTLs,
     /// written by hand) expires after that TTL, and the group proceeds without it instead of
-    /// waiting forever. Only the settling member (the lowest live slot) does it, at most
+    /// waiting forever. Only a settling member (the lowest live slot, the view's publisher) does it, at most
     /// [`NUDGES_PER_BEAT`] slots per beat, so a large group in churn does not write O(n²).
     pub(super) async fn expire_stalled(
         &mut self,
