@@ -346,7 +346,10 @@ impl Runner {
     /// Reads the settled mark: activates the pending view once it is settled, and reads the
     /// table at once when a newer view was settled.
     pub(super) async fn poll_settled(&mut self) -> Result<()> {
-        let text = match self.store.get(&self.settled_key).await {
+        // Like a heartbeat, a poll that hangs past the lease deadline stops all work at that
+        // instant, not when the call returns.
+        let (store, key) = (self.store.clone(), self.settled_key.clone());
+        let text = match self.before_lapse(store.get(&key)).await {
             Ok(text) => text,
             Err(e) => {
                 self.set_error(Some(&e));
