@@ -684,7 +684,7 @@ async fn scale(
     let per_member_hb = |x: u64| x as f64 / n as f64 / heartbeats;
     let script_usec = server_cmds.get("evalsha usec").copied().unwrap_or(0) as f64
         / server_cmds.get("evalsha").copied().unwrap_or(1).max(1) as f64;
-    let view_key = format!("{PREFIX}:{{{}}}:slot:view", fleet.group);
+    let view_key = format!("{PREFIX}:{{{}}}:view:current", fleet.group);
     let view_len = store
         .get(&view_key)
         .await

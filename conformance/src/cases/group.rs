@@ -306,7 +306,7 @@ pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
 
     // Garbage in slot 0 and in the view.
     let slot0 = ctx.key("slot:0");
-    let view = ctx.key("slot:view");
+    let view = ctx.key("view:current");
     ensure!(
         store
             .compare_and_set(&slot0, None, "garbage", None)

@@ -4,15 +4,21 @@
 //! # Membership
 //!
 //! A member claims the lowest free slot `hc:{group}:slot:{i}` with a compare-and-set "only if
-//! absent" and the lease TTL, and renews it every TTL/3 in one
-//! [`Store::renew_and_list`](crate::Store::renew_and_list) round trip: renew the slot, and read
-//! the slot table and the published view. By default (see [`GroupConfig::with_change_checks`])
-//! the round trip is
-//! [`Store::renew_and_list_if_changed`](crate::Store::renew_and_list_if_changed), which
-//! sends the table only when the store's version of it changed since the member last read it (a
-//! claim, a leave, a view published or settled, or a lease running out); an unchanged table is
-//! taken from the member's copy, so a steady group costs each member constant work and bytes per
-//! heartbeat on a backend that keeps versions. A member that leaves
+//! absent" and the lease TTL, and renews it every TTL/3. The published view and the settled mark
+//! live in a small directory of their own, `hc:{group}:view:`, apart from the slot table. A
+//! heartbeat is one
+//! [`Store::renew_and_list_if_changed`](crate::Store::renew_and_list_if_changed) round trip
+//! (the default, see [`GroupConfig::with_change_checks`]): renew the slot, and read the view
+//! directory only when the store's version of it changed since the member last read it (a view
+//! published or settled). The view tells a member what it owns, so most members never read the
+//! slot table: a join, a leave or an expiry changes it without changing what anyone owns until a
+//! member that watches the table publishes the view that follows. The two lowest live slots
+//! watch it (a second such call at each heartbeat, answering the table only when it changed), as
+//! does a member that is joining, publishing or settling a view, sees the table disagree with the
+//! view, or waits on a hand-off longer than two heartbeats; every other member reads it at one
+//! heartbeat in four. So a steady group costs each member constant work and bytes per heartbeat
+//! on a backend that keeps versions, and a join costs the members that do not watch nothing
+//! until the view changes. A member that leaves
 //! gracefully stops its work, deletes its slot and publishes the view without it, so the others
 //! move on at their next heartbeat instead of waiting for the TTL. A member whose renewal fails
 //! (its slot expired, or someone overwrote it) stops all work at once and claims a slot again
@@ -29,7 +35,7 @@
 //! # Views and epochs
 //!
 //! The live slots (with the nonce of each claim) form the *view*. A member that sees the live
-//! slots differ from the published view `hc:{group}:slot:view` publishes `{epoch + 1, slots}`
+//! slots differ from the published view `hc:{group}:view:current` publishes `{epoch + 1, slots}`
 //! with a compare-and-set against the view it read, so exactly one of the members that try wins
 //! and the epoch is minted by the store. The lowest live slot publishes at once; when a slot of
 //! the view is gone, any other member polls at a quarter heartbeat (so it adopts the new view
@@ -70,7 +76,7 @@
 //!   key that moved away in it and back in the next;
 //! * the member holding the lowest live slot, and the member that published the view, read the
 //!   acknowledgements while the published view is unsettled and, once every live slot acknowledged it, writes the *settled mark*
-//!   `hc:{group}:slot:settled` (the view's epoch and digest). Should it not (an older version of
+//!   `hc:{group}:view:settled` (the view's epoch and digest). Should it not (an older version of
 //!   headcount holds it), a member whose hand-off waited two heartbeats does it, once a heartbeat.
 //!   A member whose acknowledged view stays unsettled for a heartbeat writes its acknowledgement
 //!   again, in case the store lost it;
@@ -109,9 +115,14 @@
 //! | key | value | TTL |
 //! |---|---|---|
 //! | `slot:{i}` | `v1 member=<id> nonce=<hex> since=<unix ms> ttl=<ms> acked=<epoch> view=<hex>` | the lease TTL |
-//! | `slot:view` | `v1 epoch=<E> assignor=<name> slots=<slot>@<nonce>,...` | none |
-//! | `slot:settled` | `v1 epoch=<E> view=<hex>` | none |
+//! | `view:current` | `v1 epoch=<E> assignor=<name> slots=<slot>@<nonce>,...` | none |
+//! | `view:settled` | `v1 epoch=<E> view=<hex>` | none |
 //! | `ack:{i}` | `v1 nonce=<hex> acked=<epoch> view=<hex>` | four lease TTLs |
+//!
+//! Earlier versions published the view at `slot:view` and the mark at `slot:settled`. The two
+//! cannot work in one group: a member that finds a view at `slot:view` naming a live claim (an
+//! earlier version published it after that claim) stops with [`Error::Rejected`], and a join
+//! is refused. Upgrade a group by stopping every member and starting them with one version.
 
 // The files of this module, each holding one part of the recipe described above:
 // `config` (GroupConfig), `records` (the slot and view records and the parsed slot table), `view`

@@ -1,6 +1,6 @@
 //! The records of a group in the store, as text a person can read with the store's own client:
-//! a slot record (`hc:{group}:slot:{i}`), the published view (`hc:{group}:slot:view`), the mark
-//! of the newest view every live slot acknowledged (`hc:{group}:slot:settled`), and each slot's
+//! a slot record (`hc:{group}:slot:{i}`), the published view (`hc:{group}:view:current`), the mark
+//! of the newest view every live slot acknowledged (`hc:{group}:view:settled`), and each slot's
 //! acknowledgement (`hc:{group}:ack:{i}`).
 
 use std::collections::BTreeMap;
@@ -174,7 +174,7 @@ impl fmt::Display for AckRecord {
 }
 
 /// The newest view every slot live at the time had acknowledged (or, gone from the store, had
-/// lost its lease): `hc:{group}:slot:settled`, written by one member after it read the
+/// lost its lease): `hc:{group}:view:settled`, written by one member after it read the
 /// acknowledgements, so the others need not read them.
 ///
 /// `v1 epoch=<E> view=<16 hex>`
@@ -322,7 +322,7 @@ impl fmt::Display for ViewRecord {
     }
 }
 
-/// What a listing of `hc:{group}:slot:` holds, parsed.
+/// What the listings of `hc:{group}:view:` and `hc:{group}:slot:` hold, parsed.
 #[derive(Debug, Clone, Default)]
 pub struct Table {
     /// Live slots whose record parses, by slot.
@@ -338,10 +338,14 @@ pub struct Table {
     pub settled_text: Option<String>,
     /// The settled mark, when there is one and it parses.
     pub settled: Option<SettledRecord>,
+    /// A view at `hc:{group}:slot:view`, where earlier versions published it, when it parses.
+    /// One that names a live claim was published after that claim: an older version of
+    /// headcount is running in the group.
+    pub legacy_view: Option<ViewRecord>,
 }
 
 impl Table {
-    /// Parses the listing of `prefix` (which ends in `slot:`).
+    /// Parses the listing of the slot directory `prefix` (which ends in `slot:`), with no view.
     pub fn parse(prefix: &str, listing: Vec<(String, String)>) -> Table {
         let mut table = Table::default();
         for (key, value) in listing {
@@ -349,13 +353,10 @@ impl Table {
                 continue;
             };
             if suffix == "view" {
-                table.view = ViewRecord::parse(&value);
-                table.view_text = Some(value);
+                table.legacy_view = ViewRecord::parse(&value);
                 continue;
             }
             if suffix == "settled" {
-                table.settled = SettledRecord::parse(&value);
-                table.settled_text = Some(value);
                 continue;
             }
             // Only canonical numbers: `007` is not slot 7.
@@ -380,6 +381,43 @@ impl Table {
             }
         }
         table
+    }
+
+    /// Takes the view and the settled mark from the listing of the view directory `prefix`
+    /// (which ends in `view:`), replacing those it had.
+    pub fn set_view(&mut self, prefix: &str, listing: Vec<(String, String)>) {
+        (self.view, self.view_text, self.settled, self.settled_text) = (None, None, None, None);
+        for (key, value) in listing {
+            match key.strip_prefix(prefix) {
+                Some("current") => {
+                    self.view = ViewRecord::parse(&value);
+                    self.view_text = Some(value);
+                }
+                Some("settled") => {
+                    self.settled = SettledRecord::parse(&value);
+                    self.settled_text = Some(value);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Takes the view and the settled mark of `other`.
+    pub fn take_view(&mut self, other: &Table) {
+        self.view.clone_from(&other.view);
+        self.view_text.clone_from(&other.view_text);
+        self.settled = other.settled;
+        self.settled_text.clone_from(&other.settled_text);
+    }
+
+    /// Whether a view at the place where earlier versions published it names a live claim:
+    /// an older version of headcount published it after that claim, and is running in the group.
+    pub fn legacy_member(&self) -> bool {
+        self.legacy_view.as_ref().is_some_and(|v| {
+            v.holders
+                .iter()
+                .any(|h| self.slots.get(&h.slot).is_some_and(|r| r.nonce == h.nonce))
+        })
     }
 
     /// The highest epoch this listing shows: the view's, the settled mark's, or any member's
@@ -577,21 +615,37 @@ mod tests {
             }
             .to_string()
         };
-        let table = Table::parse(
+        let mut table = Table::parse(
             p,
             vec![
                 (format!("{p}0"), rec("a", 1)),
                 (format!("{p}1"), "garbage".into()),
                 (format!("{p}007"), rec("x", 9)),
                 (format!("{p}3"), rec("c", 3)),
-                (format!("{p}view"), "not a view".into()),
+                (format!("{p}view"), "v1 epoch=4 slots=3@3".into()),
                 (format!("{p}other"), "ignored".into()),
             ],
         );
         assert_eq!(table.slots.keys().copied().collect::<Vec<_>>(), [0, 3]);
         assert_eq!(table.foreign.keys().copied().collect::<Vec<_>>(), [1]);
         assert_eq!(table.view, None);
+        // A view where earlier versions published it, naming a live claim.
+        assert!(table.legacy_member());
+        let v = "hc:{g}:view:";
+        table.set_view(
+            v,
+            vec![
+                (format!("{v}current"), "not a view".into()),
+                (
+                    format!("{v}settled"),
+                    "v1 epoch=2 view=000000000000000a".into(),
+                ),
+            ],
+        );
+        assert_eq!(table.view, None);
         assert_eq!(table.view_text.as_deref(), Some("not a view"));
+        assert_eq!(table.settled.map(|m| m.epoch), Some(2));
+        assert_eq!(table.highest_epoch(), 2);
         assert_eq!(table.lowest_free(0), 2);
         assert_eq!(table.lowest_free(3), 4);
         assert_eq!(

@@ -23,7 +23,11 @@ pub(super) struct Runner {
     pub(super) shared: Arc<Shared>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) keys: Keyspace,
+    /// `hc:{group}:slot:`, the directory of the slot records.
     pub(super) listing: String,
+    /// `hc:{group}:view:`, the directory of the published view and the settled mark.
+    pub(super) view_listing: String,
+    /// `hc:{group}:view:current`.
     pub(super) view_key: String,
     pub(super) member: String,
     pub(super) ttl: Duration,
@@ -54,16 +58,24 @@ pub(super) struct Runner {
     pub(super) nudged: Vec<(u32, u64, u64)>,
     /// The pending epoch whose hand-off [`Runner::expire_stalled`] times, and since when.
     pub(super) stalled_since: Option<(u64, Duration)>,
-    /// The slot table as last read and the store's version of it: a heartbeat whose version
-    /// is the same reads nothing and works from this copy.
+    /// The slot table as last read and the store's version of the slot directory: a heartbeat
+    /// whose version is the same reads nothing and works from this copy. Its view is the one
+    /// of [`Runner::view_seen`].
     pub(super) seen: Option<(String, Arc<Table>)>,
+    /// The store's version of the view directory the table's view was read at.
+    pub(super) view_seen: Option<String>,
+    /// Full heartbeats so far: every [`SLOT_READS`]th one reads the slot directory.
+    pub(super) beats: u64,
+    /// The view calls for a look at the slot table (it went back, or another view took this
+    /// member's epoch) and the member's copy may be stale: read it at the next beat.
+    pub(super) need_slots: bool,
     /// The published view in the last table read is newer than the newest settled mark: a
     /// heartbeat must look at the table again even when it did not change (to write a lost
     /// acknowledgement again, see [`Runner::reassert`]).
     pub(super) unsettled: bool,
     /// `hc:{group}:ack:`, the directory of the acknowledgements.
     pub(super) ack_listing: String,
-    /// `hc:{group}:slot:settled`.
+    /// `hc:{group}:view:settled`.
     pub(super) settled_key: String,
     /// The acknowledgement this member last wrote, as stored, and when (monotonic).
     pub(super) ack: Option<(AckRecord, String, Duration)>,
@@ -78,6 +90,10 @@ pub(super) struct Runner {
     /// When this member last read the acknowledgements (monotonic).
     pub(super) acks_read: Option<Duration>,
 }
+
+/// A member that does not watch the slot table (see [`Runner::reads_slots`]) reads it at every
+/// this many heartbeats, at a beat set by its slot, so in a large group the reads spread out.
+const SLOT_READS: u64 = 4;
 
 /// How many times a join tries to claim a slot before it reports contention.
 const CLAIM_ATTEMPTS: u32 = 32;
@@ -112,15 +128,57 @@ impl Runner {
         self.shared.publish(|a| a.last_error = msg);
     }
 
+    /// Reads the view directory, then the slot directory: every slot a view names was claimed
+    /// before the view was published, so it is in the listing unless it is gone.
     pub(super) async fn list(&self) -> Result<Table> {
+        let views = self.store.list(&self.view_listing).await?;
         let listing = self.store.list(&self.listing).await?;
-        Ok(Table::parse(&self.listing, listing))
+        let mut table = Table::parse(&self.listing, listing);
+        table.set_view(&self.view_listing, views);
+        Ok(table)
+    }
+
+    /// Forgets the version of the view directory held, so the next heartbeat reads it: after a
+    /// write of this member's own there (a view, a settled mark), a store that rolls back to
+    /// exactly the directory held must not leave it believing its write stuck.
+    pub(super) fn forget_seen(&mut self) {
+        self.view_seen = None;
+    }
+
+    /// Whether this heartbeat reads the slot table (when its version changed) besides the
+    /// view. Members in a large group mostly do not: the view tells them what they own, and a
+    /// join, a leave or an expiry changes the table without changing the view until a member
+    /// that watches the table publishes one. The two lowest live slots watch it at every
+    /// heartbeat (the lowest publishes and settles; the second takes over when the lowest is the
+    /// one gone), and so does a member that joins, publishes, settles, sees a discrepancy, or
+    /// waits for a hand-off longer than two heartbeats; every other member reads it at every
+    /// [`SLOT_READS`]th heartbeat, for a twin with its member id and a lowest slot gone too.
+    pub(super) fn reads_slots(&self, slot: u32) -> bool {
+        let Some((_, table)) = &self.seen else {
+            return true;
+        };
+        let now = self.clock.monotonic();
+        self.need_slots
+            || self.last_discrepancy.is_some()
+            || self.settling
+            || self.record.is_none()
+            || table.slots.keys().take(2).any(|&s| s == slot)
+            || (self.unsettled
+                && table
+                    .view
+                    .as_ref()
+                    .is_some_and(|v| self.published == Some(v.epoch)))
+            || self
+                .pending_since
+                .is_some_and(|t| now.saturating_sub(t) >= 2 * self.heartbeat)
+            || self.beats % SLOT_READS == u64::from(slot) % SLOT_READS
     }
 
     /// The join: waits out a previous incarnation's lease, then claims.
     pub(super) async fn first_claim(&mut self) -> Result<()> {
         let mut table = self.list().await?;
         self.check_assignor(&table)?;
+        self.check_legacy(&table)?;
         let mine =
             |t: &Table, m: &str| t.slots.iter().find(|(_, r)| r.member == m).map(|(&s, _)| s);
         if let Some(slot) = mine(&table, &self.member) {
@@ -267,7 +325,7 @@ impl Runner {
         tracing::info!(group = self.keys.group(), member = %self.member, slot, "claimed a slot");
         let mut table = table.clone();
         table.slots.insert(slot, record);
-        self.on_table(&table, true).await;
+        self.on_table(&table, true, true).await;
         Ok(true)
     }
 
@@ -280,6 +338,7 @@ impl Runner {
         loop {
             let fast = self.pending_since.is_some()
                 || self.record.is_none()
+                || self.need_slots
                 || self.settling
                 || self.last_discrepancy.as_ref().is_some_and(|d| d.fast);
             // Settling polls twice as often: one small read each (the settled mark, or the
@@ -401,32 +460,75 @@ impl Runner {
             return Ok(());
         }
         let sent = self.clock.monotonic();
+        self.beats += 1;
         let store = self.store.clone();
-        let (key, text, listing) = (
+        let (key, text, listing, views, ttl) = (
             self.slot_key(slot),
             record.to_string(),
             self.listing.clone(),
+            self.view_listing.clone(),
+            self.ttl,
         );
         let result = if !self.change_checks {
-            let renewal = store.renew_and_list(&key, &text, self.ttl, &listing);
-            self.before_lapse(renewal).await.map(|(renewed, listed)| {
-                (renewed, Arc::new(Table::parse(&self.listing, listed)), true)
-            })
+            // The view first, then the renewal and the slots (see `list`).
+            let call = async {
+                let viewed = store.list(&views).await?;
+                let (renewed, listed) = store.renew_and_list(&key, &text, ttl, &listing).await?;
+                Ok::<_, Error>((viewed, renewed, listed))
+            };
+            self.before_lapse(call)
+                .await
+                .map(|(viewed, renewed, listed)| {
+                    let mut table = Table::parse(&listing, listed);
+                    table.set_view(&views, viewed);
+                    (renewed, Arc::new(table), true, true)
+                })
         } else {
-            let since = self.seen.as_ref().map(|(v, _)| v.clone());
-            let renewal =
-                store.renew_and_list_if_changed(&key, &text, self.ttl, &listing, since.as_deref());
-            match self.before_lapse(renewal).await {
-                Ok(answer) => self.table_of(answer).await,
+            let reads_slots = self.reads_slots(slot);
+            let view_since = self.view_seen.clone();
+            let slot_since = self.seen.as_ref().map(|(v, _)| v.clone());
+            // The view directory, then (when this member watches it) the slot directory, both
+            // renewing the lease and each answering its entries only when they changed.
+            let call = async {
+                let viewed = store
+                    .renew_and_list_if_changed(&key, &text, ttl, &views, view_since.as_deref())
+                    .await?;
+                let slots = if reads_slots {
+                    Some(
+                        store
+                            .renew_and_list_if_changed(
+                                &key,
+                                &text,
+                                ttl,
+                                &listing,
+                                slot_since.as_deref(),
+                            )
+                            .await?,
+                    )
+                } else {
+                    None
+                };
+                Ok::<_, Error>((viewed, slots))
+            };
+            match self.before_lapse(call).await {
+                Ok((viewed, slots)) => self.table_of(viewed, slots).await,
                 Err(e) => Err(e),
             }
+        };
+        let result = match result {
+            // A renewal refused on a copy of the table: read the table itself to decide.
+            Ok((false, _, _, false)) => match self.list().await {
+                Ok(table) => Ok((false, Arc::new(table), true, true)),
+                Err(e) => Err(e),
+            },
+            other => other,
         };
         match result {
             Err(e) => {
                 self.set_error(Some(&e));
                 Ok(())
             }
-            Ok((false, table, _)) => {
+            Ok((false, table, _, _)) => {
                 // A write of ours that reported an error may have been applied after all (an
                 // acknowledgement that timed out): the slot then holds our claim with other
                 // text. It is still ours; take its text and renew at the next beat.
@@ -442,7 +544,7 @@ impl Runner {
                 self.reclaim(&table).await;
                 Ok(())
             }
-            Ok((true, table, changed)) => {
+            Ok((true, table, changed, fresh)) => {
                 {
                     let mut st = self.shared.lock();
                     st.deadline = Some(self.deadline(sent));
@@ -461,34 +563,78 @@ impl Runner {
                 if idle {
                     return Ok(());
                 }
-                self.check_twin(&table, slot).await?;
-                self.on_table(&table, false).await;
+                if fresh {
+                    self.check_twin(&table, slot).await?;
+                    self.check_legacy(&table)?;
+                }
+                self.on_table(&table, false, fresh).await;
                 Ok(())
             }
         }
     }
 
-    /// The slot table a heartbeat's answer stands for: the listing it carries, or the copy kept
-    /// from the last one when the store's version of the table is unchanged. Whether the
-    /// renewal succeeded comes along, and whether the table differs from the last one.
+    /// The table a heartbeat's answers stand for: the listings they carry, or the copies kept
+    /// from the last ones when the store's versions are unchanged. Returns whether the lease was
+    /// renewed, the table, whether it differs from the last one, and whether its slots were
+    /// read in this heartbeat (after its view), not kept from an earlier one.
     pub(super) async fn table_of(
         &mut self,
-        answer: RenewedListing,
-    ) -> Result<(bool, Arc<Table>, bool)> {
-        let (table, changed) = match answer.listing {
-            Some(listing) => (Arc::new(Table::parse(&self.listing, listing)), true),
-            None => match &self.seen {
-                Some((version, table)) if *version == answer.version => (table.clone(), false),
-                // The store answered "unchanged" for a version this member does not hold
-                // (it asked with the one it holds, so only a faulty store does): read it.
-                _ => {
-                    self.seen = None;
-                    (Arc::new(self.list().await?), true)
+        viewed: RenewedListing,
+        slots: Option<RenewedListing>,
+    ) -> Result<(bool, Arc<Table>, bool, bool)> {
+        // The store answered "unchanged" for a version this member does not hold (it asked with
+        // the one it holds, so only a faulty store does): read the directory.
+        let views = match viewed.listing {
+            Some(listing) => Some(listing),
+            None if self.view_seen.as_deref() == Some(viewed.version.as_str()) => None,
+            None => Some(self.store.list(&self.view_listing).await?),
+        };
+        let mut renewed = viewed.renewed;
+        let fresh = slots.is_some();
+        let mut slot_version = self.seen.as_ref().map(|(v, _)| v.clone());
+        let mut rebuilt: Option<Table> = None;
+        if let Some(answer) = slots {
+            renewed = answer.renewed;
+            match answer.listing {
+                Some(listing) => rebuilt = Some(Table::parse(&self.listing, listing)),
+                None if slot_version.as_deref() == Some(answer.version.as_str()) => {}
+                None => {
+                    let listing = self.store.list(&self.listing).await?;
+                    rebuilt = Some(Table::parse(&self.listing, listing));
+                }
+            }
+            slot_version = Some(answer.version);
+        }
+        let held = self.seen.as_ref().map(|(_, t)| t.clone());
+        let (table, changed) = match (rebuilt, held) {
+            (None, Some(held)) => match views {
+                None => (held, false),
+                Some(views) => {
+                    let mut table = (*held).clone();
+                    table.set_view(&self.view_listing, views);
+                    (Arc::new(table), true)
                 }
             },
+            (rebuilt, held) => {
+                // No copy held: `reads_slots` read the slots, unless the store misbehaved.
+                let mut table = match rebuilt {
+                    Some(t) => t,
+                    None => Table::parse(&self.listing, self.store.list(&self.listing).await?),
+                };
+                match (views, &held) {
+                    (Some(views), _) => table.set_view(&self.view_listing, views),
+                    (None, Some(held)) => table.take_view(held),
+                    (None, None) => {
+                        let views = self.store.list(&self.view_listing).await?;
+                        table.set_view(&self.view_listing, views);
+                    }
+                }
+                (Arc::new(table), true)
+            }
         };
-        self.seen = Some((answer.version, table.clone()));
-        Ok((answer.renewed, table, changed))
+        self.view_seen = Some(viewed.version);
+        self.seen = slot_version.map(|v| (v, table.clone()));
+        Ok((renewed, table, changed, fresh))
     }
 
     /// Awaits a store call; if the lease deadline passes first, stops all work at that instant
@@ -519,6 +665,25 @@ impl Runner {
             Ok(_) => self.set_error(None),
             Err(e) => self.set_error(Some(&e)),
         }
+    }
+
+    /// A view that names a live claim where earlier versions published views: an older
+    /// version of headcount published it after that claim and is running in this group. The
+    /// two versions read views in different places and would grant the same keys, so this one
+    /// stops (the older one waits for acknowledgements it never gets, and grants nothing new).
+    pub(super) fn check_legacy(&self, table: &Table) -> Result<()> {
+        if !table.legacy_member() {
+            return Ok(());
+        }
+        Err(Error::Rejected {
+            backend: self.store.capabilities().backend,
+            message: format!(
+                "group `{}` has a member running an earlier version of headcount (it published a view at `{}`): stop every member and start them all with one version",
+                self.keys.group(),
+                self.keys.key("slot:view")
+            ),
+            source: None,
+        })
     }
 
     /// Another live slot with our member id: the holder of the higher slot yields. Claims this
@@ -582,8 +747,10 @@ impl Runner {
     }
 
     /// Publishes a view when the table calls for one, adopts the newest view, and moves the
-    /// hand-off along.
-    pub(super) async fn on_table(&mut self, table: &Table, own_change: bool) {
+    /// hand-off along. `fresh` says the slots were read after the view, in this heartbeat: only
+    /// then does the member compare them (a copy from an earlier heartbeat may lack claims the
+    /// view already names), publish, or settle.
+    pub(super) async fn on_table(&mut self, table: &Table, own_change: bool, fresh: bool) {
         let live = table.live();
         let my_slot = self.record.as_ref().map(|(s, _)| *s);
         let mut newest = table.view.clone();
@@ -605,7 +772,20 @@ impl Runner {
             None => true,
         };
         self.highest = floor;
-        if stale {
+        if fresh {
+            self.need_slots = false;
+        } else {
+            // A view that went back, is missing or took this member's epoch needs a view above
+            // it, which only a member that read the slots publishes: read them at the next beat.
+            self.need_slots = table
+                .view
+                .as_ref()
+                .is_none_or(|v| v.epoch < floor || twin_epoch);
+        }
+        if !fresh {
+            // Adopt the published view as it is; what the slots call for is decided by the
+            // members that read them.
+        } else if stale {
             let lowest = live.first().map(|h| h.slot) == my_slot && my_slot.is_some();
             let now = self.clock.monotonic();
             let since = match &self.last_discrepancy {
@@ -648,7 +828,7 @@ impl Runner {
                     Ok(true) => {
                         tracing::info!(group = self.keys.group(), member = %self.member, epoch = next.epoch, live = next.holders.len(), "published a view");
                         // As after settling: the next beat reads the table this write changed.
-                        self.seen = None;
+                        self.forget_seen();
                         self.published = Some(next.epoch);
                         self.highest = next.epoch;
                         newest = Some(next);
@@ -683,10 +863,12 @@ impl Runner {
             self.settled
                 .is_none_or(|m| m.epoch < v.epoch || (m.epoch == v.epoch && m.view != v.digest()))
         });
-        self.progress(Some(table)).await;
-        if self.settle(table).await {
+        // Other slots' records count as acknowledgements only when read after the view.
+        let fresh_table = fresh.then_some(table);
+        self.progress(fresh_table).await;
+        if fresh && self.settle(table).await {
             self.unsettled = false;
-            self.progress(Some(table)).await;
+            self.progress(fresh_table).await;
         }
         self.reassert(table).await;
         // A view this member just published is not in this table yet: poll (reading the
@@ -787,7 +969,7 @@ impl Runner {
                 // Read the table at the next beat even if its version is the one held: a
                 // store that rolls back to exactly that table must not leave this member
                 // believing its write stuck.
-                self.seen = None;
+                self.forget_seen();
                 self.settled = Some(mark);
                 self.settling = false;
                 self.stalled_since = None;

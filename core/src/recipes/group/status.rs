@@ -40,8 +40,11 @@ pub async fn status(
     sample: u64,
 ) -> Result<GroupStatus> {
     let keys = Keyspace::with_prefix(prefix, group)?;
+    let view_prefix = keys.key("view:");
+    let views = store.list(&view_prefix).await?;
     let listing_prefix = keys.key("slot:");
-    let table = Table::parse(&listing_prefix, store.list(&listing_prefix).await?);
+    let mut table = Table::parse(&listing_prefix, store.list(&listing_prefix).await?);
+    table.set_view(&view_prefix, views);
     let ack_prefix = keys.key("ack:");
     let mut acks = parse_acks(&ack_prefix, store.list(&ack_prefix).await?);
     acks.retain(|slot, a| table.slots.get(slot).is_some_and(|r| r.nonce == a.nonce));
