@@ -449,6 +449,17 @@ async fn acknowledgements_do_not_change_the_slot_table() {
     // Let the last heartbeats that read the joins' tables pass.
     tokio::time::sleep(ttl).await;
     counting.reset();
+    // Steady: four heartbeats (a slot-table look by every member) carry no table and no view.
+    tokio::time::sleep(ttl * 4 / 3).await;
+    {
+        let reads = counting.reads.lock().expect("lock").clone();
+        let view_reads = counting.view_reads.lock().expect("lock").clone();
+        assert!(
+            reads.is_empty() && view_reads.is_empty(),
+            "a steady group read {reads:?} {view_reads:?}"
+        );
+    }
+    counting.reset();
     let epoch = members[0].assignment().epoch;
     let leaver = members.remove(N / 2);
     leaver.leave().await.expect("leave");

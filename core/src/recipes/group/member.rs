@@ -70,6 +70,8 @@ impl Group {
             highest: 0,
             last_discrepancy: None,
             pending_since: None,
+            adopted_at: None,
+            last_beat: None,
             abandoned: false,
             own_nonces: Vec::new(),
             nudged: Vec::new(),

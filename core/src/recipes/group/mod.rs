@@ -15,7 +15,7 @@
 //! member that watches the table publishes the view that follows. The two lowest live slots
 //! watch it (a second such call at each heartbeat, answering the table only when it changed), as
 //! does a member that is joining, publishing or settling a view, sees the table disagree with the
-//! view, or waits on a hand-off longer than two heartbeats; every other member reads it at one
+//! view, or has waited two heartbeats on one pending view; every other member reads it at one
 //! heartbeat in four. So a steady group costs each member constant work and bytes per heartbeat
 //! on a backend that keeps versions, and a join costs the members that do not watch nothing
 //! until the view changes. A member that leaves
@@ -76,8 +76,8 @@
 //!   key that moved away in it and back in the next;
 //! * the member holding the lowest live slot, and the member that published the view, read the
 //!   acknowledgements while the published view is unsettled and, once every live slot acknowledged it, writes the *settled mark*
-//!   `hc:{group}:view:settled` (the view's epoch and digest). Should it not (an older version of
-//!   headcount holds it), a member whose hand-off waited two heartbeats does it, once a heartbeat.
+//!   `hc:{group}:view:settled` (the view's epoch and digest). Should it not (it is stalled
+//!   without losing its lease, say), a member that has waited two heartbeats on one pending view does it, once a heartbeat.
 //!   A member whose acknowledged view stays unsettled for a heartbeat writes its acknowledgement
 //!   again, in case the store lost it;
 //! * keys it gains start only once the view is settled, or every other live slot's record

@@ -49,6 +49,12 @@ pub(super) struct Runner {
     /// the lowest slot publishes soon after, and publishes itself when it outlasts a heartbeat.
     pub(super) last_discrepancy: Option<Discrepancy>,
     pub(super) pending_since: Option<Duration>,
+    /// When the pending view was adopted (monotonic): unlike `pending_since`, it restarts when
+    /// a newer view replaces the pending one, so a burst of views (joins one after another)
+    /// does not count as one long hand-off.
+    pub(super) adopted_at: Option<Duration>,
+    /// When the last full heartbeat started (monotonic).
+    pub(super) last_beat: Option<Duration>,
     /// Gave up renewing (drain timeout): waits for its lease to pass, then claims again.
     pub(super) abandoned: bool,
     /// The nonces of every claim this process attempted.
@@ -151,7 +157,7 @@ impl Runner {
     /// that watches the table publishes one. The two lowest live slots watch it at every
     /// heartbeat (the lowest publishes and settles; the second takes over when the lowest is the
     /// one gone), and so does a member that joins, publishes, settles, sees a discrepancy, or
-    /// waits for a hand-off longer than two heartbeats; every other member reads it at every
+    /// has waited two heartbeats on one pending view (once a heartbeat); every other member reads it at every
     /// [`SLOT_READS`]th heartbeat, for a twin with its member id and a lowest slot gone too.
     pub(super) fn reads_slots(&self, slot: u32) -> bool {
         let Some((_, table)) = &self.seen else {
@@ -168,9 +174,12 @@ impl Runner {
                     .view
                     .as_ref()
                     .is_some_and(|v| self.published == Some(v.epoch)))
-            || self
-                .pending_since
+            || (self
+                .adopted_at
                 .is_some_and(|t| now.saturating_sub(t) >= 2 * self.heartbeat)
+                && self
+                    .acks_read
+                    .is_none_or(|t| now.saturating_sub(t) >= self.heartbeat))
             || self.beats % SLOT_READS == u64::from(slot) % SLOT_READS
     }
 
@@ -427,6 +436,15 @@ impl Runner {
             self.progress(None).await;
             Ok(())
         } else if mark.epoch > pending.epoch() {
+            // A newer view was settled: read it, but at most twice a heartbeat, so a burst of
+            // views (joins one after another) does not make every member read each one.
+            let now = self.clock.monotonic();
+            if self
+                .last_beat
+                .is_some_and(|t| now.saturating_sub(t) < self.heartbeat / 2)
+            {
+                return Ok(());
+            }
             self.beat().await
         } else {
             Ok(())
@@ -461,6 +479,7 @@ impl Runner {
         }
         let sent = self.clock.monotonic();
         self.beats += 1;
+        self.last_beat = Some(sent);
         let store = self.store.clone();
         let (key, text, listing, views, ttl) = (
             self.slot_key(slot),
@@ -737,6 +756,7 @@ impl Runner {
             had
         };
         self.pending_since = None;
+        self.adopted_at = None;
         if had {
             tracing::warn!(group = self.keys.group(), member = %self.member, "{why}: stopped all work");
         }
@@ -919,7 +939,7 @@ impl Runner {
         let publisher = self.published == Some(epoch);
         self.settling = lowest || publisher;
         let fallback = self
-            .pending_since
+            .adopted_at
             .is_some_and(|t| now.saturating_sub(t) >= 2 * self.heartbeat)
             && self
                 .acks_read
@@ -1032,9 +1052,11 @@ impl Runner {
             }
             st.active.is_some()
         };
+        let now = self.clock.monotonic();
         if self.pending_since.is_none() {
-            self.pending_since = Some(self.clock.monotonic());
+            self.pending_since = Some(now);
         }
+        self.adopted_at = Some(now);
         self.shared.publish(|a| {
             a.phase = if has_active {
                 GroupPhase::Handoff
@@ -1248,6 +1270,7 @@ impl Runner {
             st.active.replace(view.clone())
         };
         self.pending_since = None;
+        self.adopted_at = None;
         let slot = holder.slot;
         let pair = view.pair_of(holder);
         let live: Vec<u32> = view.record.slots().collect();
