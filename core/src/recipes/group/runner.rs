@@ -157,8 +157,9 @@ impl Runner {
     /// that watches the table publishes one. The two lowest live slots watch it at every
     /// heartbeat (the lowest publishes and settles; the second takes over when the lowest is the
     /// one gone), and so does a member that joins, publishes, settles, sees a discrepancy, or
-    /// has waited two heartbeats on one pending view (once a heartbeat); every other member reads it at every
-    /// [`SLOT_READS`]th heartbeat, for a twin with its member id and a lowest slot gone too.
+    /// has waited two heartbeats on one pending view (once a heartbeat); every other member reads
+    /// it at every [`SLOT_READS`]th heartbeat when no hand-off is under way, for a twin with its
+    /// member id and a lowest slot gone too.
     pub(super) fn reads_slots(&self, slot: u32) -> bool {
         let Some((_, table)) = &self.seen else {
             return true;
@@ -180,7 +181,11 @@ impl Runner {
                 && self
                     .acks_read
                     .is_none_or(|t| now.saturating_sub(t) >= self.heartbeat))
-            || self.beats % SLOT_READS == u64::from(slot) % SLOT_READS
+            // Not in a hand-off: while views keep coming (a burst of joins) the table keeps
+            // changing, and a look by every member would read it n times per change.
+            || (self.pending_since.is_none()
+                && !self.unsettled
+                && self.beats % SLOT_READS == u64::from(slot) % SLOT_READS)
     }
 
     /// The join: waits out a previous incarnation's lease, then claims.
@@ -441,7 +446,7 @@ impl Runner {
             let now = self.clock.monotonic();
             if self
                 .last_beat
-                .is_some_and(|t| now.saturating_sub(t) < self.heartbeat / 2)
+                .is_some_and(|t| now.saturating_sub(t) < self.heartbeat)
             {
                 return Ok(());
             }
@@ -624,14 +629,16 @@ impl Runner {
             }
             slot_version = Some(answer.version);
         }
-        let held = self.seen.as_ref().map(|(_, t)| t.clone());
+        // Taken out of `seen`, the copy is usually the only reference to the table, so a new
+        // view is set in place instead of on a clone of every slot record.
+        let held = self.seen.take().map(|(_, t)| t);
         let (table, changed) = match (rebuilt, held) {
             (None, Some(held)) => match views {
                 None => (held, false),
                 Some(views) => {
-                    let mut table = (*held).clone();
-                    table.set_view(&self.view_listing, views);
-                    (Arc::new(table), true)
+                    let mut table = held;
+                    Arc::make_mut(&mut table).set_view(&self.view_listing, views);
+                    (table, true)
                 }
             },
             (rebuilt, held) => {
