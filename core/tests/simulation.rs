@@ -463,7 +463,22 @@ impl Sim {
         }
         for (k, owners) in self.owners().iter().enumerate() {
             if !epochs.is_empty() && owners.len() != 1 {
-                return Err(format!("key {k} has {} owners", owners.len()));
+                let members: Vec<String> = self
+                    .procs
+                    .iter()
+                    .filter_map(|p| {
+                        let a = p.member.as_ref()?.assignment();
+                        Some(format!(
+                            "{} slot {:?} {:?} epoch {} live {:?}",
+                            p.label, a.slot, a.phase, a.epoch, a.live
+                        ))
+                    })
+                    .collect();
+                return Err(format!(
+                    "key {k} has {} owners ({})",
+                    owners.len(),
+                    members.join("; ")
+                ));
             }
         }
         Ok(())

@@ -13,10 +13,11 @@
 //! published or settled). The view tells a member what it owns, so most members never read the
 //! slot table: a join, a leave or an expiry changes it without changing what anyone owns until a
 //! member that watches the table publishes the view that follows. The two lowest live slots
-//! watch it (a second such call at each heartbeat, answering the table only when it changed), as
-//! does a member that is joining, publishing or settling a view, sees the table disagree with the
-//! view, or has waited two heartbeats on one pending view; every other member reads it at one
-//! heartbeat in four. So a steady group costs each member constant work and bytes per heartbeat
+//! watch it at a quarter heartbeat (a second such call, answering the table only when it
+//! changed), so a slot that expires is seen soon after the store expires it. So does a member
+//! that is joining, publishing or settling a view, sees the table disagree with the view, or has
+//! waited two heartbeats on one pending view; every other member reads it at one heartbeat in
+//! four while no hand-off is under way. So a steady group costs each member constant work and bytes per heartbeat
 //! on a backend that keeps versions, and a join costs the members that do not watch nothing
 //! until the view changes. A member that leaves
 //! gracefully stops its work, deletes its slot and publishes the view without it, so the others

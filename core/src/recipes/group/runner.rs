@@ -151,6 +151,16 @@ impl Runner {
         self.view_seen = None;
     }
 
+    /// Whether this member holds one of the two lowest live slots of its copy of the table:
+    /// it watches the table at every heartbeat, and at a quarter heartbeat, so it sees a slot
+    /// expire soon after the store does (two members, whatever the group's size).
+    pub(super) fn watches_slots(&self) -> bool {
+        match (&self.seen, &self.record) {
+            (Some((_, table)), Some((slot, _))) => table.slots.keys().take(2).any(|s| s == slot),
+            _ => false,
+        }
+    }
+
     /// Whether this heartbeat reads the slot table (when its version changed) besides the
     /// view. Members in a large group mostly do not: the view tells them what they own, and a
     /// join, a leave or an expiry changes the table without changing the view until a member
@@ -169,7 +179,7 @@ impl Runner {
             || self.last_discrepancy.is_some()
             || self.settling
             || self.record.is_none()
-            || table.slots.keys().take(2).any(|&s| s == slot)
+            || self.watches_slots()
             || (self.unsettled
                 && table
                     .view
@@ -184,7 +194,6 @@ impl Runner {
             // Not in a hand-off: while views keep coming (a burst of joins) the table keeps
             // changing, and a look by every member would read it n times per change.
             || (self.pending_since.is_none()
-                && !self.unsettled
                 && self.beats % SLOT_READS == u64::from(slot) % SLOT_READS)
     }
 
@@ -353,6 +362,7 @@ impl Runner {
             let fast = self.pending_since.is_some()
                 || self.record.is_none()
                 || self.need_slots
+                || (self.change_checks && self.watches_slots())
                 || self.settling
                 || self.last_discrepancy.as_ref().is_some_and(|d| d.fast);
             // Settling polls twice as often: one small read each (the settled mark, or the
