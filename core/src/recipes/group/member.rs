@@ -80,6 +80,7 @@ impl Group {
             view_seen: None,
             beats: 0,
             need_slots: false,
+            unseen_change: false,
             unsettled: false,
             ack: None,
             settled: None,

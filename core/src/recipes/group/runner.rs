@@ -70,6 +70,9 @@ pub(super) struct Runner {
     pub(super) seen: Option<(String, Arc<Table>)>,
     /// The store's version of the view directory the table's view was read at.
     pub(super) view_seen: Option<String>,
+    /// The copy of the table was replaced outside a heartbeat (see [`Runner::watch`]): the next
+    /// heartbeat counts it as changed.
+    pub(super) unseen_change: bool,
     /// Full heartbeats so far: every [`SLOT_READS`]th one reads the slot directory.
     pub(super) beats: u64,
     /// The view calls for a look at the slot table (it went back, or another view took this
@@ -397,10 +400,14 @@ impl Runner {
             if full {
                 next = self.clock.monotonic() + self.heartbeat;
             }
-            let result = if full || !self.only_settling_awaited() {
+            let result = if full {
                 self.beat().await
-            } else {
+            } else if self.only_settling_awaited() {
                 self.poll_settled().await
+            } else if self.only_watching() {
+                self.watch().await
+            } else {
+                self.beat().await
             };
             if let Err(e) = result {
                 if e.kind() == crate::ErrorKind::Rejected {
@@ -410,6 +417,54 @@ impl Runner {
             }
         }
         self.leave().await
+    }
+
+    /// Whether this member wakes between heartbeats only to watch the slot table (one of the two
+    /// lowest slots, nothing else under way).
+    fn only_watching(&self) -> bool {
+        self.change_checks
+            && self.watches_slots()
+            && self.pending_since.is_none()
+            && !self.need_slots
+            && !self.settling
+            && !self.abandoned
+            && self.last_discrepancy.is_none()
+    }
+
+    /// A watching wake: one call that renews and answers the slot table only if it changed
+    /// since the copy held; a full heartbeat follows only then. Between heartbeats a watcher
+    /// thus costs the store one small call, not the two of a heartbeat.
+    pub(super) async fn watch(&mut self) -> Result<()> {
+        let (Some((slot, record)), Some((since, _))) = (self.record.clone(), self.seen.clone())
+        else {
+            return self.beat().await;
+        };
+        let (store, key, text, listing, ttl) = (
+            self.store.clone(),
+            self.slot_key(slot),
+            record.to_string(),
+            self.listing.clone(),
+            self.ttl,
+        );
+        let call = store.renew_and_list_if_changed(&key, &text, ttl, &listing, Some(&since));
+        match self.before_lapse(call).await {
+            Ok(answer) if answer.renewed && answer.version == since => Ok(()),
+            Ok(answer) => {
+                // Keep what came: the heartbeat that follows reads the view and then asks the
+                // slot directory again, which answers "unchanged" unless it changed once more.
+                if let (Some(listing), Some((_, held))) = (answer.listing, &self.seen) {
+                    let mut table = Table::parse(&self.listing, listing);
+                    table.take_view(held);
+                    self.seen = Some((answer.version, Arc::new(table)));
+                    self.unseen_change = true;
+                }
+                self.beat().await
+            }
+            Err(e) => {
+                self.set_error(Some(&e));
+                Ok(())
+            }
+        }
     }
 
     /// Whether all this member awaits between heartbeats is the settled mark of the view it
@@ -644,7 +699,7 @@ impl Runner {
         let held = self.seen.take().map(|(_, t)| t);
         let (table, changed) = match (rebuilt, held) {
             (None, Some(held)) => match views {
-                None => (held, false),
+                None => (held, std::mem::take(&mut self.unseen_change)),
                 Some(views) => {
                     let mut table = held;
                     Arc::make_mut(&mut table).set_view(&self.view_listing, views);
@@ -668,6 +723,7 @@ impl Runner {
                 (Arc::new(table), true)
             }
         };
+        self.unseen_change = false;
         self.view_seen = Some(viewed.version);
         self.seen = slot_version.map(|v| (v, table.clone()));
         Ok((renewed, table, changed, fresh))
