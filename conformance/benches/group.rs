@@ -33,7 +33,8 @@
 //!   `target/release/headcount`: `cargo build --release -p headcount-cli` first) in one group on a
 //!   Redis of their own holding `--unrelated` keys, TTL `--scale-ttl`: the time from the last
 //!   start until every one prints `active` with `replicas = N` on one epoch, the server's
-//!   commands per second and script time in the steady state, and after a `kill -9` of one of
+//!   commands per second and script time in the steady state (five heartbeats after that), and
+//!   after a `kill -9` of one of
 //!   them the time until the others print `active` with `replicas = N - 1` on a newer epoch (goal:
 //!   TTL + two heartbeats).
 //!
@@ -905,8 +906,11 @@ async fn processes(
     let e0 = all_active(&rx, &mut last, &alive, n as u64, 0, started + limit).await?;
     let active_after = started.elapsed();
 
-    // Steady state over 5 heartbeats.
+    // Steady state over 5 heartbeats, after five more (as in the scale part: a member that does
+    // not watch the slot table looks at it one heartbeat in four, and its first look after the
+    // joins reads it).
     let hb = ttl / 3;
+    tokio::time::sleep(hb * 5).await;
     let (rc0, cpu0, tot0) = redis_info(&mut conn).await;
     let t = Instant::now();
     tokio::time::sleep(hb * 5).await;
@@ -918,6 +922,12 @@ async fn processes(
         - rc0.get("evalsha usec").copied().unwrap_or(0)) as f64
         / script_calls.max(1) as f64;
     let per_member_hb = (tot1 - tot0) as f64 / n as f64 / (secs / hb.as_secs_f64());
+    let commands: BTreeMap<&String, u64> = rc1
+        .iter()
+        .map(|(c, v)| (c, v - rc0.get(c).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d > 0)
+        .collect();
+    eprintln!("processes {n}: server commands over {secs:.1} s: {commands:?}");
 
     // kill -9 of a middle process.
     let victim = n / 2;

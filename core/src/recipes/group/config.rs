@@ -77,15 +77,16 @@ impl GroupConfig {
         self
     }
 
-    /// Whether heartbeats ask the store if the slot table changed
+    /// Whether heartbeats ask the store if the view directory (and, for the members that watch
+    /// it, the slot table) changed
     /// ([`Store::renew_and_list_if_changed`](crate::Store::renew_and_list_if_changed), the
-    /// default) and read it only then, or read it at every heartbeat
-    /// ([`Store::renew_and_list`](crate::Store::renew_and_list), `false`). The protocol is the
-    /// same. On Redis a steady group costs the server a constant amount per heartbeat whatever
-    /// its size (a third of the commands and a seventh of the script time of `false` at 300
-    /// members, with the same convergence); on a backend without native change versions the
-    /// store lists the table and compares a digest, the cost of `false`. `false` is kept to
-    /// measure the two side by side.
+    /// default) and read them only then, or read the view directory and the whole slot table
+    /// at every heartbeat ([`Store::renew_and_list`](crate::Store::renew_and_list), `false`).
+    /// The protocol is the same. On Redis a steady group costs the server a constant amount per
+    /// heartbeat whatever its size (a quarter of the commands and an eighth of the script time
+    /// of `false` at 300 members); on a backend without native change versions the store lists
+    /// the small view directory and compares a digest. `false` is kept to measure the two side
+    /// by side.
     pub fn with_change_checks(mut self, on: bool) -> Self {
         self.change_checks = on;
         self
