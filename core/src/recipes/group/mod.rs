@@ -13,8 +13,8 @@
 //! published or settled). The view tells a member what it owns, so most members never read the
 //! slot table: a join, a leave or an expiry changes it without changing what anyone owns until a
 //! member that watches the table publishes the view that follows. The two lowest live slots
-//! watch it at a quarter heartbeat (a second such call, answering the table only when it
-//! changed), so a slot that expires is seen soon after the store expires it. So does a member
+//! watch it at every heartbeat (a second such call, answering the table only when it changed)
+//! and halfway between heartbeats (that call alone), so a slot that expires is seen soon after the store expires it. So does a member
 //! that is joining, publishing or settling a view, sees the table disagree with the view, or has
 //! waited two heartbeats on one pending view; every other member reads it at one heartbeat in
 //! four while no hand-off is under way. So a steady group costs each member constant work and bytes per heartbeat
@@ -39,8 +39,8 @@
 //! slots differ from the published view `hc:{group}:view:current` publishes `{epoch + 1, slots}`
 //! with a compare-and-set against the view it read, so exactly one of the members that try wins
 //! and the epoch is minted by the store. The lowest live slot publishes at once; when a slot of
-//! the view is gone, any other member polls at a quarter heartbeat (so it adopts the new view
-//! soon after it is published) and publishes itself when the same difference outlasts a
+//! the view is gone, any other member that reads the table polls at a quarter heartbeat (so it
+//! adopts the new view soon after it is published) and publishes itself when the same difference outlasts a
 //! heartbeat (the lowest may be the one that died); a member that joins or leaves publishes its
 //! own change. The new epoch is one above the highest the publisher has seen in any view, settled
 //! mark, slot record or acknowledgement it read, so a view that does not decode, was deleted, or

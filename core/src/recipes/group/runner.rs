@@ -155,8 +155,8 @@ impl Runner {
     }
 
     /// Whether this member holds one of the two lowest live slots of its copy of the table:
-    /// it watches the table at every heartbeat, and at a quarter heartbeat, so it sees a slot
-    /// expire soon after the store does (two members, whatever the group's size).
+    /// it watches the table at every heartbeat, and halfway between heartbeats, so it sees a
+    /// slot expire soon after the store does (two members, whatever the group's size).
     pub(super) fn watches_slots(&self) -> bool {
         match (&self.seen, &self.record) {
             (Some((_, table)), Some((slot, _))) => table.slots.keys().take(2).any(|s| s == slot),
@@ -365,7 +365,6 @@ impl Runner {
             let fast = self.pending_since.is_some()
                 || self.record.is_none()
                 || self.need_slots
-                || (self.change_checks && self.watches_slots())
                 || self.settling
                 || self.last_discrepancy.as_ref().is_some_and(|d| d.fast);
             // Settling polls twice as often: one small read each (the settled mark, or the
@@ -378,6 +377,10 @@ impl Runner {
             };
             let wake = if fast {
                 next.min(self.clock.monotonic() + step)
+            } else if self.only_watching() {
+                // The two lowest slots look at the slot table halfway between heartbeats too:
+                // one small call each, two members whatever the group's size.
+                next.min(self.clock.monotonic() + self.heartbeat / 2)
             } else {
                 next
             };
