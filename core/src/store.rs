@@ -245,8 +245,9 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// value); returns whether it did, the directory's current version, and the keys directly
     /// under `dir` with their values (sorted by key, as [`Store::list`] would) **only when the
     /// version differs from `since`** (or `since` is `None`). A group member's heartbeat: renew
-    /// its slot, and read the slot table only when a claim, a leave, a view, an acknowledgement
-    /// or an expiry changed it.
+    /// its slot, and read the group's view only when one was published or settled (or, for the
+    /// members that watch the slot table, read the table only when a claim, a leave or an expiry
+    /// changed it).
     ///
     /// `dir` must end with `:`; the keys directly under it are those that start with `dir` and
     /// have no further `:`. A version is opaque text compared for equality only: two calls

@@ -12,7 +12,8 @@
 //! directory only when the store's version of it changed since the member last read it (a view
 //! published or settled). The view tells a member what it owns, so most members never read the
 //! slot table: a join, a leave or an expiry changes it without changing what anyone owns until a
-//! member that watches the table publishes the view that follows. The two lowest live slots
+//! view that follows is published, by the joining or leaving member itself, or, for an expiry,
+//! by a member that watches the table. The two lowest live slots
 //! watch it at every heartbeat (a second such call, answering the table only when it changed)
 //! and halfway between heartbeats (that call alone), so a slot that expires is seen soon after the store expires it. So does a member
 //! that is joining, publishing or settling a view, sees the table disagree with the view, or has
@@ -118,7 +119,7 @@
 //! | `slot:{i}` | `v1 member=<id> nonce=<hex> since=<unix ms> ttl=<ms> acked=<epoch> view=<hex>` | the lease TTL |
 //! | `view:current` | `v1 epoch=<E> assignor=<name> slots=<slot>@<nonce>,...` | none |
 //! | `view:settled` | `v1 epoch=<E> view=<hex>` | none |
-//! | `ack:{i}` | `v1 nonce=<hex> acked=<epoch> view=<hex>` | four lease TTLs |
+//! | `ack:{i}` | `v2 nonce=<hex> acked=<epoch> view=<hex>` | four lease TTLs |
 //!
 //! Earlier versions published the view at `slot:view` and the mark at `slot:settled`. The two
 //! cannot work in one group: a member that finds a view at `slot:view` naming a live claim (an

@@ -11,6 +11,12 @@ use crate::assign::AssignorKind;
 /// The format tag every record starts with, so a later format can be told apart.
 const TAG: &str = "v1";
 
+/// The format tag of an [`AckRecord`]. Earlier versions wrote acknowledgements tagged `v1` and
+/// counted one for every older view as well; tagging this version's records `v2` keeps an older
+/// member that shares a group by mistake from counting a newer member's acknowledgement of a
+/// later view for its own (it reads `v2` as foreign, so it waits instead of settling).
+const ACK_TAG: &str = "v2";
+
 /// The most slots a view may name: a view of this many slots is about 24 bytes each.
 pub(crate) const MAX_VIEW_SLOTS: usize = 1 << 16;
 
@@ -126,7 +132,7 @@ pub struct Holder {
 /// A slot holder's acknowledgement, kept outside the slot directory (`hc:{group}:ack:{i}`) so
 /// that acknowledging does not change the slot table every member reads.
 ///
-/// `v1 nonce=<16 hex> acked=<epoch> view=<16 hex>`: the claim it belongs to (an acknowledgement
+/// `v2 nonce=<16 hex> acked=<epoch> view=<16 hex>`: the claim it belongs to (an acknowledgement
 /// whose nonce is not the live claim's counts for nothing), the epoch and the
 /// [digest](ViewRecord::digest) of the view whose hand-off the holder completed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,10 +153,11 @@ impl AckRecord {
         self.acked == epoch && self.view == digest
     }
 
-    /// Parses an acknowledgement; `None` for anything else.
+    /// Parses an acknowledgement; `None` for anything else, including an earlier version's
+    /// `v1` acknowledgement (it meant every older view as well).
     pub fn parse(text: &str) -> Option<AckRecord> {
         let mut parts = text.split(' ');
-        if parts.next()? != TAG {
+        if parts.next()? != ACK_TAG {
             return None;
         }
         let fields = fields(parts)?;
@@ -167,7 +174,7 @@ impl fmt::Display for AckRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{TAG} nonce={:016x} acked={} view={:016x}",
+            "{ACK_TAG} nonce={:016x} acked={} view={:016x}",
             self.nonce, self.acked, self.view
         )
     }
@@ -561,9 +568,18 @@ mod tests {
         };
         assert_eq!(
             a.to_string(),
-            "v1 nonce=0000000000000abc acked=7 view=000000000000001f"
+            "v2 nonce=0000000000000abc acked=7 view=000000000000001f"
         );
         assert_eq!(AckRecord::parse(&a.to_string()), Some(a));
+        // Earlier versions parsed only `v1` acknowledgements and counted one for every older view
+        // too: an older member sharing the group must read this version's as foreign, or it would
+        // settle its own view on a newer member's acknowledgement of a later one.
+        assert!(!a.to_string().starts_with("v1 "));
+        // And an earlier version's acknowledgement means something else: not counted here.
+        assert_eq!(
+            AckRecord::parse("v1 nonce=0000000000000abc acked=7 view=000000000000001f"),
+            None
+        );
         assert!(a.has_acked_digest(7, 0x1f));
         assert!(!a.has_acked_digest(7, 0x20) && !a.has_acked_digest(8, 0x1f));
         // A member that skipped view 6 and acknowledged 7 may hold a key it lost in 6 and got
@@ -578,10 +594,11 @@ mod tests {
         assert!(s.settles(9, 0x2b) && !s.settles(9, 0x2c) && !s.settles(8, 0x2b));
         for bad in [
             "",
-            "v1 nonce=1 acked=1",
-            "v1 nonce=1 acked=1 view=1 x=1",
-            "v1 nonce=1 acked=-1 view=1",
-            "v1 nonce=1 acked=9223372036854775807 view=1",
+            "v2 nonce=1 acked=1",
+            "v2 nonce=1 acked=1 view=1 x=1",
+            "v2 nonce=1 acked=-1 view=1",
+            "v2 nonce=1 acked=9223372036854775807 view=1",
+            "v3 nonce=1 acked=1 view=1",
         ] {
             assert_eq!(AckRecord::parse(bad), None, "{bad:?}");
         }

@@ -650,6 +650,7 @@ impl Runner {
                     && self.shared.lock().active.is_some()
                     && self.last_discrepancy.is_none()
                     && self.pending_since.is_none()
+                    && !self.need_slots
                     && !self.settling
                     && !self.unsettled;
                 if idle {
@@ -765,7 +766,8 @@ impl Runner {
     /// A view that names a live claim where earlier versions published views: an older
     /// version of headcount published it after that claim and is running in this group. The
     /// two versions read views in different places and would grant the same keys, so this one
-    /// stops (the older one waits for acknowledgements it never gets, and grants nothing new).
+    /// stops. This is a tripwire, not a protocol between versions: the older member may have
+    /// granted keys before this member read the slot table (docs/group.md, "Upgrading").
     pub(super) fn check_legacy(&self, table: &Table) -> Result<()> {
         if !table.legacy_member() {
             return Ok(());
