@@ -28,6 +28,12 @@
 //!   commandstats`), the server's and this process's
 //!   CPU, the view record's size, and the convergence after one graceful leave and one crash.
 //!
+//! * **stores** (only when asked: `--only stores --backends postgres,sqlite,etcd --scale 30,300`):
+//!   the scale part on the other backends' shared test servers, each first given up to 100,000
+//!   unrelated keys (64-byte values, no TTL) through the store: the steady-state store calls and
+//!   the bytes a counting TCP proxy carries to and from the server, per member per heartbeat,
+//!   five heartbeats after convergence (on etcd also the requests the server received by gRPC
+//!   method, its puts and its WAL syncs, from its `/metrics`), and a crash's convergence.
 //! * **processes** (Redis; only when asked: `--only processes`): `--processes N` (default 50)
 //!   `headcount run` processes (the binary at `--headcount PATH`, default
 //!   `target/release/headcount`: `cargo build --release -p headcount-cli` first) in one group on a
@@ -264,6 +270,19 @@ struct Fleet {
 }
 
 impl Fleet {
+    /// Makes every member leave, without waiting on each one in turn: the group is being torn
+    /// down.
+    async fn leave_all(&mut self) {
+        let leaves: Vec<_> = self
+            .members
+            .drain(..)
+            .map(|(m, _)| tokio::spawn(m.leave()))
+            .collect();
+        for l in leaves {
+            let _ = l.await;
+        }
+    }
+
     async fn join(&mut self, id: &str) -> std::result::Result<(), String> {
         let cfg = GroupConfig::new(&self.group, self.ttl)
             .with_prefix(PREFIX)
@@ -749,16 +768,209 @@ async fn scale(
         "{n} members{steady}: wrapper calls {calls:?}; server commands {server_cmds:?} over {secs:.1} s; wrapper calls from the leave to the crash's convergence: {change_calls:?}; calls over {SLOW:?} or failed, whole run: {:?}",
         counting.hooks().slow_snapshot()
     ));
-    // Leave without waiting on each one in turn: the group is being torn down.
-    let leaves: Vec<_> = fleet
-        .members
-        .drain(..)
-        .map(|(m, _)| tokio::spawn(m.leave()))
-        .collect();
-    for l in leaves {
-        let _ = l.await;
-    }
+    fleet.leave_all().await;
     Ok(())
+}
+
+/// `url` with the port of its first `127.0.0.1:PORT` replaced by `port`, and the old port.
+fn via_port(url: &str, port: u16) -> Option<(String, u16)> {
+    let host = "127.0.0.1:";
+    let at = url.find(host)? + host.len();
+    let end = url[at..]
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or(url.len(), |e| at + e);
+    let old: u16 = url[at..end].parse().ok()?;
+    Some((format!("{}{port}{}", &url[..at], &url[end..]), old))
+}
+
+/// etcd's request counters (its Prometheus `/metrics` on the client port): gRPC messages
+/// received by method, keys put, and write-ahead-log syncs.
+async fn etcd_metrics(port: u16) -> BTreeMap<String, f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut out = BTreeMap::new();
+    let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return out;
+    };
+    let request =
+        format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    if conn.write_all(request.as_bytes()).await.is_err() {
+        return out;
+    }
+    let mut text = String::new();
+    let _ = conn.read_to_string(&mut text).await;
+    for line in text.lines() {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let key = if let Some(rest) = name.strip_prefix("grpc_server_msg_received_total{") {
+            match rest
+                .split("grpc_method=\"")
+                .nth(1)
+                .and_then(|m| m.split('"').next())
+            {
+                Some(method) => method.to_owned(),
+                None => continue,
+            }
+        } else if name == "etcd_mvcc_put_total" || name == "etcd_debugging_mvcc_put_total" {
+            "puts".to_owned()
+        } else if name == "etcd_disk_wal_fsync_duration_seconds_count" {
+            "WAL syncs".to_owned()
+        } else {
+            continue;
+        };
+        *out.entry(key).or_default() += value;
+    }
+    out
+}
+
+/// Puts `n` unrelated keys (no TTL, 64 bytes each) in the store at `url`, as a user's store
+/// holding other data would, unless a previous run did.
+async fn fill_store(url: &str, n: u64) -> std::result::Result<(), String> {
+    let store = headcount::connect(url).await.map_err(|e| e.to_string())?;
+    let last = format!("unrelated:{:08}", n - 1);
+    if store.get(&last).await.map_err(|e| e.to_string())?.is_some() {
+        return Ok(());
+    }
+    let value = "u".repeat(64);
+    let t = Instant::now();
+    let mut next = 0u64;
+    while next < n {
+        let batch: Vec<u64> = (next..(next + 256).min(n)).collect();
+        next += batch.len() as u64;
+        futures::future::try_join_all(batch.iter().map(|i| {
+            let key = format!("unrelated:{i:08}");
+            let (store, value) = (&store, &value);
+            async move {
+                let _ = store.compare_and_set(&key, None, value, None).await?;
+                Ok::<_, headcount::Error>(())
+            }
+        }))
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+    eprintln!(
+        "filled {n} unrelated keys in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `n` members on the store at `url` (PostgreSQL, SQLite, etcd), reached through a counting
+/// proxy when it is a server; returns a Markdown row: store calls and bytes per member per
+/// heartbeat in the steady state, and a crash's convergence.
+async fn scale_store(
+    backend: Backend,
+    url: &str,
+    n: usize,
+    ttl: Duration,
+    unrelated: u64,
+) -> std::result::Result<String, String> {
+    let proxy = match via_port(url, 0) {
+        Some((_, port)) => Some(
+            headcount_conformance::harness::Proxy::start(port)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        None => None,
+    };
+    let upstream = via_port(url, 0).map(|(_, port)| port);
+    let url = match &proxy {
+        Some(p) => via_port(url, p.port()).map(|(u, _)| u).unwrap_or_default(),
+        None => url.to_owned(),
+    };
+    let inner = headcount::connect(&url).await.map_err(|e| e.to_string())?;
+    let caps = inner.capabilities();
+    let counting = Counting::new(inner);
+    let store: DynStore = counting.clone();
+    let hb = ttl / 3;
+    let limit = ttl * 20 + Duration::from_secs(60);
+    let mut fleet = Fleet {
+        store: store.clone(),
+        group: group_name(),
+        ttl,
+        full_reads: false,
+        members: Vec::new(),
+    };
+    let t0 = Instant::now();
+    for i in 0..n {
+        fleet.join(&format!("m{i}")).await?;
+    }
+    fleet.settle(n as u32, limit).await?;
+    let converged = t0.elapsed();
+    tokio::time::sleep(hb * 5).await;
+    let e0 = fleet.settle(n as u32, limit).await?;
+    let bytes0 = proxy.as_ref().map(|p| p.bytes());
+    let etcd_port = match backend {
+        Backend::Etcd => upstream,
+        _ => None,
+    };
+    let metrics0 = match etcd_port {
+        Some(port) => etcd_metrics(port).await,
+        None => BTreeMap::new(),
+    };
+    let own0 = own_cpu();
+    let before = counting.hooks().snapshot();
+    let t = Instant::now();
+    let beats = 5u32;
+    tokio::time::sleep(hb * beats).await;
+    let secs = t.elapsed().as_secs_f64();
+    let calls = delta(&before, &counting.hooks().snapshot());
+    let own = own_cpu() - own0;
+    let bytes1 = proxy.as_ref().map(|p| p.bytes());
+    let metrics1 = match etcd_port {
+        Some(port) => etcd_metrics(port).await,
+        None => BTreeMap::new(),
+    };
+    let e1 = fleet.settle(n as u32, limit).await?;
+    let steady = if e0 == e1 {
+        ""
+    } else {
+        " (the view changed during the window!)"
+    };
+    let heartbeats = secs / hb.as_secs_f64();
+    let per_member_hb = |x: u64| x as f64 / n as f64 / heartbeats;
+    let bytes = match (bytes0, bytes1) {
+        (Some((t0, f0)), Some((t1, f1))) => format!(
+            "{:.0} / {:.0}",
+            per_member_hb(t1 - t0),
+            per_member_hb(f1 - f0)
+        ),
+        _ => "in process".to_owned(),
+    };
+    let server: Vec<String> = metrics1
+        .iter()
+        .map(|(k, v)| (k, v - metrics0.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .map(|(k, d)| format!("{k} {:.2}", d / n as f64 / heartbeats))
+        .collect();
+    let server = if server.is_empty() {
+        "-".to_owned()
+    } else {
+        server.join(", ")
+    };
+    let i = fleet.index_of_slot(n as u32 / 3);
+    let t0 = Instant::now();
+    drop(fleet.members.remove(i));
+    let (cv, ca) = fleet
+        .measure(t0, e1, n as u32 - 1, Duration::from_millis(10), limit)
+        .await?;
+    let row = format!(
+        "| {} | {n} | {unrelated} | {} | {:.1} s | {:.2} | {:.2} | {bytes} | {server} | {:.0}% | {} / {} |{steady} {calls:?} |",
+        backend.name(),
+        ms(ttl),
+        converged.as_secs_f64(),
+        per_member_hb(calls.values().sum()),
+        per_member_hb(round_trips(&calls, &caps)),
+        own / secs * 100.0,
+        ms(cv),
+        ms(ca),
+    );
+    eprintln!("{row}");
+    fleet.leave_all().await;
+    Ok(row)
 }
 
 /// What one `headcount run` process printed last, and when.
@@ -1040,6 +1252,31 @@ fn main() {
             println!();
             for d in &detail {
                 println!("- {d}");
+            }
+        }
+        if o.only.iter().any(|p| p == "stores") {
+            let mut rows = Vec::new();
+            for &backend in &o.backends {
+                let Some(url) = url_of(backend).await else {
+                    continue;
+                };
+                let unrelated = o.unrelated.min(100_000);
+                if let Err(e) = fill_store(&url, unrelated).await {
+                    panic!("{}: filling: {e}", backend.name());
+                }
+                for &n in &o.scale {
+                    eprintln!("stores: {} members on {}", n, backend.name());
+                    match scale_store(backend, &url, n, o.scale_ttl, unrelated).await {
+                        Ok(row) => rows.push(row),
+                        Err(e) => rows.push(format!("| {} | {n} | failed: {e} |", backend.name())),
+                    }
+                }
+            }
+            println!("\n### One group on the other stores, each holding unrelated keys\n");
+            println!("| backend | members | unrelated keys | TTL ms | all active | store calls per member per heartbeat | round trips | bytes per member per heartbeat (to / from the server) | server requests per member per heartbeat | client CPU | crash: view / active ms | calls in the window |");
+            println!("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|");
+            for r in &rows {
+                println!("{r}");
             }
         }
         if o.only.iter().any(|p| p == "processes") {

@@ -2,13 +2,15 @@
 //! connection without touching the server: [`Proxy::cut`] drops every open connection and
 //! blackholes new ones (accepted, never answered, like a network partition), [`Proxy::heal`]
 //! lets traffic pass again (connections held during the cut then reach the server, as TCP
-//! retransmission would after a partition heals).
+//! retransmission would after a partition heals). It also counts the bytes it carries each
+//! way ([`Proxy::bytes`]), which the benches use to measure what a backend sends.
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -39,6 +41,14 @@ pub struct Proxy {
     upstream: Upstream,
     state: watch::Sender<State>,
     accept: JoinHandle<()>,
+    bytes: Arc<Bytes>,
+}
+
+/// Bytes carried, each way, over every connection.
+#[derive(Debug, Default)]
+struct Bytes {
+    to_server: AtomicU64,
+    from_server: AtomicU64,
 }
 
 impl Proxy {
@@ -60,9 +70,11 @@ impl Proxy {
         });
         let upstream = Upstream::default();
         let target = upstream.clone();
+        let bytes = Arc::new(Bytes::default());
+        let counted = bytes.clone();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(serve(client, target.clone(), rx.clone()));
+                tokio::spawn(serve(client, target.clone(), rx.clone(), counted.clone()));
             }
         });
         Ok(Proxy {
@@ -70,6 +82,7 @@ impl Proxy {
             upstream,
             state,
             accept,
+            bytes,
         })
     }
 
@@ -81,6 +94,14 @@ impl Proxy {
     /// The port clients connect to.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The bytes carried so far: to the server, from the server.
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.bytes.to_server.load(Ordering::Relaxed),
+            self.bytes.from_server.load(Ordering::Relaxed),
+        )
     }
 
     /// Drops every open connection and holds new ones without answering.
@@ -105,7 +126,12 @@ impl Drop for Proxy {
     }
 }
 
-async fn serve(mut client: TcpStream, upstream: Upstream, mut rx: watch::Receiver<State>) {
+async fn serve(
+    client: TcpStream,
+    upstream: Upstream,
+    mut rx: watch::Receiver<State>,
+    bytes: Arc<Bytes>,
+) {
     // Blackhole: hold the connection until traffic passes (or the proxy goes).
     loop {
         if rx.borrow_and_update().passing {
@@ -121,14 +147,22 @@ async fn serve(mut client: TcpStream, upstream: Upstream, mut rx: watch::Receive
         return;
     }
     let target = SocketAddr::from(([127, 0, 0, 1], port));
-    let Ok(mut server) = TcpStream::connect(target).await else {
+    let Ok(server) = TcpStream::connect(target).await else {
         // The server is down: close, as a refused connection would.
         return;
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let pumps = async {
+        tokio::join!(
+            pump(client_read, server_write, &bytes.to_server),
+            pump(server_read, client_write, &bytes.from_server)
+        )
+    };
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+        _ = pumps => {}
         _ = async {
             loop {
                 if rx.changed().await.is_err() || rx.borrow().generation != generation {
@@ -137,6 +171,26 @@ async fn serve(mut client: TcpStream, upstream: Upstream, mut rx: watch::Receive
             }
         } => {}
     }
+}
+
+/// Copies one direction of a connection until either side closes it, counting the bytes.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    count: &AtomicU64,
+) {
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        count.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    let _ = to.shutdown().await;
 }
 
 /// A [`ServerControl`](crate::ServerControl) that adds [`Proxy`]s to another: kill, start,
