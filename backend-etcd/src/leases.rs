@@ -23,6 +23,12 @@
 //! (expiry between `t + S` and `t + S + rtt`), and makes sure a shared lease is on its way. While
 //! writes keep coming, a successor is requested 600 ms into each shared lease's window, so under
 //! load there is about one grant per TTL bucket per second, whatever the write rate.
+//!
+//! A key that is *renewed* (a group member's slot, renewed at every heartbeat) gets a lease of
+//! its own instead, granted once ([`Owned`]): a renewal is a keep-alive of that lease, which
+//! resets its TTL to `S` when the server receives it (after the renewal started, so the key
+//! lives at least `T` from then) without writing the key. etcd serves a keep-alive on the leader
+//! without a Raft round, so a steady member costs the cluster no write and no log sync.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -141,6 +147,29 @@ impl Leases {
         self.grant(self.bucket(ttl)).await
     }
 
+    /// The whole seconds of the lease a key written now with `ttl` gets.
+    pub(crate) fn secs(&self, ttl: Duration) -> i64 {
+        self.bucket(ttl)
+    }
+
+    /// Resets the TTL of lease `id` to the one it was granted with. Returns whether the server
+    /// still had it (false: it expired or was revoked, and its keys are gone).
+    pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool, etcd_client::Error> {
+        let opened = crate::retry_unsent(|| {
+            let mut client = self.client.clone();
+            // Opening the stream sends the first keep-alive and waits for its answer, which is
+            // all we need: the client fails the opening when the answer's TTL says the lease is
+            // gone.
+            async move { client.keep_alive(id).await }
+        })
+        .await;
+        match opened {
+            Ok(_) => Ok(true),
+            Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("not found") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Forgets the shared leases of `ttl`'s bucket (one turned out to be gone).
     pub(crate) fn forget(&self, ttl: Duration) {
         let s = self.bucket(ttl);
@@ -190,6 +219,43 @@ impl Leases {
                 Err(e) => tracing::debug!(error = %e, "granting a shared etcd lease failed"),
             }
         });
+    }
+}
+
+/// The leases of keys this store renews, one per key, granted once (by the first renewal that
+/// finds none) and kept alive by every later renewal.
+#[derive(Default)]
+pub(crate) struct Owned {
+    keys: Mutex<HashMap<String, (i64, i64)>>,
+}
+
+impl Owned {
+    /// The most keys remembered: beyond it, the map is cleared (a renewal then grants again).
+    const MAX: usize = 1 << 16;
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (i64, i64)>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lease owned by `key`, if it has one of `secs` seconds.
+    pub(crate) fn get(&self, key: &str, secs: i64) -> Option<i64> {
+        self.lock()
+            .get(key)
+            .and_then(|&(id, s)| (s == secs).then_some(id))
+    }
+
+    /// Records that `key` is on lease `id` of `secs` seconds.
+    pub(crate) fn set(&self, key: &str, id: i64, secs: i64) {
+        let mut keys = self.lock();
+        if keys.len() >= Self::MAX && !keys.contains_key(key) {
+            keys.clear();
+        }
+        keys.insert(key.to_owned(), (id, secs));
+    }
+
+    /// Forgets `key`'s lease (its key is gone or no longer ours).
+    pub(crate) fn forget(&self, key: &str) {
+        self.lock().remove(key);
     }
 }
 

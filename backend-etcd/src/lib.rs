@@ -12,18 +12,19 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, TlsOptions, Txn,
-    TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, SortOrder,
+    SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
 use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_ttl, check_value, parse_counter,
+    check_renew_and_list_if_changed, check_ttl, check_value, direct_entries, parse_counter,
+    RenewedListing,
 };
 use headcount_core::{Capabilities, Durability, Error, Result, Store};
 
 pub use config::{EtcdConfig, DEFAULT_PORT};
 use errors::BACKEND;
-use leases::Leases;
+use leases::{Leases, Owned};
 
 /// The placeholder URL of a store over an application's client: only its default options are
 /// used.
@@ -48,6 +49,7 @@ pub struct EtcdStore {
 struct Inner {
     kv: KvClient,
     leases: Leases,
+    owned: Owned,
     config: EtcdConfig,
     counters: Counters,
 }
@@ -175,6 +177,7 @@ impl EtcdStore {
             inner: Arc::new(Inner {
                 kv,
                 leases,
+                owned: Owned::default(),
                 config,
                 counters: Counters::default(),
             }),
@@ -254,7 +257,182 @@ impl EtcdStore {
     }
 }
 
+/// A range that answers a directory's [version](dir_version) in constant bytes: the number of
+/// keys under `dir` and the newest of them by revision (keys only, one of them).
+fn version_range(dir: &str) -> TxnOp {
+    TxnOp::get(
+        dir,
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_sort(SortTarget::Mod, SortOrder::Descend)
+                .with_limit(1),
+        ),
+    )
+}
+
+/// A directory's version: the cluster, the number of keys under it and the newest
+/// `mod_revision` among them. etcd revisions only grow, so a later state with the same count and
+/// newest revision holds the same keys at the same revisions (every key at or below that revision
+/// was there, unchanged, before; the counts match, so there are no others): the same keys and
+/// values. Keys deeper than the directory count too, which only makes the version change more
+/// often than the contract requires. A snapshot restore that reuses revisions would break this;
+/// etcd's own guidance for restores that clients watch is `etcdutl snapshot restore
+/// --bump-revision --mark-compacted`, which keeps them growing.
+fn dir_version(cluster: u64, count: i64, newest: i64) -> String {
+    format!("{cluster:x}.{count}.{newest}")
+}
+
+/// The count and newest revision of a range answer, as [`dir_version`] takes them.
+fn range_version(cluster: u64, range: &etcd_client::GetResponse) -> String {
+    let newest = range
+        .kvs()
+        .iter()
+        .map(etcd_client::KeyValue::mod_revision)
+        .max()
+        .unwrap_or(0);
+    dir_version(cluster, range.count(), newest)
+}
+
 impl EtcdStore {
+    /// Renews `key` if it holds `holder`, then runs `reads`: returns whether it renewed, the
+    /// answers of `reads` and the cluster id.
+    ///
+    /// The key is kept on a lease of its own ([`Owned`]). In the steady state (the key already
+    /// on it) the renewal is a keep-alive of that lease sent beside a transaction that only
+    /// compares and reads: etcd serves both without a Raft proposal, so a renewal writes nothing
+    /// and syncs no log. Otherwise (the first renewal after a claim, or a write that put the key
+    /// on a shared lease) a second transaction moves it to its own lease, granted first when
+    /// there is none.
+    async fn renew_with(
+        &self,
+        op: &'static str,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        reads: Vec<TxnOp>,
+    ) -> Result<(bool, Vec<TxnOpResponse>, u64)> {
+        let secs = self.inner.leases.secs(ttl);
+        let holds = Compare::value(key, CompareOp::Equal, holder);
+        if let Some(lease) = self.inner.owned.get(key, secs) {
+            // Read-only (etcd runs a transaction without a write in either branch as a
+            // linearizable read): on our lease and holding `holder`, or else the key itself, to
+            // tell a key moved to another lease from a key that is no longer ours.
+            let mut otherwise = vec![TxnOp::get(key, None)];
+            otherwise.extend(reads.iter().cloned());
+            let txn = Txn::new()
+                .when([holds.clone(), Compare::lease(key, CompareOp::Equal, lease)])
+                .and_then(reads.clone())
+                .or_else(otherwise);
+            let run = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            });
+            let (kept, answer) = tokio::join!(self.inner.leases.keep_alive(lease), run);
+            let resp = answer.map_err(|e| self.classify(e, op))?;
+            let kept = kept.map_err(|e| self.classify(e, op))?;
+            let cluster = resp.header().map_or(0, |h| h.cluster_id());
+            let succeeded = resp.succeeded();
+            let mut answers = resp.op_responses();
+            if succeeded {
+                // Renewed: the key held `holder` on our lease, and the lease was alive when
+                // the keep-alive reached the server (a lease that expires takes its keys with
+                // it, so a live one still carried the key).
+                if !kept {
+                    self.inner.owned.forget(key);
+                }
+                return Ok((kept, answers, cluster));
+            }
+            if !kept {
+                self.inner.owned.forget(key);
+            }
+            let ours = match answers.first() {
+                Some(TxnOpResponse::Get(g)) => g
+                    .kvs()
+                    .first()
+                    .is_some_and(|kv| kv.value() == holder.as_bytes()),
+                _ => {
+                    return Err(Error::rejected(
+                        BACKEND,
+                        op,
+                        "the renewal transaction answered without the key",
+                    ))
+                }
+            };
+            if !ours {
+                self.inner.owned.forget(key);
+                answers.remove(0);
+                return Ok((false, answers, cluster));
+            }
+            // The key is ours on another lease: move it below.
+        }
+        self.move_to_own_lease(op, key, holder, ttl, secs, reads)
+            .await
+    }
+
+    /// The part of [`renew_with`](Self::renew_with) that puts `key` (when it holds `holder`) on
+    /// a lease of its own, granting one when it has none, then runs `reads`, in one transaction.
+    async fn move_to_own_lease(
+        &self,
+        op: &'static str,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        secs: i64,
+        reads: Vec<TxnOp>,
+    ) -> Result<(bool, Vec<TxnOpResponse>, u64)> {
+        let mut retried = false;
+        loop {
+            let lease = match self.inner.owned.get(key, secs) {
+                Some(id) => id,
+                None => {
+                    let id = self
+                        .inner
+                        .leases
+                        .grant_fresh(ttl)
+                        .await
+                        .map_err(|e| self.classify(e, op))?;
+                    self.inner.owned.set(key, id, secs);
+                    id
+                }
+            };
+            let mut then = vec![TxnOp::put(key, holder, Some(put_options(lease)))];
+            then.extend(reads.iter().cloned());
+            let txn = Txn::new()
+                .when([Compare::value(key, CompareOp::Equal, holder)])
+                .and_then(then)
+                .or_else(reads.clone());
+            let answer = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await;
+            let resp = match answer {
+                Ok(resp) => resp,
+                // Our lease is gone (it expired while this member was paused, or the cluster
+                // was restored): grant another once.
+                Err(e) if !retried && errors::is_lease_not_found(&e) => {
+                    self.inner.owned.forget(key);
+                    retried = true;
+                    continue;
+                }
+                Err(e) => return Err(self.classify(e, op)),
+            };
+            let cluster = resp.header().map_or(0, |h| h.cluster_id());
+            let held = resp.succeeded();
+            let mut answers = resp.op_responses();
+            if held {
+                answers.remove(0);
+            } else {
+                self.inner.owned.forget(key);
+            }
+            return Ok((held, answers, cluster));
+        }
+    }
+
     /// Adds `by` to the counter at `key` and, when `also` names a key, reads it in the same
     /// transaction. Returns the new value and what was read.
     async fn incr_by(
@@ -429,6 +607,7 @@ impl Store for EtcdStore {
         caps.native_incr_and_get = true;
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
+        caps.native_change_version = true;
         caps
     }
 
@@ -546,6 +725,10 @@ impl Store for EtcdStore {
                         .and_then([TxnOp::delete(key, None)])
                 })
                 .await?;
+            if resp.succeeded() {
+                // The key's own lease (if a renewal gave it one) expires by itself.
+                self.inner.owned.forget(key);
+            }
             Ok(resp.succeeded())
         })
         .await
@@ -574,26 +757,13 @@ impl Store for EtcdStore {
     ) -> Result<(bool, Vec<(String, String)>)> {
         check_renew_and_list(key, holder, ttl, prefix)?;
         self.deadline("renew_and_list", async {
-            // One transaction: when the key holds `holder` (a value comparison fails on a
-            // missing key), re-put it on a lease of `ttl` and list; else only list. The range
-            // runs after the put, so it sees the renewed key. The lease comes from the shared
-            // cache (see `leases`): no extra round trip while a shared lease of this TTL is
-            // usable, one grant before the transaction otherwise.
+            // One transaction (and a keep-alive of the key's own lease beside it, see
+            // `renew_with`); the range runs after any write, so it sees the renewed key.
             let list = TxnOp::get(prefix, Some(GetOptions::new().with_prefix()));
-            let resp = self
-                .txn_with_lease("renew_and_list", Some(ttl), |lease| {
-                    Txn::new()
-                        .when([Compare::value(key, CompareOp::Equal, holder)])
-                        .and_then([
-                            TxnOp::put(key, holder, Some(put_options(lease))),
-                            list.clone(),
-                        ])
-                        .or_else([list.clone()])
-                })
+            let (renewed, answers, _) = self
+                .renew_with("renew_and_list", key, holder, ttl, vec![list])
                 .await?;
-            let renewed = resp.succeeded();
-            let listed = resp
-                .op_responses()
+            let listed = answers
                 .into_iter()
                 .find_map(|r| match r {
                     TxnOpResponse::Get(g) => Some(g),
@@ -603,6 +773,61 @@ impl Store for EtcdStore {
                 .transpose()?
                 .unwrap_or_default();
             Ok((renewed, listed))
+        })
+        .await
+    }
+
+    /// One transaction that compares and reads (the renewal itself is a keep-alive of the key's
+    /// own lease sent beside it, see `renew_with`) and answers the directory's version in
+    /// constant bytes: the number of keys under it and the newest revision among them. Only when
+    /// that differs from `since` is the directory read, in a second request whose answer gives
+    /// the version it returns.
+    async fn renew_and_list_if_changed(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dir: &str,
+        since: Option<&str>,
+    ) -> Result<RenewedListing> {
+        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
+        self.deadline("renew_and_list_if_changed", async {
+            let (renewed, answers, cluster) = self
+                .renew_with(
+                    "renew_and_list_if_changed",
+                    key,
+                    holder,
+                    ttl,
+                    vec![version_range(dir)],
+                )
+                .await?;
+            let version = answers
+                .into_iter()
+                .find_map(|r| match r {
+                    TxnOpResponse::Get(g) => Some(range_version(cluster, &g)),
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    Error::rejected(
+                        BACKEND,
+                        "renew_and_list_if_changed",
+                        "the renewal transaction answered without its range",
+                    )
+                })?;
+            if since == Some(version.as_str()) {
+                return Ok(RenewedListing::new(renewed, version, None));
+            }
+            let resp = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                async move { kv.get(dir, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await
+            .map_err(|e| self.classify(e, "renew_and_list_if_changed"))?;
+            let cluster = resp.header().map_or(cluster, |h| h.cluster_id());
+            let version = range_version(cluster, &resp);
+            let entries = direct_entries(dir, pairs(dir, resp.kvs())?);
+            let listing = (since != Some(version.as_str())).then_some(entries);
+            Ok(RenewedListing::new(renewed, version, listing))
         })
         .await
     }

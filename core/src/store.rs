@@ -253,7 +253,8 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// have no further `:`. A version is opaque text compared for equality only: two calls
     /// return the same version only if the keys directly under `dir` and their values were the
     /// same at both, also across a restart, a flush or a rollback of the store (a renewal, which
-    /// changes only a TTL, may or may not change the version). Like a Redis listing, a Redis
+    /// changes only a TTL, a rewrite of a key with its own value, and a write to a key deeper
+    /// than `dir` may or may not change the version). Like a Redis listing, a Redis
     /// version follows the writes made through headcount and expiries, not another client's
     /// writes.
     ///

@@ -294,7 +294,68 @@ pub async fn renew_if_changed_renews_and_lists(ctx: &Ctx) -> CaseResult {
     Ok(())
 }
 
-/// The version stays the same across renewals and writes outside the directory, and changes
+/// Renewals with the same TTL keep a key alive for as long as they come, each extending it from
+/// its own send (also when another write rewrote the key with the same value and a TTL of its
+/// own in between, and whether they go through `renew_and_list` or `renew_and_list_if_changed`);
+/// once they stop, the key expires on the last one's TTL. A backend that renews differently the
+/// first time and the next times (etcd moves the key to a lease of its own, then keeps that lease
+/// alive) shows here whether the later renewals extend anything.
+pub async fn renewals_keep_a_key_alive(ctx: &Ctx) -> CaseResult {
+    let dir = format!("{}slot:", ctx.prefix);
+    let key = ctx.key("slot:1");
+    let effective = ctx.caps().effective_ttl(SHORT_TTL);
+    let (first_sent, _) = put(ctx, &key, "me", Some(SHORT_TTL)).await?;
+    let mut last = (first_sent, first_sent);
+    for round in 0..6 {
+        if round == 3 {
+            let set = ctx
+                .store
+                .compare_and_set(&key, Some("me"), "me", Some(SHORT_TTL))
+                .await
+                .during("compare_and_set with the same value between renewals")?;
+            ensure!(
+                set,
+                "compare_and_set(me -> me) of a live key returned false"
+            );
+        }
+        let sent = Instant::now();
+        let renewed = if round % 2 == 0 {
+            ctx.store
+                .renew_and_list(&key, "me", SHORT_TTL, &dir)
+                .await
+                .during(format!("renew_and_list, renewal {round}"))?
+                .0
+        } else {
+            ctx.store
+                .renew_and_list_if_changed(&key, "me", SHORT_TTL, &dir, None)
+                .await
+                .during(format!("renew_and_list_if_changed, renewal {round}"))?
+                .renewed
+        };
+        let done = Instant::now();
+        ensure!(
+            renewed,
+            "renewal {round} (every one {:?} after the previous, TTL {effective:?} effective) \
+             returned false: the key expired between renewals",
+            effective / 2
+        );
+        last = (sent, done);
+        if round < 5 {
+            tokio::time::sleep(effective / 2).await;
+        }
+    }
+    // Two and a half effective TTLs after the first write: only the renewals kept it.
+    ensure!(
+        last.0 > first_sent + effective + ctx.tolerance(),
+        "the renewals ended too soon to show anything"
+    );
+    expect_expiry(ctx, &key, "me", last.0, last.1, SHORT_TTL).await?;
+    Ok(())
+}
+
+/// The version stays the same across renewals and writes beside the directory (a renewal
+/// through `compare_and_set` or a write below the directory may change it, with the same
+/// listing), and changes
 /// (with the listing sent again) when a key directly under it is created, changed, deleted,
 /// compare-and-deleted, or expires with nobody writing.
 pub async fn renew_if_changed_follows_changes(ctx: &Ctx) -> CaseResult {
@@ -303,12 +364,32 @@ pub async fn renew_if_changed_follows_changes(ctx: &Ctx) -> CaseResult {
     put(ctx, &mine, "me", Some(LONG_TTL)).await?;
     let first = check(ctx, &mine, "me", &dir, None).await?;
     let mut version = first.version.clone();
-    // Unchanged: a renewal, a renewal through compare_and_set, writes beside and below.
+    // A renewal through compare_and_set rewrites the key: the version may change (the contract
+    // allows it for a renewal), but then the listing sent is the same.
     ctx.store
         .compare_and_set(&mine, Some("me"), "me", Some(LONG_TTL))
         .await
         .during("compare_and_set with the same value")?;
-    for name in ["slot:deep:1", "slots:1", "other:1"] {
+    // So may a write below the directory (a key with a further ':'), which is not in it.
+    put(ctx, &ctx.key("slot:deep:1"), "out", Some(LONG_TTL)).await?;
+    let rewritten = check(ctx, &mine, "me", &dir, Some(&version)).await?;
+    if let Some(listing) = &rewritten.listing {
+        ensure_eq!(
+            listing,
+            &vec![(mine.clone(), "me".to_owned())],
+            "listing after a compare_and_set with the same value and a write below"
+        );
+        version = rewritten.version.clone();
+    }
+    let settled = check(ctx, &mine, "me", &dir, Some(&version)).await?;
+    ensure_eq!(
+        settled.listing,
+        None,
+        "listing at the second renewal after a compare_and_set with the same value"
+    );
+    version = settled.version;
+    // Unchanged: renewals, writes beside.
+    for name in ["slots:1", "other:1"] {
         put(ctx, &ctx.key(name), "out", Some(LONG_TTL)).await?;
     }
     let again = check(ctx, &mine, "me", &dir, Some(&version)).await?;
