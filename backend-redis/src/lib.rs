@@ -6,6 +6,7 @@ mod fence;
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,12 +45,25 @@ macro_rules! indexed {
         )
     };
 }
-const INCR_LUA: &str = indexed!(1, include_str!("scripts/incr.lua"));
-const CAS_LUA: &str = indexed!(1, include_str!("scripts/cas.lua"));
-const SET_MAX_LUA: &str = indexed!(1, include_str!("scripts/set_max.lua"));
+/// A write script whose repeat must not apply twice (see `replay.lua`): its body runs as a
+/// function, after which the answer is recorded under the call's request id (its last argument).
+macro_rules! replayable {
+    ($data_keys:literal, $body:expr) => {
+        indexed!(
+            $data_keys,
+            "local function body()\n",
+            $body,
+            include_str!("scripts/replay.lua")
+        )
+    };
+}
+
+const INCR_LUA: &str = replayable!(1, include_str!("scripts/incr.lua"));
+const CAS_LUA: &str = replayable!(1, include_str!("scripts/cas.lua"));
+const SET_MAX_LUA: &str = replayable!(1, include_str!("scripts/set_max.lua"));
 const EXPIRE_LUA: &str = indexed!(1, include_str!("scripts/expire.lua"));
-const DELETE_LUA: &str = indexed!(1, include_str!("scripts/delete.lua"));
-const COMPARE_AND_DELETE_LUA: &str = indexed!(1, include_str!("scripts/compare_and_delete.lua"));
+const DELETE_LUA: &str = replayable!(1, include_str!("scripts/delete.lua"));
+const COMPARE_AND_DELETE_LUA: &str = replayable!(1, include_str!("scripts/compare_and_delete.lua"));
 /// `list` and `renew_and_list` share the listing (`list_body.lua` builds `out`); each adds its
 /// own ending, and `renew_and_list` its renewal in front.
 const LIST_LUA: &str = indexed!(0, include_str!("scripts/list_body.lua"), "return out\n");
@@ -59,7 +73,7 @@ const RENEW_AND_LIST_LUA: &str = indexed!(
     include_str!("scripts/list_body.lua"),
     "settle()\ntable.insert(out, 1, renewed)\nreturn out\n"
 );
-const INCR_AND_GET_LUA: &str = indexed!(2, include_str!("scripts/incr_and_get.lua"));
+const INCR_AND_GET_LUA: &str = replayable!(2, include_str!("scripts/incr_and_get.lua"));
 /// `renew_and_list_if_changed`: the renewal and version check, then (when the version changed)
 /// the shared listing.
 const RENEW_CHECK_LUA: &str = indexed!(
@@ -111,9 +125,14 @@ impl IndexKeys {
 /// Whether `key` is the name of an index (of either topology): headcount never writes there
 /// through the `Store` API, or the index would be overwritten.
 fn is_index_name(key: &str) -> bool {
-    // The index, the expiry index, the sweep marker and the directory versions (index.lua).
+    // The index, the expiry index, the sweep marker and the directory versions (index.lua), and
+    // the answers recorded against repeated requests (replay.lua).
     let reserved = |rest: &str| {
-        rest == "index" || rest == "expiry" || rest == "swept" || rest.starts_with("version:")
+        rest == "index"
+            || rest == "expiry"
+            || rest == "swept"
+            || rest.starts_with("version:")
+            || rest.starts_with("req:")
     };
     if let Some(rest) = key.strip_prefix("headcount:") {
         return reserved(rest);
@@ -214,6 +233,38 @@ struct Inner {
     conn: Conn,
     config: RedisConfig,
     scripts: Scripts,
+    requests: RequestIds,
+}
+
+/// The request ids of the replay-protected scripts (`replay.lua`): this store's random base and
+/// a counter, unique among the calls of every store for a minute (the ids' lifetime in Redis).
+struct RequestIds {
+    base: u64,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        // A randomly keyed hasher over the time and the process id: random enough that two
+        // stores (in this process or another) do not share a base.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.write_u32(std::process::id());
+        RequestIds {
+            base: h.finish(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{n:x}", self.base)
+    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -386,6 +437,7 @@ impl RedisStore {
                 conn,
                 config,
                 scripts: Scripts::new(),
+                requests: RequestIds::new(),
             }),
         })
     }
@@ -397,6 +449,17 @@ impl RedisStore {
 
     fn is_cluster(&self) -> bool {
         matches!(self.inner.conn, Conn::Cluster(_))
+    }
+
+    /// The last argument of a replay-protected script: a fresh request id on Cluster, whose
+    /// client may send a request twice; empty on a single server, whose connection manager
+    /// never does.
+    fn request_id(&self) -> String {
+        if self.is_cluster() {
+            self.inner.requests.next()
+        } else {
+            String::new()
+        }
     }
 
     /// Where a write of `key` is recorded: the database's index on a single server, the index of
@@ -474,7 +537,7 @@ impl RedisStore {
         if let Some(index) = self.index_for_key(key)? {
             index.add_to(&mut call);
         }
-        call.arg(by).arg(ttl_arg(ttl));
+        call.arg(by).arg(ttl_arg(ttl)).arg(self.request_id());
         let reply: Value = self
             .run("incr_and_get", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -724,7 +787,7 @@ impl Store for RedisStore {
         if let Some(index) = self.index_for_key(incr_key)? {
             index.add_to(&mut call);
         }
-        call.arg(by).arg(ttl_arg(ttl));
+        call.arg(by).arg(ttl_arg(ttl)).arg(self.request_id());
         let reply: Value = self
             .run("incr_and_get", Some(incr_key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -767,7 +830,7 @@ impl Store for RedisStore {
         if let Some(index) = self.index_for_key(key)? {
             index.add_to(&mut call);
         }
-        call.arg(ttl_arg(ttl));
+        call.arg(ttl_arg(ttl)).arg(self.request_id());
         let reply: Value = self
             .run("incr", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -833,7 +896,8 @@ impl Store for RedisStore {
         call.arg(expected.unwrap_or_default())
             .arg(new)
             .arg(ttl_arg(ttl))
-            .arg(if expected.is_none() { "1" } else { "0" });
+            .arg(if expected.is_none() { "1" } else { "0" })
+            .arg(self.request_id());
         let reply: Value = self
             .run("compare_and_set", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -848,6 +912,7 @@ impl Store for RedisStore {
         if let Some(index) = self.index_for_key(key)? {
             index.add_to(&mut call);
         }
+        call.arg(self.request_id());
         let n: i64 = self
             .run("delete", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -863,7 +928,7 @@ impl Store for RedisStore {
         if let Some(index) = self.index_for_key(key)? {
             index.add_to(&mut call);
         }
-        call.arg(expected);
+        call.arg(expected).arg(self.request_id());
         let reply: Value = self
             .run("compare_and_delete", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -896,7 +961,7 @@ impl Store for RedisStore {
         if let Some(index) = self.index_for_key(key)? {
             index.add_to(&mut call);
         }
-        call.arg(value).arg(ttl_arg(ttl));
+        call.arg(value).arg(ttl_arg(ttl)).arg(self.request_id());
         let reply: Value = self
             .run("set_max", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -1102,6 +1167,8 @@ mod tests {
             "{g}:headcount:swept",
             "headcount:version:hc:{g}:slot:",
             "{g}:headcount:version:hc:{g}:slot:",
+            "{g}:headcount:req:0123456789abcdef0",
+            "{counter}:headcount:req:0123456789abcdef0",
         ] {
             assert!(is_index_name(name), "{name}");
         }

@@ -93,6 +93,24 @@ pub trait ServerControl: Send + Sync + fmt::Debug {
             "this server control has no proxy to cut the connection with",
         ))
     }
+
+    /// Lets the next request reach the server and drops the connection that carries its
+    /// answer (the harness's TCP proxy), so a write is applied and its reply lost. The default
+    /// says the control has no proxy.
+    async fn drop_next_reply(&self) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this server control has no proxy to drop a reply with",
+        ))
+    }
+
+    /// Passes every answer again after [`ServerControl::drop_next_reply`].
+    async fn pass_replies(&self) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this server control has no proxy to drop a reply with",
+        ))
+    }
 }
 
 /// Everything a case gets: the store, its own key prefix, and server control for fault cases.

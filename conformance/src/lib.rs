@@ -125,6 +125,7 @@ macro_rules! for_each_case {
             { server_killed_retryable_then_recovers, ServerControl, "with the server killed (SIGKILL) mid-run, calls fail with a retryable error within the timeout, and the same handle works again after a restart" },
             { server_paused_times_out_then_recovers, ServerControl, "with the server paused (SIGSTOP) longer than the timeout, a call fails with ErrorKind::Timeout within the deadline, and the same handle works again after SIGCONT" },
             { cluster_member_killed_keeps_serving, ClusterMember, "with one member of a 3-member cluster killed (SIGKILL), every operation keeps succeeding within the timeout, counters stay exact; operations still succeed after it is started again (whether it caught up is not checked)" },
+            { lost_reply_applied_at_most_once, ServerControl, "a write whose reply is lost (the proxy passes the request and drops the connection when the answer comes) is applied at most once and answered truthfully or with a retryable error: incr is not counted twice, compare_and_set and compare_and_delete that wrote are not reported as not written" },
             { connection_cut_retryable_then_recovers, ServerControl, "with the connection cut by a TCP proxy (open connections dropped, new ones blackholed) while the server runs, calls fail with a retryable error within the timeout, and the same handle works again when traffic passes" },
         ] }
     };

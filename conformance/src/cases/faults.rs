@@ -7,7 +7,7 @@ use std::time::Duration;
 use headcount::{DynStore, ErrorKind};
 use tokio::time::Instant;
 
-use super::POLL_INTERVAL;
+use super::{put, POLL_INTERVAL};
 use crate::{ensure, ensure_eq, CaseResult, Ctx, Failure, ResultExt, ServerControl};
 
 /// How much later than the configured timeout a failing call may return.
@@ -354,6 +354,112 @@ async fn cut(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
         2,
         "incr after the heal"
     );
+    Ok(())
+}
+
+/// A write whose reply is lost (the proxy lets the request reach the server, then drops the
+/// connection when the answer comes) is applied at most once, and the call either tells the
+/// truth about it or fails with a retryable error: an increment is not counted twice, a
+/// compare-and-set or compare-and-delete that wrote is not reported as "not written". A client
+/// library that sends a request again on a new connection (the Redis Cluster client does) must
+/// not apply it twice or answer from the second attempt as if the first had not happened.
+pub async fn lost_reply_applied_at_most_once(ctx: &Ctx) -> CaseResult {
+    let control = control(ctx)?;
+    let result = lost_replies(ctx, &*control).await;
+    let passed = control.pass_replies().await;
+    result?;
+    passed.during("passing the server's answers again")
+}
+
+/// Runs `call` with the proxy told to drop the next answer from the server.
+async fn reply_lost<T>(
+    control: &dyn ServerControl,
+    call: impl std::future::Future<Output = T>,
+) -> Result<T, Failure> {
+    control
+        .drop_next_reply()
+        .await
+        .during("telling the proxy to drop the next answer")?;
+    let got = call.await;
+    control
+        .pass_replies()
+        .await
+        .during("passing the server's answers again")?;
+    Ok(got)
+}
+
+async fn lost_replies(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
+    let store = &ctx.store;
+    let n = ctx.key("n");
+    ensure_eq!(
+        store.incr(&n, None).await.during("the first incr")?,
+        1,
+        "the first incr"
+    );
+    let mut before = 1i64;
+    for round in 1..=3 {
+        let got = reply_lost(control, store.incr(&n, None)).await?;
+        let now: i64 = recovered(ctx, &n)
+            .await?
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| Failure::new(format!("round {round}: the counter is gone")))?;
+        ensure!(
+            now == before || now == before + 1,
+            "round {round}: an incr whose reply was lost moved the counter from {before} to {now} \
+             (answered {got:?}): applied more than once"
+        );
+        match got {
+            Ok(v) => ensure_eq!(v, now, "round {round}: what incr answered"),
+            Err(e) => ensure!(
+                e.is_retryable(),
+                "round {round}: incr with its reply lost failed permanently: {e}"
+            ),
+        }
+        before = now;
+    }
+
+    let k = ctx.key("cas");
+    put(ctx, &k, "a", None).await?;
+    let got = reply_lost(control, store.compare_and_set(&k, Some("a"), "b", None)).await?;
+    let now = recovered(ctx, &k).await?;
+    match got {
+        Ok(true) => ensure_eq!(
+            now.as_deref(),
+            Some("b"),
+            "value after a compare_and_set that wrote"
+        ),
+        Ok(false) => ensure_eq!(
+            now.as_deref(),
+            Some("a"),
+            "value after a compare_and_set (a -> b) with its reply lost answered false"
+        ),
+        Err(e) => {
+            ensure!(
+                e.is_retryable(),
+                "compare_and_set with its reply lost failed permanently: {e}"
+            );
+            ensure!(
+                matches!(now.as_deref(), Some("a" | "b")),
+                "value after a failed compare_and_set: {now:?}"
+            );
+        }
+    }
+
+    let current = now.unwrap_or_default();
+    let got = reply_lost(control, store.compare_and_delete(&k, &current)).await?;
+    let now = recovered(ctx, &k).await?;
+    match got {
+        Ok(true) => ensure_eq!(now, None, "value after a compare_and_delete that deleted"),
+        Ok(false) => ensure_eq!(
+            now.as_deref(),
+            Some(current.as_str()),
+            "value after a compare_and_delete with its reply lost answered false"
+        ),
+        Err(e) => ensure!(
+            e.is_retryable(),
+            "compare_and_delete with its reply lost failed permanently: {e}"
+        ),
+    }
     Ok(())
 }
 

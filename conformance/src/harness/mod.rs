@@ -333,8 +333,14 @@ fn shared_postgres() -> Result<String, Unavailable> {
 async fn dedicated_redis_cluster() -> Result<Dedicated, Unavailable> {
     let failed = |e: std::io::Error| Unavailable::Failed(format!("starting a TCP proxy: {e}"));
     let mut proxies = Vec::new();
+    // One flag for the three: `drop_next_reply` drops one answer, from whichever node.
+    let drop_reply = Arc::default();
     for _ in 0..3 {
-        proxies.push(proxy::Proxy::unbound().await.map_err(failed)?);
+        proxies.push(
+            proxy::Proxy::unbound_sharing(Arc::clone(&drop_reply))
+                .await
+                .map_err(failed)?,
+        );
     }
     let announce: Vec<_> = proxies.iter().map(|p| (p.port(), p.upstream())).collect();
     let store = tokio::task::spawn_blocking(move || {

@@ -2,17 +2,19 @@
 //! connection without touching the server: [`Proxy::cut`] drops every open connection and
 //! blackholes new ones (accepted, never answered, like a network partition), [`Proxy::heal`]
 //! lets traffic pass again (connections held during the cut then reach the server, as TCP
-//! retransmission would after a partition heals). It also counts the bytes it carries each
-//! way ([`Proxy::bytes`]), which the benches use to measure what a backend sends.
+//! retransmission would after a partition heals). [`Proxy::drop_next_reply`] lets the next
+//! request reach the server and drops the connection when the server's answer comes, instead
+//! of passing it on: the write is applied and its reply lost. It also counts the bytes it
+//! carries each way ([`Proxy::bytes`]), which the benches use to measure what a backend sends.
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 /// Whether traffic passes, and the generation of connections that may live.
@@ -41,20 +43,28 @@ pub struct Proxy {
     upstream: Upstream,
     state: watch::Sender<State>,
     accept: JoinHandle<()>,
-    bytes: Arc<Bytes>,
+    shared: Arc<Shared>,
 }
 
-/// Bytes carried, each way, over every connection.
+/// What every connection of a proxy shares: the bytes carried each way, and whether to drop the
+/// next answer from the server (a flag several proxies may share, so that one answer is dropped
+/// among all of them).
 #[derive(Debug, Default)]
-struct Bytes {
+struct Shared {
     to_server: AtomicU64,
     from_server: AtomicU64,
+    drop_reply: Arc<AtomicBool>,
 }
 
 impl Proxy {
     /// Listens on a free loopback port and forwards to `127.0.0.1:upstream`.
     pub async fn start(upstream: u16) -> io::Result<Proxy> {
-        let proxy = Proxy::unbound().await?;
+        Proxy::start_sharing(upstream, Arc::default()).await
+    }
+
+    /// [`Proxy::start`] with the flag of [`Proxy::drop_next_reply`] shared with other proxies.
+    pub async fn start_sharing(upstream: u16, drop_reply: Arc<AtomicBool>) -> io::Result<Proxy> {
+        let proxy = Proxy::unbound_sharing(drop_reply).await?;
         proxy.upstream.set(upstream);
         Ok(proxy)
     }
@@ -62,6 +72,11 @@ impl Proxy {
     /// Listens on a free loopback port; connections are forwarded once [`Proxy::upstream`] is
     /// set (before that they are closed).
     pub async fn unbound() -> io::Result<Proxy> {
+        Proxy::unbound_sharing(Arc::default()).await
+    }
+
+    /// [`Proxy::unbound`] with the flag of [`Proxy::drop_next_reply`] shared with other proxies.
+    pub async fn unbound_sharing(drop_reply: Arc<AtomicBool>) -> io::Result<Proxy> {
         let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
         let port = listener.local_addr()?.port();
         let (state, rx) = watch::channel(State {
@@ -70,8 +85,11 @@ impl Proxy {
         });
         let upstream = Upstream::default();
         let target = upstream.clone();
-        let bytes = Arc::new(Bytes::default());
-        let counted = bytes.clone();
+        let shared = Arc::new(Shared {
+            drop_reply,
+            ..Shared::default()
+        });
+        let counted = shared.clone();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 tokio::spawn(serve(client, target.clone(), rx.clone(), counted.clone()));
@@ -82,7 +100,7 @@ impl Proxy {
             upstream,
             state,
             accept,
-            bytes,
+            shared,
         })
     }
 
@@ -99,9 +117,21 @@ impl Proxy {
     /// The bytes carried so far: to the server, from the server.
     pub fn bytes(&self) -> (u64, u64) {
         (
-            self.bytes.to_server.load(Ordering::Relaxed),
-            self.bytes.from_server.load(Ordering::Relaxed),
+            self.shared.to_server.load(Ordering::Relaxed),
+            self.shared.from_server.load(Ordering::Relaxed),
         )
+    }
+
+    /// Drops the connection that carries the server's next answer, instead of passing the
+    /// answer on (once, among all the proxies sharing the flag): the request it answers was
+    /// applied, and the client never learns it.
+    pub fn drop_next_reply(&self) {
+        self.shared.drop_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// Passes every answer again (undoes a [`Proxy::drop_next_reply`] that dropped nothing).
+    pub fn pass_replies(&self) {
+        self.shared.drop_reply.store(false, Ordering::SeqCst);
     }
 
     /// Drops every open connection and holds new ones without answering.
@@ -130,7 +160,7 @@ async fn serve(
     client: TcpStream,
     upstream: Upstream,
     mut rx: watch::Receiver<State>,
-    bytes: Arc<Bytes>,
+    shared: Arc<Shared>,
 ) {
     // Blackhole: hold the connection until traffic passes (or the proxy goes).
     loop {
@@ -155,14 +185,22 @@ async fn serve(
     let _ = server.set_nodelay(true);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
+    let dropped = Notify::new();
     let pumps = async {
         tokio::join!(
-            pump(client_read, server_write, &bytes.to_server),
-            pump(server_read, client_write, &bytes.from_server)
+            pump(client_read, server_write, &shared.to_server, None),
+            pump(
+                server_read,
+                client_write,
+                &shared.from_server,
+                Some((&shared.drop_reply, &dropped))
+            )
         )
     };
     tokio::select! {
         _ = pumps => {}
+        // Both halves of both sockets go with this future: the connection closes.
+        _ = dropped.notified() => {}
         _ = async {
             loop {
                 if rx.changed().await.is_err() || rx.borrow().generation != generation {
@@ -173,11 +211,14 @@ async fn serve(
     }
 }
 
-/// Copies one direction of a connection until either side closes it, counting the bytes.
+/// Copies one direction of a connection until either side closes it, counting the bytes. With
+/// `drop`, data read while the flag is set is not passed on: the flag is cleared and the
+/// connection told to close.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     count: &AtomicU64,
+    drop: Option<(&AtomicBool, &Notify)>,
 ) {
     let mut buf = vec![0u8; 32 * 1024];
     loop {
@@ -185,6 +226,12 @@ async fn pump(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if let Some((flag, close)) = drop {
+            if flag.swap(false, Ordering::SeqCst) {
+                close.notify_one();
+                return;
+            }
+        }
         if to.write_all(&buf[..n]).await.is_err() {
             break;
         }
@@ -212,6 +259,7 @@ impl Proxied {
         let mut out = String::with_capacity(url.len());
         let mut rest = url;
         let mut proxies = Vec::new();
+        let drop_reply = Arc::new(AtomicBool::new(false));
         while let Some(at) = rest.find(HOST) {
             let after = &rest[at + HOST.len()..];
             let end = after
@@ -220,7 +268,7 @@ impl Proxied {
             let upstream: u16 = after[..end]
                 .parse()
                 .map_err(|_| io::Error::other("a malformed port in the store URL"))?;
-            let proxy = Proxy::start(upstream).await?;
+            let proxy = Proxy::start_sharing(upstream, drop_reply.clone()).await?;
             out.push_str(&rest[..at]);
             out.push_str(&format!("{HOST}{}", proxy.port()));
             proxies.push(proxy);
@@ -270,6 +318,16 @@ impl crate::ServerControl for Proxied {
 
     async fn heal(&self) -> io::Result<()> {
         self.proxies.iter().for_each(Proxy::heal);
+        Ok(())
+    }
+
+    async fn drop_next_reply(&self) -> io::Result<()> {
+        self.proxies.iter().for_each(Proxy::drop_next_reply);
+        Ok(())
+    }
+
+    async fn pass_replies(&self) -> io::Result<()> {
+        self.proxies.iter().for_each(Proxy::pass_replies);
         Ok(())
     }
 }
