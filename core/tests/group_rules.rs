@@ -656,3 +656,74 @@ async fn a_member_of_an_older_version_in_the_group_stops_this_one() {
         ErrorKind::Rejected
     );
 }
+
+/// A key that stays a member's across a view change keeps one fencing token: the epoch since
+/// which the member has owned it without a break. So a grant taken before the change and still
+/// valid is admitted by a fence after a grant taken since wrote (the false fencing that Kafka's
+/// KIP-1251 fixed with an assignment epoch), while a key that moved gets a newer token than its
+/// old owner's.
+#[tokio::test]
+async fn a_members_older_grant_is_not_fenced_off_by_its_newer_one() {
+    use headcount_core::fence::Fence;
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let a = Group::join(store.clone(), GroupConfig::new("g", TTL))
+        .await
+        .expect("a joins");
+    let first = tokio::time::timeout(Duration::from_secs(5), a.active(0))
+        .await
+        .expect("a active in time")
+        .expect("a active");
+    let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
+    let mut older: Vec<_> = keys
+        .iter()
+        .map(|k| (k.clone(), a.owns(k).expect("a lone member owns every key")))
+        .collect();
+    assert!(older.iter().all(|(_, g)| g.token() == first.epoch));
+    let b = Group::join(store.clone(), GroupConfig::new("g", TTL))
+        .await
+        .expect("b joins");
+    // Drop the grants of the keys that move to b (the hand-off waits for them); keep the rest.
+    let second = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            older.retain(|(_, g)| g.is_valid());
+            match b.assignment() {
+                x if x.replicas == 2 && x.index.is_some() && a.assignment().epoch == x.epoch => {
+                    return x
+                }
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    })
+    .await
+    .expect("both active on the two-member view in time");
+    assert!(second.epoch > first.epoch);
+    assert!(
+        !older.is_empty() && older.len() < keys.len(),
+        "some keys stay a's and some move ({} stay)",
+        older.len()
+    );
+    let fence = Fence::new();
+    for (k, old) in &older {
+        let new = a.owns(k).expect("a still owns what stayed");
+        assert!(fence.admit(k, new.token()), "{k}: the newer grant");
+        assert!(old.is_valid());
+        assert!(
+            fence.admit(k, old.token()),
+            "{k}: a's grant from epoch {} (token {}) is refused after its grant from epoch {} \
+             (token {}) wrote, though both are valid and a owned {k} all along",
+            old.epoch(),
+            old.token(),
+            new.epoch(),
+            new.token()
+        );
+    }
+    // A key that moved: b's token is newer than any a used for it.
+    for k in &keys {
+        if let Some(g) = b.owns(k) {
+            assert!(g.token() > first.epoch, "{k}: b's token {}", g.token());
+        }
+    }
+    drop(older);
+    a.leave().await.expect("a leaves");
+    b.leave().await.expect("b leaves");
+}

@@ -112,6 +112,12 @@ struct Sim {
     /// the members must then have detected it (a renewal refused, a re-minted epoch replaced
     /// by a view above it).
     rolled_back: Option<Duration>,
+    /// For each key, the newest fencing token a fence in front of its sink has seen: at every
+    /// check each valid key grant held "writes" through it. A valid grant must never be
+    /// refused (its token older than the newest), or the fence would stop work the group
+    /// still assigns to that member; a grant of another member that wrote in between would
+    /// also be caught here, as a token order that does not follow ownership.
+    fences: Vec<(u64, String)>,
 }
 
 impl Sim {
@@ -381,6 +387,29 @@ impl Sim {
 
     fn check_safety(&mut self) -> Result<(), String> {
         let strict = self.rolled_back.is_none_or(|t| self.now() > t + 2 * TTL);
+        let now = self.now();
+        for p in &self.procs {
+            for (g, key, _) in &p.held {
+                if !g.is_valid() {
+                    continue;
+                }
+                let (newest, by) = &mut self.fences[*key];
+                if strict && g.token() < *newest {
+                    return Err(format!(
+                        "a fence refuses {}'s valid grant of key {key} (epoch {}, token {}): \
+                         {by}'s grant with token {newest} wrote before it, at {:.3}s",
+                        p.label,
+                        g.epoch(),
+                        g.token(),
+                        now.as_secs_f64()
+                    ));
+                }
+                if g.token() >= *newest {
+                    *newest = g.token();
+                    by.clone_from(&p.label);
+                }
+            }
+        }
         for (k, owners) in self.share_owners().iter().enumerate() {
             let distinct: std::collections::BTreeSet<usize> =
                 owners.iter().map(|(i, _, _)| *i).collect();
@@ -509,6 +538,7 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<(), String> {
         log: Vec::new(),
         verbose,
         rolled_back: None,
+        fences: vec![(0, String::new()); KEYS],
     };
     sim.note(format!("{plan:?} assignor {assignor:?}"));
     let first = sim.rng.random_range(1..=3);

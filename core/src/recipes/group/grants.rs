@@ -26,12 +26,71 @@ pub(super) struct State {
     /// have started work under it, so what the member keeps granting during the hand-off must
     /// be its own in every one of them.
     pub(super) skipped: Vec<Arc<ViewState>>,
-    pub(super) in_flight: HashMap<u64, usize>,
+    /// The views adopted since the member's claim (oldest first, at most
+    /// [`State::HISTORY`]): a key's fencing token is the first epoch of the unbroken run of
+    /// consecutive epochs, up to the newest, in which the key was the member's.
+    pub(super) history: std::collections::VecDeque<Arc<ViewState>>,
+    /// Key grants in flight, by key hash: how many, and the token of the first of them since
+    /// the count was last zero (a key with a grant in flight all along stayed the member's: a
+    /// hand-off that moves it waits for the count to drop to zero).
+    pub(super) in_flight: HashMap<u64, (usize, u64)>,
     pub(super) share_in_flight: usize,
     pub(super) leaving: bool,
 }
 
 impl State {
+    /// The most views [`State::history`] keeps.
+    pub(super) const HISTORY: usize = 64;
+
+    /// Records a view the member adopted.
+    pub(super) fn remember(&mut self, view: Arc<ViewState>) {
+        if self.history.len() >= Self::HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(view);
+    }
+
+    /// Forgets what the member owned: its lease lapsed or it left, so ownership starts over.
+    pub(super) fn forget_history(&mut self) {
+        self.history.clear();
+    }
+
+    /// The fencing token of key hash `h`, which is `holder`'s in `target`: the first epoch of the
+    /// unbroken run of consecutive epochs, ending at `target`'s, of views this member adopted
+    /// with `h` its own. No other member can have been granted `h` under an epoch of that run
+    /// (each of those views gave it to this member), so every other owner's token is older
+    /// than the run or newer than `target`: a fence still orders owners, while this member's
+    /// grants from earlier in the run are not refused once a later one wrote (Kafka's KIP-1251
+    /// fixed the same false fencing with an assignment epoch).
+    ///
+    /// While a grant of `h` is in flight the key stays the member's without a break (a hand-off
+    /// that moves it waits for the grant, even through views that were superseded before they
+    /// became active), so a new grant takes the token of the first grant in flight when that is
+    /// older.
+    fn key_token(&self, h: u64, holder: Holder, target: &ViewState) -> u64 {
+        if let Some(&(n, first)) = self.in_flight.get(&h) {
+            if n > 0 {
+                return first.min(self.run_start(h, holder, target));
+            }
+        }
+        self.run_start(h, holder, target)
+    }
+
+    /// The first epoch of the run described at [`State::key_token`].
+    fn run_start(&self, h: u64, holder: Holder, target: &ViewState) -> u64 {
+        let mut token = target.epoch();
+        for v in self.history.iter().rev() {
+            if v.epoch() >= token {
+                continue;
+            }
+            if v.epoch() + 1 != token || !v.owned_by(h, holder) {
+                break;
+            }
+            token = v.epoch();
+        }
+        token
+    }
+
     pub(super) fn target(&self) -> Option<&Arc<ViewState>> {
         self.pending.as_ref().or(self.active.as_ref())
     }
@@ -69,7 +128,7 @@ impl State {
         let keys_ok = self
             .in_flight
             .iter()
-            .all(|(&h, &n)| n == 0 || pending.owned_by(h, holder));
+            .all(|(&h, &(n, _))| n == 0 || pending.owned_by(h, holder));
         let share_ok = self.share_in_flight == 0
             || self.pair_in(self.active.as_ref()) == self.pair_in(Some(pending));
         keys_ok && share_ok
@@ -93,15 +152,16 @@ impl Shared {
     pub(super) fn grant(self: &Arc<Self>, scope: Scope) -> Option<Grant> {
         let now = self.clock.monotonic();
         let mut st = self.lock();
-        let (slot, epoch) = st.grantable(scope, now)?;
+        let (slot, epoch, token) = st.grantable(scope, now)?;
         match scope {
-            Scope::Key(h) => *st.in_flight.entry(h).or_insert(0) += 1,
+            Scope::Key(h) => st.in_flight.entry(h).or_insert((0, token)).0 += 1,
             Scope::Share => st.share_in_flight += 1,
         }
         Some(Grant {
             shared: self.clone(),
             scope,
             epoch,
+            token,
             slot,
             generation: st.generation,
         })
@@ -117,9 +177,9 @@ impl Shared {
 }
 
 impl State {
-    /// The slot and token a grant of `scope` would carry now, or `None` when it may not be
-    /// granted.
-    pub(super) fn grantable(&self, scope: Scope, now: Duration) -> Option<(u32, u64)> {
+    /// The slot, epoch and fencing token a grant of `scope` would carry now, or `None` when it
+    /// may not be granted.
+    pub(super) fn grantable(&self, scope: Scope, now: Duration) -> Option<(u32, u64, u64)> {
         if !self.valid(scope, self.generation, now) {
             return None;
         }
@@ -129,7 +189,12 @@ impl State {
         if self.pending.is_some() && !self.valid_in_active(scope) {
             return None;
         }
-        Some((slot, self.target()?.epoch()))
+        let target = self.target()?;
+        let token = match (scope, self.holder) {
+            (Scope::Key(h), Some(holder)) => self.key_token(h, holder, target),
+            _ => target.epoch(),
+        };
+        Some((slot, target.epoch(), token))
     }
 
     /// Whether `scope` was granted by the active view and stayed the member's in every view
@@ -148,13 +213,14 @@ impl State {
     }
 }
 
-/// The right to work on a key (or on the member's whole share) under one epoch. The epoch is the
-/// fencing token to hand to the sink. The grant is in flight until dropped: a hand-off waits for
-/// it.
+/// The right to work on a key (or on the member's whole share) under one epoch, with the fencing
+/// token to hand to the sink ([`Grant::token`]). The grant is in flight until dropped: a hand-off
+/// waits for it.
 pub struct Grant {
     pub(super) shared: Arc<Shared>,
     pub(super) scope: Scope,
     pub(super) epoch: u64,
+    pub(super) token: u64,
     pub(super) slot: u32,
     pub(super) generation: u64,
 }
@@ -164,18 +230,24 @@ impl fmt::Debug for Grant {
         f.debug_struct("Grant")
             .field("scope", &self.scope)
             .field("epoch", &self.epoch)
+            .field("token", &self.token)
             .field("slot", &self.slot)
             .finish()
     }
 }
 
 impl Grant {
-    /// The fencing token: the epoch of the view the grant was taken under.
+    /// The fencing token. For a key: the epoch since which this member has owned it without a
+    /// break (the first of the consecutive views it adopted that gave it the key), so a key that
+    /// stays the member's across view changes keeps its token and an older grant of it is not
+    /// refused by a fence once a newer one wrote; a key that moved carries a token newer than
+    /// every token of its earlier owners. For the whole share: the epoch of the view it was
+    /// taken under.
     pub fn token(&self) -> u64 {
-        self.epoch
+        self.token
     }
 
-    /// The epoch (same as [`Grant::token`]).
+    /// The epoch of the view the grant was taken under (at least [`Grant::token`]).
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -215,7 +287,7 @@ impl Drop for Grant {
             if st.generation == self.generation {
                 match self.scope {
                     Scope::Key(h) => {
-                        if let Some(n) = st.in_flight.get_mut(&h) {
+                        if let Some((n, _)) = st.in_flight.get_mut(&h) {
                             *n = n.saturating_sub(1);
                             if *n == 0 {
                                 st.in_flight.remove(&h);

@@ -157,7 +157,7 @@ impl Member {
         self.shared
             .lock()
             .grantable(scope, now)
-            .map(|(_, epoch)| epoch)
+            .map(|(_, _, token)| token)
     }
 
     /// [`Member::owns`] for a key that is already a hash (see [`crate::assign::hash_u64`]).

@@ -59,8 +59,13 @@
 //! claim, slot *and* nonce: a member that claimed its slot number again (a restart with the same
 //! member id, a lapsed lease) owns nothing under a view that names the number under its earlier
 //! claim. The view records the publisher's assignor, and a member configured with another one
-//! is refused at join. [`Member::owns`] returns a [`Grant`] carrying the epoch as its
-//! fencing token while the key is this member's; the grant stays in flight until dropped.
+//! is refused at join. [`Member::owns`] returns a [`Grant`] while the key is this member's; the
+//! grant stays in flight until dropped. Its fencing token is the epoch since which the key has
+//! been the member's without a break (the first of the consecutive views it adopted that gave it
+//! the key, or the token of a grant of the key still in flight): a key that stays the member's
+//! across view changes keeps its token, so the member's older grant is not refused by a fence
+//! after its newer one wrote (the false fencing Kafka fixed in KIP-1251 with an assignment
+//! epoch), and a key that moved carries a newer token than any of its earlier owners'.
 //! [`Member::watch`] gives the member's [`Assignment`] (`slot`, and the articles' 1-based
 //! `(index, replicas)` pair: the member's rank among the live slots and their count), and
 //! [`Member::changes`] a [`Change`] per activated view, which tells the keys gained and lost.
@@ -97,7 +102,7 @@
 //! member's deadline is 10% short of the store's expiry), (b) nobody but headcount deletes slot
 //! keys, and (c) a member is not paused between checking a grant and using it for longer than
 //! the rest of its lease. When (b) or (c) fails (a slot deleted or overwritten by hand, a process
-//! paused past its TTL), the old holder's grants carry an older epoch: a sink that checks
+//! paused past its TTL), the old holder's grants carry an older token: a sink that checks
 //! tokens with a [`Fence`](crate::fence::Fence) (or the PostgreSQL and Redis fences of the
 //! backend crates) rejects its late writes once the new owner has written.
 //!

@@ -828,6 +828,7 @@ impl Runner {
             st.active = None;
             st.pending = None;
             st.skipped.clear();
+            st.forget_history();
             st.deadline = None;
             st.in_flight.clear();
             st.share_in_flight = 0;
@@ -1125,9 +1126,10 @@ impl Runner {
         };
         let has_active = {
             let mut st = self.shared.lock();
-            if let Some(old) = st.pending.replace(state) {
+            if let Some(old) = st.pending.replace(state.clone()) {
                 st.skipped.push(old);
             }
+            st.remember(state);
             st.active.is_some()
         };
         let now = self.clock.monotonic();
@@ -1392,7 +1394,7 @@ impl Runner {
         let drained = loop {
             let busy = {
                 let st = self.shared.lock();
-                st.in_flight.values().any(|&n| n > 0) || st.share_in_flight > 0
+                st.in_flight.values().any(|&(n, _)| n > 0) || st.share_in_flight > 0
             };
             if !busy {
                 break true;
@@ -1456,6 +1458,7 @@ impl Runner {
             st.active = None;
             st.pending = None;
             st.skipped.clear();
+            st.forget_history();
             st.deadline = None;
             st.holder = None;
         }
