@@ -6,6 +6,12 @@
 //! gets SIGTERM, then SIGKILL after `--grace`; only once it is gone is the grant dropped, which
 //! is what lets the hand-off proceed. A view change that keeps the pair (only the epoch moves)
 //! does not restart the command.
+//!
+//! A watchdog process runs beside the command, in its process group ([`watchdog`]): exec tells
+//! it the lease time left at every check, and when that runs out without news (exec stopped
+//! with SIGSTOP, frozen, or gone) it kills the group itself. A paused exec cannot renew, so its
+//! lease lapses and another member may start the share: without the watchdog its command would
+//! run on beside the new owner's.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -121,8 +127,9 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
             }
         };
         let pid = child.id();
+        let mut dog = Watchdog::start(pid, &grant);
         event("start", &assignment, &grant, pid, None, None);
-        let ended = supervise(&mut child, &grant, &mut watch, &mut shutdown).await;
+        let ended = supervise(&mut child, &grant, &mut dog, &mut watch, &mut shutdown).await;
         let status = match ended {
             Ended::Exited(status) => {
                 // The command is gone, but what it started in its group is not: nothing may
@@ -139,10 +146,13 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
             // grant is still the lapsed lease's.
             Ended::Revoked if grant.lease_lapsed() => {
                 tracing::warn!("the lease lapsed: stopping the command at once");
-                terminate(&mut child, Duration::ZERO, &grant).await
+                terminate(&mut child, Duration::ZERO, &grant, &mut dog).await
             }
-            Ended::Revoked | Ended::Signal => terminate(&mut child, args.grace, &grant).await,
+            Ended::Revoked | Ended::Signal => {
+                terminate(&mut child, args.grace, &grant, &mut dog).await
+            }
         };
+        dog.stop().await;
         let reason = match ended {
             Ended::Revoked => "revoked",
             Ended::Signal => "signal",
@@ -197,10 +207,12 @@ async fn wait_for_share(
     }
 }
 
-/// Waits until the command exits, the grant stops being valid, or a signal comes.
+/// Waits until the command exits, the grant stops being valid, or a signal comes; tells the
+/// watchdog the lease time left at every check.
 async fn supervise(
     child: &mut Child,
     grant: &Grant,
+    dog: &mut Watchdog,
     watch: &mut watch::Receiver<Assignment>,
     shutdown: &mut Shutdown,
 ) -> Ended {
@@ -211,6 +223,7 @@ async fn supervise(
         if !grant.is_valid() {
             return Ended::Revoked;
         }
+        dog.feed(grant).await;
         tokio::select! {
             status = child.wait() => {
                 return match status {
@@ -374,7 +387,12 @@ fn die_with_parent(command: &mut Command) {
 
 /// SIGTERM to the command's process group, SIGKILL after `grace`, and a SIGKILL to whatever is
 /// left of the group once the command is gone, so nothing it started works on without a grant.
-async fn terminate(child: &mut Child, grace: Duration, grant: &Grant) -> ExitStatus {
+async fn terminate(
+    child: &mut Child,
+    grace: Duration,
+    grant: &Grant,
+    dog: &mut Watchdog,
+) -> ExitStatus {
     let pid = child.id();
     if let Some(pid) = pid {
         signal_group(pid, Signal::Term);
@@ -383,6 +401,7 @@ async fn terminate(child: &mut Child, grace: Duration, grant: &Grant) -> ExitSta
     // the next owner may already run the share.
     let lapsed = async {
         while !grant.lease_lapsed() {
+            dog.feed(grant).await;
             tokio::time::sleep(CHECK_EVERY).await;
         }
     };
@@ -419,6 +438,125 @@ async fn terminate(child: &mut Child, grace: Duration, grant: &Grant) -> ExitSta
             }
         }
     }
+}
+
+/// exec's side of the watchdog: the process, and the pipe that tells it the lease time left.
+struct Watchdog {
+    child: Option<Child>,
+    stdin: Option<tokio::process::ChildStdin>,
+}
+
+impl Watchdog {
+    /// Starts `headcount exec-watchdog` in the process group of the command `pgid` (so a stop
+    /// of the command's group reaches it too), with the lease time `grant` has left. A watchdog
+    /// that cannot start is logged, not fatal: exec still stops the command itself while it
+    /// runs.
+    fn start(pgid: Option<u32>, grant: &Grant) -> Watchdog {
+        let none = Watchdog {
+            child: None,
+            stdin: None,
+        };
+        let Some(pgid) = pgid else { return none };
+        let exe = match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot find headcount's own binary: no watchdog");
+                return none;
+            }
+        };
+        let left = grant.lease_remaining().unwrap_or(Duration::ZERO);
+        let spawned = Command::new(exe)
+            .arg("exec-watchdog")
+            .arg(pgid.to_string())
+            .arg(left.as_millis().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .process_group(i32::try_from(pgid).unwrap_or(0))
+            .kill_on_drop(true)
+            .spawn();
+        match spawned {
+            Ok(mut child) => Watchdog {
+                stdin: child.stdin.take(),
+                child: Some(child),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the watchdog");
+                none
+            }
+        }
+    }
+
+    /// Tells the watchdog the lease time left (none once it lapsed: the watchdog then kills at
+    /// once, as exec does).
+    async fn feed(&mut self, grant: &Grant) {
+        use tokio::io::AsyncWriteExt as _;
+        let Some(stdin) = self.stdin.as_mut() else {
+            return;
+        };
+        let left = grant.lease_remaining().unwrap_or(Duration::ZERO);
+        let line = format!("{}\n", left.as_millis());
+        if let Err(e) = stdin.write_all(line.as_bytes()).await {
+            tracing::warn!(error = %e, "the watchdog is gone");
+            self.stdin = None;
+        }
+    }
+
+    /// Ends the watchdog once the command's group is gone (the group's SIGKILL usually took it
+    /// already): kills and reaps it, then closes its pipe.
+    async fn stop(&mut self) {
+        // Killed before its pipe closes: a closed pipe alone would make it kill the group.
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+        self.stdin = None;
+    }
+}
+
+/// `headcount exec-watchdog PGID LEFT_MS`: kills process group `pgid` when the lease time exec
+/// reports runs out without news, or when exec closes the pipe (it died, or its command
+/// ended). Each line on stdin is the lease time left in milliseconds, measured by exec just
+/// before writing. It ignores SIGTERM, SIGINT and SIGHUP (a stop of the group is exec's
+/// SIGTERM to the command, with a grace period the watchdog must not cut short), so it ends
+/// with the group's SIGKILL or by itself.
+#[allow(unsafe_code)]
+pub fn watchdog(pgid: u32, left: Duration) -> ExitCode {
+    use std::io::BufRead as _;
+    use std::sync::mpsc::{self, RecvTimeoutError};
+    use std::time::Instant;
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // SAFETY: signal(2) with SIG_IGN installs no handler and touches no memory of ours.
+        unsafe {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+    }
+    let (tx, rx) = mpsc::channel::<Duration>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if let Ok(ms) = line.trim().parse::<u64>() {
+                if tx.send(Duration::from_millis(ms)).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let mut deadline = Instant::now() + left;
+    let why = loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(left) => deadline = Instant::now() + left,
+            Err(RecvTimeoutError::Timeout) => {
+                break "the lease ran out without news from exec (is it stopped?)"
+            }
+            Err(RecvTimeoutError::Disconnected) => break "exec closed the pipe",
+        }
+    };
+    let _ = writeln!(
+        std::io::stderr(),
+        "headcount exec-watchdog: {why}: SIGKILL to the command's process group {pgid}"
+    );
+    signal_group(pgid, Signal::Kill);
+    ExitCode::SUCCESS
 }
 
 #[derive(Debug, Clone, Copy)]

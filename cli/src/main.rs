@@ -115,6 +115,15 @@ enum Command {
         #[arg(long)]
         filter: Option<String>,
     },
+    /// The watchdog `exec` starts beside its command (internal): kills the command's process
+    /// group when exec stops reporting a live lease.
+    #[command(name = "exec-watchdog", hide = true)]
+    ExecWatchdog {
+        /// The command's process group.
+        pgid: u32,
+        /// Milliseconds of lease left when it starts.
+        left_ms: u64,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
     ///
     /// Print a completion script for SHELL on stdout, e.g.
@@ -173,6 +182,9 @@ fn main() -> ExitCode {
         Command::Distributor(_) => "warn,headcount_core=info,headcount=info",
         _ => "warn",
     };
+    if let Command::ExecWatchdog { pgid, left_ms } = cli.command {
+        return exec::watchdog(pgid, Duration::from_millis(left_ms));
+    }
     let is_exec = matches!(cli.command, Command::Exec(_));
     let log_format = match observe::LogFormat::parse(cli.log_format.as_deref()) {
         Ok(f) => f,
@@ -344,6 +356,10 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             distributor::distributor(store, args).await
         }
         Command::Ids(command) => ids::ids(command).await,
+        // Handled in `main`, before the runtime starts.
+        Command::ExecWatchdog { pgid, left_ms } => {
+            Ok(exec::watchdog(pgid, Duration::from_millis(left_ms)))
+        }
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut cli_command(), "headcount", &mut script);

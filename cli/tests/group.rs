@@ -564,3 +564,45 @@ fn bad_arguments_fail_in_one_line_with_status_2_or_125_for_exec() {
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
     }
 }
+
+/// A stopped `exec` (SIGSTOP) cannot renew its lease, and another member may take its share
+/// once the lease runs out: its watchdog kills the command by the lease deadline, while exec
+/// itself is still stopped.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stopped_exec_s_command_dies_by_the_lease_deadline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = store_url(dir.path());
+    let file = dir.path().join("stopped.txt");
+    let (tx, rx) = mpsc::channel();
+    let mut procs = Reap(vec![spawn_exec(&url, 0, &file, &[], "exec sleep 1000", tx)]);
+    let (_, start) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a start event");
+    let pid = start["pid"].as_u64().unwrap();
+    signal(&procs.0[0], "-STOP");
+    let stopped = Instant::now();
+    let alive = |pid: u64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    };
+    // The lease deadline is at most 0.9 TTL (900 ms) after the stop; 2 s of slack for a loaded
+    // machine.
+    let deadline = stopped + Duration::from_secs(3);
+    while alive(pid) {
+        if Instant::now() > deadline {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            signal(&procs.0[0], "-CONT");
+            panic!("the command {pid} outlived its stopped exec's lease");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "the command died {:?} after the SIGSTOP of exec",
+        stopped.elapsed()
+    );
+    signal(&procs.0[0], "-CONT");
+    signal(&procs.0[0], "-TERM");
+    let _ = procs.0[0].wait();
+}

@@ -265,6 +265,21 @@ impl Grant {
         self.shared.lock().valid(self.scope, self.generation, now)
     }
 
+    /// How long the member's lease has left on its own clock (until its deadline: the last
+    /// renewal's send time plus 90% of the TTL), or `None` once it lapsed since this grant was
+    /// taken. For a watchdog outside the process (`headcount exec` has one) that must stop the
+    /// work by the deadline even if this process is frozen.
+    pub fn lease_remaining(&self) -> Option<Duration> {
+        let now = self.shared.clock.monotonic();
+        let st = self.shared.lock();
+        if st.generation != self.generation {
+            return None;
+        }
+        st.deadline
+            .and_then(|d| d.checked_sub(now))
+            .filter(|left| !left.is_zero())
+    }
+
     /// Whether the member's lease lapsed (its renewal failed or its deadline passed on its
     /// clock) since this grant was taken, even if it has claimed a slot and become active again
     /// since. The others
