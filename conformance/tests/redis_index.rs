@@ -298,3 +298,154 @@ async fn a_heartbeat_refuses_a_key_of_another_type() {
         .unwrap();
     assert!(answer.renewed);
 }
+
+/// A primary of a Cluster: its node id, port and slot ranges.
+type Primary = (String, u16, Vec<(u16, u16)>);
+
+/// The primaries `CLUSTER NODES` lists.
+fn cluster_nodes(text: &str) -> Vec<Primary> {
+    text.lines()
+        .filter(|l| l.contains("master"))
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let port = f[1]
+                .split('@')
+                .next()
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse().ok())
+                .unwrap();
+            let ranges = f[8..]
+                .iter()
+                .filter(|r| !r.starts_with('['))
+                .map(|r| match r.split_once('-') {
+                    Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+                    None => (r.parse().unwrap(), r.parse().unwrap()),
+                })
+                .collect();
+            (f[0].to_owned(), port, ranges)
+        })
+        .collect()
+}
+
+/// While the slot of a group's keys migrates to another node (`CLUSTER SETSLOT … MIGRATING` /
+/// `IMPORTING`, some keys moved with `MIGRATE`), a listing is whole or fails with a retryable
+/// error: never a part of the keys, and never one that drops index entries for the keys that
+/// moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_during_a_slot_migration_is_whole_or_retryable() {
+    let Some(cluster) = start(Backend::RedisCluster, || KvStore::redis_cluster(None, None)) else {
+        return;
+    };
+    let store = headcount::connect(&cluster.url()).await.unwrap();
+    let mut want = Vec::new();
+    for i in 0..20 {
+        let key = format!("hc:{{m}}:{i:02}");
+        store.incr(&key, None).await.unwrap();
+        want.push((key, "1".to_owned()));
+    }
+    assert_eq!(store.list("hc:{m}:").await.unwrap(), want);
+    let mut any = raw(&format!("redis://127.0.0.1:{}", cluster.servers[0].port)).await;
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg("{m}")
+        .query_async(&mut any)
+        .await
+        .unwrap();
+    let text: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut any)
+        .await
+        .unwrap();
+    let nodes = cluster_nodes(&text);
+    let source = nodes
+        .iter()
+        .find(|(_, _, r)| r.iter().any(|&(a, b)| a <= slot && slot <= b))
+        .unwrap()
+        .clone();
+    let target = nodes.iter().find(|n| n.0 != source.0).unwrap().clone();
+    let mut src = raw(&format!("redis://127.0.0.1:{}", source.1)).await;
+    let mut dst = raw(&format!("redis://127.0.0.1:{}", target.1)).await;
+    let setslot = |state: &str, id: &str| {
+        let mut c = redis::cmd("CLUSTER");
+        c.arg("SETSLOT").arg(slot).arg(state).arg(id);
+        c
+    };
+    let () = setslot("IMPORTING", &source.0)
+        .query_async(&mut dst)
+        .await
+        .unwrap();
+    let () = setslot("MIGRATING", &target.0)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    // Half the data keys move; the index stays on the source for now.
+    let mut migrate = redis::cmd("MIGRATE");
+    migrate
+        .arg("127.0.0.1")
+        .arg(target.1)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS");
+    for (k, _) in &want[..10] {
+        migrate.arg(k);
+    }
+    let _: redis::Value = migrate.query_async(&mut src).await.unwrap();
+    for round in 0..3 {
+        match store.list("hc:{m}:").await {
+            Ok(got) => assert_eq!(got, want, "round {round}: a listing mid-migration"),
+            Err(e) => {
+                assert!(e.is_retryable(), "round {round}: {e}");
+                eprintln!("round {round}: {e}");
+            }
+        }
+    }
+    // The rest moves (the other data keys, the index, the directory versions, the recorded
+    // answers); the slot then belongs to the target.
+    let rest: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    assert!(rest.iter().any(|k| k == "{m}:headcount:index"), "{rest:?}");
+    let mut migrate = redis::cmd("MIGRATE");
+    migrate
+        .arg("127.0.0.1")
+        .arg(target.1)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS");
+    for k in &rest {
+        migrate.arg(k);
+    }
+    let _: redis::Value = migrate.query_async(&mut src).await.unwrap();
+    match store.list("hc:{m}:").await {
+        Ok(got) => assert_eq!(
+            got, want,
+            "a listing with every key moved, before the slot is"
+        ),
+        Err(e) => {
+            assert!(e.is_retryable(), "{e}");
+            eprintln!("every key moved: {e}");
+        }
+    }
+    for (_, port, _) in &nodes {
+        let mut c = raw(&format!("redis://127.0.0.1:{port}")).await;
+        let () = setslot("NODE", &target.0)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    // After the migration every key is listed again, none dropped from the index on the way.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.list("hc:{m}:").await {
+            Ok(got) if got == want => break,
+            other => assert!(Instant::now() < deadline, "after the migration: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
