@@ -28,13 +28,15 @@
 //! its own instead, granted once ([`Owned`]): a renewal is a keep-alive of that lease, which
 //! resets its TTL to `S` when the server receives it (after the renewal started, so the key
 //! lives at least `T` from then) without writing the key. etcd serves a keep-alive on the leader
-//! without a Raft round, so a steady member costs the cluster no write and no log sync.
+//! without a Raft round, so a steady member costs the cluster no write and no log sync. The
+//! keep-alive stream of each such lease stays open between renewals ([`Leases::keep_alive`]): a
+//! renewal is one request message and one answer on it, not a new RPC.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use etcd_client::LeaseClient;
+use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
 use tokio::time::Instant;
 
 /// From the grant's answer to the first write that may use a shared lease.
@@ -75,7 +77,13 @@ pub(crate) struct Leases {
     client: LeaseClient,
     min_ttl_secs: i64,
     buckets: Arc<Mutex<HashMap<i64, Bucket>>>,
+    streams: Arc<Mutex<HashMap<i64, Stream>>>,
 }
+
+/// The open keep-alive stream of one owned lease, if any: taken out while a keep-alive is on it,
+/// so a keep-alive cancelled halfway (a deadline) drops the stream rather than leaving its answer
+/// for the next one to read.
+type Stream = Arc<tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>>;
 
 impl Leases {
     /// Asks the server for a 1-second lease to learn its minimum TTL (etcd raises shorter ones
@@ -92,6 +100,7 @@ impl Leases {
             client,
             min_ttl_secs,
             buckets: Arc::default(),
+            streams: Arc::default(),
         })
     }
 
@@ -154,20 +163,65 @@ impl Leases {
 
     /// Resets the TTL of lease `id` to the one it was granted with. Returns whether the server
     /// still had it (false: it expired or was revoked, and its keys are gone).
+    ///
+    /// The lease's keep-alive stream stays open between calls: a call sends one request on it and
+    /// reads its answer. The first call, and a call after the stream broke, opens one (which
+    /// sends the first request and reads its answer).
     pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool, etcd_client::Error> {
+        let slot = {
+            let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+            if streams.len() >= Owned::MAX && !streams.contains_key(&id) {
+                streams.clear();
+            }
+            streams.entry(id).or_default().clone()
+        };
+        let mut held = slot.lock().await;
+        if let Some((mut keeper, mut stream)) = held.take() {
+            let answer = match keeper.keep_alive().await {
+                Ok(()) => stream.message().await,
+                Err(e) => Err(e),
+            };
+            match answer {
+                Ok(Some(resp)) if resp.ttl() > 0 => {
+                    *held = Some((keeper, stream));
+                    return Ok(true);
+                }
+                Ok(Some(_)) => {
+                    drop(held);
+                    self.close(id);
+                    return Ok(false);
+                }
+                // The stream broke (a reconnect, a leader change): open another below.
+                Ok(None) | Err(_) => {}
+            }
+        }
         let opened = crate::retry_unsent(|| {
             let mut client = self.client.clone();
-            // Opening the stream sends the first keep-alive and waits for its answer, which is
-            // all we need: the client fails the opening when the answer's TTL says the lease is
-            // gone.
+            // Opening the stream sends the first keep-alive and waits for its answer; the
+            // client fails the opening when the answer's TTL says the lease is gone.
             async move { client.keep_alive(id).await }
         })
         .await;
         match opened {
-            Ok(_) => Ok(true),
-            Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("not found") => Ok(false),
+            Ok(pair) => {
+                *held = Some(pair);
+                Ok(true)
+            }
+            Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("not found") => {
+                drop(held);
+                self.close(id);
+                Ok(false)
+            }
             Err(e) => Err(e),
         }
+    }
+
+    /// Closes the keep-alive stream of lease `id` (its key is gone or no longer on it).
+    pub(crate) fn close(&self, id: i64) {
+        self.streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
     }
 
     /// Forgets the shared leases of `ttl`'s bucket (one turned out to be gone).
@@ -231,7 +285,7 @@ pub(crate) struct Owned {
 
 impl Owned {
     /// The most keys remembered: beyond it, the map is cleared (a renewal then grants again).
-    const MAX: usize = 1 << 16;
+    pub(crate) const MAX: usize = 1 << 16;
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (i64, i64)>> {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
@@ -244,18 +298,20 @@ impl Owned {
             .and_then(|&(id, s)| (s == secs).then_some(id))
     }
 
-    /// Records that `key` is on lease `id` of `secs` seconds.
-    pub(crate) fn set(&self, key: &str, id: i64, secs: i64) {
+    /// Records that `key` is on lease `id` of `secs` seconds; returns the lease it had before.
+    pub(crate) fn set(&self, key: &str, id: i64, secs: i64) -> Option<i64> {
         let mut keys = self.lock();
         if keys.len() >= Self::MAX && !keys.contains_key(key) {
             keys.clear();
         }
-        keys.insert(key.to_owned(), (id, secs));
+        keys.insert(key.to_owned(), (id, secs))
+            .map(|(old, _)| old)
+            .filter(|&old| old != id)
     }
 
-    /// Forgets `key`'s lease (its key is gone or no longer ours).
-    pub(crate) fn forget(&self, key: &str) {
-        self.lock().remove(key);
+    /// Forgets `key`'s lease (its key is gone or no longer ours); returns it.
+    pub(crate) fn forget(&self, key: &str) -> Option<i64> {
+        self.lock().remove(key).map(|(id, _)| id)
     }
 }
 

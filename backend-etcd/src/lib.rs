@@ -296,6 +296,13 @@ fn range_version(cluster: u64, range: &etcd_client::GetResponse) -> String {
 }
 
 impl EtcdStore {
+    /// Forgets `key`'s own lease and closes its keep-alive stream; the lease expires by itself.
+    fn forget_owned(&self, key: &str) {
+        if let Some(id) = self.inner.owned.forget(key) {
+            self.inner.leases.close(id);
+        }
+    }
+
     /// Renews `key` if it holds `holder`, then runs `reads`: returns whether it renewed, the
     /// answers of `reads` and the cluster id.
     ///
@@ -341,12 +348,12 @@ impl EtcdStore {
                 // the keep-alive reached the server (a lease that expires takes its keys with
                 // it, so a live one still carried the key).
                 if !kept {
-                    self.inner.owned.forget(key);
+                    self.forget_owned(key);
                 }
                 return Ok((kept, answers, cluster));
             }
             if !kept {
-                self.inner.owned.forget(key);
+                self.forget_owned(key);
             }
             let ours = match answers.first() {
                 Some(TxnOpResponse::Get(g)) => g
@@ -362,7 +369,7 @@ impl EtcdStore {
                 }
             };
             if !ours {
-                self.inner.owned.forget(key);
+                self.forget_owned(key);
                 answers.remove(0);
                 return Ok((false, answers, cluster));
             }
@@ -394,7 +401,9 @@ impl EtcdStore {
                         .grant_fresh(ttl)
                         .await
                         .map_err(|e| self.classify(e, op))?;
-                    self.inner.owned.set(key, id, secs);
+                    if let Some(old) = self.inner.owned.set(key, id, secs) {
+                        self.inner.leases.close(old);
+                    }
                     id
                 }
             };
@@ -415,7 +424,7 @@ impl EtcdStore {
                 // Our lease is gone (it expired while this member was paused, or the cluster
                 // was restored): grant another once.
                 Err(e) if !retried && errors::is_lease_not_found(&e) => {
-                    self.inner.owned.forget(key);
+                    self.forget_owned(key);
                     retried = true;
                     continue;
                 }
@@ -427,7 +436,7 @@ impl EtcdStore {
             if held {
                 answers.remove(0);
             } else {
-                self.inner.owned.forget(key);
+                self.forget_owned(key);
             }
             return Ok((held, answers, cluster));
         }
@@ -727,7 +736,7 @@ impl Store for EtcdStore {
                 .await?;
             if resp.succeeded() {
                 // The key's own lease (if a renewal gave it one) expires by itself.
-                self.inner.owned.forget(key);
+                self.forget_owned(key);
             }
             Ok(resp.succeeded())
         })

@@ -784,7 +784,7 @@ fn via_port(url: &str, port: u16) -> Option<(String, u16)> {
 }
 
 /// etcd's request counters (its Prometheus `/metrics` on the client port): gRPC messages
-/// received by method, keys put, and write-ahead-log syncs.
+/// received and RPCs started by method, keys put, and write-ahead-log syncs.
 async fn etcd_metrics(port: u16) -> BTreeMap<String, f64> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut out = BTreeMap::new();
@@ -805,13 +805,20 @@ async fn etcd_metrics(port: u16) -> BTreeMap<String, f64> {
         let Ok(value) = value.parse::<f64>() else {
             continue;
         };
-        let key = if let Some(rest) = name.strip_prefix("grpc_server_msg_received_total{") {
-            match rest
-                .split("grpc_method=\"")
+        let method = |rest: &str| {
+            rest.split("grpc_method=\"")
                 .nth(1)
                 .and_then(|m| m.split('"').next())
-            {
-                Some(method) => method.to_owned(),
+                .map(str::to_owned)
+        };
+        let key = if let Some(rest) = name.strip_prefix("grpc_server_msg_received_total{") {
+            match method(rest) {
+                Some(method) => method,
+                None => continue,
+            }
+        } else if let Some(rest) = name.strip_prefix("grpc_server_started_total{") {
+            match method(rest) {
+                Some(method) => format!("{method} RPCs started"),
                 None => continue,
             }
         } else if name == "etcd_mvcc_put_total" || name == "etcd_debugging_mvcc_put_total" {
