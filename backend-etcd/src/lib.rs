@@ -110,7 +110,12 @@ impl EtcdStore {
             .with_connect_timeout(timeout)
             .with_keep_alive(Duration::from_secs(5), timeout);
         if let (Some(user), Some(password)) = (config.user(), config.password()) {
-            options = options.with_user(user, password);
+            // Auth tokens expire (etcd's `--auth-token-ttl`, or a JWT's `ttl`): the client logs
+            // in again with these credentials when the server says the token is invalid, and
+            // sends the request again.
+            options = options
+                .with_user(user, password)
+                .with_auto_token_refresh(true);
         }
         if config.tls() {
             let mut tls = TlsOptions::new().with_webpki_roots();

@@ -377,6 +377,16 @@ impl KvStore {
 
     /// An etcd cluster of `members` members (1 or 3).
     pub fn etcd(members: usize, op_timeout: Option<Duration>) -> Result<KvStore, Unavailable> {
+        Self::etcd_with(members, op_timeout, &[])
+    }
+
+    /// An etcd cluster of `members` members with `args` after the harness's own, such as
+    /// `--auth-token jwt,...` for short-lived auth tokens.
+    pub fn etcd_with(
+        members: usize,
+        op_timeout: Option<Duration>,
+        args: &[&str],
+    ) -> Result<KvStore, Unavailable> {
         let bin = find_bin("etcd").ok_or_else(|| {
             Unavailable::Missing(
                 "no etcd on PATH; apt-get install etcd-server (or set HEADCOUNT_TEST_ETCD_URL / HEADCOUNT_TEST_ETCD_CLUSTER_URL)".into(),
@@ -391,6 +401,7 @@ impl KvStore {
         for (i, s) in servers.iter_mut().enumerate() {
             s.name = format!("hc{tag:08x}m{i}");
             s.token = format!("hc{tag:08x}");
+            s.extra_args = args.iter().map(|a| (*a).to_owned()).collect();
         }
         let initial = servers
             .iter()
