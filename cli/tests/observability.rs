@@ -89,7 +89,10 @@ fn run_serves_the_documented_metrics_and_logs_json() {
     let body = loop {
         let (status, body) = http_get(&addr, "/metrics");
         assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
-        if body.contains("operation=\"renew_and_list_if_changed\"") {
+        // The store's metric and the group's are recorded one after the other: wait for both.
+        if body.contains("operation=\"renew_and_list_if_changed\"")
+            && body.contains("headcount_group_heartbeat_duration_seconds_count")
+        {
             break body;
         }
         assert!(Instant::now() < deadline, "no heartbeat metric:\n{body}");
@@ -99,6 +102,12 @@ fn run_serves_the_documented_metrics_and_logs_json() {
         "# TYPE headcount_store_operation_duration_seconds histogram",
         "headcount_store_operation_duration_seconds_bucket{backend=\"sqlite\",operation=\"compare_and_set\",le=\"0.001\"}",
         "headcount_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"list\"}",
+        "# TYPE headcount_group_heartbeat_duration_seconds histogram",
+        "headcount_group_heartbeat_duration_seconds_count{group=\"metrics\"}",
+        "headcount_group_view_changes_total{group=\"metrics\"} 1",
+        "headcount_group_epoch{group=\"metrics\"} 1",
+        "headcount_group_members_live{group=\"metrics\"} 1",
+        "headcount_group_handoff_duration_seconds_count{group=\"metrics\"} 1",
     ] {
         assert!(body.contains(name), "{name} missing from:\n{body}");
     }

@@ -48,6 +48,7 @@ impl Group {
         });
         let heartbeat = config.ttl / 3;
         let mut runner = Runner {
+            metrics: crate::metrics::GroupMetrics::new(keys.group()),
             store,
             shared: shared.clone(),
             clock: config.clock.clone(),

@@ -1,6 +1,7 @@
 //! The heartbeat runner: renewals, reading the slot table, publishing and adopting views, acknowledgements and hand-off.
 
 use super::*;
+use tracing::Instrument as _;
 
 /// The most stalled slots one beat re-applies a lease TTL to ([`Runner::expire_stalled`]).
 pub(super) const NUDGES_PER_BEAT: usize = 8;
@@ -19,6 +20,8 @@ pub(super) struct Discrepancy {
 
 /// The background heartbeat.
 pub(super) struct Runner {
+    /// The member's metrics (`docs/observability.md`).
+    pub(super) metrics: crate::metrics::GroupMetrics,
     pub(super) store: DynStore,
     pub(super) shared: Arc<Shared>,
     pub(super) clock: Arc<dyn Clock>,
@@ -403,14 +406,20 @@ impl Runner {
             if full {
                 next = self.clock.monotonic() + self.heartbeat;
             }
+            let span = tracing::debug_span!(
+                "group.heartbeat",
+                group = self.keys.group(),
+                slot = self.record.as_ref().map(|(s, _)| *s),
+                full
+            );
             let result = if full {
-                self.beat().await
+                self.beat().instrument(span).await
             } else if self.only_settling_awaited() {
-                self.poll_settled().await
+                self.poll_settled().instrument(span).await
             } else if self.only_watching() {
-                self.watch().await
+                self.watch().instrument(span).await
             } else {
-                self.beat().await
+                self.beat().instrument(span).await
             };
             if let Err(e) = result {
                 if e.kind() == crate::ErrorKind::Rejected {
@@ -529,7 +538,7 @@ impl Runner {
         let now = self.clock.monotonic();
         let expired = self.shared.lock().deadline.is_some_and(|d| now >= d);
         if expired {
-            self.revoke("the lease deadline passed without a renewal");
+            self.revoke("lapsed", "the lease deadline passed without a renewal");
         }
         let Some((slot, record)) = self.record.clone() else {
             let table = match self.list().await {
@@ -607,6 +616,10 @@ impl Runner {
                 Err(e) => Err(e),
             }
         };
+        self.metrics.heartbeat(
+            self.clock.monotonic().saturating_sub(sent),
+            result.as_ref().err(),
+        );
         let result = match result {
             // A renewal refused on a copy of the table: read the table itself to decide.
             Ok((false, _, _, false)) => match self.list().await {
@@ -630,7 +643,8 @@ impl Runner {
                         return Ok(());
                     }
                 }
-                self.revoke("the slot was no longer ours at renewal");
+                self.metrics.heartbeat_failed("lost");
+                self.revoke("lost", "the slot was no longer ours at renewal");
                 self.record = None;
                 self.preferred = Some(slot);
                 self.reclaim(&table).await;
@@ -750,7 +764,10 @@ impl Runner {
             v = &mut call => return v,
             _ = self.clock.sleep_until(deadline) => {}
         }
-        self.revoke("the lease deadline passed while a renewal was in flight");
+        self.revoke(
+            "lapsed",
+            "the lease deadline passed while a renewal was in flight",
+        );
         call.await
     }
 
@@ -820,7 +837,8 @@ impl Runner {
     }
 
     /// Stops all work at once: every grant turns invalid.
-    pub(super) fn revoke(&mut self, why: &str) {
+    /// Stops all work at once; `reason` is the metric's label (`lapsed`, `lost`), `why` the log's.
+    pub(super) fn revoke(&mut self, reason: &'static str, why: &str) {
         let had = {
             let mut st = self.shared.lock();
             let had = st.active.is_some() || st.pending.is_some() || st.deadline.is_some();
@@ -837,6 +855,7 @@ impl Runner {
         self.pending_since = None;
         self.adopted_at = None;
         if had {
+            self.metrics.grants_revoked(reason);
             tracing::warn!(group = self.keys.group(), member = %self.member, "{why}: stopped all work");
         }
         self.shared.publish(|a| {
@@ -1349,11 +1368,29 @@ impl Runner {
             st.skipped.clear();
             st.active.replace(view.clone())
         };
+        if let Some(since) = self.pending_since {
+            self.metrics
+                .handoff(self.clock.monotonic().saturating_sub(since));
+        }
         self.pending_since = None;
         self.adopted_at = None;
         let slot = holder.slot;
         let pair = view.pair_of(holder);
         let live: Vec<u32> = view.record.slots().collect();
+        self.metrics.view_changed(view.epoch(), live.len());
+        // A view that names a holder the previous one did not (a join, a replacement) takes
+        // keys from the members that held them: count it as moving this member's keys away
+        // when it held a share before.
+        if let Some(old) = from.as_ref().filter(|old| old.pair_of(holder).is_some()) {
+            if view
+                .record
+                .holders
+                .iter()
+                .any(|h| !old.record.holders.contains(h))
+            {
+                self.metrics.grants_revoked("moved");
+            }
+        }
         tracing::info!(group = self.keys.group(), member = %self.member, epoch = view.epoch(), slot, index = ?pair.map(|p| p.0), replicas = live.len(), "view active");
         self.shared.publish(|a| {
             a.slot = Some(slot);
@@ -1462,6 +1499,8 @@ impl Runner {
             st.deadline = None;
             st.holder = None;
         }
+        self.metrics.grants_revoked("left");
+        self.metrics.members_live(0);
         self.shared.publish(|a| {
             a.slot = None;
             a.index = None;
