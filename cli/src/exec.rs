@@ -130,6 +130,12 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
         let mut dog = Watchdog::start(pid, &grant);
         event("start", &assignment, &grant, pid, None, None);
         let ended = supervise(&mut child, &grant, &mut dog, &mut watch, &mut shutdown).await;
+        // A command killed by the watchdog while exec was stopped looks like one that exited by
+        // itself: the lapsed lease tells the two apart, and the share is revoked, not left.
+        let ended = match ended {
+            Ended::Exited(_) if grant.lease_lapsed() => Ended::Revoked,
+            other => other,
+        };
         let status = match ended {
             Ended::Exited(status) => {
                 // The command is gone, but what it started in its group is not: nothing may
@@ -488,16 +494,25 @@ impl Watchdog {
 
     /// Tells the watchdog the lease time left (none once it lapsed: the watchdog then kills at
     /// once, as exec does).
+    ///
+    /// Never blocks: a watchdog that stopped reading (stopped with the command's group) must not
+    /// stop exec's supervision, so a line that does not fit in the pipe is dropped.
     async fn feed(&mut self, grant: &Grant) {
-        use tokio::io::AsyncWriteExt as _;
         let Some(stdin) = self.stdin.as_mut() else {
             return;
         };
         let left = grant.lease_remaining().unwrap_or(Duration::ZERO);
         let line = format!("{}\n", left.as_millis());
-        if let Err(e) = stdin.write_all(line.as_bytes()).await {
-            tracing::warn!(error = %e, "the watchdog is gone");
-            self.stdin = None;
+        use futures::FutureExt as _;
+        use tokio::io::AsyncWriteExt as _;
+        // One poll: a full pipe answers Pending having written nothing (a line this short is
+        // written whole or not at all, PIPE_BUF).
+        match stdin.write(line.as_bytes()).now_or_never() {
+            None | Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "the watchdog is gone");
+                self.stdin = None;
+            }
         }
     }
 

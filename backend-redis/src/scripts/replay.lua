@@ -13,7 +13,7 @@ local RKEY = nil
 if RID ~= '' then
   if IDX then
     RKEY = string.sub(IDX, 1, #IDX - 5) .. 'req:' .. RID
-  elseif not string.find(KEYS[1], '{', 1, true) then
+  elseif not string.find(KEYS[1], '{', 1, true) and not string.find(KEYS[1], '}', 1, true) then
     -- An untagged key (no index on Cluster): the whole name in braces hashes like the name.
     RKEY = '{' .. KEYS[1] .. '}:headcount:req:' .. RID
   end
