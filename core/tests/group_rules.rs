@@ -727,3 +727,131 @@ async fn a_members_older_grant_is_not_fenced_off_by_its_newer_one() {
     a.leave().await.expect("a leaves");
     b.leave().await.expect("b leaves");
 }
+
+/// A lone member active at its first epoch, and the keys it was granted there.
+async fn lone_member_with_grants(
+    store: &DynStore,
+) -> (
+    headcount_core::recipes::group::Member,
+    u64,
+    Vec<(String, headcount_core::recipes::group::Grant)>,
+) {
+    let a = Group::join(store.clone(), GroupConfig::new("g", TTL))
+        .await
+        .expect("a joins");
+    let first = tokio::time::timeout(Duration::from_secs(5), a.active(0))
+        .await
+        .expect("active in time")
+        .expect("active");
+    let held = (0..16)
+        .map(|i| {
+            let k = format!("k{i}");
+            let g = a.owns(&k).expect("a lone member owns every key");
+            assert_eq!(g.token(), first.epoch);
+            (k, g)
+        })
+        .collect();
+    (a, first.epoch, held)
+}
+
+/// Waits until `a` grants `key` under a view above `epoch`, and returns that grant.
+async fn grant_above(
+    a: &headcount_core::recipes::group::Member,
+    key: &str,
+    epoch: u64,
+) -> headcount_core::recipes::group::Grant {
+    tokio::time::timeout(TTL * 20, async {
+        loop {
+            if let Some(g) = a.owns(key).filter(|g| g.epoch() > epoch) {
+                return g;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a grant under a newer view in time")
+}
+
+#[tokio::test]
+async fn an_epoch_minted_twice_is_never_a_token_again() {
+    // A store that lost writes let another member publish this member's epoch again for other
+    // holders (written here by hand: the same epoch, one more slot). Grants under the twin
+    // carry the epoch as their token too, so after the member replaced the twin, a token from
+    // that epoch would let the other member's late writes through a fence: every new grant,
+    // even of a key with a grant in flight, must carry a newer token.
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let (a, epoch, held) = lone_member_with_grants(&store).await;
+    let view = store
+        .get("hc:{g}:view:current")
+        .await
+        .expect("get")
+        .expect("a view");
+    let twin = format!("{view},9@0000000000000001");
+    assert!(store
+        .compare_and_set("hc:{g}:view:current", Some(&view), &twin, None)
+        .await
+        .expect("plant the twin"));
+    for (k, old) in &held {
+        let new = grant_above(&a, k, epoch).await;
+        assert!(
+            new.token() > epoch,
+            "{k}: granted under epoch {} with token {}, the epoch minted twice",
+            new.epoch(),
+            new.token()
+        );
+        assert!(old.is_valid(), "{k} stayed a's");
+    }
+    drop(held);
+    a.leave().await.expect("leave");
+}
+
+#[tokio::test]
+async fn an_acknowledgement_of_a_twin_breaks_the_token_run() {
+    // The twin itself was already replaced: what is left of it is another member's
+    // acknowledgement of this member's epoch under another view's digest.
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let (a, epoch, held) = lone_member_with_grants(&store).await;
+    let other = format!(
+        "v1 member=other nonce=0000000000000001 since=1 ttl=10000 acked={epoch} view=0123456789abcdef"
+    );
+    assert!(store
+        .compare_and_set("hc:{g}:slot:9", None, &other, Some(Duration::from_secs(10)))
+        .await
+        .expect("write the other member's slot"));
+    // a publishes a view with slot 9 and keeps the keys that stay its own meanwhile.
+    let mut kept = 0;
+    for (k, _) in &held {
+        let Some(new) = tokio::time::timeout(TTL * 20, async {
+            loop {
+                match a.owns(k) {
+                    Some(g) if g.epoch() > epoch => return Some(g),
+                    None if store
+                        .get("hc:{g}:view:current")
+                        .await
+                        .expect("get")
+                        .is_some_and(|v| v.contains(",9@")) =>
+                    {
+                        return None
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            }
+        })
+        .await
+        .expect("the view with slot 9 in time") else {
+            continue;
+        };
+        kept += 1;
+        assert!(
+            new.token() > epoch,
+            "{k}: granted under epoch {} with token {}, an epoch another member acknowledged \
+             under another view",
+            new.epoch(),
+            new.token()
+        );
+    }
+    assert!(kept > 0, "some keys stay a's");
+    drop(held);
+    store.delete("hc:{g}:slot:9").await.expect("delete");
+    a.leave().await.expect("leave");
+}

@@ -116,8 +116,11 @@ struct Sim {
     /// check each valid key grant held "writes" through it. A valid grant must never be
     /// refused (its token older than the newest), or the fence would stop work the group
     /// still assigns to that member; a grant of another member that wrote in between would
-    /// also be caught here, as a token order that does not follow ownership.
-    fences: Vec<(u64, String)>,
+    /// also be caught here, as a token order that does not follow ownership. Beside the token:
+    /// who wrote it, and whether that write was checked strictly (two TTLs past a rollback):
+    /// two holders that both write one token then are a fault a fence cannot see (a re-minted
+    /// epoch some member detected must not keep serving as a token).
+    fences: Vec<(u64, String, bool)>,
 }
 
 impl Sim {
@@ -393,7 +396,7 @@ impl Sim {
                 if !g.is_valid() {
                     continue;
                 }
-                let (newest, by) = &mut self.fences[*key];
+                let (newest, by, since_strict) = &mut self.fences[*key];
                 if strict && g.token() < *newest {
                     return Err(format!(
                         "a fence refuses {}'s valid grant of key {key} (epoch {}, token {}): \
@@ -404,9 +407,21 @@ impl Sim {
                         now.as_secs_f64()
                     ));
                 }
+                // Two holders writing with one token cannot be told apart by a fence: the older
+                // one, a zombie, would still get through after the newer one wrote.
+                if strict && *since_strict && g.token() == *newest && *by != p.label {
+                    return Err(format!(
+                        "{}'s valid grant of key {key} (epoch {}) has token {newest}, which \
+                         {by}'s grant wrote with before: a fence cannot tell them apart, at {:.3}s",
+                        p.label,
+                        g.epoch(),
+                        now.as_secs_f64()
+                    ));
+                }
                 if g.token() >= *newest {
                     *newest = g.token();
                     by.clone_from(&p.label);
+                    *since_strict = strict;
                 }
             }
         }
@@ -538,7 +553,7 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<(), String> {
         log: Vec::new(),
         verbose,
         rolled_back: None,
-        fences: vec![(0, String::new()); KEYS],
+        fences: vec![(0, String::new(), false); KEYS],
     };
     sim.note(format!("{plan:?} assignor {assignor:?}"));
     let first = sim.rng.random_range(1..=3);

@@ -34,6 +34,11 @@ pub(super) struct State {
     /// the count was last zero (a key with a grant in flight all along stayed the member's: a
     /// hand-off that moves it waits for the count to drop to zero).
     pub(super) in_flight: HashMap<u64, (usize, u64)>,
+    /// The lowest epoch a fencing token may come from once a run is in question: one above
+    /// an epoch this member saw minted twice (a store that lost writes published the member's
+    /// epoch again for other holders, whose grants carry it too). Runs never reach below it,
+    /// so the member's grants under the view that replaces the twins fence off both.
+    pub(super) run_floor: u64,
     pub(super) share_in_flight: usize,
     pub(super) leaving: bool,
 }
@@ -55,6 +60,12 @@ impl State {
         self.history.clear();
     }
 
+    /// Records that `epoch` was minted twice: no fencing token of a later grant comes from it
+    /// or from before it, since another member's grants may carry it.
+    pub(super) fn break_runs_at(&mut self, epoch: u64) {
+        self.run_floor = self.run_floor.max(epoch.saturating_add(1));
+    }
+
     /// The fencing token of key hash `h`, which is `holder`'s in `target`: the first epoch of the
     /// unbroken run of consecutive epochs, ending at `target`'s, of views this member adopted
     /// with `h` its own. No other member can have been granted `h` under an epoch of that run
@@ -69,7 +80,7 @@ impl State {
     /// older.
     fn key_token(&self, h: u64, holder: Holder, target: &ViewState) -> u64 {
         if let Some(&(n, first)) = self.in_flight.get(&h) {
-            if n > 0 {
+            if n > 0 && first >= self.run_floor {
                 return first.min(self.run_start(h, holder, target));
             }
         }
@@ -83,7 +94,7 @@ impl State {
             if v.epoch() >= token {
                 continue;
             }
-            if v.epoch() + 1 != token || !v.owned_by(h, holder) {
+            if v.epoch() + 1 != token || v.epoch() < self.run_floor || !v.owned_by(h, holder) {
                 break;
             }
             token = v.epoch();

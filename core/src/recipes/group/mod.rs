@@ -65,7 +65,12 @@
 //! the key, or the token of a grant of the key still in flight): a key that stays the member's
 //! across view changes keeps its token, so the member's older grant is not refused by a fence
 //! after its newer one wrote (the false fencing Kafka fixed in KIP-1251 with an assignment
-//! epoch), and a key that moved carries a newer token than any of its earlier owners'.
+//! epoch), and a key that moved carries a newer token than any of its earlier owners'. A run
+//! never reaches back to an epoch the member saw minted twice (a twin view, or another
+//! member's acknowledgement of that epoch under another view's digest): the twin's holders
+//! were granted keys under it too, so once a store lost writes, the member's later grants
+//! carry a newer token and a fence refuses the late writes of both (the member's own older
+//! grants included, the price of telling the two apart).
 //! [`Member::watch`] gives the member's [`Assignment`] (`slot`, and the articles' 1-based
 //! `(index, replicas)` pair: the member's rank among the live slots and their count), and
 //! [`Member::changes`] a [`Change`] per activated view, which tells the keys gained and lost.

@@ -879,11 +879,35 @@ impl Runner {
         // writes minted that epoch twice. Equal tokens would pass every fence, so it is
         // replaced by a view above both.
         let twin_epoch = {
-            let st = self.shared.lock();
-            match (st.target(), &table.view) {
+            let mut st = self.shared.lock();
+            let twin = match (st.target(), &table.view) {
                 (Some(t), Some(v)) => t.epoch() == v.epoch && t.record().holders != v.holders,
                 _ => false,
+            };
+            if let (true, Some(v)) = (twin, &table.view) {
+                st.break_runs_at(v.epoch);
             }
+            // An acknowledgement of one of this member's epochs under another view's digest is
+            // the same sign, left by a member that adopted the twin (which may already be
+            // replaced by a view above both).
+            if fresh {
+                let mine: HashMap<u64, u64> =
+                    st.history.iter().map(|v| (v.epoch(), v.digest())).collect();
+                let twins: Vec<u64> = table
+                    .slots
+                    .values()
+                    .filter(|r| r.view != 0)
+                    .filter_map(|r| {
+                        mine.get(&r.acked)
+                            .is_some_and(|d| *d != r.view)
+                            .then_some(r.acked)
+                    })
+                    .collect();
+                for e in twins {
+                    st.break_runs_at(e);
+                }
+            }
+            twin
         };
         let stale = match &table.view {
             Some(v) => v.holders != live || v.epoch < floor || twin_epoch,
