@@ -32,24 +32,32 @@ pub use fence::RedisFence;
 pub use redis;
 
 /// The Lua sources, kept as files next to this one. Every script that writes or lists keys starts
-/// with `local D = <its number of data keys>` and `index.lua` (the key index: the data keys come
-/// first in `KEYS`, then the two index keys, when the key has an index).
+/// with `local D = <its number of data keys>`, `local REPLAY = <whether it is replay-protected>`
+/// and `index.lua` (the key index: the data keys come first in `KEYS`, then the two index keys,
+/// when the key has an index, then the request key of a replay-protected call on Cluster).
 macro_rules! indexed {
-    ($data_keys:literal, $($part:expr),+ $(,)?) => {
+    (@replay $replay:literal, $data_keys:literal, $($part:expr),+ $(,)?) => {
         concat!(
             "local D = ",
             $data_keys,
+            "\nlocal REPLAY = ",
+            $replay,
             "\n",
             include_str!("scripts/index.lua"),
             $($part),+
         )
     };
+    ($data_keys:literal, $($part:expr),+ $(,)?) => {
+        indexed!(@replay "false", $data_keys, $($part),+)
+    };
 }
 /// A write script whose repeat must not apply twice (see `replay.lua`): its body runs as a
-/// function, after which the answer is recorded under the call's request id (its last argument).
+/// function, after which the answer is recorded under the call's request id (its last argument)
+/// at the request key (its last key), both from [`RedisStore::index_and_request`].
 macro_rules! replayable {
     ($data_keys:literal, $body:expr) => {
         indexed!(
+            @replay "true",
             $data_keys,
             "local function body()\n",
             $body,
@@ -91,6 +99,9 @@ const EXPIRY_KEY: &str = "headcount:expiry";
 const INDEX_SUFFIX: &str = ":headcount:index";
 /// What follows `{tag}` in the name of the expiry index of the keys with hash tag `tag`.
 const EXPIRY_SUFFIX: &str = ":headcount:expiry";
+/// What follows `{tag}` in the name of a recorded answer of a replay-protected call on Cluster,
+/// before the call's request id (`replay.lua`).
+const REQUEST_INFIX: &str = ":headcount:req:";
 
 /// The two sorted sets that record the keys headcount wrote in one hash slot (see the crate
 /// README, "Data layout").
@@ -451,15 +462,28 @@ impl RedisStore {
         matches!(self.inner.conn, Conn::Cluster(_))
     }
 
-    /// The last argument of a replay-protected script: a fresh request id on Cluster, whose
-    /// client may send a request twice; empty on a single server, whose connection manager
-    /// never does.
-    fn request_id(&self) -> String {
-        if self.is_cluster() {
-            self.inner.requests.next()
-        } else {
-            String::new()
+    /// Adds the keys a replay-protected write of `key` touches besides its data keys: the
+    /// index of `key` (see [`RedisStore::index_for_key`]) and, on Cluster, the key its answer is
+    /// recorded at, in `key`'s slot (declared, so the call is redirected with the slot during a
+    /// migration like every other key it touches). Returns the request id, the script's last
+    /// argument: empty on a single server, whose connection manager never sends a request
+    /// twice, and for a key whose slot no name of ours can share (a `}` without a hash tag).
+    fn index_and_request(&self, call: &mut ScriptInvocation<'_>, key: &str) -> Result<String> {
+        if let Some(index) = self.index_for_key(key)? {
+            index.add_to(call);
         }
+        if !self.is_cluster() {
+            return Ok(String::new());
+        }
+        let id = self.inner.requests.next();
+        let request_key = match tag_of(key) {
+            Some(tag) => format!("{{{tag}}}{REQUEST_INFIX}{id}"),
+            // An untagged key: the whole name in braces hashes like the name.
+            None if !key.contains(['{', '}']) => format!("{{{key}}}{REQUEST_INFIX}{id}"),
+            None => return Ok(String::new()),
+        };
+        call.key(request_key);
+        Ok(id)
     }
 
     /// Where a write of `key` is recorded: the database's index on a single server, the index of
@@ -534,10 +558,8 @@ impl RedisStore {
         // Reading the counter itself as the second key keeps the script's single slot.
         let mut call = script.key(key);
         call.key(key);
-        if let Some(index) = self.index_for_key(key)? {
-            index.add_to(&mut call);
-        }
-        call.arg(by).arg(ttl_arg(ttl)).arg(self.request_id());
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(by).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
             .run("incr_and_get", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -784,10 +806,8 @@ impl Store for RedisStore {
         let script = &self.inner.scripts.incr_and_get;
         let mut call = script.key(incr_key);
         call.key(get_key);
-        if let Some(index) = self.index_for_key(incr_key)? {
-            index.add_to(&mut call);
-        }
-        call.arg(by).arg(ttl_arg(ttl)).arg(self.request_id());
+        let request = self.index_and_request(&mut call, incr_key)?;
+        call.arg(by).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
             .run("incr_and_get", Some(incr_key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -827,10 +847,8 @@ impl Store for RedisStore {
         check_key(key)?;
         check_opt_ttl(ttl)?;
         let mut call = self.inner.scripts.incr.key(key);
-        if let Some(index) = self.index_for_key(key)? {
-            index.add_to(&mut call);
-        }
-        call.arg(ttl_arg(ttl)).arg(self.request_id());
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
             .run("incr", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -890,14 +908,12 @@ impl Store for RedisStore {
     ) -> Result<bool> {
         check_cas(key, expected, new, ttl)?;
         let mut call = self.inner.scripts.cas.key(key);
-        if let Some(index) = self.index_for_key(key)? {
-            index.add_to(&mut call);
-        }
+        let request = self.index_and_request(&mut call, key)?;
         call.arg(expected.unwrap_or_default())
             .arg(new)
             .arg(ttl_arg(ttl))
             .arg(if expected.is_none() { "1" } else { "0" })
-            .arg(self.request_id());
+            .arg(request);
         let reply: Value = self
             .run("compare_and_set", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -909,10 +925,8 @@ impl Store for RedisStore {
     async fn delete(&self, key: &str) -> Result<bool> {
         check_key(key)?;
         let mut call = self.inner.scripts.delete.key(key);
-        if let Some(index) = self.index_for_key(key)? {
-            index.add_to(&mut call);
-        }
-        call.arg(self.request_id());
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(request);
         let n: i64 = self
             .run("delete", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -925,10 +939,8 @@ impl Store for RedisStore {
         check_key(key)?;
         check_value(expected)?;
         let mut call = self.inner.scripts.compare_and_delete.key(key);
-        if let Some(index) = self.index_for_key(key)? {
-            index.add_to(&mut call);
-        }
-        call.arg(expected).arg(self.request_id());
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(expected).arg(request);
         let reply: Value = self
             .run("compare_and_delete", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -958,10 +970,8 @@ impl Store for RedisStore {
         check_key(key)?;
         check_opt_ttl(ttl)?;
         let mut call = self.inner.scripts.set_max.key(key);
-        if let Some(index) = self.index_for_key(key)? {
-            index.add_to(&mut call);
-        }
-        call.arg(value).arg(ttl_arg(ttl)).arg(self.request_id());
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(value).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
             .run("set_max", Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await

@@ -104,8 +104,9 @@ pub trait ServerControl: Send + Sync + fmt::Debug {
         ))
     }
 
-    /// Passes every answer again after [`ServerControl::drop_next_reply`].
-    async fn pass_replies(&self) -> io::Result<()> {
+    /// Passes every answer again after [`ServerControl::drop_next_reply`]; says whether an
+    /// answer was dropped since.
+    async fn pass_replies(&self) -> io::Result<bool> {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "this server control has no proxy to drop a reply with",

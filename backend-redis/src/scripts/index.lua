@@ -18,7 +18,12 @@
 -- server time in microseconds, or one above its last value if that is higher: so a version never
 -- comes back, even after a flush. A group member's heartbeat reads it (renew_check.lua) and
 -- reads the directory only when it changed.
-local IDX, EXP = KEYS[D + 1], KEYS[D + 2]
+-- A replay-protected call on Cluster (REPLAY, with a request id as its last argument) has its
+-- request key last, after the index keys or, for a key without an index, right after its data.
+local NX = #KEYS - D
+if REPLAY and ARGV[#ARGV] ~= '' then NX = NX - 1 end
+local IDX, EXP = nil, nil
+if NX >= 2 then IDX, EXP = KEYS[D + 1], KEYS[D + 2] end
 local VBASE = IDX and (string.sub(IDX, 1, #IDX - 5) .. 'version:')
 -- Expired names removed per call: a constant, so every script stays short, yet each creating
 -- write removes more names than it adds, so the index stays close to the live keys.

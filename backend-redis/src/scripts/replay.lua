@@ -5,19 +5,13 @@ end
 -- not idempotent (an increment, or an answer that depends on the state before: a
 -- compare-and-set) that would apply it twice, or answer "not written" for a write it made.
 -- So on Cluster each call carries a request id, its last argument, and the first run records
--- its answer under that id, beside the key's index (same hash slot), for a minute: a repeat
--- returns the recorded answer and writes nothing. On a single server the id is '' (the
+-- its answer under that id at the request key, its last key (`{tag}:headcount:req:<id>`, in the
+-- slot of the data key, declared so a migration redirects it with the rest), for a minute: a
+-- repeat returns the recorded answer and writes nothing. On a single server the id is '' (the
 -- connection manager never sends a request twice) and this costs nothing.
 local RID = ARGV[#ARGV]
 local RKEY = nil
-if RID ~= '' then
-  if IDX then
-    RKEY = string.sub(IDX, 1, #IDX - 5) .. 'req:' .. RID
-  elseif not string.find(KEYS[1], '{', 1, true) and not string.find(KEYS[1], '}', 1, true) then
-    -- An untagged key (no index on Cluster): the whole name in braces hashes like the name.
-    RKEY = '{' .. KEYS[1] .. '}:headcount:req:' .. RID
-  end
-end
+if RID ~= '' then RKEY = KEYS[#KEYS] end
 if RKEY then
   local prev = redis.call('GET', RKEY)
   if prev then return cmsgpack.unpack(prev) end

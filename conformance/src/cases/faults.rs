@@ -363,29 +363,40 @@ async fn cut(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
 /// compare-and-set or compare-and-delete that wrote is not reported as "not written". A client
 /// library that sends a request again on a new connection (the Redis Cluster client does) must
 /// not apply it twice or answer from the second attempt as if the first had not happened.
+///
+/// Each operation runs once before (scripts loaded, statements prepared, what a client caches
+/// known), so the answer dropped is the write's own; the case fails unless some attempt of each
+/// operation lost the answer of a write the server applied.
 pub async fn lost_reply_applied_at_most_once(ctx: &Ctx) -> CaseResult {
     let control = control(ctx)?;
     let result = lost_replies(ctx, &*control).await;
     let passed = control.pass_replies().await;
     result?;
-    passed.during("passing the server's answers again")
+    passed
+        .map(drop)
+        .during("passing the server's answers again")
 }
 
-/// Runs `call` with the proxy told to drop the next answer from the server.
+/// Attempts at each operation with its answer dropped, until one lost the answer of a write the
+/// server applied.
+const LOST_REPLY_ATTEMPTS: usize = 5;
+
+/// Runs `call` with the proxy told to drop the next answer from the server; says whether an
+/// answer was dropped.
 async fn reply_lost<T>(
     control: &dyn ServerControl,
     call: impl std::future::Future<Output = T>,
-) -> Result<T, Failure> {
+) -> Result<(T, bool), Failure> {
     control
         .drop_next_reply()
         .await
         .during("telling the proxy to drop the next answer")?;
     let got = call.await;
-    control
+    let dropped = control
         .pass_replies()
         .await
         .during("passing the server's answers again")?;
-    Ok(got)
+    Ok((got, dropped))
 }
 
 async fn lost_replies(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
@@ -397,8 +408,9 @@ async fn lost_replies(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
         "the first incr"
     );
     let mut before = 1i64;
-    for round in 1..=3 {
-        let got = reply_lost(control, store.incr(&n, None)).await?;
+    let mut applied = false;
+    for round in 1..=LOST_REPLY_ATTEMPTS {
+        let (got, dropped) = reply_lost(control, store.incr(&n, None)).await?;
         let now: i64 = recovered(ctx, &n)
             .await?
             .and_then(|v| v.parse().ok())
@@ -415,51 +427,88 @@ async fn lost_replies(ctx: &Ctx, control: &dyn ServerControl) -> CaseResult {
                 "round {round}: incr with its reply lost failed permanently: {e}"
             ),
         }
+        applied |= dropped && now == before + 1;
         before = now;
-    }
-
-    let k = ctx.key("cas");
-    put(ctx, &k, "a", None).await?;
-    let got = reply_lost(control, store.compare_and_set(&k, Some("a"), "b", None)).await?;
-    let now = recovered(ctx, &k).await?;
-    match got {
-        Ok(true) => ensure_eq!(
-            now.as_deref(),
-            Some("b"),
-            "value after a compare_and_set that wrote"
-        ),
-        Ok(false) => ensure_eq!(
-            now.as_deref(),
-            Some("a"),
-            "value after a compare_and_set (a -> b) with its reply lost answered false"
-        ),
-        Err(e) => {
-            ensure!(
-                e.is_retryable(),
-                "compare_and_set with its reply lost failed permanently: {e}"
-            );
-            ensure!(
-                matches!(now.as_deref(), Some("a" | "b")),
-                "value after a failed compare_and_set: {now:?}"
-            );
+        if applied && round >= 3 {
+            break;
         }
     }
+    ensure!(
+        applied,
+        "no incr of {LOST_REPLY_ATTEMPTS} lost the answer of an increment the server applied: \
+         the case proved nothing"
+    );
 
-    let current = now.unwrap_or_default();
-    let got = reply_lost(control, store.compare_and_delete(&k, &current)).await?;
-    let now = recovered(ctx, &k).await?;
-    match got {
-        Ok(true) => ensure_eq!(now, None, "value after a compare_and_delete that deleted"),
-        Ok(false) => ensure_eq!(
-            now.as_deref(),
-            Some(current.as_str()),
-            "value after a compare_and_delete with its reply lost answered false"
-        ),
-        Err(e) => ensure!(
-            e.is_retryable(),
-            "compare_and_delete with its reply lost failed permanently: {e}"
-        ),
+    let (mut set_applied, mut deleted_applied) = (false, false);
+    for attempt in 0..LOST_REPLY_ATTEMPTS {
+        let k = ctx.key(&format!("cas{attempt}"));
+        put(ctx, &k, "a", None).await?;
+        // The same calls once on another key first, answered.
+        let warm = ctx.key(&format!("warm{attempt}"));
+        put(ctx, &warm, "a", None).await?;
+        store
+            .compare_and_set(&warm, Some("a"), "b", None)
+            .await
+            .during("a compare_and_set before")?;
+
+        let (got, dropped) =
+            reply_lost(control, store.compare_and_set(&k, Some("a"), "b", None)).await?;
+        let now = recovered(ctx, &k).await?;
+        match got {
+            Ok(true) => ensure_eq!(
+                now.as_deref(),
+                Some("b"),
+                "value after a compare_and_set that wrote"
+            ),
+            Ok(false) => ensure_eq!(
+                now.as_deref(),
+                Some("a"),
+                "value after a compare_and_set (a -> b) with its reply lost answered false"
+            ),
+            Err(e) => {
+                ensure!(
+                    e.is_retryable(),
+                    "compare_and_set with its reply lost failed permanently: {e}"
+                );
+                ensure!(
+                    matches!(now.as_deref(), Some("a" | "b")),
+                    "value after a failed compare_and_set: {now:?}"
+                );
+            }
+        }
+        set_applied |= dropped && now.as_deref() == Some("b");
+
+        // After a lost answer the client may be on a new connection (statements not prepared).
+        store
+            .compare_and_delete(&warm, "b")
+            .await
+            .during("a compare_and_delete before")?;
+        let current = now.unwrap_or_default();
+        let (got, dropped) = reply_lost(control, store.compare_and_delete(&k, &current)).await?;
+        let now = recovered(ctx, &k).await?;
+        match got {
+            Ok(true) => ensure_eq!(now, None, "value after a compare_and_delete that deleted"),
+            Ok(false) => ensure_eq!(
+                now.as_deref(),
+                Some(current.as_str()),
+                "value after a compare_and_delete with its reply lost answered false"
+            ),
+            Err(e) => ensure!(
+                e.is_retryable(),
+                "compare_and_delete with its reply lost failed permanently: {e}"
+            ),
+        }
+        deleted_applied |= dropped && now.is_none();
+        if set_applied && deleted_applied {
+            break;
+        }
     }
+    ensure!(
+        set_applied && deleted_applied,
+        "in {LOST_REPLY_ATTEMPTS} attempts no answer of a compare_and_set ({set_applied}) or \
+         compare_and_delete ({deleted_applied}) the server applied was lost: the case proved \
+         nothing"
+    );
     Ok(())
 }
 

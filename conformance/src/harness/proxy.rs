@@ -130,8 +130,9 @@ impl Proxy {
     }
 
     /// Passes every answer again (undoes a [`Proxy::drop_next_reply`] that dropped nothing).
-    pub fn pass_replies(&self) {
-        self.shared.drop_reply.store(false, Ordering::SeqCst);
+    /// Returns whether the flag was still set: no answer was dropped since it was set.
+    pub fn pass_replies(&self) -> bool {
+        self.shared.drop_reply.swap(false, Ordering::SeqCst)
     }
 
     /// Drops every open connection and holds new ones without answering.
@@ -326,8 +327,14 @@ impl crate::ServerControl for Proxied {
         Ok(())
     }
 
-    async fn pass_replies(&self) -> io::Result<()> {
-        self.proxies.iter().for_each(Proxy::pass_replies);
-        Ok(())
+    async fn pass_replies(&self) -> io::Result<bool> {
+        // Every proxy is cleared (they may share one flag): an answer was dropped when none
+        // was still waiting to drop one.
+        let waiting = self
+            .proxies
+            .iter()
+            .map(Proxy::pass_replies)
+            .fold(false, |a, b| a | b);
+        Ok(!waiting)
     }
 }
