@@ -77,7 +77,45 @@ pub(crate) struct Leases {
     client: LeaseClient,
     min_ttl_secs: i64,
     buckets: Arc<Mutex<HashMap<i64, Bucket>>>,
-    streams: Arc<Mutex<HashMap<i64, Stream>>>,
+    streams: Arc<Mutex<Streams>>,
+}
+
+/// The open keep-alive streams of owned leases, each with when it was last used and its lease's
+/// TTL. A stream unused for longer than its lease's TTL is closed at the next sweep: its lease
+/// has expired (its key was abandoned: a member that left letting its lease run out, or one
+/// that stopped renewing), so the stream would never serve again.
+#[derive(Default)]
+struct Streams {
+    open: HashMap<i64, (Stream, Instant, Duration)>,
+    swept: Option<Instant>,
+}
+
+impl Streams {
+    /// How often the idle streams are looked for.
+    const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+    /// The stream of lease `id` (of `secs` seconds), opened or not, marked used now.
+    fn of(&mut self, id: i64, secs: i64, now: Instant) -> Stream {
+        if self
+            .swept
+            .is_none_or(|t| now.duration_since(t) >= Self::SWEEP_EVERY)
+        {
+            self.swept = Some(now);
+            self.open
+                .retain(|_, (_, used, ttl)| now.duration_since(*used) <= *ttl);
+        }
+        if self.open.len() >= Owned::MAX && !self.open.contains_key(&id) {
+            self.open.clear();
+        }
+        let ttl = Duration::from_secs(u64::try_from(secs).unwrap_or(1).max(1));
+        let entry = self
+            .open
+            .entry(id)
+            .or_insert_with(|| (Stream::default(), now, ttl));
+        entry.1 = now;
+        entry.2 = ttl;
+        entry.0.clone()
+    }
 }
 
 /// The open keep-alive stream of one owned lease, if any: taken out while a keep-alive is on it,
@@ -161,20 +199,19 @@ impl Leases {
         self.bucket(ttl)
     }
 
-    /// Resets the TTL of lease `id` to the one it was granted with. Returns whether the server
+    /// Resets the TTL of lease `id` (granted for `secs` seconds) to the one it was granted with.
+    /// Returns whether the server
     /// still had it (false: it expired or was revoked, and its keys are gone).
     ///
     /// The lease's keep-alive stream stays open between calls: a call sends one request on it and
     /// reads its answer. The first call, and a call after the stream broke, opens one (which
     /// sends the first request and reads its answer).
-    pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool, etcd_client::Error> {
-        let slot = {
-            let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-            if streams.len() >= Owned::MAX && !streams.contains_key(&id) {
-                streams.clear();
-            }
-            streams.entry(id).or_default().clone()
-        };
+    pub(crate) async fn keep_alive(&self, id: i64, secs: i64) -> Result<bool, etcd_client::Error> {
+        let slot = self
+            .streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .of(id, secs, Instant::now());
         let mut held = slot.lock().await;
         if let Some((mut keeper, mut stream)) = held.take() {
             let answer = match keeper.keep_alive().await {
@@ -221,6 +258,7 @@ impl Leases {
         self.streams
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .open
             .remove(&id);
     }
 
@@ -318,6 +356,24 @@ impl Owned {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streams_of_expired_leases_are_closed() {
+        let t0 = Instant::now();
+        let mut streams = Streams::default();
+        streams.of(1, 2, t0);
+        streams.of(2, 60, t0);
+        // Lease 1 renewed at 9 s, lease 2 not since 0 s: at the sweep (10 s after the first)
+        // neither has been idle past its TTL.
+        streams.of(1, 2, t0 + Duration::from_secs(9));
+        streams.of(3, 2, t0 + Duration::from_secs(10));
+        assert_eq!(streams.open.len(), 3);
+        // At 21 s lease 1 (last used at 9 s, 2 s TTL) has expired and goes; lease 2 stays.
+        streams.of(3, 2, t0 + Duration::from_secs(21));
+        let mut left: Vec<i64> = streams.open.keys().copied().collect();
+        left.sort_unstable();
+        assert_eq!(left, [2, 3]);
+    }
 
     #[test]
     fn share_window() {

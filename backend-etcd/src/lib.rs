@@ -342,7 +342,7 @@ impl EtcdStore {
                 let txn = txn.clone();
                 async move { kv.txn(txn).await }
             });
-            let (kept, answer) = tokio::join!(self.inner.leases.keep_alive(lease), run);
+            let (kept, answer) = tokio::join!(self.inner.leases.keep_alive(lease, secs), run);
             let resp = answer.map_err(|e| self.classify(e, op))?;
             let kept = kept.map_err(|e| self.classify(e, op))?;
             let cluster = resp.header().map_or(0, |h| h.cluster_id());
