@@ -3,6 +3,11 @@
 //! the store, writes applied with the reply lost), a minority of stores down at times, on a
 //! single-threaded Tokio runtime with paused time.
 //!
+//! Each generator is used one of three ways, drawn per seed: one ID per call
+//! ([`MajorityIds::next`]), blocks of 1 to 8 IDs ([`MajorityIds::next_block`]), or 2 to 6 tasks
+//! calling at once through one [`MediatedIds`] (group commit: one block per round for every
+//! caller waiting).
+//!
 //! Checked over the whole history of every seed: no ID is returned twice, and every ID is
 //! greater than every ID whose call completed before its own call started (linearizability of
 //! a counter). With at most a minority down, calls keep succeeding.
@@ -11,18 +16,46 @@
 //! generators' backoff draws from the thread's random generator, so a replay takes the same
 //! schedule of faults and calls but not always the same retry pauses.
 
+// Tests fail by panicking.
+#![allow(clippy::expect_used)]
+
 mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use headcount_core::memory::MemoryStore;
-use headcount_core::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds};
+use headcount_core::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds, MediatedIds};
 use headcount_core::sim::{FaultRates, Faults, FaultyStore, SimClock};
 use headcount_core::{Clock, DynStore};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
+
+/// How one generator is used.
+#[derive(Clone)]
+enum Client {
+    /// One ID per call.
+    Single(Arc<MajorityIds>),
+    /// Blocks of 1 to 8 IDs per call.
+    Blocks(Arc<MajorityIds>),
+    /// Several tasks at once through one mediator.
+    Mediated(Arc<MediatedIds>),
+}
+
+impl Client {
+    /// One call: the IDs it returned.
+    async fn call(&self, rng: &mut StdRng) -> Result<Vec<i64>, headcount_core::Error> {
+        match self {
+            Client::Single(ids) => ids.next().await.map(|id| vec![id]),
+            Client::Blocks(ids) => ids
+                .next_block(rng.random_range(1..=8))
+                .await
+                .map(Iterator::collect),
+            Client::Mediated(ids) => ids.next().await.map(|id| vec![id]),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Call {
@@ -68,7 +101,18 @@ async fn run_seed(seed: u64) -> Result<(usize, usize), String> {
         let ids = MajorityIds::new(handles, config)
             .await
             .map_err(|e| format!("seed {seed}: generator {c}: {e}"))?;
-        generators.push(Arc::new(ids));
+        // Drawn apart from `rng`, so a seed's faults and calls are the ones it had before.
+        let mut ways = StdRng::seed_from_u64(seed ^ 0x6d65_6469 ^ c as u64);
+        match ways.random_range(0..3) {
+            0 => generators.push(Client::Single(Arc::new(ids))),
+            1 => generators.push(Client::Blocks(Arc::new(ids))),
+            _ => {
+                let mediated = Client::Mediated(Arc::new(MediatedIds::new(ids)));
+                for _ in 0..ways.random_range(2..=6) {
+                    generators.push(mediated.clone());
+                }
+            }
+        }
         links.push(faults);
     }
     let history = Arc::new(Mutex::new(Vec::<Call>::new()));
@@ -84,16 +128,19 @@ async fn run_seed(seed: u64) -> Result<(usize, usize), String> {
         tasks.push(tokio::spawn(async move {
             while Instant::now() < stop {
                 let start = Instant::now();
-                match ids.next().await {
-                    Ok(id) => history
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push(Call {
-                            client: c,
-                            start,
-                            end: Instant::now(),
-                            id,
-                        }),
+                match ids.call(&mut think).await {
+                    Ok(got) => {
+                        let end = Instant::now();
+                        history
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .extend(got.into_iter().map(|id| Call {
+                                client: c,
+                                start,
+                                end,
+                                id,
+                            }));
+                    }
                     Err(_) => {
                         *failures
                             .lock()
@@ -215,4 +262,79 @@ fn the_checker_catches_repeats_and_stale_ids() {
     assert!(check(0, &[call(0, 0, 10, 2), call(1, 5, 15, 1)]).is_ok());
     assert!(check(0, &[call(0, 0, 10, 2), call(1, 11, 15, 1)]).is_err());
     assert!(check(0, &[call(0, 0, 10, 2), call(1, 5, 15, 2)]).is_err());
+}
+
+#[test]
+fn group_commit_serves_the_waiting_callers_with_one_round() {
+    run_paused(async {
+        let clock: Arc<dyn Clock> = Arc::new(SimClock::new(std::time::SystemTime::UNIX_EPOCH));
+        let faults = Faults::new(7);
+        // Every reply 1 to 5 ms late, so that callers arrive while a round is in flight.
+        faults.set_rates(FaultRates {
+            fail_before: 0.0,
+            fail_after: 0.0,
+            delay: 1.0,
+            max_delay: Duration::from_millis(5),
+        });
+        let stores: Vec<DynStore> = (0..3)
+            .map(|_| {
+                Arc::new(FaultyStore::new(
+                    Arc::new(MemoryStore::with_clock(clock.clone())),
+                    faults.clone(),
+                    clock.clone(),
+                )) as DynStore
+            })
+            .collect();
+        let config = IdsConfig::new("batch").with_durability(DurabilityPolicy::AllowNonDurable);
+        let ids = Arc::new(MediatedIds::new(
+            MajorityIds::new(stores, config).await.expect("generator"),
+        ));
+        let calls = (0..64).map(|_| {
+            let ids = ids.clone();
+            async move { ids.next().await.expect("an ID") }
+        });
+        let mut got = futures::future::join_all(calls).await;
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            (1..=64).collect::<Vec<i64>>(),
+            "64 IDs, no hole, no repeat"
+        );
+        let stats = ids.inner().stats();
+        assert_eq!(stats.ids, 64);
+        assert!(
+            stats.won <= 4,
+            "64 callers at once are served by a few rounds, not one each: {stats:?}"
+        );
+    });
+}
+
+#[test]
+fn blocks_of_bad_sizes_are_refused() {
+    run_paused(async {
+        let store: DynStore = Arc::new(MemoryStore::new());
+        let config = IdsConfig::new("bad").with_durability(DurabilityPolicy::AllowNonDurable);
+        let ids = MajorityIds::new(vec![store], config)
+            .await
+            .expect("generator");
+        for bad in [0, headcount_core::recipes::ids::MAX_BLOCK + 1, u64::MAX] {
+            let e = ids.next_block(bad).await.expect_err("refused");
+            assert_eq!(
+                e.kind(),
+                headcount_core::ErrorKind::InvalidArgument,
+                "{bad}: {e}"
+            );
+        }
+        assert_eq!(ids.next_block(3).await.expect("a block"), 1..=3);
+        assert_eq!(ids.next().await.expect("an ID"), 4);
+    });
+}
+
+fn run_paused(test: impl std::future::Future<Output = ()>) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
+        .block_on(test);
 }

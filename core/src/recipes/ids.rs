@@ -41,6 +41,33 @@
 //! Neither argument uses what the read returned: the read only makes a winning proposal likely.
 //! That is why the first attempt may propose from the generator's own hint instead.
 //!
+//! # Blocks, and group commit
+//!
+//! [`MajorityIds::next_block`] takes `k` consecutive IDs in one round, and [`MediatedIds`] uses
+//! it to serve every caller waiting when a round starts (group commit). `set_max` cannot grant a
+//! block: a store that answers `true` to `set_max(P + k - 1)` held less than `P + k - 1`, not
+//! less than `P`, so a rival's block or ID inside the range may already be out (the simulation
+//! finds such a repeat at its first seed when blocks are built that way). A block round is a
+//! compare-and-set instead: for each store it counts, the text the store holds (as this
+//! generator last read or wrote it, or read now when that fails), and `base` the largest of
+//! those values; it sets each store from its own text to `base + k`, and the block
+//! `base + 1 ..= base + k` is the call's once a majority answered `true`.
+//!
+//! *No overlap.* Each store that answered `true` held at most `base` and now holds `base + k`.
+//! Of two blocks (or a block and a single ID) granted by two majorities, a store in both took
+//! both writes, one after the other: the second saw the first's value, which is then at most
+//! the second's base (a compare-and-set) or below its proposal (`set_max`), so the two ranges
+//! are disjoint.
+//!
+//! *Every ID of a block is greater than every ID returned before the call started*: that ID's
+//! majority holds it or more, and shares a store with the block's majority, which held at most
+//! `base` before the block's write: the earlier ID is at most `base`, below the whole block.
+//!
+//! *Group commit is linearizable*: the `k` calls served by one round were all waiting when it
+//! started and are all answered after it ended, so they overlap one another and any order among
+//! them is allowed, and each of their IDs is greater than every ID returned before the round
+//! started, which includes every call that completed before any of them started.
+//!
 //! Both arguments need the stores to keep what they acknowledged: a store that forgets (restarted
 //! without persistence) can let a later majority read a smaller number, and hand out an ID again.
 //! Hence the durability check below.
@@ -106,6 +133,19 @@ pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_millis(1);
 
 /// Default largest backoff of [`IdsConfig::with_backoff`].
 pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_millis(100);
+
+/// The most IDs one [`MajorityIds::next_block`] call takes.
+pub const MAX_BLOCK: u64 = 1 << 20;
+
+/// `count` as a block size, if it is one.
+fn check_block(count: u64) -> Result<i64> {
+    if count == 0 || count > MAX_BLOCK {
+        return Err(Error::invalid(format!(
+            "an ID block of {count}: take 1 to {MAX_BLOCK} IDs at once"
+        )));
+    }
+    Ok(i64::try_from(count).unwrap_or(1))
+}
 
 /// What to do with a store that is not known to be durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -209,6 +249,8 @@ pub struct IdsStats {
     pub ids: u64,
     /// Rounds of read + propose, successful or not.
     pub attempts: u64,
+    /// Rounds that returned IDs (one, or a block of them).
+    pub won: u64,
     /// Calls that failed (deadline or permanent errors).
     pub failures: u64,
 }
@@ -219,7 +261,7 @@ impl IdsStats {
         if self.attempts == 0 {
             return 0.0;
         }
-        self.attempts.saturating_sub(self.ids) as f64 / self.attempts as f64
+        self.attempts.saturating_sub(self.won) as f64 / self.attempts as f64
     }
 }
 
@@ -227,6 +269,7 @@ impl IdsStats {
 struct Stats {
     ids: AtomicU64,
     attempts: AtomicU64,
+    won: AtomicU64,
     failures: AtomicU64,
 }
 
@@ -235,6 +278,25 @@ struct Node {
     store: DynStore,
     /// Whether the store passed the durability check (always true under `AllowNonDurable`).
     checked: AtomicBool,
+    /// What this generator last read or wrote at the store's counter (`Some(None)`: absent),
+    /// when it still believes it: a block proposal compares against it (see [`MajorityIds::next_block`]).
+    known: std::sync::Mutex<Option<Option<String>>>,
+}
+
+impl Node {
+    fn known(&self) -> Option<Option<String>> {
+        self.known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_known(&self, value: Option<Option<String>>) {
+        *self
+            .known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = value;
+    }
 }
 
 /// A generator of monotonically increasing IDs agreed by a majority of independent stores; see
@@ -323,6 +385,7 @@ impl MajorityIds {
             nodes.push(Node {
                 store,
                 checked: AtomicBool::new(checked),
+                known: std::sync::Mutex::new(None),
             });
         }
         Ok(MajorityIds {
@@ -355,6 +418,7 @@ impl MajorityIds {
         IdsStats {
             ids: self.stats.ids.load(Ordering::Relaxed),
             attempts: self.stats.attempts.load(Ordering::Relaxed),
+            won: self.stats.won.load(Ordering::Relaxed),
             failures: self.stats.failures.load(Ordering::Relaxed),
         }
     }
@@ -378,20 +442,59 @@ impl MajorityIds {
         out
     }
 
+    /// `count` consecutive IDs at once, in one majority round while no rival writes: every one
+    /// of them greater than every ID any caller got before this call started, and none ever
+    /// returned to anyone else (see "Blocks" in the module docs). `count` is 1 to
+    /// [`MAX_BLOCK`]; fails like [`MajorityIds::next`].
+    pub async fn next_block(&self, count: u64) -> Result<std::ops::RangeInclusive<i64>> {
+        let k = check_block(count)?;
+        let span = tracing::debug_span!("ids.next_block", key = %self.key, count);
+        let out = self
+            .next_range_until(Instant::now() + self.config.deadline, k)
+            .instrument(span)
+            .await;
+        match &out {
+            Ok(_) => ::metrics::counter!(m::IDS_GENERATED).increment(count),
+            Err(e) => {
+                ::metrics::counter!(m::IDS_FAILURES, "kind" => m::error_label(e)).increment(1)
+            }
+        }
+        out
+    }
+
     /// [`MajorityIds::next`] with the deadline given as an instant.
     async fn next_until(&self, deadline: Instant) -> Result<i64> {
+        self.next_range_until(deadline, 1).await.map(|r| *r.start())
+    }
+
+    /// `k` IDs (one: [`MajorityIds::attempt`], more: [`MajorityIds::attempt_block`]) by the
+    /// deadline.
+    async fn next_range_until(
+        &self,
+        deadline: Instant,
+        k: i64,
+    ) -> Result<std::ops::RangeInclusive<i64>> {
         let mut attempt: u32 = 0;
         loop {
             self.stats.attempts.fetch_add(1, Ordering::Relaxed);
-            let outcome = self
-                .attempt(deadline, attempt == 0)
+            let round = async {
+                if k == 1 {
+                    self.attempt(deadline, attempt == 0).await.map(|id| id..=id)
+                } else {
+                    self.attempt_block(deadline, attempt == 0, k).await
+                }
+            };
+            let outcome = round
                 .instrument(tracing::debug_span!("ids.round", attempt))
                 .await;
             let lost = match outcome {
-                Ok(id) => {
-                    self.stats.ids.fetch_add(1, Ordering::Relaxed);
+                Ok(ids) => {
+                    self.stats
+                        .ids
+                        .fetch_add(u64::try_from(k).unwrap_or(0), Ordering::Relaxed);
+                    self.stats.won.fetch_add(1, Ordering::Relaxed);
                     ::metrics::counter!(m::IDS_ROUNDS, "result" => "id").increment(1);
-                    return Ok(id);
+                    return Ok(ids);
                 }
                 Err(Lost::Permanent(e)) => {
                     self.stats.failures.fetch_add(1, Ordering::Relaxed);
@@ -474,10 +577,113 @@ impl MajorityIds {
             self.hint.fetch_max(proposal, Ordering::Relaxed);
             return Ok(proposal);
         }
+        Err(self.lost_proposal(summary, writes))
+    }
+
+    /// A proposal too few stores accepted.
+    fn lost_proposal(&self, mut summary: Summary, writes: Answers<bool>) -> Lost {
         summary.accepted = writes.counted;
         summary.refused = writes.ok.len() - writes.counted;
         summary.errors = writes.errors;
-        Err(self.lost(summary))
+        self.lost(summary)
+    }
+
+    /// One round for a block of `k` IDs: compare-and-set every store that counts from the text
+    /// it holds (as this generator last saw it when `optimistic` and it knows a majority, else
+    /// read now) to `base + k`, where `base` is the largest of those values; the block
+    /// `base + 1 ..= base + k` is this call's once a majority of them answered `true`.
+    async fn attempt_block(
+        &self,
+        deadline: Instant,
+        optimistic: bool,
+        k: i64,
+    ) -> std::result::Result<std::ops::RangeInclusive<i64>, Lost> {
+        let mut summary = Summary::default();
+        let known: Vec<(usize, Option<String>)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| Some((i, n.known()?)))
+            .collect();
+        let expected = if optimistic && known.len() >= self.majority {
+            known
+        } else {
+            let reads: FuturesUnordered<_> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| async move { (i, self.read_text(i, node, deadline).await) })
+                .collect();
+            let reads = self.first_majority(reads, |_| true).await;
+            summary.answered = Some(reads.counted);
+            if reads.counted < self.majority {
+                summary.errors = reads.errors;
+                return Err(self.lost(summary));
+            }
+            reads.ok
+        };
+        let mut base = 0i64;
+        for (i, text) in &expected {
+            if let Some(text) = text {
+                match parse_counter(&self.key, text) {
+                    Ok(v) => base = base.max(v),
+                    Err(e) => {
+                        self.nodes[*i].set_known(None);
+                        summary.errors.push((*i, e));
+                    }
+                }
+            }
+        }
+        if !summary.errors.is_empty() {
+            return Err(self.lost(summary));
+        }
+        self.hint.fetch_max(base, Ordering::Relaxed);
+        let Some(last) = base.checked_add(k) else {
+            return Err(Lost::Permanent(Error::Rejected {
+                backend: RECIPE,
+                message: format!(
+                    "the ID counter `{}` cannot grow by {k} past {base}: i64::MAX",
+                    self.key
+                ),
+                source: None,
+            }));
+        };
+        let new = last.to_string();
+        // A store whose answer is not awaited (a majority came first) may or may not take the
+        // write: this generator no longer knows what it holds.
+        for (i, _) in &expected {
+            self.nodes[*i].set_known(None);
+        }
+        let writes: FuturesUnordered<_> = expected
+            .into_iter()
+            .map(|(i, text)| {
+                let node = &self.nodes[i];
+                let new = new.as_str();
+                async move {
+                    let cas = node
+                        .store
+                        .compare_and_set(&self.key, text.as_deref(), new, None);
+                    let answer =
+                        tokio::time::timeout_at(deadline, cas)
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(deadline_error("compare_and_set", self.config.deadline))
+                            });
+                    node.set_known(match answer {
+                        Ok(true) => Some(Some(new.to_owned())),
+                        _ => None,
+                    });
+                    (i, answer)
+                }
+            })
+            .collect();
+        // Only `true` counts: each such store held at most `base` and now holds `last`.
+        let writes = self.first_majority(writes, |wrote| *wrote).await;
+        if writes.counted >= self.majority {
+            self.hint.fetch_max(last, Ordering::Relaxed);
+            return Ok(base + 1..=last);
+        }
+        Err(self.lost_proposal(summary, writes))
     }
 
     /// A lost attempt: permanent when the stores that failed for good leave no majority.
@@ -500,17 +706,7 @@ impl MajorityIds {
     /// `get` on one node (after its durability check, if it still owes one), parsed.
     async fn read(&self, node: &Node, deadline: Instant) -> Result<i64> {
         let work = async {
-            if !node.checked.load(Ordering::Acquire) {
-                let d = node.store.durability().await?;
-                if !d.durable {
-                    return Err(Error::Rejected {
-                        backend: node.store.capabilities().backend,
-                        message: format!("not durable: {}", d.detail),
-                        source: None,
-                    });
-                }
-                node.checked.store(true, Ordering::Release);
-            }
+            Self::check_durable(node).await?;
             match node.store.get(&self.key).await? {
                 None => Ok(0),
                 Some(text) => parse_counter(&self.key, &text),
@@ -519,6 +715,41 @@ impl MajorityIds {
         tokio::time::timeout_at(deadline, work)
             .await
             .unwrap_or_else(|_| Err(deadline_error("get", self.config.deadline)))
+    }
+
+    /// The durability check a node still owes, if it does.
+    async fn check_durable(node: &Node) -> Result<()> {
+        if !node.checked.load(Ordering::Acquire) {
+            let d = node.store.durability().await?;
+            if !d.durable {
+                return Err(Error::Rejected {
+                    backend: node.store.capabilities().backend,
+                    message: format!("not durable: {}", d.detail),
+                    source: None,
+                });
+            }
+            node.checked.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// `get` on one node (after its durability check, if it still owes one): the text, which the
+    /// node then remembers as [`Node::known`].
+    async fn read_text(
+        &self,
+        i: usize,
+        node: &Node,
+        deadline: Instant,
+    ) -> Result<(usize, Option<String>)> {
+        let work = async {
+            Self::check_durable(node).await?;
+            node.store.get(&self.key).await
+        };
+        let text = tokio::time::timeout_at(deadline, work)
+            .await
+            .unwrap_or_else(|_| Err(deadline_error("get", self.config.deadline)))?;
+        node.set_known(Some(text.clone()));
+        Ok((i, text))
     }
 
     /// `set_max(proposal)` on one node, if it passed its durability check.
@@ -576,6 +807,28 @@ impl MajorityIds {
     }
 }
 
+/// The same failure for another caller of one round: the kind kept where the error says what
+/// happened to the call (unavailable, timed out), the message kept otherwise.
+fn copy_error(e: &Error) -> Error {
+    match e {
+        Error::Timeout { backend, op, after } => Error::Timeout {
+            backend,
+            op,
+            after: *after,
+        },
+        e if e.is_retryable() => Error::Unavailable {
+            backend: RECIPE,
+            message: e.to_string(),
+            source: None,
+        },
+        e => Error::Rejected {
+            backend: RECIPE,
+            message: e.to_string(),
+            source: None,
+        },
+    }
+}
+
 fn deadline_error(op: &'static str, after: Duration) -> Error {
     Error::Timeout {
         backend: RECIPE,
@@ -628,41 +881,141 @@ enum Lost {
     Permanent(Error),
 }
 
-/// The in-process mediator the seed suggests: one [`MajorityIds`] whose calls take turns, so the
-/// callers of one process never make each other's proposals lose. Calls from other processes
-/// still contend as usual.
+/// The in-process mediator the seed suggests, with group commit: callers that arrive while a
+/// majority round is in flight wait together, and the next round takes one block of IDs for all
+/// of them ([`MajorityIds::next_block`]), handed out in their order of arrival. The callers of
+/// one process never make each other's proposals lose, and `k` waiting callers cost one round
+/// instead of `k`. Calls from other processes still contend as usual.
+///
+/// Linearizable: the `k` calls served by one round all overlapped it (each was waiting when it
+/// started and is answered after it ended), so any order among them is allowed, and every ID
+/// of the block is greater than every ID returned before the round started, which includes
+/// every call that completed before any of the `k` started.
 #[derive(Debug)]
 pub struct MediatedIds {
     ids: MajorityIds,
+    /// Held by the caller running a round.
     turn: tokio::sync::Mutex<()>,
+    /// The most callers one round serves: [`MediatedIds::MAX_BATCH`], or 1 for
+    /// [`MediatedIds::one_at_a_time`].
+    batch: usize,
+    /// The callers waiting for an ID, oldest first.
+    queue: std::sync::Mutex<std::collections::VecDeque<Waiter>>,
+}
+
+/// A caller of [`MediatedIds::next`] waiting for its ID.
+#[derive(Debug)]
+struct Waiter {
+    deadline: Instant,
+    reply: tokio::sync::oneshot::Sender<Result<i64>>,
 }
 
 impl MediatedIds {
-    /// Serializes the calls of `ids`.
+    /// The most callers one round serves.
+    pub const MAX_BATCH: usize = 4096;
+
+    /// Mediates the calls of `ids`, with group commit.
     pub fn new(ids: MajorityIds) -> Self {
         MediatedIds {
             ids,
             turn: tokio::sync::Mutex::new(()),
+            batch: Self::MAX_BATCH,
+            queue: std::sync::Mutex::default(),
         }
     }
 
-    /// [`MajorityIds::next`], one call at a time (in FIFO order). The deadline runs from the
-    /// call, waiting for its turn included: a caller queued behind others fails closed within
-    /// its own deadline, not after theirs.
+    /// Mediates the calls of `ids` without group commit: the callers take turns, one majority
+    /// round each, in their order of arrival (the seed's mediator as first built, kept to be
+    /// measured beside group commit).
+    pub fn one_at_a_time(ids: MajorityIds) -> Self {
+        MediatedIds {
+            batch: 1,
+            ..MediatedIds::new(ids)
+        }
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Waiter>> {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// [`MajorityIds::next`], mediated: the ID comes from the next round after the call, which
+    /// serves every caller waiting when it starts. The deadline runs from the call, waiting
+    /// included: a caller queued behind a slow round fails closed within its own deadline.
     pub async fn next(&self) -> Result<i64> {
         let deadline = Instant::now() + self.ids.config.deadline;
-        let Ok(_turn) = tokio::time::timeout_at(deadline, self.turn.lock()).await else {
-            self.ids.stats.failures.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::Unavailable {
-                backend: RECIPE,
-                message: format!(
-                    "no turn within {:?}: the callers ahead of this one took the whole deadline",
-                    self.ids.config.deadline
-                ),
-                source: None,
-            });
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        self.queue().push_back(Waiter { deadline, reply });
+        loop {
+            tokio::select! {
+                biased;
+                got = &mut answer => {
+                    if let Ok(got) = got {
+                        return got;
+                    }
+                    // The caller running the round that took this call was cancelled (its
+                    // IDs, if stored, are holes): wait for another.
+                    let (reply, again) = tokio::sync::oneshot::channel();
+                    answer = again;
+                    self.queue().push_back(Waiter { deadline, reply });
+                }
+                turn = tokio::time::timeout_at(deadline, self.turn.lock()) => {
+                    let Ok(_turn) = turn else {
+                        self.ids.stats.failures.fetch_add(1, Ordering::Relaxed);
+                        return Err(Error::Unavailable {
+                            backend: RECIPE,
+                            message: format!(
+                                "no round within {:?}: the rounds ahead of this call took the whole deadline",
+                                self.ids.config.deadline
+                            ),
+                            source: None,
+                        });
+                    };
+                    // This caller runs the next round, for everyone waiting (itself included,
+                    // unless an earlier round served it meanwhile: the answer is then ready).
+                    self.round().await;
+                }
+            }
+        }
+    }
+
+    /// One round for the callers waiting now (at most [`MediatedIds::MAX_BATCH`]).
+    async fn round(&self) {
+        let batch: Vec<Waiter> = {
+            let mut queue = self.queue();
+            let n = queue.len().min(self.batch);
+            queue.drain(..n).filter(|w| !w.reply.is_closed()).collect()
         };
-        self.ids.next_until(deadline).await
+        let Some(deadline) = batch.iter().map(|w| w.deadline).min() else {
+            return;
+        };
+        let k = i64::try_from(batch.len()).unwrap_or(1);
+        match self.ids.next_range_until(deadline, k).await {
+            Ok(ids) => {
+                for (w, id) in batch.into_iter().zip(ids) {
+                    let _ = w.reply.send(Ok(id));
+                }
+            }
+            Err(e) => {
+                let now = Instant::now();
+                let retryable = e.is_retryable();
+                // A round that ran out of the oldest caller's time did not run out of the
+                // others': they wait for the next round.
+                let (fail, again): (Vec<Waiter>, Vec<Waiter>) = batch
+                    .into_iter()
+                    .partition(|w| !retryable || w.deadline <= now);
+                let mut errors: Vec<Error> = (1..fail.len()).map(|_| copy_error(&e)).collect();
+                errors.push(e);
+                for (w, e) in fail.into_iter().zip(errors.into_iter().rev()) {
+                    let _ = w.reply.send(Err(e));
+                }
+                let mut queue = self.queue();
+                for w in again.into_iter().rev() {
+                    queue.push_front(w);
+                }
+            }
+        }
     }
 
     /// The generator behind the mediator.
@@ -700,6 +1053,7 @@ mod tests {
         let s = IdsStats {
             ids: 1,
             attempts: 4,
+            won: 1,
             failures: 0,
         };
         assert_eq!(s.retry_rate(), 0.75);
