@@ -1,10 +1,13 @@
-//! `headcount ids next`: monotonically increasing IDs agreed by a majority of stores.
+//! `headcount ids next` and `headcount ids serve`: monotonically increasing IDs agreed by a
+//! majority of stores, taken directly or through IDs servers.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds};
+use headcount::recipes::ids::{
+    DurabilityPolicy, IdsClient, IdsConfig, IdsService, MajorityIds, MediatedIds,
+};
 use headcount::{redact_url, Capabilities, DynStore, Error, Result, Store};
 
 use crate::exit::{emit, CliError};
@@ -15,6 +18,35 @@ pub enum IdsCommand {
     /// Print the next ID(s), one per line: each greater than every ID handed out before, never
     /// repeated, agreed by a majority (N/2+1) of the stores.
     Next(NextArgs),
+    /// Serve IDs over gRPC (`headcount.ids.v1.Ids/Next`, and the standard health service): the
+    /// seed's IDs server, which takes one majority round for every caller waiting (group
+    /// commit). Several servers over the same stores are safe at once; clients fail over
+    /// between them (`ids next --server A,B`). Stops on SIGINT or SIGTERM after the calls under
+    /// way.
+    Serve(ServeArgs),
+}
+
+/// The arguments of `ids serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// The address to listen on (`127.0.0.1:7400`, `[::]:7400`; port 0 picks a free one, which
+    /// the server prints on stdout as `listening on ADDR`).
+    #[arg(long)]
+    pub listen: String,
+    /// The stores, as for `ids next --stores`: an odd number of them.
+    #[arg(long, required = true)]
+    pub stores: Vec<String>,
+    /// A generator name the server serves (`hc:{ids}:id:K` on every store). May be repeated.
+    #[arg(long = "key", default_value = "default")]
+    pub keys: Vec<String>,
+    /// Use stores that are not durable, with a warning (see `ids next`).
+    #[arg(long)]
+    pub allow_non_durable: bool,
+    /// How long one call may take on the server, waiting for its round included.
+    #[arg(long, default_value = "5s", value_parser = crate::util::parse_duration)]
+    pub deadline: Duration,
+    #[command(flatten)]
+    pub metrics: crate::observe::MetricsArgs,
 }
 
 /// The arguments of `ids next`.
@@ -24,8 +56,13 @@ pub struct NextArgs {
     /// that does not start with a store scheme (`redis:`, `etcd:`, ...) continues the previous
     /// URL's host list, so `redis+cluster://h:7000,h:7001,sqlite://ids.db` is two stores. May be
     /// repeated.
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "server", conflicts_with = "server")]
     pub stores: Vec<String>,
+    /// Take the IDs from IDs servers (`ids serve`) instead of the stores: `host:port`,
+    /// comma-separated; the command moves on to the next when one does not answer. `-n N`
+    /// is one call for N consecutive IDs.
+    #[arg(long, value_delimiter = ',')]
+    pub server: Vec<String>,
     /// The generator's name: the key is `hc:{ids}:id:K` on every store.
     #[arg(long, default_value = "default")]
     pub key: String,
@@ -46,42 +83,130 @@ pub struct NextArgs {
 /// Runs `ids`.
 pub async fn ids(command: IdsCommand) -> std::result::Result<ExitCode, CliError> {
     match command {
+        IdsCommand::Next(args) if !args.server.is_empty() => next_from_servers(args).await,
         IdsCommand::Next(args) => next(args).await,
+        IdsCommand::Serve(args) => serve(args).await,
     }
 }
 
-async fn next(args: NextArgs) -> std::result::Result<ExitCode, CliError> {
-    let urls = check_urls(&args.stores)?;
-    if args.n == 0 {
-        return Err(Error::invalid("-n must be at least 1").into());
-    }
-    let stores = futures::future::join_all(urls.iter().map(|u| connect(u))).await;
+/// The generator of `key` over the stores of `--stores`, checked as `ids next` does; connecting
+/// counts against `deadline`.
+async fn generator(
+    raw: &[String],
+    key: String,
+    allow_non_durable: bool,
+    deadline: Duration,
+) -> std::result::Result<MajorityIds, CliError> {
+    let urls = check_urls(raw)?;
+    let connecting = futures::future::join_all(urls.iter().map(|u| connect(u)));
+    let stores = tokio::time::timeout(deadline, connecting)
+        .await
+        .map_err(|_| Error::Timeout {
+            backend: "majority ids",
+            op: "connect",
+            after: deadline,
+        })?;
     let stores = stores.into_iter().collect::<Result<Vec<_>>>()?;
-    let policy = if args.allow_non_durable {
+    let policy = if allow_non_durable {
         DurabilityPolicy::AllowNonDurable
     } else {
         DurabilityPolicy::Require
     };
-    let config = IdsConfig::new(args.key)
-        .with_deadline(args.deadline)
+    let config = IdsConfig::new(key)
+        .with_deadline(deadline)
         .with_durability(policy);
-    let ids = MajorityIds::new(stores, config).await?;
+    Ok(MajorityIds::new(stores, config).await?)
+}
+
+async fn next(args: NextArgs) -> std::result::Result<ExitCode, CliError> {
+    if args.n == 0 {
+        return Err(Error::invalid("-n must be at least 1").into());
+    }
+    let ids = generator(
+        &args.stores,
+        args.key,
+        args.allow_non_durable,
+        args.deadline,
+    )
+    .await?;
     for delivered in 0..args.n {
         let id = ids.next().await?;
-        // An ID the reader never got is still spent: say so, and never exit 0.
-        if let Err(e) = emit(id) {
-            let why = match &e {
-                CliError::StdoutClosed => "stdout was closed".to_owned(),
-                other => other.message().unwrap_or_default(),
-            };
-            return Err(CliError::Exit {
-                code: crate::exit::FAILURE,
-                message: format!(
-                    "{why}: ID {id} was issued but not delivered ({delivered} of {} delivered)",
-                    args.n
-                ),
-            });
+        deliver(id, delivered, args.n)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `ids next --server`: one call for all `-n` IDs, failing over between the servers.
+async fn next_from_servers(args: NextArgs) -> std::result::Result<ExitCode, CliError> {
+    if args.allow_non_durable {
+        return Err(Error::invalid(
+            "--allow-non-durable is the server's choice (ids serve), not the client's",
+        )
+        .into());
+    }
+    if args.n == 0 {
+        return Err(Error::invalid("-n must be at least 1").into());
+    }
+    let client = IdsClient::new(&args.server, args.deadline)?;
+    let ids = client.next_block(&args.key, args.n).await?;
+    for (delivered, id) in ids.enumerate() {
+        deliver(id, delivered as u64, args.n)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints one ID. An ID the reader never got is still spent: say so, and never exit 0.
+fn deliver(id: i64, delivered: u64, n: u64) -> std::result::Result<(), CliError> {
+    emit(id).map_err(|e| {
+        let why = match &e {
+            CliError::StdoutClosed => "stdout was closed".to_owned(),
+            other => other.message().unwrap_or_default(),
+        };
+        CliError::Exit {
+            code: crate::exit::FAILURE,
+            message: format!(
+                "{why}: ID {id} was issued but not delivered ({delivered} of {n} delivered)"
+            ),
         }
+    })
+}
+
+/// `ids serve`.
+async fn serve(args: ServeArgs) -> std::result::Result<ExitCode, CliError> {
+    let urls = check_urls(&args.stores)?;
+    if urls.len() % 2 == 0 {
+        return Err(Error::invalid(format!(
+            "--stores names {} stores: a majority of an even number tolerates no more failures \
+             than one store fewer; give an odd number",
+            urls.len()
+        ))
+        .into());
+    }
+    let mut generators = Vec::new();
+    for key in &args.keys {
+        let ids = generator(
+            &args.stores,
+            key.clone(),
+            args.allow_non_durable,
+            args.deadline,
+        )
+        .await?;
+        generators.push(MediatedIds::new(ids));
+    }
+    let service = IdsService::new(generators)?;
+    let mut shutdown = crate::util::Shutdown::new()?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| Error::config(format!("cannot listen on {}: {e}", args.listen)))?;
+    let mut server = headcount::recipes::ids::serve(listener, service).await?;
+    crate::exit::emit(format_args!("listening on {}", server.local_addr()))?;
+    tracing::info!(addr = %server.local_addr(), keys = ?args.keys, "serving IDs");
+    tokio::select! {
+        () = shutdown.recv() => {
+            tracing::info!("stopping: finishing the calls under way");
+            server.shutdown().await?;
+        }
+        ended = server.wait() => ended?,
     }
     Ok(ExitCode::SUCCESS)
 }

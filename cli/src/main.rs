@@ -321,6 +321,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Exec(a) => &a.metrics,
         Command::Distributor(a) => &a.metrics,
         Command::Ids(ids::IdsCommand::Next(a)) => &a.metrics,
+        Command::Ids(ids::IdsCommand::Serve(a)) => &a.metrics,
         _ => &observe::MetricsArgs::default(),
     };
     if let Some(addr) = &metrics.metrics_addr {

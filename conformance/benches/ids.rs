@@ -21,18 +21,22 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, IdsStats, MajorityIds, MediatedIds};
+use headcount::recipes::ids::{
+    DurabilityPolicy, IdsClient, IdsConfig, IdsService, IdsStats, MajorityIds, MediatedIds,
+    RunningIdsServer,
+};
 use headcount::DynStore;
 use headcount_conformance::harness::{Backend, KvStore, Unavailable};
 use headcount_conformance::percentile;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
 const CLIENTS: usize = 16;
-const MODES: [&str; 4] = [
+const MODES: [&str; 5] = [
     "1 client",
     "16 clients",
     "16 callers, mediated one at a time",
     "16 callers, mediated with group commit",
+    "16 clients of one IDs server",
 ];
 
 struct Setup {
@@ -41,6 +45,12 @@ struct Setup {
     clients: Vec<Arc<MajorityIds>>,
     turns: Arc<MediatedIds>,
     mediated: Arc<MediatedIds>,
+    /// 16 gRPC clients of one in-process `ids serve` (its own generator), each its own
+    /// connection.
+    remote: Vec<IdsClient>,
+    service: IdsService,
+    name: String,
+    _server: RunningIdsServer,
 }
 
 #[derive(Default)]
@@ -96,12 +106,28 @@ async fn setup(fsync: &'static str, all: &[KvStore], n: usize) -> Setup {
         generator(&urls, &name, policy).await,
     ));
     let mediated = Arc::new(MediatedIds::new(generator(&urls, &name, policy).await));
+    let service = IdsService::new(vec![MediatedIds::new(
+        generator(&urls, &name, policy).await,
+    )])
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = headcount::recipes::ids::serve(listener, service.clone())
+        .await
+        .unwrap();
+    let addr = vec![server.local_addr().to_string()];
+    let remote = (0..CLIENTS)
+        .map(|_| IdsClient::new(&addr, Duration::from_secs(60)).unwrap())
+        .collect();
     Setup {
         fsync,
         n,
         clients,
         turns,
         mediated,
+        remote,
+        service,
+        name,
+        _server: server,
     }
 }
 
@@ -116,6 +142,7 @@ fn total(s: &Setup, mode: &str) -> IdsStats {
     match mode {
         "16 callers, mediated one at a time" => add(&mut t, s.turns.inner().stats()),
         "16 callers, mediated with group commit" => add(&mut t, s.mediated.inner().stats()),
+        "16 clients of one IDs server" => add(&mut t, s.service.stats(&s.name).unwrap()),
         "1 client" => add(&mut t, s.clients[0].stats()),
         _ => s.clients.iter().for_each(|c| add(&mut t, c.stats())),
     }
@@ -167,6 +194,9 @@ fn bench(c: &mut Criterion) {
                                         }
                                         "16 callers, mediated with group commit" => {
                                             s.mediated.next().await.unwrap();
+                                        }
+                                        "16 clients of one IDs server" => {
+                                            s.remote[i].next(&s.name).await.unwrap();
                                         }
                                         _ => {
                                             s.clients[i].next().await.unwrap();

@@ -114,10 +114,15 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
+
+#[cfg(feature = "grpc")]
+pub mod service;
 use crate::keys::{validate_group, Keyspace, DEFAULT_PREFIX};
 use crate::metrics as m;
 use crate::store::parse_counter;
 use crate::DynStore;
+#[cfg(feature = "grpc")]
+pub use service::{serve, IdsClient, IdsServer, IdsService, RunningIdsServer};
 
 /// The name errors of this recipe give as their `backend`.
 const RECIPE: &str = "majority ids";
@@ -903,11 +908,12 @@ pub struct MediatedIds {
     queue: std::sync::Mutex<std::collections::VecDeque<Waiter>>,
 }
 
-/// A caller of [`MediatedIds::next`] waiting for its ID.
+/// A caller of [`MediatedIds::next_block`] waiting for its IDs.
 #[derive(Debug)]
 struct Waiter {
     deadline: Instant,
-    reply: tokio::sync::oneshot::Sender<Result<i64>>,
+    count: i64,
+    reply: tokio::sync::oneshot::Sender<Result<std::ops::RangeInclusive<i64>>>,
 }
 
 impl MediatedIds {
@@ -944,9 +950,25 @@ impl MediatedIds {
     /// serves every caller waiting when it starts. The deadline runs from the call, waiting
     /// included: a caller queued behind a slow round fails closed within its own deadline.
     pub async fn next(&self) -> Result<i64> {
+        self.next_range(1).await.map(|ids| *ids.start())
+    }
+
+    /// [`MajorityIds::next_block`], mediated: the block is part of the next round's, which
+    /// serves every caller waiting when it starts.
+    pub async fn next_block(&self, count: u64) -> Result<std::ops::RangeInclusive<i64>> {
+        check_block(count)?;
+        self.next_range(count).await
+    }
+
+    async fn next_range(&self, count: u64) -> Result<std::ops::RangeInclusive<i64>> {
+        let count = i64::try_from(count).unwrap_or(1);
         let deadline = Instant::now() + self.ids.config.deadline;
         let (reply, mut answer) = tokio::sync::oneshot::channel();
-        self.queue().push_back(Waiter { deadline, reply });
+        self.queue().push_back(Waiter {
+            deadline,
+            count,
+            reply,
+        });
         loop {
             tokio::select! {
                 biased;
@@ -958,7 +980,11 @@ impl MediatedIds {
                     // IDs, if stored, are holes): wait for another.
                     let (reply, again) = tokio::sync::oneshot::channel();
                     answer = again;
-                    self.queue().push_back(Waiter { deadline, reply });
+                    self.queue().push_back(Waiter {
+                        deadline,
+                        count,
+                        reply,
+                    });
                 }
                 turn = tokio::time::timeout_at(deadline, self.turn.lock()) => {
                     let Ok(_turn) = turn else {
@@ -984,17 +1010,27 @@ impl MediatedIds {
     async fn round(&self) {
         let batch: Vec<Waiter> = {
             let mut queue = self.queue();
-            let n = queue.len().min(self.batch);
-            queue.drain(..n).filter(|w| !w.reply.is_closed()).collect()
+            queue.retain(|w| !w.reply.is_closed());
+            // The oldest callers, while their IDs fit in one block (the first always does).
+            let (mut n, mut k) = (0, 0i64);
+            while n < self.batch.min(queue.len())
+                && (n == 0 || k + queue[n].count <= MAX_BLOCK as i64)
+            {
+                k += queue[n].count;
+                n += 1;
+            }
+            queue.drain(..n).collect()
         };
         let Some(deadline) = batch.iter().map(|w| w.deadline).min() else {
             return;
         };
-        let k = i64::try_from(batch.len()).unwrap_or(1);
+        let k: i64 = batch.iter().map(|w| w.count).sum();
         match self.ids.next_range_until(deadline, k).await {
             Ok(ids) => {
-                for (w, id) in batch.into_iter().zip(ids) {
-                    let _ = w.reply.send(Ok(id));
+                let mut next = *ids.start();
+                for w in batch {
+                    let _ = w.reply.send(Ok(next..=next + w.count - 1));
+                    next += w.count;
                 }
             }
             Err(e) => {

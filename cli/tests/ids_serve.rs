@@ -1,0 +1,273 @@
+//! `headcount ids serve` end to end: two IDs server processes over three `redis-server`s with
+//! `appendonly yes` + `appendfsync always`, six clients (the library's `IdsClient`, each given
+//! both servers) taking single IDs and blocks, one server killed (SIGKILL) mid-run, then one
+//! Redis (a minority), then a second (no majority), then both restarted. The recorded history
+//! must have no repeat and be linearizable, calls without a majority must fail within the
+//! deadline with no ID, and IDs must resume above every earlier one.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // tests fail by panicking
+
+use std::collections::HashSet;
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use headcount::recipes::ids::IdsClient;
+use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use tokio::time::Instant;
+
+const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+const DEADLINE: Duration = Duration::from_secs(2);
+
+/// An `ids serve` process and the address it printed.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(stores: &str) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_headcount"))
+            .args([
+                "ids",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--stores",
+                stores,
+            ])
+            .args(["--deadline", "2s"])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start ids serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read the address");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("ids serve printed {line:?}"))
+            .to_owned();
+        Server { child, addr }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One ID a client got (or a call that got none), as the client saw the call.
+#[derive(Debug, Clone)]
+struct Call {
+    client: usize,
+    start: Instant,
+    end: Instant,
+    id: Option<i64>,
+}
+
+/// Unique IDs, and each greater than every ID whose call completed before its call started.
+fn check_history(calls: &[Call]) {
+    let ok: Vec<&Call> = calls.iter().filter(|c| c.id.is_some()).collect();
+    let mut seen = HashSet::new();
+    for c in &ok {
+        assert!(seen.insert(c.id), "ID {:?} was returned twice", c.id);
+    }
+    let mut by_end = ok.clone();
+    by_end.sort_by_key(|c| c.end);
+    let mut prefix_max = Vec::with_capacity(by_end.len());
+    let mut max = i64::MIN;
+    for c in &by_end {
+        max = max.max(c.id.unwrap_or(i64::MIN));
+        prefix_max.push(max);
+    }
+    for c in &ok {
+        let before = by_end.partition_point(|d| d.end < c.start);
+        if before > 0 {
+            let floor = prefix_max[before - 1];
+            assert!(
+                c.id.unwrap_or(i64::MIN) > floor,
+                "linearizability: client {} got {:?}, but {floor} was returned before its call started",
+                c.client,
+                c.id
+            );
+        }
+    }
+}
+
+struct Load {
+    calls: Arc<Mutex<Vec<Call>>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// `clients` clients, client `i` taking blocks of `1 + i % 3` IDs, given the servers in
+    /// turn-dependent order.
+    fn start(servers: &[String], clients: usize) -> Load {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for client in 0..clients {
+            let mut order = servers.to_vec();
+            order.rotate_left(client % servers.len());
+            let ids = IdsClient::new(&order, DEADLINE).expect("client");
+            let (calls, stop) = (calls.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let count = 1 + (client as u64 % 3);
+                while !stop.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    let got = ids.next_block("default", count).await;
+                    let end = Instant::now();
+                    let failed = got.is_err();
+                    let got: Vec<Option<i64>> = match got {
+                        Ok(block) => block.map(Some).collect(),
+                        Err(_) => vec![None],
+                    };
+                    calls.lock().unwrap().extend(got.into_iter().map(|id| Call {
+                        client,
+                        start,
+                        end,
+                        id,
+                    }));
+                    if failed {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }));
+        }
+        Load { calls, stop, tasks }
+    }
+
+    fn snapshot(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` IDs came from calls that started after `since`.
+    async fn wait_ids(&self, since: Instant, n: usize, what: &str) {
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = self
+                .snapshot()
+                .iter()
+                .filter(|c| c.start >= since && c.id.is_some())
+                .count();
+            if got >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "{what}: only {got} of {n} IDs in 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn stop(self) -> Vec<Call> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        let calls = self.calls.lock().unwrap().clone();
+        calls
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_fail_over_and_ids_stay_unique_and_linearizable() {
+    let mut redis = Vec::new();
+    for _ in 0..3 {
+        match blocking(|| KvStore::redis_with(Some(Duration::from_secs(1)), AOF_ALWAYS)).await {
+            Ok(s) => redis.push(Arc::new(s)),
+            Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
+                eprintln!("SKIP cli ids_serve: {why}");
+                return;
+            }
+            Err(e) => panic!("redis: {e}"),
+        }
+    }
+    let stores = redis.iter().map(|s| s.url()).collect::<Vec<_>>().join(",");
+    let (a, b) = {
+        let stores = stores.clone();
+        blocking(move || (Server::start(&stores), Server::start(&stores))).await
+    };
+    let addrs = vec![a.addr.clone(), b.addr.clone()];
+    let load = Load::start(&addrs, 6);
+    let t0 = Instant::now();
+    load.wait_ids(t0, 300, "both servers up").await;
+
+    // One server killed: its clients move to the other.
+    let mut a = a;
+    a.child.kill().expect("kill a server");
+    a.child.wait().expect("reap it");
+    let t1 = Instant::now();
+    load.wait_ids(t1, 300, "one server killed").await;
+
+    // One Redis of three down: a majority remains.
+    let r0 = redis[0].clone();
+    blocking(move || r0.servers[0].kill()).await.unwrap();
+    let t2 = Instant::now();
+    load.wait_ids(t2, 300, "one store killed").await;
+
+    // Two down: every call that starts now fails within the deadline, with no ID.
+    let r1 = redis[1].clone();
+    blocking(move || r1.servers[0].kill()).await.unwrap();
+    let t3 = Instant::now();
+    let slack = Duration::from_secs(1);
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let after: Vec<Call> = load
+            .snapshot()
+            .into_iter()
+            .filter(|c| c.start >= t3)
+            .collect();
+        let clients: HashSet<usize> = after.iter().map(|c| c.client).collect();
+        if after.len() >= 12 && clients.len() == 6 {
+            for c in &after {
+                assert!(c.id.is_none(), "ID {:?} with 2 of 3 stores down", c.id);
+                assert!(
+                    c.end - c.start <= DEADLINE + slack,
+                    "a call failed only after {:?}",
+                    c.end - c.start
+                );
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "too few failed calls: {}",
+            after.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before: i64 = load.snapshot().iter().filter_map(|c| c.id).max().unwrap();
+
+    // Both back (from their append-only files): IDs resume above every earlier one.
+    for r in &redis[..2] {
+        let r = r.clone();
+        blocking(move || r.servers[0].start()).await.unwrap();
+    }
+    let t4 = Instant::now();
+    load.wait_ids(t4, 300, "after the restarts").await;
+    let calls = load.stop().await;
+    for id in calls.iter().filter(|c| c.start >= t4).filter_map(|c| c.id) {
+        assert!(id > before, "{id} after the restarts is not above {before}");
+    }
+    eprintln!(
+        "ids serve: {} IDs in {} calls over two servers, one killed",
+        calls.iter().filter(|c| c.id.is_some()).count(),
+        calls.len()
+    );
+    check_history(&calls);
+    drop(b);
+}

@@ -1,0 +1,449 @@
+//! The IDs server of the seed ("an IDs server that mediates clients, several of them for
+//! redundancy"): majority IDs over gRPC, and its client. Behind the `grpc` cargo feature.
+//!
+//! One service, `headcount.ids.v1.Ids`, one method:
+//!
+//! ```proto
+//! syntax = "proto3";
+//! package headcount.ids.v1;
+//! service Ids { rpc Next(NextRequest) returns (NextReply); }
+//! // `count` IDs (1 to 2^20; 0 reads as 1) of generator `key`.
+//! message NextRequest { string key = 1; uint64 count = 2; }
+//! // The IDs `first ..= first + count - 1`.
+//! message NextReply { int64 first = 1; uint64 count = 2; }
+//! ```
+//!
+//! beside the standard health service (`grpc.health.v1.Health`, SERVING for `""` and for
+//! `headcount.ids.v1.Ids`). A server puts one [`MediatedIds`] (group commit) per generator name
+//! in front of its stores. Several servers over the same stores are safe at once: the majority
+//! protocol orders IDs, not the servers, so a client may fail over from one to another
+//! ([`IdsClient`]) and every ID it gets is still greater than every ID returned (by any server)
+//! before its call started.
+//!
+//! Errors: an unknown generator name is `NOT_FOUND`, a bad count `INVALID_ARGUMENT`, no majority
+//! within the deadline `UNAVAILABLE`, a store failing for good (a foreign value, a counter at
+//! `i64::MAX`) `FAILED_PRECONDITION`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
+
+use super::{check_block, MediatedIds, RECIPE};
+use crate::error::{Error, Result};
+
+/// The gRPC service's full name.
+pub const SERVICE_NAME: &str = "headcount.ids.v1.Ids";
+const NEXT_PATH: &str = "/headcount.ids.v1.Ids/Next";
+
+/// The messages of `headcount.ids.v1` (see the [module docs](self)).
+pub mod proto {
+    /// `count` IDs of generator `key`.
+    #[derive(Clone, PartialEq, Eq, ::prost::Message)]
+    pub struct NextRequest {
+        /// The generator's name.
+        #[prost(string, tag = "1")]
+        pub key: ::prost::alloc::string::String,
+        /// How many IDs (0 reads as 1).
+        #[prost(uint64, tag = "2")]
+        pub count: u64,
+    }
+
+    /// The IDs `first ..= first + count - 1`.
+    #[derive(Clone, Copy, PartialEq, Eq, ::prost::Message)]
+    pub struct NextReply {
+        /// The first ID.
+        #[prost(int64, tag = "1")]
+        pub first: i64,
+        /// How many.
+        #[prost(uint64, tag = "2")]
+        pub count: u64,
+    }
+}
+
+/// The generators a server serves, by name.
+#[derive(Debug, Clone)]
+pub struct IdsService {
+    generators: Arc<BTreeMap<String, MediatedIds>>,
+}
+
+impl IdsService {
+    /// Serves `generators` (each under its [name](super::IdsConfig::name); a name twice is
+    /// [`Error::InvalidArgument`]).
+    pub fn new(generators: Vec<MediatedIds>) -> Result<Self> {
+        let mut map = BTreeMap::new();
+        for g in generators {
+            let name = g.inner().config.name().to_owned();
+            if map.insert(name.clone(), g).is_some() {
+                return Err(Error::invalid(format!(
+                    "the generator `{name}` is given twice"
+                )));
+            }
+        }
+        if map.is_empty() {
+            return Err(Error::invalid("an IDs server needs at least one generator"));
+        }
+        Ok(IdsService {
+            generators: Arc::new(map),
+        })
+    }
+
+    /// The counters of generator `key`, if the server serves it.
+    pub fn stats(&self, key: &str) -> Option<super::IdsStats> {
+        self.generators.get(key).map(|g| g.inner().stats())
+    }
+
+    /// `count` IDs of generator `key`, as the server answers them.
+    pub async fn next(&self, key: &str, count: u64) -> Result<RangeInclusive<i64>> {
+        let Some(g) = self.generators.get(key) else {
+            return Err(unknown_key(key, self.generators.keys()));
+        };
+        g.next_block(count.max(1)).await
+    }
+
+    async fn answer(
+        &self,
+        request: proto::NextRequest,
+    ) -> std::result::Result<proto::NextReply, tonic::Status> {
+        if !self.generators.contains_key(&request.key) {
+            let Error::InvalidArgument { message } =
+                unknown_key(&request.key, self.generators.keys())
+            else {
+                return Err(tonic::Status::not_found(request.key));
+            };
+            return Err(tonic::Status::not_found(message));
+        }
+        match self.next(&request.key, request.count).await {
+            Ok(ids) => Ok(proto::NextReply {
+                first: *ids.start(),
+                count: u64::try_from(ids.end() - ids.start() + 1).unwrap_or(0),
+            }),
+            Err(e) => Err(status_of(&e)),
+        }
+    }
+}
+
+fn unknown_key<'a>(key: &str, known: impl Iterator<Item = &'a String>) -> Error {
+    let known: Vec<&str> = known.map(String::as_str).collect();
+    Error::InvalidArgument {
+        message: format!(
+            "no ID generator `{key}` on this server (it serves: {})",
+            known.join(", ")
+        ),
+    }
+}
+
+/// The gRPC status a failed call answers with.
+fn status_of(e: &Error) -> tonic::Status {
+    let text = e.to_string();
+    match e {
+        Error::InvalidArgument { message } => tonic::Status::invalid_argument(message.as_str()),
+        e if e.is_retryable() => tonic::Status::unavailable(text),
+        _ => tonic::Status::failed_precondition(text),
+    }
+}
+
+/// `headcount.ids.v1.Ids` as a tower service, for [`tonic::transport::Server`].
+#[derive(Debug, Clone)]
+pub struct IdsServer {
+    service: IdsService,
+}
+
+impl IdsServer {
+    /// The gRPC service of `service`.
+    pub fn new(service: IdsService) -> Self {
+        IdsServer { service }
+    }
+}
+
+/// The unary method `Next`, as tonic's server side calls it.
+struct NextMethod(IdsService);
+
+impl tonic::server::UnaryService<proto::NextRequest> for NextMethod {
+    type Response = proto::NextReply;
+    type Future = BoxFuture<tonic::Response<proto::NextReply>, tonic::Status>;
+
+    fn call(&mut self, request: tonic::Request<proto::NextRequest>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move {
+            service
+                .answer(request.into_inner())
+                .await
+                .map(tonic::Response::new)
+        })
+    }
+}
+
+impl<B> Service<http::Request<B>> for IdsServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != NEXT_PATH {
+            return Box::pin(async {
+                Ok(tonic::Status::unimplemented("headcount.ids.v1.Ids has only Next").into_http())
+            });
+        }
+        let method = NextMethod(self.service.clone());
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+            Ok(grpc.unary(method, request).await)
+        })
+    }
+}
+
+impl tonic::server::NamedService for IdsServer {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+/// A running IDs server; see [`serve`]. Dropping it shuts the server down.
+#[derive(Debug)]
+pub struct RunningIdsServer {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+}
+
+impl RunningIdsServer {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting calls, lets the calls under way finish, and waits for the server.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.wait().await
+    }
+
+    /// Waits until the server ends (it only does after [`RunningIdsServer::shutdown`], or
+    /// when it fails).
+    pub async fn wait(&mut self) -> Result<()> {
+        match (&mut self.task).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Error::Unavailable {
+                backend: RECIPE,
+                message: format!("the IDs server failed: {e}"),
+                source: Some(Box::new(e)),
+            }),
+            Err(e) => Err(Error::Unavailable {
+                backend: RECIPE,
+                message: format!("the IDs server task failed: {e}"),
+                source: None,
+            }),
+        }
+    }
+}
+
+impl Drop for RunningIdsServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Serves `service` and the standard health service on `listener`, in a task (call it within a
+/// Tokio runtime).
+pub async fn serve(listener: TcpListener, service: IdsService) -> Result<RunningIdsServer> {
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::invalid(format!("the listener has no local address: {e}")))?;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    reporter
+        .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving)
+        .await;
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(IdsServer::new(service))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                let _ = rx.await;
+                // Keep answering health checks as NOT_SERVING while the calls under way end.
+                reporter
+                    .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::NotServing)
+                    .await;
+            }),
+    );
+    Ok(RunningIdsServer {
+        addr,
+        stop: Some(tx),
+        task,
+    })
+}
+
+/// A client of one or more IDs servers over the same stores: calls go to the server that
+/// answered last, and move on to the next one when it cannot be reached or answers
+/// `UNAVAILABLE`, until one answers or the deadline passes.
+#[derive(Debug)]
+pub struct IdsClient {
+    servers: Vec<(String, tonic::transport::Channel)>,
+    current: AtomicUsize,
+    deadline: Duration,
+}
+
+impl IdsClient {
+    /// A client of `servers` (`host:port` or `http://host:port`; at least one), each call
+    /// given `deadline` in all. Connections are made on first use.
+    pub fn new(servers: &[String], deadline: Duration) -> Result<Self> {
+        if servers.is_empty() {
+            return Err(Error::invalid("an IDs client needs at least one server"));
+        }
+        if deadline.is_zero() {
+            return Err(Error::invalid("an IDs client needs a deadline above zero"));
+        }
+        let mut out = Vec::new();
+        for s in servers {
+            let s = s.trim();
+            let uri = if s.contains("://") {
+                s.to_owned()
+            } else {
+                format!("http://{s}")
+            };
+            let endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
+                .map_err(|e| Error::invalid(format!("`{s}` is not a server address: {e}")))?;
+            let has_port = endpoint.uri().port_u16().is_some();
+            if endpoint.uri().host().is_none_or(str::is_empty) || !has_port {
+                return Err(Error::invalid(format!(
+                    "`{s}` is not a server address: give host:port"
+                )));
+            }
+            let channel = endpoint
+                .connect_timeout(deadline)
+                .tcp_nodelay(true)
+                .connect_lazy();
+            out.push((s.to_owned(), channel));
+        }
+        Ok(IdsClient {
+            servers: out,
+            current: AtomicUsize::new(0),
+            deadline,
+        })
+    }
+
+    /// One ID of generator `key`.
+    pub async fn next(&self, key: &str) -> Result<i64> {
+        self.next_block(key, 1).await.map(|ids| *ids.start())
+    }
+
+    /// `count` consecutive IDs (1 to 2^20) of generator `key`.
+    pub async fn next_block(&self, key: &str, count: u64) -> Result<RangeInclusive<i64>> {
+        check_block(count)?;
+        let deadline = tokio::time::Instant::now() + self.deadline;
+        let start = self.current.load(Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for step in 0..self.servers.len() {
+            let i = (start + step) % self.servers.len();
+            let (name, channel) = &self.servers[i];
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let call = async {
+                let mut grpc = tonic::client::Grpc::new(channel.clone());
+                grpc.ready()
+                    .await
+                    .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
+                let mut request = tonic::Request::new(proto::NextRequest {
+                    key: key.to_owned(),
+                    count,
+                });
+                request.set_timeout(left);
+                let path = http::uri::PathAndQuery::from_static(NEXT_PATH);
+                grpc.unary::<_, proto::NextReply, _>(
+                    request,
+                    path,
+                    tonic_prost::ProstCodec::default(),
+                )
+                .await
+            };
+            let answer = match tokio::time::timeout(left, call).await {
+                Ok(answer) => answer,
+                Err(_) => Err(tonic::Status::deadline_exceeded("no answer in time")),
+            };
+            match answer {
+                Ok(reply) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    let reply = reply.into_inner();
+                    if reply.count != count {
+                        return Err(Error::Rejected {
+                            backend: RECIPE,
+                            message: format!(
+                                "server {name} answered {} IDs for {count}",
+                                reply.count
+                            ),
+                            source: None,
+                        });
+                    }
+                    let last = i64::try_from(count)
+                        .ok()
+                        .and_then(|c| reply.first.checked_add(c - 1))
+                        .ok_or_else(|| Error::Rejected {
+                            backend: RECIPE,
+                            message: format!("server {name} answered a block past i64::MAX"),
+                            source: None,
+                        })?;
+                    return Ok(reply.first..=last);
+                }
+                Err(status) => match status.code() {
+                    tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Unknown
+                    | tonic::Code::Cancelled
+                    | tonic::Code::Unimplemented => {
+                        tracing::debug!(server = %name, status = %status.message(), "IDs server failed; trying the next");
+                        failures.push(format!("{name}: {}", status.message()));
+                    }
+                    tonic::Code::NotFound | tonic::Code::InvalidArgument => {
+                        return Err(Error::InvalidArgument {
+                            message: format!("{name}: {}", status.message()),
+                        })
+                    }
+                    _ => {
+                        return Err(Error::Rejected {
+                            backend: RECIPE,
+                            message: format!("{name}: {}", status.message()),
+                            source: None,
+                        })
+                    }
+                },
+            }
+        }
+        Err(Error::Unavailable {
+            backend: RECIPE,
+            message: format!(
+                "no IDs server answered within {:?} ({})",
+                self.deadline,
+                if failures.is_empty() {
+                    "none tried".to_owned()
+                } else {
+                    failures.join("; ")
+                }
+            ),
+            source: None,
+        })
+    }
+}
