@@ -849,9 +849,30 @@ impl Store for EtcdStore {
     /// Durable: etcd fsyncs its write-ahead log, and commits through a Raft majority, before it
     /// acknowledges a write. The one way to turn that off, `--unsafe-no-fsync`, is not visible
     /// through the client API, so this is the documented behaviour rather than a probe.
+    ///
+    /// It names the cluster by the id every response carries, read with a count-only range.
     async fn durability(&self) -> Result<Durability> {
+        let cluster = self
+            .deadline("durability", async {
+                let resp = retry_unsent(|| {
+                    let mut kv = self.inner.kv.clone();
+                    async move {
+                        kv.get("hc", Some(GetOptions::new().with_count_only()))
+                            .await
+                    }
+                })
+                .await
+                .map_err(|e| self.classify(e, "durability"))?;
+                Ok(resp.header().map(|h| h.cluster_id()))
+            })
+            .await?;
         Ok(Durability::durable(
             "etcd fsyncs its WAL before acknowledging a write (unless started with --unsafe-no-fsync, which the API cannot see)",
+        )
+        .with_servers(
+            cluster
+                .map(|id| vec![format!("etcd cluster {id:x}")])
+                .unwrap_or_default(),
         ))
     }
 }

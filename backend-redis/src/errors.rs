@@ -1,7 +1,8 @@
 //! Mapping redis crate errors onto headcount's [`Error`]: faults that may pass (connection
 //! refused or lost, a Cluster resharding or failing over, a server loading its data or busy with a
 //! script) are the retryable [`Error::Unavailable`] or [`Error::Timeout`]; refusals that will
-//! repeat (authentication, ACL permissions, a server that does not speak RESP) are
+//! repeat (authentication, ACL permissions, a server that does not speak RESP, a write sent to a
+//! read-only replica) are
 //! [`Error::Rejected`].
 
 use std::time::Duration;
@@ -43,6 +44,13 @@ pub(crate) fn classify(
             e,
         ),
         ErrorKind::InvalidClientConfig => Error::config(message),
+        // A replica refuses writes for as long as the URL names it (after a failover the old
+        // primary stays a replica): retrying cannot help, pointing the URL at the primary does.
+        ErrorKind::ReadOnly => Error::rejected(
+            BACKEND,
+            format!("the server is a read-only replica: point the URL at its primary ({message})"),
+            e,
+        ),
         ErrorKind::IoError
         | ErrorKind::BusyLoadingError
         | ErrorKind::TryAgain
@@ -50,7 +58,6 @@ pub(crate) fn classify(
         | ErrorKind::MasterDown
         | ErrorKind::Moved
         | ErrorKind::Ask
-        | ErrorKind::ReadOnly
         | ErrorKind::ClusterConnectionNotFound => Error::unavailable(BACKEND, message, e),
         _ if matches!(
             code.as_str(),
@@ -102,6 +109,12 @@ mod tests {
         assert!(!e.is_retryable() && e.to_string().contains("RESP"), "{e}");
         let loading = RedisError::from((ErrorKind::BusyLoadingError, "loading"));
         assert!(classify(loading, "get", t, None).is_retryable());
+        let replica = RedisError::from((ErrorKind::ReadOnly, "You can't write against a replica"));
+        let e = classify(replica, "incr", t, None);
+        assert!(
+            !e.is_retryable() && e.to_string().contains("replica"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -989,20 +989,26 @@ impl Store for RedisStore {
         let settings = match self.on_every_primary(config, true).await {
             Ok(value) => durability_of(&value),
             Err(e) if e.is_retryable() => return Err(e),
-            Err(e) => {
-                return Ok(Durability::not_durable(format!(
+            Err(e) => Durability::not_durable(format!(
                 "cannot read appendonly/appendfsync with CONFIG GET (disabled, renamed or not permitted?): {e}"
-            )))
-            }
+            )),
         };
-        if !settings.durable {
-            return Ok(settings);
-        }
+        // Read even when the settings already fail: it also names the data set
+        // (`master_replid`), which majority IDs compare across stores.
         let mut info = redis::cmd("INFO");
         info.arg("replication");
         match self.on_every_primary(info, false).await {
-            Ok(value) => Ok(replication_of(&value, settings)),
+            Ok(value) => {
+                let servers = replication_ids(&value);
+                let d = if settings.durable {
+                    replication_of(&value, settings)
+                } else {
+                    settings
+                };
+                Ok(d.with_servers(servers))
+            }
             Err(e) if e.is_retryable() => Err(e),
+            Err(_) if !settings.durable => Ok(settings),
             Err(e) => Ok(Durability::not_durable(format!(
                 "cannot read INFO replication (disabled, renamed or not permitted?): {e}"
             ))),
@@ -1060,6 +1066,22 @@ fn replication_of(reply: &Value, settings: Durability) -> Durability {
         ));
     }
     Durability::durable(format!("{}, no replicas", settings.detail))
+}
+
+/// The `master_replid` of each node in `INFO replication`: the id of the data set a server
+/// serves, shared by its databases and by a primary and its replicas.
+fn replication_ids(reply: &Value) -> Vec<String> {
+    let mut texts = Vec::new();
+    flatten_strings(reply, &mut texts);
+    let mut ids: Vec<String> = texts
+        .iter()
+        .flat_map(|t| t.lines())
+        .filter_map(|line| line.trim().strip_prefix("master_replid:"))
+        .map(|id| format!("redis replication id {id}"))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
 }
 
 /// Judges the reply of `CONFIG GET append*` (one or several nodes' pairs, concatenated).

@@ -880,7 +880,24 @@ impl Store for PostgresStore {
                 source: None,
             });
         };
-        Ok(settings_durability(&settings))
+        // The running server: its databases share the start time and port. (Not
+        // `system_identifier`: clusters copied from one base backup or template share it.)
+        let rows = self
+            .inner
+            .query(
+                "durability",
+                "SELECT pg_postmaster_start_time()::text || ' on port ' || current_setting('port')",
+                &[],
+                None,
+            )
+            .await?;
+        let servers = rows
+            .first()
+            .and_then(|row| row.try_get::<_, Option<String>>(0).ok())
+            .flatten()
+            .map(|id| vec![format!("postgresql server started {id}")])
+            .unwrap_or_default();
+        Ok(settings_durability(&settings).with_servers(servers))
     }
 }
 

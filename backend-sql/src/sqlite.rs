@@ -979,7 +979,7 @@ impl Store for SqliteStore {
                 "an in-memory SQLite database is gone when its process exits",
             ));
         }
-        let (synchronous, journal) = self
+        let (synchronous, journal, file) = self
             .call("durability", |conn| {
                 let synchronous: i64 = conn
                     .query_row("PRAGMA synchronous", [], |row| row.get(0))
@@ -987,10 +987,16 @@ impl Store for SqliteStore {
                 let journal: String = conn
                     .query_row("PRAGMA journal_mode", [], |row| row.get(0))
                     .sql()?;
-                Ok((synchronous, journal))
+                Ok((synchronous, journal, conn.path().map(str::to_owned)))
             })
             .await?;
-        Ok(sqlite_durability(synchronous, &journal))
+        // The file, as SQLite opened it, made canonical: two URLs for one file are one store.
+        let servers = file
+            .filter(|f| !f.is_empty())
+            .map(|f| std::fs::canonicalize(&f).map_or(f, |p| p.display().to_string()))
+            .map(|f| vec![format!("sqlite file {f}")])
+            .unwrap_or_default();
+        Ok(sqlite_durability(synchronous, &journal).with_servers(servers))
     }
 }
 

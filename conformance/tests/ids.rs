@@ -526,6 +526,62 @@ async fn bad_input_gives_typed_errors() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// One server behind several URLs is one failure domain, not several votes: two databases of
+/// one Redis, one PostgreSQL server connected twice, and one SQLite file named two ways are
+/// refused with `InvalidArgument` naming the server; distinct servers pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_server_behind_several_urls_is_refused() {
+    let test = "one_server_behind_several_urls_is_refused";
+    let config = IdsConfig::new(generator_name());
+    let Some(redis) = redis_servers(2, AOF_ALWAYS, test).await else {
+        return;
+    };
+    let (a, b) = (redis[0].url(), redis[1].url());
+    let db = |url: &str, n: u8| match url.split_once('?') {
+        Some((base, query)) => format!("{base}/{n}?{query}"),
+        None => format!("{url}/{n}"),
+    };
+    let one = connect_all(&[db(&a, 0), db(&a, 1), b.clone()]).await;
+    let e = MajorityIds::new(one, config.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(
+        e.to_string()
+            .contains("#0 and #1 are one server (redis replication id"),
+        "{e}"
+    );
+    let distinct = connect_all(&[db(&a, 0), b.clone()]).await;
+    assert!(MajorityIds::new(distinct, config.clone()).await.is_ok());
+
+    let dir = temp_dir();
+    let file = |spelling: &str| {
+        format!(
+            "sqlite://{}{spelling}ids.db?synchronous=full",
+            dir.display()
+        )
+    };
+    let same_file = connect_all(&[file("/"), file("/./"), a.clone()]).await;
+    let e = MajorityIds::new(same_file, config.clone())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("(sqlite file"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let started = tokio::task::spawn_blocking(|| PgServer::start_with(None, &["fsync=on"]))
+        .await
+        .unwrap();
+    let Some(pg) = available(Backend::Postgres, test, started) else {
+        return;
+    };
+    let twice = connect_all(&[pg.url(), a.clone(), pg.url()]).await;
+    let e = MajorityIds::new(twice, config.clone()).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("#0 and #2 are one server (postgresql server started"),
+        "{e}"
+    );
+    tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mediated_calls_take_turns_and_stay_unique() {
     let dir = temp_dir();

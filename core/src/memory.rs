@@ -347,9 +347,11 @@ impl Store for MemoryStore {
     }
 
     async fn durability(&self) -> Result<Durability> {
-        Ok(Durability::not_durable(
-            "the in-memory store keeps its data in this process only",
-        ))
+        // Clones share their data, so they are one store.
+        Ok(
+            Durability::not_durable("the in-memory store keeps its data in this process only")
+                .with_servers(vec![format!("memory store {:p}", Arc::as_ptr(&self.data))]),
+        )
     }
 }
 

@@ -322,6 +322,13 @@ pub struct Durability {
     pub durable: bool,
     /// What the server reported, for a person: `appendonly yes, appendfsync always`.
     pub detail: String,
+    /// Names of the servers (or replicated data sets) that hold this store's data, as far as
+    /// the backend can ask: Redis `master_replid` (one per primary of a Cluster; shared by a
+    /// server's databases and by a primary and its replicas), the PostgreSQL server's start time
+    /// and port (shared by its databases), the etcd cluster id, the
+    /// SQLite file's path. Two stores that share a name are one failure domain: majority IDs
+    /// refuse them as two members of one set. Empty when the backend cannot tell.
+    pub servers: Vec<String>,
 }
 
 impl Durability {
@@ -330,6 +337,7 @@ impl Durability {
         Durability {
             durable: true,
             detail: detail.into(),
+            servers: Vec::new(),
         }
     }
 
@@ -338,7 +346,16 @@ impl Durability {
         Durability {
             durable: false,
             detail: detail.into(),
+            servers: Vec::new(),
         }
+    }
+
+    /// The same answer, naming the servers that hold the store's data (see
+    /// [`Durability::servers`]).
+    #[must_use]
+    pub fn with_servers(mut self, servers: Vec<String>) -> Self {
+        self.servers = servers;
+        self
     }
 }
 

@@ -41,6 +41,14 @@ pub async fn durability_probe(ctx: &Ctx) -> CaseResult {
         );
         return Ok(());
     }
+    // Every backend of this workspace names the server behind a shared store (majority IDs
+    // refuse two stores that share one).
+    if ctx.caps().shared {
+        ensure!(
+            !first.servers.is_empty() && first.servers.iter().all(|s| !s.is_empty()),
+            "the {backend} durability answer names no server: {first:?}"
+        );
+    }
     for name in names {
         ensure!(
             detail.contains(name),

@@ -102,6 +102,26 @@
 //!   serving; when so many stores fail permanently (foreign values, refusals) that no majority
 //!   remains, the call fails at once with that error instead of waiting for the deadline.
 //! * A counter at `i64::MAX` cannot grow: [`Error::Rejected`].
+//!
+//! # A store far ahead
+//!
+//! A store restored from the wrong backup, or edited by hand, can hold a number far above the
+//! others (`9223372036854775800`). Proposing one above it would hand out that number, every store
+//! of the majority would take it, and the generator would be spent for good, repaired store or
+//! not. So a read whose largest answer stands more than [`MAX_JUMP`] (2^40) above the next reads
+//! on until it can tell: when a majority of the *other* stores hold that much less, the store is
+//! left out of the proposal (logged as a warning naming it) and IDs go on from the majority's
+//! number; when they do not (a majority holds that much), the number is used as always. With too
+//! few answers to tell (the third store down), the attempt fails and the call fails closed at its
+//! deadline. Leaving the store out costs no safety: an ID above what a majority holds was never
+//! returned (it would be held by a majority, and two majorities share a store), and, as above,
+//! safety never rests on the read. A legitimate gap that large would take 2^20 lost proposals
+//! stacked on one minority of stores.
+//!
+//! The store left out answers `false` to every proposal until it is repaired, so the set
+//! tolerates one failure fewer meanwhile. To repair it, set its counter to the largest value
+//! the other stores hold (or delete it, and let the next proposals raise it): for Redis,
+//! `SET hc:{ids}:id:NAME <value>`; for SQL, an `UPDATE` of that key's row.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -141,6 +161,11 @@ pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_millis(100);
 
 /// The most IDs one [`MajorityIds::next_block`] call takes.
 pub const MAX_BLOCK: u64 = 1 << 20;
+
+/// How far above a majority of the other stores one store's counter may stand before a read
+/// takes it for damage (a bad restore) and leaves it out of proposals: 2^40, a million times
+/// [`MAX_BLOCK`]. See "A store far ahead" in the module docs.
+pub const MAX_JUMP: i64 = 1 << 40;
 
 /// `count` as a block size, if it is one.
 fn check_block(count: u64) -> Result<i64> {
@@ -286,6 +311,8 @@ struct Node {
     /// What this generator last read or wrote at the store's counter (`Some(None)`: absent),
     /// when it still believes it: a block proposal compares against it (see [`MajorityIds::next_block`]).
     known: std::sync::Mutex<Option<Option<String>>>,
+    /// The servers that hold the store's data ([`crate::Durability::servers`]), once probed.
+    servers: std::sync::Mutex<Vec<String>>,
 }
 
 impl Node {
@@ -360,6 +387,15 @@ impl MajorityIds {
                 .unwrap_or_else(|_| Err(deadline_error("durability", config.deadline)))
         });
         let answers = futures::future::join_all(probes).await;
+        let servers: Vec<Vec<String>> = answers
+            .iter()
+            .map(|a| a.as_ref().map(|d| d.servers.clone()).unwrap_or_default())
+            .collect();
+        for i in 0..servers.len() {
+            if let Some((j, server)) = same_server(&servers, i) {
+                return Err(one_server(j, i, server));
+            }
+        }
         let mut nodes = Vec::with_capacity(stores.len());
         for (i, (store, answer)) in stores.into_iter().zip(answers).enumerate() {
             let backend = store.capabilities().backend;
@@ -391,6 +427,7 @@ impl MajorityIds {
                 store,
                 checked: AtomicBool::new(checked),
                 known: std::sync::Mutex::new(None),
+                servers: std::sync::Mutex::new(servers[i].clone()),
             });
         }
         Ok(MajorityIds {
@@ -547,19 +584,8 @@ impl MajorityIds {
             // exactly it, and proposing one more wins in one round trip.
             hint
         } else {
-            let reads: FuturesUnordered<_> = self
-                .nodes
-                .iter()
-                .enumerate()
-                .map(|(i, node)| async move { (i, self.read(node, deadline).await) })
-                .collect();
-            let reads = self.first_majority(reads, |_| true).await;
-            summary.answered = Some(reads.counted);
-            if reads.counted < self.majority {
-                summary.errors = reads.errors;
-                return Err(self.lost(summary));
-            }
-            let max = reads.ok.iter().copied().max().unwrap_or(0).max(0);
+            let reads = self.read_majority(deadline, &mut summary).await?;
+            let max = reads.iter().map(|r| r.value).max().unwrap_or(0).max(0);
             self.hint.fetch_max(max, Ordering::Relaxed);
             max
         };
@@ -610,38 +636,29 @@ impl MajorityIds {
             .enumerate()
             .filter_map(|(i, n)| Some((i, n.known()?)))
             .collect();
-        let expected = if optimistic && known.len() >= self.majority {
-            known
-        } else {
-            let reads: FuturesUnordered<_> = self
-                .nodes
-                .iter()
-                .enumerate()
-                .map(|(i, node)| async move { (i, self.read_text(i, node, deadline).await) })
-                .collect();
-            let reads = self.first_majority(reads, |_| true).await;
-            summary.answered = Some(reads.counted);
-            if reads.counted < self.majority {
-                summary.errors = reads.errors;
-                return Err(self.lost(summary));
-            }
-            reads.ok
-        };
-        let mut base = 0i64;
-        for (i, text) in &expected {
-            if let Some(text) = text {
-                match parse_counter(&self.key, text) {
-                    Ok(v) => base = base.max(v),
-                    Err(e) => {
-                        self.nodes[*i].set_known(None);
-                        summary.errors.push((*i, e));
+        let (expected, base) = if optimistic && known.len() >= self.majority {
+            let mut base = 0i64;
+            for (i, text) in &known {
+                if let Some(text) = text {
+                    match parse_counter(&self.key, text) {
+                        Ok(v) => base = base.max(v),
+                        Err(e) => {
+                            self.nodes[*i].set_known(None);
+                            summary.errors.push((*i, e));
+                        }
                     }
                 }
             }
-        }
-        if !summary.errors.is_empty() {
-            return Err(self.lost(summary));
-        }
+            if !summary.errors.is_empty() {
+                return Err(self.lost(summary));
+            }
+            (known, base)
+        } else {
+            let reads = self.read_majority(deadline, &mut summary).await?;
+            let base = reads.iter().map(|r| r.value).max().unwrap_or(0).max(0);
+            let expected = reads.into_iter().map(|r| (r.node, r.text)).collect();
+            (expected, base)
+        };
         self.hint.fetch_max(base, Ordering::Relaxed);
         let Some(last) = base.checked_add(k) else {
             return Err(Lost::Permanent(Error::Rejected {
@@ -708,22 +725,9 @@ impl MajorityIds {
         Lost::Retry(summary)
     }
 
-    /// `get` on one node (after its durability check, if it still owes one), parsed.
-    async fn read(&self, node: &Node, deadline: Instant) -> Result<i64> {
-        let work = async {
-            Self::check_durable(node).await?;
-            match node.store.get(&self.key).await? {
-                None => Ok(0),
-                Some(text) => parse_counter(&self.key, &text),
-            }
-        };
-        tokio::time::timeout_at(deadline, work)
-            .await
-            .unwrap_or_else(|_| Err(deadline_error("get", self.config.deadline)))
-    }
-
-    /// The durability check a node still owes, if it does.
-    async fn check_durable(node: &Node) -> Result<()> {
+    /// The durability check a node still owes, if it does: durable, and not one server with
+    /// another store of the set.
+    async fn check_durable(&self, i: usize, node: &Node) -> Result<()> {
         if !node.checked.load(Ordering::Acquire) {
             let d = node.store.durability().await?;
             if !d.durable {
@@ -733,30 +737,132 @@ impl MajorityIds {
                     source: None,
                 });
             }
+            let servers: Vec<Vec<String>> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(j, n)| {
+                    if j == i {
+                        d.servers.clone()
+                    } else {
+                        lock(&n.servers).clone()
+                    }
+                })
+                .collect();
+            if let Some((j, server)) = same_server(&servers, i) {
+                let e = one_server(j, i, server);
+                return Err(Error::Rejected {
+                    backend: node.store.capabilities().backend,
+                    message: e.to_string(),
+                    source: None,
+                });
+            }
+            *lock(&node.servers) = d.servers;
             node.checked.store(true, Ordering::Release);
         }
         Ok(())
     }
 
-    /// `get` on one node (after its durability check, if it still owes one): the text, which the
-    /// node then remembers as [`Node::known`].
-    async fn read_text(
-        &self,
-        i: usize,
-        node: &Node,
-        deadline: Instant,
-    ) -> Result<(usize, Option<String>)> {
+    /// `get` on one node (after its durability check, if it still owes one): the text and its
+    /// value (0 when absent); the node then remembers the text as [`Node::known`].
+    async fn read(&self, i: usize, node: &Node, deadline: Instant) -> Result<Read> {
         let work = async {
-            Self::check_durable(node).await?;
+            self.check_durable(i, node).await?;
             node.store.get(&self.key).await
         };
         let text = tokio::time::timeout_at(deadline, work)
             .await
             .unwrap_or_else(|_| Err(deadline_error("get", self.config.deadline)))?;
+        let value = match &text {
+            None => 0,
+            Some(t) => parse_counter(&self.key, t).inspect_err(|_| node.set_known(None))?,
+        };
         node.set_known(Some(text.clone()));
-        Ok((i, text))
+        Ok(Read {
+            node: i,
+            text,
+            value,
+        })
     }
 
+    /// Reads until a majority answered, and returns their answers less any store that holds a
+    /// number absurdly far above a majority of the stores (see "A store far ahead" in the
+    /// module docs): when the largest answer stands more than [`MAX_JUMP`] above the next, it
+    /// reads on until a majority of the other stores are seen to hold that much less (the
+    /// store is left out) or not (it is kept); it fails the attempt when it cannot tell.
+    async fn read_majority(
+        &self,
+        deadline: Instant,
+        summary: &mut Summary,
+    ) -> std::result::Result<Vec<Read>, Lost> {
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| async move { (i, self.read(i, node, deadline).await) })
+            .collect();
+        let mut reads = Answers::default();
+        self.collect(&mut pending, &mut reads, self.majority, |_| true)
+            .await;
+        summary.answered = Some(reads.counted);
+        if reads.counted < self.majority {
+            summary.errors = reads.errors;
+            return Err(self.lost(std::mem::take(summary)));
+        }
+        loop {
+            let mut values: Vec<i64> = reads.ok.iter().map(|r| r.value).collect();
+            values.sort_unstable_by(|a, b| b.cmp(a));
+            let far = |v: i64| values[0].saturating_sub(v.max(0)) > MAX_JUMP;
+            let (top, next) = match values[..] {
+                [top, next, ..] if far(next) => (top, next),
+                _ => return Ok(reads.ok),
+            };
+            let far_below = values[1..].iter().filter(|v| far(**v)).count();
+            if far_below >= self.majority {
+                // A majority holds far less, so no ID above their largest was ever returned
+                // (it would be held by a majority, and two majorities share a store).
+                let at = reads
+                    .ok
+                    .iter()
+                    .position(|r| r.value == top)
+                    .unwrap_or_default();
+                let out = reads.ok.swap_remove(at);
+                self.nodes[out.node].set_known(None);
+                tracing::warn!(
+                    store = out.node,
+                    holds = top,
+                    others = next,
+                    key = %self.key,
+                    "majority IDs: a store holds a number far above a majority of the others \
+                     (a bad restore?); it is left out of proposals: set its counter to the \
+                     others' largest to repair it"
+                );
+                reads.counted -= 1;
+                continue;
+            }
+            if pending.is_empty() {
+                summary.errors = reads.errors;
+                summary.errors.push((
+                    reads
+                        .ok
+                        .iter()
+                        .find(|r| r.value == top)
+                        .map_or(0, |r| r.node),
+                    Error::Unavailable {
+                        backend: RECIPE,
+                        message: format!(
+                            "holds {top}, more than {MAX_JUMP} above the next store's {next}: \
+                             too few stores answered to tell whether a majority holds that much"
+                        ),
+                        source: None,
+                    },
+                ));
+                return Err(self.lost(std::mem::take(summary)));
+            }
+            let want = reads.counted + 1;
+            self.collect(&mut pending, &mut reads, want, |_| true).await;
+        }
+    }
     /// `set_max(proposal)` on one node, if it passed its durability check.
     async fn write(&self, node: &Node, proposal: i64, deadline: Instant) -> Result<bool> {
         if !node.checked.load(Ordering::Acquire) {
@@ -766,9 +872,17 @@ impl MajorityIds {
                 source: None,
             });
         }
-        tokio::time::timeout_at(deadline, node.store.set_max(&self.key, proposal, None))
-            .await
-            .unwrap_or_else(|_| Err(deadline_error("set_max", self.config.deadline)))
+        // Unknown while the write is out (its answer may never be awaited), the proposal once
+        // the store took it: a block round compares against what the store holds.
+        node.set_known(None);
+        let answer =
+            tokio::time::timeout_at(deadline, node.store.set_max(&self.key, proposal, None))
+                .await
+                .unwrap_or_else(|_| Err(deadline_error("set_max", self.config.deadline)));
+        if matches!(answer, Ok(true)) {
+            node.set_known(Some(Some(proposal.to_string())));
+        }
+        answer
     }
 
     /// Collects answers until `M` of them count (`counts`) or too few remain for that.
@@ -780,12 +894,26 @@ impl MajorityIds {
     where
         F: std::future::Future<Output = (usize, Result<T>)>,
     {
-        let mut out = Answers {
-            ok: Vec::new(),
-            counted: 0,
-            errors: Vec::new(),
-        };
-        while let Some((i, answer)) = pending.next().await {
+        let mut out = Answers::default();
+        self.collect(&mut pending, &mut out, self.majority, counts)
+            .await;
+        out
+    }
+
+    /// Adds answers to `out` until `want` of them count (`counts`) or too few remain for that.
+    async fn collect<T, F>(
+        &self,
+        pending: &mut FuturesUnordered<F>,
+        out: &mut Answers<T>,
+        want: usize,
+        counts: impl Fn(&T) -> bool,
+    ) where
+        F: std::future::Future<Output = (usize, Result<T>)>,
+    {
+        while out.counted < want && out.counted + pending.len() >= want {
+            let Some((i, answer)) = pending.next().await else {
+                break;
+            };
             match answer {
                 Ok(v) => {
                     out.counted += usize::from(counts(&v));
@@ -796,11 +924,7 @@ impl MajorityIds {
                     out.errors.push((i, e));
                 }
             }
-            if out.counted >= self.majority || out.counted + pending.len() < self.majority {
-                break;
-            }
         }
-        out
     }
 
     fn log_node_error(&self, i: usize, e: &Error) {
@@ -842,12 +966,50 @@ fn deadline_error(op: &'static str, after: Duration) -> Error {
     }
 }
 
+/// One store's answer to a read.
+struct Read {
+    node: usize,
+    text: Option<String>,
+    value: i64,
+}
+
+/// The first store before `i` that shares a server with store `i`, and that server.
+fn same_server(servers: &[Vec<String>], i: usize) -> Option<(usize, &str)> {
+    servers[..i].iter().enumerate().find_map(|(j, other)| {
+        servers[i]
+            .iter()
+            .find(|s| other.contains(s))
+            .map(|s| (j, s.as_str()))
+    })
+}
+
+fn one_server(j: usize, i: usize, server: &str) -> Error {
+    Error::invalid(format!(
+        "stores #{j} and #{i} are one server ({server}): a majority must be of independent \
+         stores, or one failure (or one lost disk) takes several votes"
+    ))
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The answers of one phase: the values, how many of them count toward the majority, the
 /// failures.
 struct Answers<T> {
     ok: Vec<T>,
     counted: usize,
     errors: Vec<(usize, Error)>,
+}
+
+impl<T> Default for Answers<T> {
+    fn default() -> Self {
+        Answers {
+            ok: Vec::new(),
+            counted: 0,
+            errors: Vec::new(),
+        }
+    }
 }
 
 /// What one lost attempt saw, for the error at the deadline.
