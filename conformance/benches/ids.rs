@@ -1,18 +1,22 @@
-//! Majority IDs over N = 3 and N = 5 Redis servers on loopback: IDs per second, p50/p99 latency
-//! and majority rounds per ID, for one client, for 16 contending clients (each its own generator
-//! and connections), and for 16 callers through one in-process mediator ([`MediatedIds`]),
-//! taking turns (one round each, the first design) and with group commit (one round for every
-//! caller waiting). Every caller calls again as soon as it has its ID.
+//! Majority IDs over N = 3 and N = 5 Redis servers on loopback, N = 3 PostgreSQL servers, and a
+//! mixed set (Redis + PostgreSQL + a SQLite file): IDs per second, p50/p99 latency and majority
+//! rounds per ID, for one client, for 16 contending clients (each its own generator and
+//! connections), for 16 callers through one in-process mediator ([`MediatedIds`]), taking turns
+//! (one round each, the first design) and with group commit (one round for every caller
+//! waiting), and for 16 gRPC clients of one IDs server (`ids serve`, in process). Every caller
+//! calls again as soon as it has its ID.
 //!
 //! ```sh
-//! HEADCOUNT_REQUIRE_BACKENDS=redis cargo bench -p headcount-conformance --bench ids -- \
+//! HEADCOUNT_REQUIRE_BACKENDS=redis,postgres cargo bench -p headcount-conformance --bench ids -- \
 //!     --warm-up-time 1 --measurement-time 3
 //! ```
 //!
-//! Two sets of servers: `appendonly yes` + `appendfsync always` (durable, what the recipe
-//! requires) and the harness default without persistence (the durability opt-out), to show what
-//! the fsync costs. One criterion iteration is one call by each caller; the Markdown table at the
-//! end is what `docs/ids.md` quotes.
+//! The sets: Redis with `appendonly yes` + `appendfsync always` (durable, what the recipe
+//! requires) and without persistence (the durability opt-out), to show what the fsync costs;
+//! PostgreSQL with `fsync = on` and `synchronous_commit = on`; one of each durable backend. It
+//! also measures the disk's own fsync latency (appends of 64 bytes, each followed by `fsync`, in
+//! the temp dir the servers use), the bound for one sequential caller. One criterion iteration is
+//! one call by each caller; the Markdown table at the end is what `docs/ids.md` quotes.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -26,7 +30,7 @@ use headcount::recipes::ids::{
     RunningIdsServer,
 };
 use headcount::DynStore;
-use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount_conformance::harness::{Backend, KvStore, PgServer, Unavailable};
 use headcount_conformance::percentile;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
@@ -39,8 +43,16 @@ const MODES: [&str; 5] = [
     "16 clients of one IDs server",
 ];
 
+/// The store sets, in table order.
+const SETS: [&str; 4] = [
+    "redis, appendfsync always",
+    "redis, no persistence",
+    "postgresql, synchronous_commit on",
+    "redis + postgresql + sqlite",
+];
+
 struct Setup {
-    fsync: &'static str,
+    set: &'static str,
     n: usize,
     clients: Vec<Arc<MajorityIds>>,
     turns: Arc<MediatedIds>,
@@ -64,9 +76,9 @@ struct Stats {
 
 type Results = Arc<Mutex<BTreeMap<(&'static str, usize, &'static str), Stats>>>;
 
-fn servers(args: &'static [&'static str]) -> Option<Vec<KvStore>> {
+fn servers(n: usize, args: &'static [&'static str]) -> Option<Vec<KvStore>> {
     let mut out = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..n {
         match KvStore::redis_with(None, args) {
             Ok(s) => out.push(s),
             Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
@@ -90,12 +102,46 @@ async fn generator(urls: &[String], name: &str, policy: DurabilityPolicy) -> Maj
     MajorityIds::new(stores, config).await.unwrap()
 }
 
-async fn setup(fsync: &'static str, all: &[KvStore], n: usize) -> Setup {
-    let urls: Vec<String> = all[..n].iter().map(KvStore::url).collect();
-    let policy = if fsync == "always" {
-        DurabilityPolicy::Require
-    } else {
+fn pg_servers(n: usize) -> Option<Vec<PgServer>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        match PgServer::start_with(None, &["fsync=on", "synchronous_commit=on"]) {
+            Ok(s) => out.push(s),
+            Err(Unavailable::Missing(why)) if !Backend::Postgres.required() => {
+                eprintln!("SKIP ids bench (postgresql): {why}");
+                return None;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    Some(out)
+}
+
+/// The disk's fsync latency where the servers keep their files: `count` appends of 64 bytes,
+/// each followed by `fsync`; (p50, mean).
+fn fsync_latency(count: usize) -> (Duration, Duration) {
+    use std::io::Write as _;
+    let path = std::env::temp_dir().join(format!("hc-fsync-{:08x}", rand::random::<u32>()));
+    let mut file = std::fs::File::create(&path).unwrap();
+    let mut lat = Vec::with_capacity(count);
+    for _ in 0..count {
+        let t = Instant::now();
+        file.write_all(&[b'x'; 64]).unwrap();
+        file.sync_all().unwrap();
+        lat.push(t.elapsed());
+    }
+    let _ = std::fs::remove_file(&path);
+    let mean = lat.iter().sum::<Duration>() / count as u32;
+    lat.sort_unstable();
+    (percentile(&lat, 50), mean)
+}
+
+async fn setup(set: &'static str, urls: Vec<String>) -> Setup {
+    let n = urls.len();
+    let policy = if set == "redis, no persistence" {
         DurabilityPolicy::AllowNonDurable
+    } else {
+        DurabilityPolicy::Require
     };
     let name = format!("bench{:08x}", rand::random::<u32>());
     let mut clients = Vec::new();
@@ -119,7 +165,7 @@ async fn setup(fsync: &'static str, all: &[KvStore], n: usize) -> Setup {
         .map(|_| IdsClient::new(&addr, Duration::from_secs(60)).unwrap())
         .collect();
     Setup {
-        fsync,
+        set,
         n,
         clients,
         turns,
@@ -155,21 +201,36 @@ fn bench(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let Some(durable) = servers(AOF_ALWAYS) else {
+    let Some(durable) = servers(5, AOF_ALWAYS) else {
         return;
     };
-    let Some(volatile) = servers(&[]) else {
+    let Some(volatile) = servers(5, &[]) else {
         return;
     };
+    let Some(pg) = pg_servers(3) else {
+        return;
+    };
+    let sqlite_dir =
+        std::env::temp_dir().join(format!("hc-ids-bench-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&sqlite_dir).unwrap();
+    let sqlite = format!("sqlite://{}/ids.db?synchronous=full", sqlite_dir.display());
+    let urls = |all: &[KvStore], n: usize| all[..n].iter().map(KvStore::url).collect::<Vec<_>>();
+    let mut sets: Vec<(&'static str, Vec<String>)> = Vec::new();
+    for n in [3, 5] {
+        sets.push((SETS[0], urls(&durable, n)));
+        sets.push((SETS[1], urls(&volatile, n)));
+    }
+    sets.push((SETS[2], pg[..3].iter().map(PgServer::url).collect()));
+    // Sets run one after another, each under a generator name of its own.
+    sets.push((SETS[3], vec![durable[0].url(), pg[0].url(), sqlite]));
     let mut setups = Vec::new();
-    for (fsync, all) in [("always", &durable), ("none", &volatile)] {
-        for n in [3, 5] {
-            setups.push(Arc::new(runtime.block_on(setup(fsync, all, n))));
-        }
+    for (set, urls) in sets {
+        setups.push(Arc::new(runtime.block_on(setup(set, urls))));
     }
     let results: Results = Arc::default();
     for s in &setups {
-        let mut group = c.benchmark_group(format!("ids/fsync-{}/n{}", s.fsync, s.n));
+        let label = s.set.replace([',', ' ', '+'], "");
+        let mut group = c.benchmark_group(format!("ids/{label}/n{}", s.n));
         for mode in MODES {
             let s = s.clone();
             let results = results.clone();
@@ -214,7 +275,7 @@ fn bench(c: &mut Criterion) {
                     });
                     let after = total(&s, mode);
                     let mut r = results.lock().unwrap();
-                    let st = r.entry((s.fsync, s.n, mode)).or_default();
+                    let st = r.entry((s.set, s.n, mode)).or_default();
                     st.ids += lat.len() as u64;
                     st.elapsed += elapsed;
                     st.latencies.extend(lat);
@@ -227,17 +288,26 @@ fn bench(c: &mut Criterion) {
         group.finish();
     }
     print_table(&results.lock().unwrap());
+    // After the runs, so the probe's syncs do not queue with the servers'.
+    let (p50, mean) = fsync_latency(2_000);
+    println!(
+        "\ndisk fsync (2,000 appends of 64 bytes, each synced): p50 {:.3} ms, mean {:.3} ms, {:.0} syncs/s",
+        p50.as_secs_f64() * 1000.0,
+        mean.as_secs_f64() * 1000.0,
+        1.0 / mean.as_secs_f64().max(1e-9)
+    );
+    let _ = std::fs::remove_dir_all(&sqlite_dir);
 }
 
 fn print_table(results: &BTreeMap<(&'static str, usize, &'static str), Stats>) {
     println!();
-    println!("| appendfsync | N | callers | IDs/s | p50 | p99 | rounds per ID | lost rounds |");
+    println!("| stores | N | callers | IDs/s | p50 | p99 | rounds per ID | lost rounds |");
     println!("|---|---:|---|---:|---:|---:|---:|---:|");
     let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
-    for fsync in ["always", "none"] {
+    for set in SETS {
         for n in [3, 5] {
             for mode in MODES {
-                let Some(s) = results.get(&(fsync, n, mode)) else {
+                let Some(s) = results.get(&(set, n, mode)) else {
                     continue;
                 };
                 let mut l = s.latencies.clone();
@@ -247,7 +317,7 @@ fn print_table(results: &BTreeMap<(&'static str, usize, &'static str), Stats>) {
                 let per = s.attempts as f64 / (s.ids as f64).max(1.0);
                 let retry = s.attempts.saturating_sub(s.won) as f64 / (s.attempts as f64).max(1.0);
                 println!(
-                    "| {fsync} | {n} | {mode} | {rate:.0} | {} | {} | {per:.2} | {:.1}% |",
+                    "| {set} | {n} | {mode} | {rate:.0} | {} | {} | {per:.2} | {:.1}% |",
                     ms(percentile(&l, 50)),
                     ms(percentile(&l, 99)),
                     retry * 100.0
