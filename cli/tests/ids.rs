@@ -178,3 +178,79 @@ fn every_readme_store_in_one_set() {
     ]));
     assert_eq!(got, vec![4, 5]);
 }
+
+/// `ids serve` and `ids next --server` with bad input: one error line each, the right exit
+/// status, and no hang past the deadline.
+#[test]
+fn ids_servers_refuse_bad_input_in_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let even = sqlite_urls(&dir, 2, "?synchronous=full");
+    let out = headcount(&["ids", "serve", "--listen", "127.0.0.1:0", "--stores", &even]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(error_line(&out).contains("odd number"));
+    let out = headcount(&[
+        "ids",
+        "serve",
+        "--listen",
+        "nowhere",
+        "--stores",
+        &sqlite_urls(&dir, 3, "?synchronous=full"),
+    ]);
+    assert!(error_line(&out).contains("cannot listen on nowhere"));
+
+    let bad = headcount(&["ids", "next", "--server", "no port here"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+    assert!(error_line(&bad).contains("not a server address"));
+    let both = headcount(&["ids", "next", "--server", "127.0.0.1:1", "--stores", &even]);
+    assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
+
+    // Nothing listens on port 1: fails closed within the deadline, retryable (75).
+    let started = Instant::now();
+    let gone = headcount(&["ids", "next", "--server", "127.0.0.1:1", "--deadline", "1s"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(gone.status.code(), Some(75), "{}", text(&gone.stderr));
+    assert!(error_line(&gone).contains("no IDs server answered"));
+
+    // A running server: unknown generators and bad counts are the caller's errors.
+    let stores = sqlite_urls(&dir, 3, "?synchronous=full");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_headcount"))
+        .args([
+            "ids",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--stores",
+            &stores,
+        ])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start ids serve");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("the address");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("address line")
+        .to_owned();
+    let got = ids(&headcount(&["ids", "next", "--server", &addr, "-n", "3"]));
+    assert_eq!(got, vec![1, 2, 3]);
+    let unknown = headcount(&["ids", "next", "--server", &addr, "--key", "nope"]);
+    assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown.stderr));
+    assert!(error_line(&unknown).contains("no ID generator `nope`"));
+    let zero = headcount(&["ids", "next", "--server", &addr, "-n", "0"]);
+    assert!(error_line(&zero).contains("-n"));
+    let huge = headcount(&["ids", "next", "--server", &addr, "-n", "99999999"]);
+    assert!(error_line(&huge).contains("1 to 1048576"));
+    let _ = server.kill();
+    let _ = server.wait();
+}
