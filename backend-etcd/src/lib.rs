@@ -52,6 +52,8 @@ struct Inner {
     owned: Owned,
     config: EtcdConfig,
     counters: Counters,
+    /// Built over an application's client, whose endpoints this store does not know.
+    over_client: bool,
 }
 
 /// What this handle last wrote to a counter: its value and the revision of that write.
@@ -153,7 +155,7 @@ impl EtcdStore {
                     after: timeout,
                 })
             })?;
-        Ok(Self::from_parts(kv, leases, config))
+        Ok(Self::from_parts(kv, leases, config, false))
     }
 
     /// A store over an `etcd_client::Client` the application already has (re-exported as
@@ -174,10 +176,10 @@ impl EtcdStore {
                 })
             }
         };
-        Ok(Self::from_parts(client.kv_client(), leases, config))
+        Ok(Self::from_parts(client.kv_client(), leases, config, true))
     }
 
-    fn from_parts(kv: KvClient, leases: Leases, config: EtcdConfig) -> Self {
+    fn from_parts(kv: KvClient, leases: Leases, config: EtcdConfig, over_client: bool) -> Self {
         EtcdStore {
             inner: Arc::new(Inner {
                 kv,
@@ -185,6 +187,7 @@ impl EtcdStore {
                 owned: Owned::default(),
                 config,
                 counters: Counters::default(),
+                over_client,
             }),
         }
     }
@@ -850,30 +853,24 @@ impl Store for EtcdStore {
     /// acknowledges a write. The one way to turn that off, `--unsafe-no-fsync`, is not visible
     /// through the client API, so this is the documented behaviour rather than a probe.
     ///
-    /// It names the cluster by the id every response carries, read with a count-only range.
+    /// It names the servers by the endpoints the store connects to (`host:port`; none for a store
+    /// over an application's client): the cluster id would not do, since independent clusters
+    /// started with the same settings share it.
     async fn durability(&self) -> Result<Durability> {
-        let cluster = self
-            .deadline("durability", async {
-                let resp = retry_unsent(|| {
-                    let mut kv = self.inner.kv.clone();
-                    async move {
-                        kv.get("hc", Some(GetOptions::new().with_count_only()))
-                            .await
-                    }
-                })
-                .await
-                .map_err(|e| self.classify(e, "durability"))?;
-                Ok(resp.header().map(|h| h.cluster_id()))
-            })
-            .await?;
+        let servers = if self.inner.over_client {
+            Vec::new()
+        } else {
+            self.inner
+                .config
+                .endpoints()
+                .iter()
+                .map(|(host, port)| format!("etcd endpoint {}:{port}", host.to_ascii_lowercase()))
+                .collect()
+        };
         Ok(Durability::durable(
             "etcd fsyncs its WAL before acknowledging a write (unless started with --unsafe-no-fsync, which the API cannot see)",
         )
-        .with_servers(
-            cluster
-                .map(|id| vec![format!("etcd cluster {id:x}")])
-                .unwrap_or_default(),
-        ))
+        .with_servers(servers))
     }
 }
 

@@ -880,13 +880,15 @@ impl Store for PostgresStore {
                 source: None,
             });
         };
-        // The running server: its databases share the start time and port. (Not
+        // The running server: its databases share the start time (as seconds since 1970, so no
+        // session time zone changes it) and port. (Not
         // `system_identifier`: clusters copied from one base backup or template share it.)
         let rows = self
             .inner
             .query(
                 "durability",
-                "SELECT pg_postmaster_start_time()::text || ' on port ' || current_setting('port')",
+                "SELECT extract(epoch FROM pg_postmaster_start_time())::text || ' on port ' \
+                 || current_setting('port')",
                 &[],
                 None,
             )

@@ -267,73 +267,94 @@ fn check_urls(raw: &[String]) -> Result<Vec<String>> {
     Ok(urls)
 }
 
-/// Connects to one store. A store that is down now stands in the set as [`Down`], so it still
-/// counts toward the majority's size; a bad URL or a refusal fails the command.
+/// Connects to one store. A store that is down now stands in the set as [`Later`], so it still
+/// counts toward the majority's size and joins once it answers (a long-running `ids serve` does
+/// not stay a store short); a bad URL or a refusal fails the command.
 async fn connect(url: &str) -> Result<DynStore> {
     match headcount::connect(url).await {
         Ok(store) => Ok(store),
         Err(e) if e.is_retryable() => {
-            tracing::warn!(store = %redact_url(url), error = %e, "ID store unreachable");
-            Ok(std::sync::Arc::new(Down {
-                url: redact_url(url),
-                message: e.to_string(),
+            tracing::warn!(store = %redact_url(url), error = %e, "ID store unreachable; connecting again at its next use");
+            Ok(std::sync::Arc::new(Later {
+                url: url.to_owned(),
+                shown: redact_url(url),
+                store: tokio::sync::OnceCell::new(),
             }))
         }
         Err(e) => Err(e),
     }
 }
 
-/// A store that could not be reached when the command started: every call fails, retryably.
-#[derive(Debug)]
-struct Down {
+/// A store that could not be reached when the command started: each call first tries to connect
+/// (until one attempt succeeds), and fails retryably while it cannot.
+struct Later {
     url: String,
-    message: String,
+    shown: String,
+    store: tokio::sync::OnceCell<DynStore>,
 }
 
-impl Down {
-    fn error(&self) -> Error {
-        Error::Unavailable {
-            backend: "unreachable store",
-            message: format!("{}: {}", self.url, self.message),
-            source: None,
-        }
+impl std::fmt::Debug for Later {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Later")
+            .field("url", &self.shown)
+            .field("connected", &self.store.initialized())
+            .finish()
+    }
+}
+
+impl Later {
+    async fn store(&self) -> Result<&DynStore> {
+        self.store
+            .get_or_try_init(|| headcount::connect(&self.url))
+            .await
+            .map_err(|e| Error::Unavailable {
+                backend: "unreachable store",
+                message: format!("{}: {e}", self.shown),
+                source: None,
+            })
     }
 }
 
 #[async_trait]
-impl Store for Down {
+impl Store for Later {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new("unreachable store")
+        match self.store.get() {
+            Some(store) => store.capabilities(),
+            None => Capabilities::new("unreachable store"),
+        }
     }
-    async fn incr(&self, _: &str, _: Option<Duration>) -> Result<i64> {
-        Err(self.error())
+    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
+        self.store().await?.incr(key, ttl).await
     }
-    async fn get(&self, _: &str) -> Result<Option<String>> {
-        Err(self.error())
+    async fn get(&self, key: &str) -> Result<Option<String>> {
+        self.store().await?.get(key).await
     }
-    async fn expire(&self, _: &str, _: Duration) -> Result<bool> {
-        Err(self.error())
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
+        self.store().await?.expire(key, ttl).await
     }
     async fn compare_and_set(
         &self,
-        _: &str,
-        _: Option<&str>,
-        _: &str,
-        _: Option<Duration>,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+        ttl: Option<Duration>,
     ) -> Result<bool> {
-        Err(self.error())
+        self.store()
+            .await?
+            .compare_and_set(key, expected, new, ttl)
+            .await
     }
-    async fn delete(&self, _: &str) -> Result<bool> {
-        Err(self.error())
+    async fn delete(&self, key: &str) -> Result<bool> {
+        self.store().await?.delete(key).await
     }
-    async fn list(&self, _: &str) -> Result<Vec<(String, String)>> {
-        Err(self.error())
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        self.store().await?.list(prefix).await
     }
-    async fn set_max(&self, _: &str, _: i64, _: Option<Duration>) -> Result<bool> {
-        Err(self.error())
+    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
+        self.store().await?.set_max(key, value, ttl).await
     }
     async fn durability(&self) -> Result<headcount::Durability> {
-        Err(self.error())
+        self.store().await?.durability().await
     }
 }
 

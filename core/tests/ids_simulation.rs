@@ -424,6 +424,60 @@ fn two_handles_to_one_store_are_refused() {
     });
 }
 
+/// Two stores of five restored from one bad backup hold the same huge number: a majority (the
+/// other three) holds far less, so both are left out. And a store far ahead that cannot be told
+/// apart (a third store down) fails the call, and leaves nothing behind that a later call (a
+/// block, which may skip its read) would propose from.
+#[test]
+fn stores_far_ahead_are_left_out_even_in_pairs_and_never_remembered() {
+    run_paused(async {
+        let huge = 1i64 << 62;
+        let (stores, ids) =
+            stores_holding("pair", &[Some(huge), Some(7), Some(huge), Some(5), Some(9)]).await;
+        assert_eq!(ids.next().await.expect("an ID"), 10);
+        assert_eq!(ids.next_block(2).await.expect("a block"), 11..=12);
+        assert_eq!(held(&stores[0], "pair").await, Some(huge.to_string()));
+
+        // A = B = 100, C far ahead, B down: a majority cannot be told, the calls fail closed.
+        let clock: Arc<dyn Clock> = Arc::new(SimClock::new(std::time::SystemTime::UNIX_EPOCH));
+        let raw: Vec<MemoryStore> = (0..3)
+            .map(|_| MemoryStore::with_clock(clock.clone()))
+            .collect();
+        let key = "hc:{ids}:id:down";
+        for (store, v) in raw.iter().zip([100, 100, huge]) {
+            use headcount_core::Store as _;
+            assert!(store
+                .compare_and_set(key, None, &v.to_string(), None)
+                .await
+                .expect("seed"));
+        }
+        let faults: Vec<Arc<Faults>> = (0..3).map(Faults::new).collect();
+        let handles: Vec<DynStore> = raw
+            .iter()
+            .zip(&faults)
+            .map(|(s, f)| {
+                Arc::new(FaultyStore::new(
+                    Arc::new(s.clone()),
+                    f.clone(),
+                    clock.clone(),
+                )) as DynStore
+            })
+            .collect();
+        let config = IdsConfig::new("down")
+            .with_deadline(Duration::from_millis(300))
+            .with_durability(DurabilityPolicy::AllowNonDurable);
+        let ids = MajorityIds::new(handles, config).await.expect("generator");
+        faults[1].set_down(true);
+        ids.next_block(2)
+            .await
+            .expect_err("cannot tell with B down");
+        ids.next().await.expect_err("cannot tell with B down");
+        faults[1].set_down(false);
+        assert_eq!(ids.next_block(2).await.expect("a block"), 101..=102);
+        assert_eq!(ids.next().await.expect("an ID"), 103);
+    });
+}
+
 /// What every store but `skip` holds at generator `far`'s key.
 async fn futures_held(stores: &[MemoryStore], skip: usize) -> Vec<Option<String>> {
     let mut out = Vec::new();

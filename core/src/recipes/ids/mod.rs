@@ -108,20 +108,26 @@
 //! A store restored from the wrong backup, or edited by hand, can hold a number far above the
 //! others (`9223372036854775800`). Proposing one above it would hand out that number, every store
 //! of the majority would take it, and the generator would be spent for good, repaired store or
-//! not. So a read whose largest answer stands more than [`MAX_JUMP`] (2^40) above the next reads
-//! on until it can tell: when a majority of the *other* stores hold that much less, the store is
-//! left out of the proposal (logged as a warning naming it) and IDs go on from the majority's
-//! number; when they do not (a majority holds that much), the number is used as always. With too
-//! few answers to tell (the third store down), the attempt fails and the call fails closed at its
-//! deadline. Leaving the store out costs no safety: an ID above what a majority holds was never
-//! returned (it would be held by a majority, and two majorities share a store), and, as above,
-//! safety never rests on the read. A legitimate gap that large would take 2^20 lost proposals
-//! stacked on one minority of stores.
+//! not. So when the answers of a read spread over more than [`MAX_JUMP`] (2^40), the read goes on
+//! until it can bound what a majority holds: the `M`-th largest of the `N` numbers, taking the
+//! stores not heard from as holding more. No ID above that bound was ever returned (it would be
+//! held by a majority, and two majorities share a store), so every store more than `MAX_JUMP`
+//! above it is left out of the proposal (a warning names each), as long as a majority of answers
+//! remains; when every store answered and none is that far above the bound, the spread is a store
+//! far *behind*, and the numbers are used as always. When it cannot tell (too few stores answer),
+//! the attempt fails and the call fails closed at its deadline. Leaving stores out costs no
+//! safety: safety never rests on the read. A store left out is never remembered as holding its
+//! number, so a later block round that skips its read cannot propose from it either. A
+//! legitimate spread that large would take 2^20 lost proposals stacked on one minority of
+//! stores, or a store that lagged while more than 2^40 IDs were handed out.
 //!
-//! The store left out answers `false` to every proposal until it is repaired, so the set
-//! tolerates one failure fewer meanwhile. To repair it, set its counter to the largest value
-//! the other stores hold (or delete it, and let the next proposals raise it): for Redis,
-//! `SET hc:{ids}:id:NAME <value>`; for SQL, an `UPDATE` of that key's row.
+//! A store left out refuses every proposal until it is repaired, so the set tolerates one failure
+//! fewer meanwhile. To repair it, stop the generators, read the counter on **every** other store
+//! (all of them must answer), and set the damaged store's counter to the largest of those values
+//! (for Redis, `SET hc:{ids}:id:NAME <value>`; for SQL, an `UPDATE` of that key's row). Never
+//! delete it, and never set it from some of the others only: an ID may have been granted by a
+//! majority that includes the damaged store and a store that is down now, and a value below it
+//! would let that ID be handed out again.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -311,8 +317,6 @@ struct Node {
     /// What this generator last read or wrote at the store's counter (`Some(None)`: absent),
     /// when it still believes it: a block proposal compares against it (see [`MajorityIds::next_block`]).
     known: std::sync::Mutex<Option<Option<String>>>,
-    /// The servers that hold the store's data ([`crate::Durability::servers`]), once probed.
-    servers: std::sync::Mutex<Vec<String>>,
 }
 
 impl Node {
@@ -345,6 +349,10 @@ pub struct MajorityIds {
     stats: Stats,
     /// The largest counter value this generator has read or had accepted; 0 before any.
     hint: AtomicI64,
+    /// The servers that hold each store's data ([`crate::Durability::servers`]), as probed
+    /// (empty for a store not probed yet): compared and recorded under one lock, so two late
+    /// probes cannot both pass as distinct.
+    servers: std::sync::Mutex<Vec<Vec<String>>>,
 }
 
 impl fmt::Debug for MajorityIds {
@@ -427,7 +435,6 @@ impl MajorityIds {
                 store,
                 checked: AtomicBool::new(checked),
                 known: std::sync::Mutex::new(None),
-                servers: std::sync::Mutex::new(servers[i].clone()),
             });
         }
         Ok(MajorityIds {
@@ -437,6 +444,7 @@ impl MajorityIds {
             config,
             stats: Stats::default(),
             hint: AtomicI64::new(0),
+            servers: std::sync::Mutex::new(servers),
         })
     }
 
@@ -616,6 +624,8 @@ impl MajorityIds {
         summary.accepted = writes.counted;
         summary.refused = writes.ok.len() - writes.counted;
         summary.errors = writes.errors;
+        summary.unawaited = writes.unawaited;
+        summary.proposed = true;
         self.lost(summary)
     }
 
@@ -636,28 +646,26 @@ impl MajorityIds {
             .enumerate()
             .filter_map(|(i, n)| Some((i, n.known()?)))
             .collect();
-        let (expected, base) = if optimistic && known.len() >= self.majority {
-            let mut base = 0i64;
-            for (i, text) in &known {
-                if let Some(text) = text {
-                    match parse_counter(&self.key, text) {
-                        Ok(v) => base = base.max(v),
-                        Err(e) => {
-                            self.nodes[*i].set_known(None);
-                            summary.errors.push((*i, e));
-                        }
-                    }
-                }
+        // What a node is known to hold is always a number (a read that passed, or this
+        // generator's own write); one that does not parse is taken as unknown.
+        let values: Option<Vec<i64>> = known
+            .iter()
+            .map(|(_, text)| {
+                text.as_deref()
+                    .map_or(Ok(0), |t| parse_counter(&self.key, t))
+                    .ok()
+            })
+            .collect();
+        let (expected, base) = match values {
+            Some(values) if optimistic && known.len() >= self.majority => {
+                (known, values.into_iter().max().unwrap_or(0).max(0))
             }
-            if !summary.errors.is_empty() {
-                return Err(self.lost(summary));
+            _ => {
+                let reads = self.read_majority(deadline, &mut summary).await?;
+                let base = reads.iter().map(|r| r.value).max().unwrap_or(0).max(0);
+                let expected = reads.into_iter().map(|r| (r.node, r.text)).collect();
+                (expected, base)
             }
-            (known, base)
-        } else {
-            let reads = self.read_majority(deadline, &mut summary).await?;
-            let base = reads.iter().map(|r| r.value).max().unwrap_or(0).max(0);
-            let expected = reads.into_iter().map(|r| (r.node, r.text)).collect();
-            (expected, base)
         };
         self.hint.fetch_max(base, Ordering::Relaxed);
         let Some(last) = base.checked_add(k) else {
@@ -737,34 +745,26 @@ impl MajorityIds {
                     source: None,
                 });
             }
-            let servers: Vec<Vec<String>> = self
-                .nodes
-                .iter()
-                .enumerate()
-                .map(|(j, n)| {
-                    if j == i {
-                        d.servers.clone()
-                    } else {
-                        lock(&n.servers).clone()
-                    }
-                })
-                .collect();
-            if let Some((j, server)) = same_server(&servers, i) {
-                let e = one_server(j, i, server);
-                return Err(Error::Rejected {
-                    backend: node.store.capabilities().backend,
-                    message: e.to_string(),
-                    source: None,
-                });
+            {
+                let mut servers = lock(&self.servers);
+                servers[i] = d.servers;
+                if let Some((j, server)) = same_server(&servers, i) {
+                    let e = one_server(j, i, server);
+                    servers[i].clear();
+                    return Err(Error::Rejected {
+                        backend: node.store.capabilities().backend,
+                        message: e.to_string(),
+                        source: None,
+                    });
+                }
             }
-            *lock(&node.servers) = d.servers;
             node.checked.store(true, Ordering::Release);
         }
         Ok(())
     }
 
     /// `get` on one node (after its durability check, if it still owes one): the text and its
-    /// value (0 when absent); the node then remembers the text as [`Node::known`].
+    /// value (0 when absent).
     async fn read(&self, i: usize, node: &Node, deadline: Instant) -> Result<Read> {
         let work = async {
             self.check_durable(i, node).await?;
@@ -777,7 +777,6 @@ impl MajorityIds {
             None => 0,
             Some(t) => parse_counter(&self.key, t).inspect_err(|_| node.set_known(None))?,
         };
-        node.set_known(Some(text.clone()));
         Ok(Read {
             node: i,
             text,
@@ -807,52 +806,65 @@ impl MajorityIds {
         summary.answered = Some(reads.counted);
         if reads.counted < self.majority {
             summary.errors = reads.errors;
+            summary.unawaited = reads.unawaited;
             return Err(self.lost(std::mem::take(summary)));
         }
         loop {
-            let mut values: Vec<i64> = reads.ok.iter().map(|r| r.value).collect();
+            let mut values: Vec<i64> = reads.ok.iter().map(|r| r.value.max(0)).collect();
             values.sort_unstable_by(|a, b| b.cmp(a));
-            let far = |v: i64| values[0].saturating_sub(v.max(0)) > MAX_JUMP;
-            let (top, next) = match values[..] {
-                [top, next, ..] if far(next) => (top, next),
-                _ => return Ok(reads.ok),
-            };
-            let far_below = values[1..].iter().filter(|v| far(**v)).count();
-            if far_below >= self.majority {
-                // A majority holds far less, so no ID above their largest was ever returned
-                // (it would be held by a majority, and two majorities share a store).
-                let at = reads
-                    .ok
-                    .iter()
-                    .position(|r| r.value == top)
-                    .unwrap_or_default();
-                let out = reads.ok.swap_remove(at);
-                self.nodes[out.node].set_known(None);
-                tracing::warn!(
-                    store = out.node,
-                    holds = top,
-                    others = next,
-                    key = %self.key,
-                    "majority IDs: a store holds a number far above a majority of the others \
-                     (a bad restore?); it is left out of proposals: set its counter to the \
-                     others' largest to repair it"
-                );
-                reads.counted -= 1;
-                continue;
+            let (top, bottom) = (values[0], values[values.len() - 1]);
+            if top.saturating_sub(bottom) <= MAX_JUMP {
+                // The usual case: every answer within MAX_JUMP of the others.
+                return Ok(self.accept(reads.ok));
+            }
+            // The number a majority holds is the M-th largest of all N; taking the stores not
+            // heard from as holding more, it is at most `bound`, and no ID above it was ever
+            // returned (it would be held by a majority, and two majorities share a store).
+            let unknown = self.nodes.len() - values.len();
+            if let Some(&bound) = self
+                .majority
+                .checked_sub(unknown + 1)
+                .and_then(|at| values.get(at))
+            {
+                let far = |v: i64| v.max(0).saturating_sub(bound) > MAX_JUMP;
+                let kept = reads.ok.iter().filter(|r| !far(r.value)).count();
+                if kept < reads.ok.len() && kept >= self.majority {
+                    let (out, kept): (Vec<Read>, Vec<Read>) =
+                        reads.ok.into_iter().partition(|r| far(r.value));
+                    for r in &out {
+                        self.nodes[r.node].set_known(None);
+                        tracing::warn!(
+                            store = r.node,
+                            holds = r.value,
+                            majority_holds_at_most = bound,
+                            key = %self.key,
+                            "majority IDs: a store holds a number far above what a majority of \
+                             the stores hold (a bad restore?); it is left out of proposals until \
+                             repaired (see the module docs, \"A store far ahead\")"
+                        );
+                    }
+                    return Ok(self.accept(kept));
+                }
+                if kept == reads.ok.len() && unknown == 0 {
+                    // Every store answered and a majority holds the largest numbers: a store far
+                    // behind, which proposals raise.
+                    return Ok(self.accept(reads.ok));
+                }
             }
             if pending.is_empty() {
                 summary.errors = reads.errors;
+                let at = reads
+                    .ok
+                    .iter()
+                    .find(|r| r.value.max(0) == top)
+                    .map_or(0, |r| r.node);
                 summary.errors.push((
-                    reads
-                        .ok
-                        .iter()
-                        .find(|r| r.value == top)
-                        .map_or(0, |r| r.node),
+                    at,
                     Error::Unavailable {
                         backend: RECIPE,
                         message: format!(
-                            "holds {top}, more than {MAX_JUMP} above the next store's {next}: \
-                             too few stores answered to tell whether a majority holds that much"
+                            "holds {top}, more than {MAX_JUMP} above another store's {bottom}: \
+                             too few stores answered to tell what a majority holds"
                         ),
                         source: None,
                     },
@@ -863,6 +875,16 @@ impl MajorityIds {
             self.collect(&mut pending, &mut reads, want, |_| true).await;
         }
     }
+
+    /// The reads a proposal goes on: each node remembers what it read as [`Node::known`] (a
+    /// store left out as far ahead never is, so an optimistic block round cannot use it).
+    fn accept(&self, reads: Vec<Read>) -> Vec<Read> {
+        for r in &reads {
+            self.nodes[r.node].set_known(Some(r.text.clone()));
+        }
+        reads
+    }
+
     /// `set_max(proposal)` on one node, if it passed its durability check.
     async fn write(&self, node: &Node, proposal: i64, deadline: Instant) -> Result<bool> {
         if !node.checked.load(Ordering::Acquire) {
@@ -925,6 +947,7 @@ impl MajorityIds {
                 }
             }
         }
+        out.unawaited = pending.len();
     }
 
     fn log_node_error(&self, i: usize, e: &Error) {
@@ -973,9 +996,12 @@ struct Read {
     value: i64,
 }
 
-/// The first store before `i` that shares a server with store `i`, and that server.
+/// The first other store that shares a server with store `i`, and that server.
 fn same_server(servers: &[Vec<String>], i: usize) -> Option<(usize, &str)> {
-    servers[..i].iter().enumerate().find_map(|(j, other)| {
+    servers.iter().enumerate().find_map(|(j, other)| {
+        if j == i {
+            return None;
+        }
         servers[i]
             .iter()
             .find(|s| other.contains(s))
@@ -984,6 +1010,7 @@ fn same_server(servers: &[Vec<String>], i: usize) -> Option<(usize, &str)> {
 }
 
 fn one_server(j: usize, i: usize, server: &str) -> Error {
+    let (j, i) = (j.min(i), j.max(i));
     Error::invalid(format!(
         "stores #{j} and #{i} are one server ({server}): a majority must be of independent \
          stores, or one failure (or one lost disk) takes several votes"
@@ -1000,6 +1027,8 @@ struct Answers<T> {
     ok: Vec<T>,
     counted: usize,
     errors: Vec<(usize, Error)>,
+    /// Stores whose answer was not awaited: a majority came first, or could no longer come.
+    unawaited: usize,
 }
 
 impl<T> Default for Answers<T> {
@@ -1008,6 +1037,7 @@ impl<T> Default for Answers<T> {
             ok: Vec::new(),
             counted: 0,
             errors: Vec::new(),
+            unawaited: 0,
         }
     }
 }
@@ -1020,6 +1050,10 @@ struct Summary {
     accepted: usize,
     refused: usize,
     errors: Vec<(usize, Error)>,
+    /// Stores still to answer when the phase stopped (no majority was possible any more).
+    unawaited: usize,
+    /// Whether the attempt got as far as proposing.
+    proposed: bool,
 }
 
 impl fmt::Display for Summary {
@@ -1028,11 +1062,22 @@ impl fmt::Display for Summary {
             Some(n) => write!(f, "{n} stores answered the read, ")?,
             None => write!(f, "proposed one above the last ID seen without a read, ")?,
         }
-        write!(
-            f,
-            "{} accepted the proposal, {} held as much or more",
-            self.accepted, self.refused
-        )?;
+        if self.proposed {
+            write!(
+                f,
+                "{} accepted the proposal, {} held as much or more",
+                self.accepted, self.refused
+            )?;
+        } else {
+            write!(f, "too few for a proposal")?;
+        }
+        if self.unawaited > 0 {
+            write!(
+                f,
+                ", {} not awaited (no majority was possible any more)",
+                self.unawaited
+            )?;
+        }
         if let Some((i, e)) = self.errors.first() {
             write!(f, "; store #{i}: {e}")?;
             if self.errors.len() > 1 {

@@ -296,8 +296,9 @@ pub async fn serve(listener: TcpListener, service: IdsService) -> Result<Running
 }
 
 /// A client of one or more IDs servers over the same stores: calls go to the server that
-/// answered last, and move on to the next one when it cannot be reached or answers
-/// `UNAVAILABLE`, until one answers or the deadline passes.
+/// answered last, and move on to the next one when it cannot be reached, answers `UNAVAILABLE`
+/// or does not answer within its share of the deadline (what is left, divided among the servers
+/// not tried yet), until one answers or the deadline passes.
 #[derive(Debug)]
 pub struct IdsClient {
     servers: Vec<(String, tonic::transport::Channel)>,
@@ -362,6 +363,10 @@ impl IdsClient {
             if left.is_zero() {
                 break;
             }
+            // An equal share of what is left for each server not tried yet, so a server that
+            // hangs (stopped, black-holed) leaves time for the next.
+            let tries_left = u32::try_from(self.servers.len() - step).unwrap_or(u32::MAX);
+            let left = left / tries_left.max(1);
             let call = async {
                 let mut grpc = tonic::client::Grpc::new(channel.clone());
                 grpc.ready()
@@ -416,6 +421,13 @@ impl IdsClient {
                     | tonic::Code::Unimplemented => {
                         tracing::debug!(server = %name, status = %status.message(), "IDs server failed; trying the next");
                         failures.push(format!("{name}: {}", status.message()));
+                        // Later calls start at the next server, not at this one.
+                        let _ = self.current.compare_exchange(
+                            i,
+                            (i + 1) % self.servers.len(),
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
                     }
                     tonic::Code::NotFound | tonic::Code::InvalidArgument => {
                         return Err(Error::InvalidArgument {
