@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use headcount_core::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_renew_and_list_if_changed, check_ttl, check_value, direct_entries, listing_digest,
-    ttl_millis,
+    check_renew_and_list_if_changed, check_renew_and_versions, check_ttl, check_value,
+    direct_entries, listing_digest, ttl_millis, versions_one_by_one,
 };
 use headcount_core::{Capabilities, Durability, Error, RenewedListing, Result, Store};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -90,6 +90,8 @@ const RENEW_CHECK_LUA: &str = indexed!(
     include_str!("scripts/list_body.lua"),
     "table.insert(out, 1, version)\ntable.insert(out, 1, renewed)\nreturn out\n"
 );
+/// `renew_and_versions`: the renewal and the versions of several directories, no listing.
+const RENEW_VERSIONS_LUA: &str = indexed!(1, include_str!("scripts/renew_versions.lua"));
 
 /// The index of every key on a single server.
 const INDEX_KEY: &str = "headcount:index";
@@ -169,6 +171,7 @@ struct Scripts {
     incr_and_get: Script,
     renew_and_list: Script,
     renew_check: Script,
+    renew_versions: Script,
 }
 
 impl Scripts {
@@ -184,6 +187,7 @@ impl Scripts {
             incr_and_get: Script::new(INCR_AND_GET_LUA),
             renew_and_list: Script::new(RENEW_AND_LIST_LUA),
             renew_check: Script::new(RENEW_CHECK_LUA),
+            renew_versions: Script::new(RENEW_VERSIONS_LUA),
         }
     }
 }
@@ -681,6 +685,7 @@ impl Store for RedisStore {
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
         caps.native_change_version = true;
+        caps.native_renew_and_versions = true;
         caps
     }
 
@@ -738,6 +743,66 @@ impl Store for RedisStore {
             _ => Err(list_reply(Value::Array(items)).err().unwrap_or_else(|| {
                 unexpected(Value::SimpleString(
                     "a version check without a version".into(),
+                ))
+            })),
+        }
+    }
+
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> Result<(bool, Vec<String>)> {
+        check_renew_and_versions(key, holder, ttl, dirs)?;
+        let key_index = self.index_for_key(key)?;
+        let mut index = None;
+        for (dir, _) in dirs {
+            let dir_index = self.index_for_prefix(dir)?;
+            if key_index.as_ref() != Some(&dir_index) {
+                index = None;
+                break;
+            }
+            index = Some(dir_index);
+        }
+        let Some(index) = index else {
+            // Not one slot (outside headcount's naming): one call per directory.
+            return versions_one_by_one(self, key, holder, ttl, dirs).await;
+        };
+        // The same sweep period as renew_and_list_if_changed (see renew_check.lua).
+        let period = (ttl / 12).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        let mut call = self.inner.scripts.renew_versions.key(key);
+        index.add_to(&mut call);
+        call.arg(holder)
+            .arg(ttl_millis(ttl))
+            .arg(ttl_millis(period));
+        for (dir, _) in dirs {
+            call.arg(*dir);
+        }
+        let reply: Value = self
+            .run("renew_and_versions", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        let Value::Array(items) = reply else {
+            return Err(unexpected(reply));
+        };
+        match items.first() {
+            Some(Value::Int(n)) if items.len() == dirs.len() + 1 => {
+                let versions = items[1..]
+                    .iter()
+                    .map(|v| match v {
+                        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+                        other => Err(unexpected(other.clone())),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((*n == 1, versions))
+            }
+            // `{'foreign', key, type}`, from the renewal.
+            _ => Err(list_reply(Value::Array(items)).err().unwrap_or_else(|| {
+                unexpected(Value::SimpleString(
+                    "a renewal without one version per directory".into(),
                 ))
             })),
         }

@@ -63,7 +63,7 @@ use headcount_conformance::{Decorated, Hooks};
 use tokio::sync::watch;
 
 const PREFIX: &str = "hcb";
-const METHODS: [&str; 13] = [
+const METHODS: [&str; 14] = [
     "incr",
     "get",
     "expire",
@@ -75,6 +75,7 @@ const METHODS: [&str; 13] = [
     "incr_and_get",
     "renew_and_list",
     "renew_and_list_if_changed",
+    "renew_and_versions",
     "durability",
     "capabilities",
 ];

@@ -16,8 +16,8 @@ use crate::DynStore;
 
 /// What a [`Decorated`] store does around every call it forwards. `op` is the method's name:
 /// `incr`, `get`, `expire`, `compare_and_set`, `delete`, `compare_and_delete`, `list`, `set_max`,
-/// `incr_and_get`, `renew_and_list`, `renew_and_list_if_changed`, `durability` (`capabilities`
-/// is forwarded without hooks).
+/// `incr_and_get`, `renew_and_list`, `renew_and_list_if_changed`, `renew_and_versions`,
+/// `durability` (`capabilities` is forwarded without hooks).
 #[async_trait]
 pub trait Hooks: Send + Sync + Debug + 'static {
     /// Runs before the call goes to the inner store (a pause can wait here). An error returned
@@ -33,7 +33,8 @@ pub trait Hooks: Send + Sync + Debug + 'static {
     }
 
     /// The span the whole call (hooks included) runs in. `key` is the call's key, or its
-    /// prefix for `list`, `renew_and_list` and `renew_and_list_if_changed` (empty for `durability`): a span should record
+    /// prefix for `list`, `renew_and_list` and `renew_and_list_if_changed`, its first directory
+    /// for `renew_and_versions` (empty for `durability`): a span should record
     /// only a part of it that names no stored value. By default, no span.
     fn span(&self, _op: &'static str, _key: &str) -> tracing::Span {
         tracing::Span::none()
@@ -45,8 +46,8 @@ pub trait Hooks: Send + Sync + Debug + 'static {
 }
 
 /// A store that forwards every call to `inner`, each of the provided methods (`set_max`,
-/// `incr_and_get`, `renew_and_list`, `renew_and_list_if_changed`, `compare_and_delete`,
-/// `durability`) to the inner store's
+/// `incr_and_get`, `renew_and_list`, `renew_and_list_if_changed`, `renew_and_versions`,
+/// `compare_and_delete`, `durability`) to the inner store's
 /// own, so a backend's native override is what runs, with its [`Hooks`] around each.
 #[derive(Debug, Clone)]
 pub struct Decorated<H> {
@@ -184,6 +185,22 @@ impl<H: Hooks> Store for Decorated<H> {
             dir,
             self.inner
                 .renew_and_list_if_changed(key, holder, ttl, dir, since),
+        )
+        .await
+    }
+
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> Result<(bool, Vec<String>)> {
+        let first = dirs.first().map_or("", |(dir, _)| *dir);
+        self.call(
+            "renew_and_versions",
+            first,
+            self.inner.renew_and_versions(key, holder, ttl, dirs),
         )
         .await
     }

@@ -36,7 +36,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::store::{
     check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_ttl, check_value, parse_counter, Capabilities, Durability, Store,
+    check_renew_and_versions, check_ttl, check_value, direct_entries, listing_digest,
+    parse_counter, Capabilities, Durability, Store,
 };
 
 const BACKEND: &str = "memory";
@@ -168,6 +169,17 @@ impl Data {
         self.map.get_mut(key)
     }
 
+    /// Resets the TTL of `key` if it holds `holder`; whether it did.
+    fn renew(&mut self, key: &str, holder: &str, ttl: Duration, now: SystemTime) -> bool {
+        match self.live(key, now) {
+            Some(e) if e.value == holder => {
+                e.expires = expiry(now, Some(ttl));
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn put(&mut self, key: &str, value: String, expires: Option<SystemTime>, now: SystemTime) {
         self.writes += 1;
         if self.writes.is_multiple_of(SWEEP_EVERY) {
@@ -222,6 +234,7 @@ impl Store for MemoryStore {
         caps.native_incr_and_get = true;
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
+        caps.native_renew_and_versions = true;
         caps.shared = false;
         caps
     }
@@ -336,14 +349,27 @@ impl Store for MemoryStore {
         check_renew_and_list(key, holder, ttl, prefix)?;
         let now = self.now();
         let mut data = self.lock();
-        let renewed = match data.live(key, now) {
-            Some(e) if e.value == holder => {
-                e.expires = expiry(now, Some(ttl));
-                true
-            }
-            _ => false,
-        };
+        let renewed = data.renew(key, holder, ttl, now);
         Ok((renewed, data.list(prefix, now)))
+    }
+
+    /// Atomic: the renewal and every directory's digest under one lock.
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> Result<(bool, Vec<String>)> {
+        check_renew_and_versions(key, holder, ttl, dirs)?;
+        let now = self.now();
+        let mut data = self.lock();
+        let renewed = data.renew(key, holder, ttl, now);
+        let versions = dirs
+            .iter()
+            .map(|(dir, _)| listing_digest(&direct_entries(dir, data.list(dir, now))))
+            .collect();
+        Ok((renewed, versions))
     }
 
     async fn durability(&self) -> Result<Durability> {

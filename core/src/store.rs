@@ -63,6 +63,10 @@ pub struct Capabilities {
     /// (true), or lists the directory every time and compares a digest, as the provided method
     /// does (false).
     pub native_change_version: bool,
+    /// Whether [`Store::renew_and_versions`] answers every directory's version in one round trip
+    /// (true) or makes one [`Store::renew_and_list_if_changed`] call per directory, as the
+    /// provided method does (false).
+    pub native_renew_and_versions: bool,
 }
 
 impl Capabilities {
@@ -79,6 +83,7 @@ impl Capabilities {
             native_renew_and_list: false,
             native_compare_and_delete: false,
             native_change_version: false,
+            native_renew_and_versions: false,
         }
     }
 
@@ -284,6 +289,28 @@ pub trait Store: Send + Sync + Debug + 'static {
         })
     }
 
+    /// Renews a lease and answers the version of each of several directories, with no listing:
+    /// for each `(dir, since)` of `dirs`, the version [`Store::renew_and_list_if_changed`] would
+    /// answer for `dir`. A group member that watches two directories (the view and the slot
+    /// table) learns in one call whether either changed, and then reads only a directory whose
+    /// version differs from the one it holds. Returns whether the key was renewed, and one
+    /// version per directory, in order.
+    ///
+    /// The provided implementation makes one [`Store::renew_and_list_if_changed`] call per
+    /// directory (passing its `since`, so an unchanged directory sends no listing). Backends that
+    /// answer all the versions in one round trip override it and say so in
+    /// [`Capabilities::native_renew_and_versions`].
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> Result<(bool, Vec<String>)> {
+        check_renew_and_versions(key, holder, ttl, dirs)?;
+        versions_one_by_one(self, key, holder, ttl, dirs).await
+    }
+
     /// Atomically removes `key` if it holds `expected`. Returns whether it did; false (and
     /// nothing written) when the key is absent, expired or holds anything else. A group member
     /// leaves with it, so a delayed delete never removes the next holder's claim.
@@ -325,7 +352,7 @@ pub struct Durability {
     /// Names of the servers (or replicated data sets) that hold this store's data, as far as
     /// the backend can ask: Redis `master_replid` (one per primary of a Cluster; shared by a
     /// server's databases and by a primary and its replicas), the PostgreSQL server's start time
-    /// and port (shared by its databases), the etcd cluster id, the
+    /// and port (shared by its databases), the etcd endpoints (`host:port`), the
     /// SQLite file's path. Two stores that share a name are one failure domain: majority IDs
     /// refuse them as two members of one set. Empty when the backend cannot tell.
     pub servers: Vec<String>,
@@ -417,6 +444,47 @@ pub fn check_renew_and_list_if_changed(
         return Err(Error::invalid(format!(
             "directory `{dir}` does not end with `:`"
         )));
+    }
+    Ok(())
+}
+
+/// The provided [`Store::renew_and_versions`]: one [`Store::renew_and_list_if_changed`] per
+/// directory, renewed only if every call renewed. For a backend that overrides the method but
+/// cannot answer some directories in one call.
+pub async fn versions_one_by_one<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    holder: &str,
+    ttl: Duration,
+    dirs: &[(&str, Option<&str>)],
+) -> Result<(bool, Vec<String>)> {
+    let mut renewed = true;
+    let mut versions = Vec::with_capacity(dirs.len());
+    for (dir, since) in dirs {
+        let answer = store
+            .renew_and_list_if_changed(key, holder, ttl, dir, *since)
+            .await?;
+        renewed &= answer.renewed;
+        versions.push(answer.version);
+    }
+    Ok((renewed, versions))
+}
+
+/// The argument checks of [`Store::renew_and_versions`]: those of
+/// [`Store::renew_and_list_if_changed`] for each directory, and at least one directory.
+pub fn check_renew_and_versions(
+    key: &str,
+    holder: &str,
+    ttl: Duration,
+    dirs: &[(&str, Option<&str>)],
+) -> Result<()> {
+    if dirs.is_empty() {
+        return Err(Error::invalid(
+            "renew_and_versions needs at least one directory",
+        ));
+    }
+    for (dir, _) in dirs {
+        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
     }
     Ok(())
 }

@@ -393,6 +393,16 @@ impl headcount_core::Store for Counting {
         }
         r
     }
+    /// Versions only, no listing: not a read of either directory.
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> headcount_core::Result<(bool, Vec<String>)> {
+        self.inner.renew_and_versions(key, holder, ttl, dirs).await
+    }
 }
 
 /// A view change costs each member a constant number of reads, however many members acknowledge

@@ -503,3 +503,110 @@ pub async fn renew_if_changed_follows_changes(ctx: &Ctx) -> CaseResult {
     }
     Ok(())
 }
+
+/// Calls `renew_and_versions` over the two directories and returns its answer.
+async fn versions(
+    ctx: &Ctx,
+    key: &str,
+    holder: &str,
+    dirs: [&str; 2],
+    held: &[String],
+) -> Result<(bool, Vec<String>), Failure> {
+    let asked: Vec<(&str, Option<&str>)> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (*d, held.get(i).map(String::as_str)))
+        .collect();
+    let (renewed, got) = ctx
+        .store
+        .renew_and_versions(key, holder, LONG_TTL, &asked)
+        .await
+        .during(format!("renew_and_versions({key:?}, {holder:?}, {dirs:?})"))?;
+    ensure_eq!(got.len(), 2, "versions answered for two directories");
+    Ok((renewed, got))
+}
+
+/// `renew_and_versions` renews like `renew_and_list_if_changed` and answers, per directory, the
+/// version that call answers: the same while nothing changes, a new one for the directory a
+/// write changed and only for it; another holder renews nothing; no directory, or one without
+/// the final `:`, is `InvalidArgument`.
+pub async fn renew_and_versions_follow_changes(ctx: &Ctx) -> CaseResult {
+    let slots = format!("{}slot:", ctx.prefix);
+    let views = format!("{}view:", ctx.prefix);
+    let dirs = [slots.as_str(), views.as_str()];
+    let mine = ctx.key("slot:1");
+    put(ctx, &mine, "me", Some(LONG_TTL)).await?;
+    put(ctx, &ctx.key("view:current"), "v1", Some(LONG_TTL)).await?;
+    // A first renewal may change a version (the contract allows it, etcd moves the key onto a
+    // lease of its own): take versions until two calls in a row agree.
+    let mut held: Vec<String> = Vec::new();
+    let mut settled = false;
+    for _ in 0..4 {
+        let (renewed, got) = versions(ctx, &mine, "me", dirs, &held).await?;
+        ensure!(renewed, "the holder's renewal returned false");
+        settled = got == held;
+        held = got;
+        if settled {
+            break;
+        }
+    }
+    ensure!(
+        settled,
+        "the versions never settled across renewals: {held:?}"
+    );
+    // The versions are renew_and_list_if_changed's: it answers them with no listing.
+    for (dir, version) in dirs.iter().zip(&held) {
+        let answer = check(ctx, &mine, "me", dir, Some(version)).await?;
+        ensure_eq!(&answer.version, version, "the version of {dir}");
+        ensure_eq!(answer.listing, None, "the listing of unchanged {dir}");
+    }
+    // A write in one directory changes its version only.
+    for (changed, key) in [(1, ctx.key("view:current")), (0, ctx.key("slot:2"))] {
+        if changed == 1 {
+            let wrote = ctx
+                .store
+                .compare_and_set(&key, Some("v1"), "v2", Some(LONG_TTL))
+                .await
+                .during("compare_and_set v1 -> v2")?;
+            ensure!(wrote, "compare_and_set v1 -> v2 returned false");
+        } else {
+            put(ctx, &key, "new", Some(LONG_TTL)).await?;
+        }
+        let (_, got) = versions(ctx, &mine, "me", dirs, &held).await?;
+        ensure!(
+            got[changed] != held[changed],
+            "a write to {key:?} left the version of {} unchanged",
+            dirs[changed]
+        );
+        ensure_eq!(
+            got[1 - changed],
+            held[1 - changed],
+            "the version of {} after a write to {key:?}",
+            dirs[1 - changed]
+        );
+        held = got;
+    }
+    let (renewed, _) = versions(ctx, &mine, "someone else", dirs, &held).await?;
+    ensure!(!renewed, "another holder's renewal returned true");
+    ensure_eq!(
+        ctx.store.get(&mine).await.during("get")?,
+        Some("me".to_owned()),
+        "the key after another holder's renewal"
+    );
+    expect_kind(
+        "renew_and_versions with no directory",
+        ctx.store
+            .renew_and_versions(&mine, "me", LONG_TTL, &[])
+            .await,
+        ErrorKind::InvalidArgument,
+    )?;
+    let no_colon = ctx.key("slot");
+    expect_kind(
+        "renew_and_versions with a directory without ':'",
+        ctx.store
+            .renew_and_versions(&mine, "me", LONG_TTL, &[(&slots, None), (&no_colon, None)])
+            .await,
+        ErrorKind::InvalidArgument,
+    )?;
+    Ok(())
+}

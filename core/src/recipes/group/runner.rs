@@ -42,6 +42,10 @@ pub(super) struct Runner {
     /// Read the table only when the store reports a change (see
     /// [`GroupConfig::with_change_checks`]).
     pub(super) change_checks: bool,
+    /// The store answers two directories' versions in one call
+    /// ([`Capabilities::native_renew_and_versions`](crate::Capabilities)): a member that reads
+    /// both at a heartbeat asks for both versions first, and reads only what changed.
+    pub(super) one_call_versions: bool,
     /// The current claim: slot and record as stored.
     pub(super) record: Option<(u32, SlotRecord)>,
     pub(super) preferred: Option<u32>,
@@ -588,9 +592,31 @@ impl Runner {
             let reads_slots = self.reads_slots(slot);
             let view_since = self.view_seen.clone();
             let slot_since = self.seen.as_ref().map(|(v, _)| v.clone());
+            // A store that answers both directories' versions in one call: when neither
+            // changed (the steady state), that call is the whole heartbeat.
+            let both = match (&view_since, &slot_since) {
+                (Some(v), Some(s)) if reads_slots && self.one_call_versions => {
+                    Some((v.clone(), s.clone()))
+                }
+                _ => None,
+            };
             // The view directory, then (when this member watches it) the slot directory, both
             // renewing the lease and each answering its entries only when they changed.
             let call = async {
+                if let Some((v, s)) = &both {
+                    let dirs = [
+                        (views.as_str(), Some(v.as_str())),
+                        (listing.as_str(), Some(s.as_str())),
+                    ];
+                    let (renewed, versions) =
+                        store.renew_and_versions(&key, &text, ttl, &dirs).await?;
+                    if renewed && versions.first() == Some(v) && versions.get(1) == Some(s) {
+                        return Ok::<_, Error>((
+                            RenewedListing::new(true, v.clone(), None),
+                            Some(RenewedListing::new(true, s.clone(), None)),
+                        ));
+                    }
+                }
                 let viewed = store
                     .renew_and_list_if_changed(&key, &text, ttl, &views, view_since.as_deref())
                     .await?;
