@@ -171,7 +171,8 @@ struct Opts {
     scale_ttl: Duration,
     /// Unrelated keys put in the scale part's Redis first (`DEBUG POPULATE`).
     unrelated: u64,
-    /// The heartbeat designs of the scale part: `versioned` (read the table when it changed),
+    /// The heartbeat designs of the scale part: `versioned` (read the table when it changed,
+    /// both directories' versions in one call), `two-calls` (the same, one call per directory),
     /// `full` (read it at every heartbeat, the design before).
     designs: Vec<String>,
     /// The convergence part's lease TTL (default 1.5 s, raised to the backend's minimum).
@@ -267,6 +268,8 @@ struct Fleet {
     ttl: Duration,
     /// Members read the whole table at every heartbeat (the design before version checks).
     full_reads: bool,
+    /// One `renew_and_list_if_changed` per directory instead of `renew_and_versions`.
+    two_calls: bool,
     members: Vec<(Member, watch::Receiver<Assignment>)>,
 }
 
@@ -288,7 +291,8 @@ impl Fleet {
         let cfg = GroupConfig::new(&self.group, self.ttl)
             .with_prefix(PREFIX)
             .with_member(id)
-            .with_change_checks(!self.full_reads);
+            .with_change_checks(!self.full_reads)
+            .with_one_call_versions(!self.two_calls);
         let m = Group::join(self.store.clone(), cfg)
             .await
             .map_err(|e| format!("join of {id}: {e}"))?;
@@ -436,6 +440,7 @@ async fn convergence(
         group: group_name(),
         ttl,
         full_reads: false,
+        two_calls: false,
         members: Vec::new(),
     };
     for i in 0..5 {
@@ -632,7 +637,7 @@ async fn scale(
     url: &str,
     n: usize,
     ttl: Duration,
-    full_reads: bool,
+    design: &str,
     rows: &mut Vec<String>,
     detail: &mut Vec<String>,
 ) -> std::result::Result<(), String> {
@@ -652,7 +657,8 @@ async fn scale(
         store: store.clone(),
         group: group_name(),
         ttl,
-        full_reads,
+        full_reads: design == "full",
+        two_calls: design == "two-calls",
         members: Vec::new(),
     };
     let t0 = Instant::now();
@@ -746,7 +752,11 @@ async fn scale(
 
     let row = format!(
         "| {n} | {} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {script_usec:.1} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B |",
-        if full_reads { "full table every heartbeat (before)" } else { "versioned (read on change)" },
+        match design {
+            "full" => "full table every heartbeat (before)",
+            "two-calls" => "versioned, one call per directory (before)",
+            _ => "versioned, both versions in one call",
+        },
         ms(ttl),
         joined.as_secs_f64(),
         converged.as_secs_f64(),
@@ -900,6 +910,7 @@ async fn scale_store(
         group: group_name(),
         ttl,
         full_reads: false,
+        two_calls: false,
         members: Vec::new(),
     };
     let t0 = Instant::now();
@@ -1242,10 +1253,9 @@ fn main() {
             let mut detail = Vec::new();
             for &n in &o.scale {
                 for design in &o.designs {
-                    let full = design == "full";
                     fill_redis(&url, o.unrelated).await;
                     eprintln!("scale: {n} members, {design}, {} unrelated keys", o.unrelated);
-                    if let Err(e) = scale(&url, n, o.scale_ttl, full, &mut rows, &mut detail).await {
+                    if let Err(e) = scale(&url, n, o.scale_ttl, design, &mut rows, &mut detail).await {
                         eprintln!("scale {n}: FAILED: {e}");
                         rows.push(format!("| {n} | {design} | failed: {e} |"));
                     }

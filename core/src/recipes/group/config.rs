@@ -14,6 +14,7 @@ pub struct GroupConfig {
     pub(super) max_slots: u32,
     pub(super) drain_timeout: Option<Duration>,
     pub(super) change_checks: bool,
+    pub(super) one_call_versions: bool,
 }
 
 impl GroupConfig {
@@ -35,6 +36,7 @@ impl GroupConfig {
             max_slots: DEFAULT_MAX_SLOTS,
             drain_timeout: None,
             change_checks: true,
+            one_call_versions: true,
         }
     }
 
@@ -89,6 +91,17 @@ impl GroupConfig {
     /// by side.
     pub fn with_change_checks(mut self, on: bool) -> Self {
         self.change_checks = on;
+        self
+    }
+
+    /// Whether a heartbeat that reads both the view and the slot table asks the store for both
+    /// versions in one call when it can
+    /// ([`Store::renew_and_versions`](crate::Store::renew_and_versions), the default), or makes
+    /// one [`Store::renew_and_list_if_changed`](crate::Store::renew_and_list_if_changed) call per
+    /// directory, the design before (`false`, kept to measure the two side by side). The
+    /// protocol is the same.
+    pub fn with_one_call_versions(mut self, on: bool) -> Self {
+        self.one_call_versions = on;
         self
     }
 

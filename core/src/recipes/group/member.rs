@@ -66,7 +66,7 @@ impl Group {
             max_slots: config.max_slots,
             drain_timeout: config.drain_timeout.unwrap_or(config.ttl),
             change_checks: config.change_checks,
-            one_call_versions: caps.native_renew_and_versions,
+            one_call_versions: caps.native_renew_and_versions && config.one_call_versions,
             record: None,
             preferred: None,
             highest: 0,
