@@ -1416,6 +1416,13 @@ impl Runner {
             }
             st.pending = None;
             st.skipped.clear();
+            if st.active.is_none() {
+                // Nothing was granted under this claim before its first active view, so no token
+                // run reaches back past it: after a store rollback re-mints epochs that nobody
+                // alive saw twice, a run through views this member only held pending could give
+                // a token below one another member already wrote with.
+                st.run_floor = st.run_floor.max(view.epoch());
+            }
             st.active.replace(view.clone())
         };
         if let Some(since) = self.pending_since {
