@@ -116,7 +116,10 @@
 //! renewal lets a slot expire before its holder's deadline, and a lost view lets another member
 //! mint the same epoch for other holders. Members detect both (the renewal is refused; a view
 //! with their own epoch and other holders is replaced by one above both) and the guarantee holds
-//! again within about one TTL. A member whose view compare-and-set loses adopts nothing from the
+//! again within about one TTL. What no member can detect is an epoch re-minted while no live
+//! member saw the first view of it (every member paused across the loss): a fence may then see
+//! two holders of one key write with one token, or refuse a valid grant, until the grants of
+//! the lost views have ended (see docs/group.md, "Tokens and views"). A member whose view compare-and-set loses adopts nothing from the
 //! listing it read before and lists again.
 //!
 //! A member whose in-flight grants do not drain within the drain timeout (one TTL by default)
