@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use headcount::recipes::ids::IdsClient;
 use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount_conformance::id_history::{check_id_history as check_history, IdCall as Call};
 use tokio::time::Instant;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
@@ -60,44 +61,6 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// One ID a client got (or a call that got none), as the client saw the call.
-#[derive(Debug, Clone)]
-struct Call {
-    client: usize,
-    start: Instant,
-    end: Instant,
-    id: Option<i64>,
-}
-
-/// Unique IDs, and each greater than every ID whose call completed before its call started.
-fn check_history(calls: &[Call]) {
-    let ok: Vec<&Call> = calls.iter().filter(|c| c.id.is_some()).collect();
-    let mut seen = HashSet::new();
-    for c in &ok {
-        assert!(seen.insert(c.id), "ID {:?} was returned twice", c.id);
-    }
-    let mut by_end = ok.clone();
-    by_end.sort_by_key(|c| c.end);
-    let mut prefix_max = Vec::with_capacity(by_end.len());
-    let mut max = i64::MIN;
-    for c in &by_end {
-        max = max.max(c.id.unwrap_or(i64::MIN));
-        prefix_max.push(max);
-    }
-    for c in &ok {
-        let before = by_end.partition_point(|d| d.end < c.start);
-        if before > 0 {
-            let floor = prefix_max[before - 1];
-            assert!(
-                c.id.unwrap_or(i64::MIN) > floor,
-                "linearizability: client {} got {:?}, but {floor} was returned before its call started",
-                c.client,
-                c.id
-            );
-        }
     }
 }
 

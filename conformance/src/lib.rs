@@ -3,6 +3,7 @@
 mod case;
 pub mod cases;
 pub mod harness;
+pub mod id_history;
 mod suite;
 mod timed;
 

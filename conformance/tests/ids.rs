@@ -20,6 +20,7 @@ use std::time::Duration;
 use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds, MediatedIds};
 use headcount::{DynStore, ErrorKind};
 use headcount_conformance::harness::{Backend, KvStore, PgServer, Unavailable};
+use headcount_conformance::id_history::{check_id_history as check_history, IdCall as Call};
 use tokio::time::Instant;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
@@ -77,59 +78,6 @@ async fn connect_all(urls: &[String]) -> Vec<DynStore> {
 
 fn generator_name() -> String {
     format!("t{:08x}", rand::random::<u32>())
-}
-
-/// One call of `next`, as a client saw it.
-#[derive(Debug, Clone)]
-struct Call {
-    client: usize,
-    start: Instant,
-    end: Instant,
-    id: Option<i64>,
-}
-
-/// Every returned ID is unique, each client's IDs increase, and every ID is greater than every
-/// ID whose call completed before its call started.
-fn check_history(calls: &[Call]) {
-    let ok: Vec<&Call> = calls.iter().filter(|c| c.id.is_some()).collect();
-    let mut seen = HashSet::new();
-    for c in &ok {
-        assert!(seen.insert(c.id), "ID {:?} was returned twice", c.id);
-    }
-    let clients: HashSet<usize> = ok.iter().map(|c| c.client).collect();
-    for client in clients {
-        let mut mine: Vec<&&Call> = ok.iter().filter(|c| c.client == client).collect();
-        mine.sort_by_key(|c| c.start);
-        for pair in mine.windows(2) {
-            assert!(
-                pair[0].id < pair[1].id,
-                "client {client} got {:?} then {:?}",
-                pair[0].id,
-                pair[1].id
-            );
-        }
-    }
-    // Sorted by completion: the largest ID among the calls that completed before a start.
-    let mut by_end = ok.clone();
-    by_end.sort_by_key(|c| c.end);
-    let mut prefix_max = Vec::with_capacity(by_end.len());
-    let mut max = i64::MIN;
-    for c in &by_end {
-        max = max.max(c.id.unwrap_or(i64::MIN));
-        prefix_max.push(max);
-    }
-    for c in &ok {
-        let before = by_end.partition_point(|d| d.end < c.start);
-        if before > 0 {
-            let floor = prefix_max[before - 1];
-            assert!(
-                c.id.unwrap_or(i64::MIN) > floor,
-                "linearizability: client {} got {:?}, but {floor} was returned before its call started",
-                c.client,
-                c.id
-            );
-        }
-    }
 }
 
 /// `clients` clients, each with its own connections and generator, take `per` IDs each, all
