@@ -9,17 +9,19 @@
 use std::collections::HashSet;
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use headcount::recipes::ids::IdsClient;
 use headcount_conformance::harness::{Backend, KvStore, Unavailable};
-use headcount_conformance::id_history::{check_id_history as check_history, IdCall as Call};
+use headcount_conformance::id_history::{
+    check_id_history as check_history, IdCall as Call, IdLoad,
+};
 use tokio::time::Instant;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
 const DEADLINE: Duration = Duration::from_secs(2);
+const MINUTE: Duration = Duration::from_secs(60);
 
 /// An `ids serve` process and the address it printed.
 struct Server {
@@ -64,82 +66,25 @@ impl Drop for Server {
     }
 }
 
-struct Load {
-    calls: Arc<Mutex<Vec<Call>>>,
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    /// `clients` clients, client `i` taking blocks of `1 + i % 3` IDs, given the servers in
-    /// turn-dependent order.
-    fn start(servers: &[String], clients: usize) -> Load {
-        let calls = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut tasks = Vec::new();
-        for client in 0..clients {
+/// `clients` clients, client `i` taking blocks of `1 + i % 3` IDs, given the servers in
+/// turn-dependent order, pausing 20 ms after a failed call.
+fn start_load(servers: &[String], clients: usize) -> IdLoad {
+    let callers = (0..clients)
+        .map(|client| {
             let mut order = servers.to_vec();
             order.rotate_left(client % servers.len());
-            let ids = IdsClient::new(&order, DEADLINE).expect("client");
-            let (calls, stop) = (calls.clone(), stop.clone());
-            tasks.push(tokio::spawn(async move {
-                let count = 1 + (client as u64 % 3);
-                while !stop.load(Ordering::Relaxed) {
-                    let start = Instant::now();
-                    let got = ids.next_block("default", count).await;
-                    let end = Instant::now();
-                    let failed = got.is_err();
-                    let got: Vec<Option<i64>> = match got {
-                        Ok(block) => block.map(Some).collect(),
-                        Err(_) => vec![None],
-                    };
-                    calls.lock().unwrap().extend(got.into_iter().map(|id| Call {
-                        client,
-                        start,
-                        end,
-                        id,
-                    }));
-                    if failed {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
+            let ids = Arc::new(IdsClient::new(&order, DEADLINE).expect("client"));
+            let count = 1 + (client as u64 % 3);
+            move || {
+                let ids = ids.clone();
+                async move {
+                    let block = ids.next_block("default", count).await.ok()?;
+                    Some(block.collect::<Vec<i64>>())
                 }
-            }));
-        }
-        Load { calls, stop, tasks }
-    }
-
-    fn snapshot(&self) -> Vec<Call> {
-        self.calls.lock().unwrap().clone()
-    }
-
-    /// Waits until `n` IDs came from calls that started after `since`.
-    async fn wait_ids(&self, since: Instant, n: usize, what: &str) {
-        let end = Instant::now() + Duration::from_secs(60);
-        loop {
-            let got = self
-                .snapshot()
-                .iter()
-                .filter(|c| c.start >= since && c.id.is_some())
-                .count();
-            if got >= n {
-                return;
             }
-            assert!(
-                Instant::now() < end,
-                "{what}: only {got} of {n} IDs in 60 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn stop(self) -> Vec<Call> {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.tasks {
-            t.await.unwrap();
-        }
-        let calls = self.calls.lock().unwrap().clone();
-        calls
-    }
+        })
+        .collect();
+    IdLoad::start(callers, Duration::from_millis(20))
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -165,22 +110,22 @@ async fn servers_fail_over_and_ids_stay_unique_and_linearizable() {
         blocking(move || (Server::start(&stores), Server::start(&stores))).await
     };
     let addrs = vec![a.addr.clone(), b.addr.clone()];
-    let load = Load::start(&addrs, 6);
+    let load = start_load(&addrs, 6);
     let t0 = Instant::now();
-    load.wait_ids(t0, 300, "both servers up").await;
+    load.wait_ids(t0, 300, MINUTE, "both servers up").await;
 
     // One server killed: its clients move to the other.
     let mut a = a;
     a.child.kill().expect("kill a server");
     a.child.wait().expect("reap it");
     let t1 = Instant::now();
-    load.wait_ids(t1, 300, "one server killed").await;
+    load.wait_ids(t1, 300, MINUTE, "one server killed").await;
 
     // One Redis of three down: a majority remains.
     let r0 = redis[0].clone();
     blocking(move || r0.servers[0].kill()).await.unwrap();
     let t2 = Instant::now();
-    load.wait_ids(t2, 300, "one store killed").await;
+    load.wait_ids(t2, 300, MINUTE, "one store killed").await;
 
     // Two down: every call that starts now fails within the deadline, with no ID.
     let r1 = redis[1].clone();
@@ -221,7 +166,7 @@ async fn servers_fail_over_and_ids_stay_unique_and_linearizable() {
         blocking(move || r.servers[0].start()).await.unwrap();
     }
     let t4 = Instant::now();
-    load.wait_ids(t4, 300, "after the restarts").await;
+    load.wait_ids(t4, 300, MINUTE, "after the restarts").await;
     let calls = load.stop().await;
     for id in calls.iter().filter(|c| c.start >= t4).filter_map(|c| c.id) {
         assert!(id > before, "{id} after the restarts is not above {before}");

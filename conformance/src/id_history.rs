@@ -1,7 +1,11 @@
 //! The check of a recorded history of ID calls, shared by the majority-IDs tests on real servers
-//! (`conformance/tests/ids.rs`, `cli/tests/ids_serve.rs`).
+//! (`conformance/tests/ids.rs`, `cli/tests/ids_serve.rs`), and the load that records it.
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -64,4 +68,94 @@ pub fn check_id_history(calls: &[IdCall]) {
             );
         }
     }
+}
+
+/// Clients that take IDs until told to stop, each calling again as soon as it has an answer,
+/// recording every call (a failed one as one entry with no ID) for [`check_id_history`].
+pub struct IdLoad {
+    calls: Arc<Mutex<Vec<IdCall>>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl IdLoad {
+    /// One task per caller; caller `i` is client `i`. A call answers its IDs in order, or
+    /// `None` when it failed; after a failure the client pauses `after_failure` (none when zero).
+    pub fn start<F, Fut>(callers: Vec<F>, after_failure: Duration) -> IdLoad
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = Option<Vec<i64>>> + Send,
+    {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for (client, mut call) in callers.into_iter().enumerate() {
+            let (calls, stop) = (calls.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    let got = call().await;
+                    let end = Instant::now();
+                    let failed = got.is_none();
+                    let ids: Vec<Option<i64>> = match got {
+                        Some(ids) => ids.into_iter().map(Some).collect(),
+                        None => vec![None],
+                    };
+                    lock(&calls).extend(ids.into_iter().map(|id| IdCall {
+                        client,
+                        start,
+                        end,
+                        id,
+                    }));
+                    if failed && !after_failure.is_zero() {
+                        tokio::time::sleep(after_failure).await;
+                    }
+                }
+            }));
+        }
+        IdLoad { calls, stop, tasks }
+    }
+
+    /// Every call recorded so far.
+    pub fn snapshot(&self) -> Vec<IdCall> {
+        lock(&self.calls).clone()
+    }
+
+    /// Waits until `n` calls that started after `since` returned an ID; panics after `within`.
+    pub async fn wait_ids(&self, since: Instant, n: usize, within: Duration, what: &str) {
+        let end = Instant::now() + within;
+        loop {
+            let got = self
+                .snapshot()
+                .iter()
+                .filter(|c| c.start >= since && c.id.is_some())
+                .count();
+            if got >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "{what}: only {got} of {n} IDs within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops the clients once their calls under way end, and returns every call recorded.
+    pub async fn stop(self) -> Vec<IdCall> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            if let Err(e) = t.await {
+                if e.is_panic() {
+                    std::panic::resume_unwind(e.into_panic());
+                }
+            }
+        }
+        let calls = lock(&self.calls).clone();
+        calls
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -13,14 +13,15 @@
 use std::collections::HashSet;
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds, MediatedIds};
 use headcount::{DynStore, ErrorKind};
 use headcount_conformance::harness::{Backend, KvStore, PgServer, Unavailable};
-use headcount_conformance::id_history::{check_id_history as check_history, IdCall as Call};
+use headcount_conformance::id_history::{
+    check_id_history as check_history, IdCall as Call, IdLoad,
+};
 use tokio::time::Instant;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
@@ -166,72 +167,22 @@ async fn mixed_3_sqlite_2_postgres_8_clients_x_500() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Clients that take IDs until told to stop, recording every call, failed ones included.
-struct Load {
-    calls: Arc<Mutex<Vec<Call>>>,
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    async fn start(urls: &[String], clients: usize, config: &IdsConfig) -> Load {
-        let calls = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut tasks = Vec::new();
-        for client in 0..clients {
-            let ids = MajorityIds::new(connect_all(urls).await, config.clone())
+/// `clients` clients over `urls`, each with its own connections and generator, taking single
+/// IDs with no pause after a failure.
+async fn start_load(urls: &[String], clients: usize, config: &IdsConfig) -> IdLoad {
+    let mut callers = Vec::new();
+    for _ in 0..clients {
+        let ids = Arc::new(
+            MajorityIds::new(connect_all(urls).await, config.clone())
                 .await
-                .unwrap();
-            let (calls, stop) = (calls.clone(), stop.clone());
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let start = Instant::now();
-                    let id = ids.next().await.ok();
-                    let end = Instant::now();
-                    calls.lock().unwrap().push(Call {
-                        client,
-                        start,
-                        end,
-                        id,
-                    });
-                }
-            }));
-        }
-        Load { calls, stop, tasks }
+                .unwrap(),
+        );
+        callers.push(move || {
+            let ids = ids.clone();
+            async move { ids.next().await.ok().map(|id| vec![id]) }
+        });
     }
-
-    fn snapshot(&self) -> Vec<Call> {
-        self.calls.lock().unwrap().clone()
-    }
-
-    /// Waits until `n` calls that started after `since` returned an ID, or fails after `within`.
-    async fn wait_ids(&self, since: Instant, n: usize, within: Duration, what: &str) {
-        let end = Instant::now() + within;
-        loop {
-            let got = self
-                .snapshot()
-                .iter()
-                .filter(|c| c.start >= since && c.id.is_some())
-                .count();
-            if got >= n {
-                return;
-            }
-            assert!(
-                Instant::now() < end,
-                "{what}: only {got} of {n} IDs within {within:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn stop(self) -> Vec<Call> {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.tasks {
-            t.await.unwrap();
-        }
-        let calls = self.calls.lock().unwrap().clone();
-        calls
-    }
+    IdLoad::start(callers, Duration::ZERO)
 }
 
 async fn kill(server: &Arc<KvStore>) {
@@ -258,7 +209,7 @@ async fn redis5_kill_two_then_three_fails_closed_then_resumes_above() {
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
     let deadline = Duration::from_secs(2);
     let config = IdsConfig::new(generator_name()).with_deadline(deadline);
-    let load = Load::start(&urls, 4, &config).await;
+    let load = start_load(&urls, 4, &config).await;
     let t0 = Instant::now();
     load.wait_ids(t0, 200, Duration::from_secs(60), "all 5 up")
         .await;
