@@ -297,6 +297,10 @@ impl KvStore {
     /// defaults include `--appendonly no`), such as `["--appendonly", "yes", "--appendfsync",
     /// "always"]` for a durable server.
     pub fn redis_with(op_timeout: Option<Duration>, args: &[&str]) -> Result<KvStore, Unavailable> {
+        retry_busy_ports(|| Self::redis_once(op_timeout, args))
+    }
+
+    fn redis_once(op_timeout: Option<Duration>, args: &[&str]) -> Result<KvStore, Unavailable> {
         let bin = redis_bin()?;
         let failed = |e: io::Error| Unavailable::Failed(format!("redis-server: {e}"));
         let mut server =
@@ -319,6 +323,13 @@ impl KvStore {
         op_timeout: Option<Duration>,
         announce: Option<Vec<(u16, super::proxy::Upstream)>>,
     ) -> Result<KvStore, Unavailable> {
+        retry_busy_ports(|| Self::redis_cluster_once(op_timeout, announce.as_deref()))
+    }
+
+    fn redis_cluster_once(
+        op_timeout: Option<Duration>,
+        announce: Option<&[(u16, super::proxy::Upstream)]>,
+    ) -> Result<KvStore, Unavailable> {
         let bin = redis_bin()?;
         let cli = find_bin("redis-cli").ok_or_else(|| {
             Unavailable::Missing(
@@ -332,7 +343,7 @@ impl KvStore {
             .map_err(failed)?;
         let mut servers = servers;
         let mut url_ports = None;
-        if let Some(announce) = &announce {
+        if let Some(announce) = announce {
             for (s, (proxy_port, upstream)) in servers.iter_mut().zip(announce) {
                 s.announce_port = Some(*proxy_port);
                 upstream.set(s.port);
@@ -387,6 +398,14 @@ impl KvStore {
         op_timeout: Option<Duration>,
         args: &[&str],
     ) -> Result<KvStore, Unavailable> {
+        retry_busy_ports(|| Self::etcd_once(members, op_timeout, args))
+    }
+
+    fn etcd_once(
+        members: usize,
+        op_timeout: Option<Duration>,
+        args: &[&str],
+    ) -> Result<KvStore, Unavailable> {
         let bin = find_bin("etcd").ok_or_else(|| {
             Unavailable::Missing(
                 "no etcd on PATH; apt-get install etcd-server (or set HEADCOUNT_TEST_ETCD_URL / HEADCOUNT_TEST_ETCD_CLUSTER_URL)".into(),
@@ -423,6 +442,22 @@ impl KvStore {
             op_timeout,
             url_ports: None,
         })
+    }
+}
+
+/// Runs `start` again (with new ports: every attempt makes its servers anew) while it fails
+/// because a port it chose was taken between the probe and the server's bind; a failed attempt's
+/// servers are stopped when it drops them.
+fn retry_busy_ports(
+    mut start: impl FnMut() -> Result<KvStore, Unavailable>,
+) -> Result<KvStore, Unavailable> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match start() {
+            Err(Unavailable::Failed(why)) if attempt < 5 && process::port_in_use(&why) => {}
+            other => return other,
+        }
     }
 }
 

@@ -155,8 +155,8 @@ impl PgServer {
             match server.start() {
                 Ok(()) => return Ok(server),
                 Err(e) => {
-                    let busy = fs::read_to_string(&server.log)
-                        .is_ok_and(|l| l.contains("could not bind") || l.contains("in use"));
+                    let busy =
+                        fs::read_to_string(&server.log).is_ok_and(|l| process::port_in_use(&l));
                     last = Some(e);
                     if !busy {
                         break;

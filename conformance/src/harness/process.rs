@@ -211,9 +211,43 @@ pub fn log_tail(path: &Path) -> String {
     lines.get(start..).unwrap_or_default().join("\n")
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port on 127.0.0.1 that was free a moment ago, chosen below the kernel's ephemeral range.
+///
+/// A port the kernel hands out for `bind(0)` comes from the range it also takes the local ports
+/// of outgoing connections from, so between our probe and the server's own bind a client
+/// connection of another test (a PostgreSQL or etcd client) can take it: CI saw an etcd member
+/// fail with "address already in use" that way. Ports below that range are only ever taken by
+/// an explicit bind. Each port is handed out once per test process; other test processes pick
+/// at random, and the servers' start-up retries on a port that turns out busy
+/// ([`port_in_use`]).
 pub fn free_port() -> io::Result<u16> {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const FIRST: u16 = 20000;
+    if low > FIRST + 1000 {
+        let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
+        for _ in 0..200 {
+            let port = FIRST + rand::random::<u16>() % (low - FIRST);
+            if given.contains(&port) {
+                continue;
+            }
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.push(port);
+                return Ok(port);
+            }
+        }
+    }
     Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
+
+/// Whether a server's start-up failure (its message and log) says a port was taken.
+pub fn port_in_use(text: &str) -> bool {
+    text.contains("address already in use")
+        || text.contains("Address already in use")
+        || text.contains("could not bind")
 }
 
 /// One server's main process, which may be killed and started again. Registered so the exit
@@ -567,5 +601,33 @@ pub fn cleanup() {
     }
     for dir in dirs {
         let _ = fs::remove_dir_all(dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ports come from below the ephemeral range (where outgoing connections cannot take them),
+    /// never twice in one process, and are free when handed out.
+    #[test]
+    fn free_ports_are_distinct_and_below_the_ephemeral_range() {
+        let low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok());
+        let ports: Vec<u16> = (0..50).map(|_| free_port().expect("a free port")).collect();
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            ports.len(),
+            "a port handed out twice: {ports:?}"
+        );
+        if let Some(low) = low.filter(|l| *l > 21000) {
+            assert!(ports.iter().all(|p| *p < low), "{ports:?} vs {low}");
+        }
+        assert!(port_in_use("bind: address already in use"));
+        assert!(!port_in_use("permission denied"));
     }
 }
