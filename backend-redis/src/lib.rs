@@ -135,14 +135,23 @@ impl IndexKeys {
     }
 }
 
+/// The shortest life of the quiet marker a heartbeat's sweep sets (index.lua): an index is swept
+/// at most this often, and an expiry is noticed at most this long after it comes due (plus the
+/// time to the next heartbeat of any member).
+fn sweep_period(ttl: Duration) -> Duration {
+    (ttl / 12).clamp(Duration::from_millis(10), Duration::from_millis(500))
+}
+
 /// Whether `key` is the name of an index (of either topology): headcount never writes there
 /// through the `Store` API, or the index would be overwritten.
 fn is_index_name(key: &str) -> bool {
-    // The index, the expiry index, the sweep marker and the directory versions (index.lua), and
-    // the answers recorded against repeated requests (replay.lua).
+    // The index, the expiry index, the quiet marker (and the sweep marker of earlier versions)
+    // and the directory versions (index.lua), and the answers recorded against repeated
+    // requests (replay.lua).
     let reserved = |rest: &str| {
         rest == "index"
             || rest == "expiry"
+            || rest == "quiet"
             || rest == "swept"
             || rest.starts_with("version:")
             || rest.starts_with("req:")
@@ -710,8 +719,9 @@ impl Store for RedisStore {
             let listing = (since != Some(version.as_str())).then_some(entries);
             return Ok(RenewedListing::new(renewed, version, listing));
         }
-        // Expiries are noticed by a sweep at most this often per index (see renew_check.lua).
-        let period = (ttl / 12).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        // A heartbeat's sweep sets a quiet marker that lives until the earliest expiry score, but
+        // at least this long, so a busy index is swept at most this often (see index.lua).
+        let period = sweep_period(ttl);
         let mut call = self.inner.scripts.renew_check.key(key);
         list_index.add_to(&mut call);
         call.arg(dir)
@@ -770,8 +780,7 @@ impl Store for RedisStore {
             // Not one slot (outside headcount's naming): one call per directory.
             return versions_one_by_one(self, key, holder, ttl, dirs).await;
         };
-        // The same sweep period as renew_and_list_if_changed (see renew_check.lua).
-        let period = (ttl / 12).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        let period = sweep_period(ttl);
         let mut call = self.inner.scripts.renew_versions.key(key);
         index.add_to(&mut call);
         call.arg(holder)
@@ -1262,6 +1271,8 @@ mod tests {
             "{g}:headcount:expiry",
             "headcount:swept",
             "{g}:headcount:swept",
+            "headcount:quiet",
+            "{g}:headcount:quiet",
             "headcount:version:hc:{g}:slot:",
             "{g}:headcount:version:hc:{g}:slot:",
             "{g}:headcount:req:0123456789abcdef0",

@@ -28,11 +28,18 @@ local VBASE = IDX and (string.sub(IDX, 1, #IDX - 5) .. 'version:')
 -- Expired names removed per call: a constant, so every script stays short, yet each creating
 -- write removes more names than it adds, so the index stays close to the live keys.
 local SWEEP = 8
--- The index keys outlive the last key they hold by this margin, so they never vanish first. A
--- heartbeat (renew_check.lua) scores its renewal up to a sweep period (at most 500 ms) early and
--- settles only when it sweeps, after scoring its own key exactly: the renewals after that settle
--- end within a sweep period of it, inside the margin.
-local MARGIN_MS = 1000
+-- The quiet marker: `<index name less 'index'>quiet`, a string `<t>:<until>` set by a
+-- heartbeat's sweep at server time t (ms) and living until `until`, no later than the earliest
+-- expiry score in the index (see heartbeat). While it lives nothing is due, so a heartbeat
+-- neither reads the clock nor sweeps, and it scores its renewal at t + its TTL: early by at most
+-- the marker's life, never late.
+local QUIET = IDX and (string.sub(IDX, 1, #IDX - 5) .. 'quiet')
+-- The longest a quiet marker lives, so the longest a renewal's score may be early.
+local MAX_QUIET_MS = 5000
+-- The index keys outlive the last key they hold by this margin, so they never vanish first: a
+-- live key expires at most MAX_QUIET_MS after its score (see above), and every sweep of a
+-- heartbeat keeps the index that far past the latest score (keep_index).
+local MARGIN_MS = MAX_QUIET_MS + 1000
 local now_ms, now_us = nil, nil
 
 local function now()
@@ -61,12 +68,40 @@ end
 -- last change or refresh, so a directory nobody writes keeps its version while it is renewed.
 local VERSION_TTL_MS = 3600000
 
+-- The versions this script set, by version key.
+local bumped = {}
+
 -- Sets version key vk to a new version, above its last and the clock.
 local function bump(vk)
   now()
   local v = (tonumber(redis.call('GET', vk)) or 0) + 1
   if now_us > v then v = now_us end
-  redis.call('SET', vk, ms(v), 'PX', VERSION_TTL_MS)
+  bumped[vk] = ms(v)
+  redis.call('SET', vk, bumped[vk], 'PX', VERSION_TTL_MS)
+end
+
+-- Ends the quiet marker by `at` (server ms), a new expiry score: a key due before the marker
+-- ends must be swept when it comes due. `mark` is the marker's value, when already read.
+-- A heartbeat that sweeps sets the marker from the earliest score afterwards, so it skips this.
+local sweeping = false
+local function due_by(at, mark)
+  if not QUIET or sweeping then return end
+  if not mark then
+    mark = redis.pcall('GET', QUIET)
+    if type(mark) == 'table' then
+      -- Another Redis type at the marker's name: replaced by the next heartbeat's sweep.
+      redis.call('DEL', QUIET)
+      return
+    end
+  end
+  if not mark then return end
+  local t, till = string.match(mark, '^(%d+):(%d+)$')
+  if not t then
+    redis.call('DEL', QUIET)
+  elseif tonumber(till) > at then
+    redis.call('SET', QUIET, t .. ':' .. ms(at))
+    redis.call('PEXPIREAT', QUIET, ms(math.max(at, 1)))
+  end
 end
 
 -- Records that key k's directory changed.
@@ -82,6 +117,8 @@ local function track(k)
   local p = redis.call('PTTL', k)
   if p >= 0 then
     redis.call('ZADD', EXP, ms(now() + p), k)
+    -- Only a key with a shorter TTL than a marker may live can come due before it ends.
+    if p < MAX_QUIET_MS then due_by(now() + p) end
   else
     redis.call('ZREM', EXP, k)
   end
@@ -96,8 +133,8 @@ local function untrack(k)
 end
 
 -- Removes up to `limit` (default SWEEP) names whose expiry has passed and whose key is gone. A
--- key still there was renewed (a heartbeat scores its renewal a little early, see
--- renew_check.lua) or given another expiry by another client: it is re-scored instead.
+-- key still there was renewed (a heartbeat scores its renewal early, by up to a quiet marker's
+-- life: see heartbeat) or given another expiry by another client: it is re-scored instead.
 local function sweep(limit)
   if not IDX then return 0 end
   local due = redis.call('ZRANGEBYSCORE', EXP, '-inf', ms(now()), 'LIMIT', 0, limit or SWEEP)
@@ -106,9 +143,13 @@ local function sweep(limit)
     if p == -2 then
       untrack(k)
     elseif p == -1 then
+      -- Persisted by another client: so is the index, which must not expire before it.
       redis.call('ZREM', EXP, k)
+      redis.call('PERSIST', IDX)
+      redis.call('PERSIST', EXP)
     else
       redis.call('ZADD', EXP, ms(now() + p), k)
+      if p < MAX_QUIET_MS then due_by(now() + p) end
     end
   end
   return #due
@@ -136,4 +177,97 @@ local function done(k)
   if k then track(k) end
   sweep()
   settle()
+end
+
+-- Keeps the index keys at least MARGIN_MS past the latest expiry score (every live key expires
+-- within MAX_QUIET_MS of its score), extending them by more than needed so that most sweeps
+-- only read. An index without expiry (a key without TTL) is left so.
+local function keep_index()
+  local p = redis.call('PTTL', IDX)
+  if p == -1 then return end
+  if p == -2 then
+    settle()
+    return
+  end
+  local last = redis.call('ZRANGE', EXP, -1, -1, 'WITHSCORES')
+  if not last[2] then return end
+  local need = tonumber(last[2]) + MARGIN_MS
+  if now() + p < need then
+    local at = ms(need + MAX_QUIET_MS)
+    redis.call('PEXPIREAT', IDX, at)
+    redis.call('PEXPIREAT', EXP, at)
+  end
+end
+
+-- Version keys are kept alive (VERSION_TTL_MS) by the heartbeats that read them, but only in a
+-- window of each third of that TTL, so a heartbeat rarely pays for it: `t` is the server time
+-- (the quiet marker's, or the clock in a sweep), `ttl` the caller's TTL. Every member renews
+-- within its TTL and markers live at most MAX_QUIET_MS, so a window twice that long holds
+-- several markers' lives and every member's call in one of them.
+local function refresh_due(t, ttl)
+  local window = 2 * (ttl + MAX_QUIET_MS)
+  return t % (VERSION_TTL_MS / 3) < window
+end
+
+-- A heartbeat, after its MGET of the key to renew, the quiet marker and the version keys
+-- `vks` (values `got`): scores the renewal of `key` (when `renewed`, with TTL `ttl` ms) and,
+-- when the marker is gone, sweeps and sets a new marker that lives until the earliest expiry
+-- score, within [`period`, min(ttl / 2, MAX_QUIET_MS)] ms. Returns the version of every
+-- directory (one never written, or flushed, gets a new version above any earlier one).
+--
+-- So the steady state costs EVALSHA, MGET, PEXPIRE and ZADD; a sweep, once per marker life per
+-- index however many members, adds TIME, ZRANGEBYSCORE, the earliest and latest score, SET of the
+-- marker and PTTL of the index (and, every few sweeps, the index's expiry).
+local function heartbeat(key, renewed, ttl, period, mark, vks, got)
+  local out = {}
+  local t
+  local at, till = nil, nil
+  if mark then at, till = string.match(mark, '^(%d+):(%d+)$') end
+  -- A marker is believed only if it could have been set by a sweep: its end within
+  -- MAX_QUIET_MS of its start (a value written by another client is swept over).
+  if at then
+    local a, b = tonumber(at), tonumber(till)
+    if not (a <= b and b <= a + MAX_QUIET_MS) then at = nil end
+  end
+  if at then
+    t = tonumber(at)
+    if renewed then
+      local score = t + ttl
+      redis.call('ZADD', EXP, ms(score), key)
+      due_by(score, mark)
+    end
+  else
+    local limit = 32
+    sweeping = true
+    local n = sweep(limit)
+    sweeping = false
+    t = now()
+    if renewed then
+      redis.call('ZADD', EXP, ms(t + ttl), key)
+      -- Back into the index if it was lost (deleted, evicted): nothing else writes a renewed key.
+      if redis.call('ZADD', IDX, 0, key) == 1 then settle() end
+    end
+    if n < limit then
+      local life = math.min(math.floor(ttl / 2), MAX_QUIET_MS)
+      local first = redis.call('ZRANGE', EXP, 0, 0, 'WITHSCORES')
+      if first[2] then life = math.min(life, tonumber(first[2]) - t) end
+      life = math.max(life, period, 1)
+      redis.call('SET', QUIET, ms(t) .. ':' .. ms(t + life), 'PX', ms(life))
+    elseif mark then
+      redis.call('DEL', QUIET)
+    end
+    keep_index()
+  end
+  local refresh = refresh_due(t, ttl)
+  for j = 1, #vks do
+    out[j] = bumped[vks[j]] or got[j]
+    if not out[j] then
+      -- Never written through this index, or flushed: a version above any earlier one.
+      bump(vks[j])
+      out[j] = bumped[vks[j]]
+    elseif refresh and not bumped[vks[j]] then
+      redis.call('PEXPIRE', vks[j], VERSION_TTL_MS)
+    end
+  end
+  return out
 end

@@ -15,7 +15,8 @@
 //! view that follows is published, by the joining or leaving member itself, or, for an expiry,
 //! by a member that watches the table. The two lowest live slots
 //! watch it at every heartbeat (a second such call, answering the table only when it changed)
-//! and halfway between heartbeats (that call alone), so a slot that expires is seen soon after the store expires it. So does a member
+//! and halfway between heartbeats (that call alone, and only when another slot is live), so a
+//! slot that expires is seen soon after the store expires it. So does a member
 //! that is joining, publishing or settling a view, sees the table disagree with the view, or has
 //! waited two heartbeats on one pending view; every other member reads it at one heartbeat in
 //! four while no hand-off is under way. So a steady group costs each member constant work and bytes per heartbeat

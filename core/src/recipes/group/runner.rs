@@ -162,8 +162,9 @@ impl Runner {
     }
 
     /// Whether this member holds one of the two lowest live slots of its copy of the table:
-    /// it watches the table at every heartbeat, and halfway between heartbeats, so it sees a
-    /// slot expire soon after the store does (two members, whatever the group's size).
+    /// it watches the table at every heartbeat, and halfway between heartbeats while another slot
+    /// is live, so it sees a slot expire soon after the store does (two members, whatever the
+    /// group's size).
     pub(super) fn watches_slots(&self) -> bool {
         match (&self.seen, &self.record) {
             (Some((_, table)), Some((slot, _))) => table.slots.keys().take(2).any(|s| s == slot),
@@ -436,10 +437,16 @@ impl Runner {
     }
 
     /// Whether this member wakes between heartbeats only to watch the slot table (one of the two
-    /// lowest slots, nothing else under way).
+    /// lowest slots, nothing else under way). A member alone in its copy of the table does not:
+    /// there is no other slot whose expiry it must notice, and a join is seen at its next
+    /// heartbeat.
     fn only_watching(&self) -> bool {
         self.change_checks
             && self.watches_slots()
+            && self
+                .seen
+                .as_ref()
+                .is_some_and(|(_, table)| table.slots.len() >= 2)
             && self.pending_since.is_none()
             && !self.need_slots
             && !self.settling
