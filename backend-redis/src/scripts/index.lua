@@ -199,14 +199,18 @@ local function keep_index()
   end
 end
 
--- Version keys are kept alive (VERSION_TTL_MS) by the heartbeats that read them, but only in a
--- window of each third of that TTL, so a heartbeat rarely pays for it: `t` is the server time
--- (the quiet marker's, or the clock in a sweep), `ttl` the caller's TTL. Every member renews
--- within its TTL and markers live at most MAX_QUIET_MS, so a window twice that long holds
--- several markers' lives and every member's call in one of them.
-local function refresh_due(t, ttl)
-  local window = 2 * (ttl + MAX_QUIET_MS)
-  return t % (VERSION_TTL_MS / 3) < window
+-- Version keys are kept alive (VERSION_TTL_MS) by the heartbeats that read them, but each
+-- member only in a window of each third of that TTL, placed by a hash of its key so that the
+-- members' windows spread out and a heartbeat rarely pays for it: `t` is the server time (the
+-- quiet marker's, or the clock in a sweep), `ttl` the caller's TTL. Every member renews within
+-- its TTL and markers live at most MAX_QUIET_MS, so a window twice that long holds the member's
+-- calls, one that reads each of its directories among them (a group member reads the slot table
+-- at least one heartbeat in four, that is within 4/3 of its TTL).
+local function refresh_due(t, ttl, key)
+  local period = VERSION_TTL_MS / 3
+  local h = 0
+  for i = 1, #key do h = (h * 31 + string.byte(key, i)) % period end
+  return (t + h) % period < 2 * (ttl + MAX_QUIET_MS)
 end
 
 -- A heartbeat, after its MGET of the key to renew, the quiet marker and the version keys
@@ -258,7 +262,7 @@ local function heartbeat(key, renewed, ttl, period, mark, vks, got)
     end
     keep_index()
   end
-  local refresh = refresh_due(t, ttl)
+  local refresh = refresh_due(t, ttl, key)
   for j = 1, #vks do
     out[j] = bumped[vks[j]] or got[j]
     if not out[j] then
