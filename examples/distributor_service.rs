@@ -1,4 +1,4 @@
-//! A service under the Distributor (seed 003): it registers with a heartbeat key, keeps it
+//! A service under the Distributor: it registers with a heartbeat key, keeps it
 //! alive, and watches the work units the distributor assigns it. This example also runs a
 //! distributor in-process so it works alone; in production run `headcount distributor` (or
 //! `Distributor::spawn` in one place) next to the services: several may run at once.

@@ -1,4 +1,4 @@
-//! `headcount distributor`: the Distributor daemon of seed 003, and the small commands a user
+//! `headcount distributor`: the Distributor daemon, and the small commands a user
 //! needs next to it (register a service, run one, manage work units, read the table).
 
 use std::process::ExitCode;

@@ -93,7 +93,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// The Distributor: match work units to services, ping them, redistribute on failure
     ///
-    /// The Distributor (seed 003): match work units to services, ping them every poll interval
+    /// The Distributor: match work units to services, ping them every poll interval
     /// (gRPC health checking, or a TTL heartbeat) and redistribute when one fails. With a
     /// command: register a service, run one, manage work units, print the table.
     Distributor(distributor::DistributorArgs),

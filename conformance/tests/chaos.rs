@@ -1,4 +1,4 @@
-//! The chaos test of group membership on real servers (issue 6, item 8).
+//! The chaos test of group membership on real servers.
 //!
 //! Member *processes* (`headcount-chaos-member`) share a group on the store under test; a
 //! generator offers task ids `0..N` into a PostgreSQL sink (a server from the harness, separate

@@ -1,4 +1,4 @@
-//! The Distributor (recipe 5, seed 003) on real stores, with real gRPC health servers on
+//! The Distributor on real stores, with real gRPC health servers on
 //! loopback: a balanced table, failover within `poll_interval + ping_timeout`, a service that
 //! comes back, two distributors at once, units added and removed, a silent health server, and bad
 //! input. One test per scenario per backend; each uses its own random namespaces.

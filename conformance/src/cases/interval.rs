@@ -251,13 +251,15 @@ pub async fn incr_and_get_fused(ctx: &Ctx) -> CaseResult {
     Ok(())
 }
 
-/// The table of seed 001 (A and B start in interval 1, C in interval 3, 30 s interval).
+/// The table of the longer "Distributed Peer Indexing" article (A and B start in interval 1, C in
+/// interval 3, 30 s interval).
 ///
-/// The increments match the article's table exactly. The emitted pairs follow seed 000's
-/// algorithm, which emits at interval `n` the index drawn in `n - 1` with the count of `n - 1`:
-/// seed 001's table instead shows C emitting `(1,2)` in the interval it starts and B emitting
-/// `(3,2)`, pairing an index of interval 3 with the count of interval 2. That contradicts both
-/// seed 000's caveat ("the first result will become known between interval and interval x 2")
+/// The increments match the article's table exactly. The emitted pairs follow the first
+/// "Distributed Peer Indexing" article's algorithm, which emits at interval `n` the index drawn
+/// in `n - 1` with the count of `n - 1`: the longer article's table instead shows C emitting
+/// `(1,2)` in the interval it starts and B emitting `(3,2)`, pairing an index of interval 3 with
+/// the count of interval 2. That contradicts both the first article's caveat ("the first result
+/// will become known between interval and interval x 2")
 /// and the meaning of the pair (B cannot be third of two), so this case tests the algorithm:
 /// interval 2: A (1,2), B (2,2); interval 3: C nothing yet, A (1,2), B (2,2); interval 4:
 /// C (1,3), A (2,3), B (3,3).

@@ -10,8 +10,8 @@
 //! | assignor | source | balance | one slot dies | one slot joins | dead slot's keys go to | lookup |
 //! |---|---|---|---|---|---|---|
 //! | [`Modulo`] | the peer-indexing articles | ≈1 (exact for consecutive keys) | almost all keys move | almost all keys move | everyone (everything reshuffles) | `O(1)` |
-//! | [`JumpFailover`] | Lamping & Veach + RavenDB (article 002) | ≈1 | only its keys move | only keys to it move¹ | all survivors, evenly | `O(log n)` per hop |
-//! | [`Ring`] | the distributor (article 003), 50 points per weight | max/avg 1.1–1.45 | only its keys move | only keys to it move | the next points' owners | `O(log 50n)` |
+//! | [`JumpFailover`] | Lamping & Veach + RavenDB's "Distributed Task Assignment With Failover" | ≈1 | only its keys move | only keys to it move¹ | all survivors, evenly | `O(log n)` per hop |
+//! | [`Ring`] | the distributor (the article "Distributor"), 50 points per weight | max/avg 1.1–1.45 | only its keys move | only keys to it move | the next points' owners | `O(log 50n)` |
 //! | [`Rendezvous`] | Thaler & Ravishankar, weighted | ≈1 | only its keys move | only keys to it move | all survivors, by weight | `O(n)` |
 //! | [`Memento`] | Coluzzi et al. 2023 (arXiv 2306.09783) | ≈1 | only its keys move² | only keys to it move² | all survivors, evenly | `O(log n)` + table hops |
 //! | [`JumpBackFailover`] | Ertl 2024 (JumpBackHash) + RavenDB | ≈1 | only its keys move | only keys to it move¹ | all survivors, evenly | `O(1)` expected per hop |

@@ -1,4 +1,4 @@
-//! The distributor's consistent-hash ring (article 003), as an assignor and as its greedy
+//! The distributor's consistent-hash ring (the article "Distributor"), as an assignor and as its greedy
 //! matching of services to work units.
 
 use super::{combine_hash, hash_bytes, hash_u64, AssignError, Assignor, AssignorKind, Topology};
@@ -79,7 +79,7 @@ impl Assignor for Ring {
     }
 }
 
-/// The distributor's matching (article 003): which work units each service takes.
+/// The distributor's matching (the article "Distributor"): which work units each service takes.
 ///
 /// As the article describes it: the work units go on a hash ring with [`POINTS_PER_WEIGHT`]
 /// points each; the services are sorted, so the order they registered in does not matter; each

@@ -2,7 +2,7 @@
 //! shared counter per interval, exactly as in the "Distributed Peer Indexing" articles, plus the
 //! safe index transition they leave out.
 //!
-//! # The algorithm (seed 000)
+//! # The algorithm ("Distributed Peer Indexing", Gurtovoi)
 //!
 //! With `I` the interval, each peer ticks once per interval, at the interval's start plus its own
 //! constant skew `s` (drawn once in `[0, 7I/16)`, or fixed below `I/2` by
@@ -18,7 +18,8 @@
 //! 4. if the peer also drew in interval `n - 1`, the pair for interval `n` is its first slot of
 //!    `n - 1` as **index** and the sealed count of `n - 1` as **replicas**: both describe the
 //!    same interval, which is over, so every peer that ticked in `n - 1` holds a distinct index
-//!    in `1..=replicas`. That is seed 000's "emit (index, replicas) once both are known".
+//!    in `1..=replicas`. That is the "Distributed Peer Indexing" article's
+//!    "emit (index, replicas) once both are known".
 //!
 //! # The sealed count
 //!
@@ -43,10 +44,11 @@
 //! one) and the peer draws at its next tick. So the first pair arrives at the second tick that
 //! draws: between half an interval and two intervals after the join.
 //!
-//! Counter keys expire after three intervals. Seed 001's table instead pairs the index drawn in
-//! `n` with the count of `n - 1` (so C, in its first interval, "emits (1,2)" and B "emits (3,2)"):
-//! that mixes two memberships, contradicts seed 000's caveat that the first result takes an
-//! interval, and is not what this module does; the conformance suite tests the table as the
+//! Counter keys expire after three intervals. The longer "Distributed Peer Indexing" article's
+//! table instead pairs the index drawn in `n` with the count of `n - 1` (so C, in its first
+//! interval, "emits (1,2)" and B "emits (3,2)"): that mixes two memberships, contradicts the
+//! first article's caveat that the first result takes an interval, and is not what this module
+//! does; the conformance suite tests the table as the
 //! algorithm above produces it.
 //!
 //! # Keys

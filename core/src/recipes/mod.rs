@@ -5,7 +5,7 @@
 //!   index transition they leave out.
 //! * [`group`]: group membership with stable slots, store-minted epochs, cooperative hand-off
 //!   and fencing tokens (the default mode).
-//! * [`distributor`]: the Distributor of seed 003: a deterministic matching of services to work
+//! * [`distributor`]: the Distributor (from the article "Distributor"): a deterministic matching of services to work
 //!   units kept in the store, recomputed when a service fails its health check.
 //! * [`ids`]: monotonically increasing IDs (fencing tokens) agreed by a majority of independent
 //!   stores, failing closed.

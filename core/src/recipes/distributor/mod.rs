@@ -1,4 +1,4 @@
-//! The Distributor (seed 003): a deterministic matching of services to work units, kept in the
+//! The Distributor: a deterministic matching of services to work units, kept in the
 //! store, recomputed when a service stops answering its health checks.
 //!
 //! Everything goes through [`DynStore`], so it works on every backend. See `docs/distributor.md`
@@ -43,7 +43,8 @@
 //! normally milliseconds; until the next poll if the writer died), records of different services
 //! be at different versions (older ones until a sync completes, not only the previous one): a unit that moved may be listed by its old owner and its
 //! new one, or by neither. A service that must never overlap with another compares its record's
-//! version with the `table` record's, or fences its work with the version (recipe 4).
+//! version with the `table` record's, or fences its work with the version
+//! (a fencing token: see [`crate::fence`]).
 //!
 //! # Bad input
 //!

@@ -1,5 +1,6 @@
 //! Majority IDs: monotonically increasing IDs (fencing tokens) agreed by a majority of `N`
-//! independent stores, any mix of backends, failing closed without a majority (seed 004).
+//! independent stores, any mix of backends, failing closed without a majority
+//! (antirez, "Generating unique, monotonically increasing IDs with Redis").
 //!
 //! # The algorithm
 //!
