@@ -213,6 +213,25 @@ local function refresh_due(t, ttl, key)
   return (t + h) % period < 2 * (ttl + MAX_QUIET_MS)
 end
 
+-- A heartbeat's renewal, from `v`, the value its MGET read at `key`: PEXPIRE to `ttl` ms when
+-- it is `holder`. Returns whether it renewed, or nil and the {'foreign', key, type} answer when
+-- the key holds another Redis type (MGET reads nil for it, told apart from absent by TYPE, off
+-- the steady path).
+local function renew_held(key, v, holder, ttl)
+  if not v then
+    local kt = redis.call('TYPE', key)['ok']
+    if kt ~= 'none' then
+      return nil, {'foreign', key, 'a Redis ' .. kt}
+    end
+    return false
+  end
+  if v == holder then
+    redis.call('PEXPIRE', key, ttl)
+    return true
+  end
+  return false
+end
+
 -- A heartbeat, after its MGET of the key to renew, the quiet marker and the version keys
 -- `vks` (values `got`): scores the renewal of `key` (when `renewed`, with TTL `ttl` ms) and,
 -- when the marker is gone, sweeps and sets a new marker that lives until the earliest expiry

@@ -14,18 +14,11 @@
 -- path). When the marker is gone (something may be due), this call sweeps: see heartbeat in
 -- index.lua. So expiries are noticed by whichever member calls first after they come due, and no
 -- call does more than a constant amount of work.
-local renewed = false
 local vk = VBASE .. ARGV[1]
 local got = redis.call('MGET', KEYS[1], QUIET, vk)
-local v = got[1]
-if not v then
-  local kt = redis.call('TYPE', KEYS[1])['ok']
-  if kt ~= 'none' then
-    return {'foreign', KEYS[1], 'a Redis ' .. kt}
-  end
-elseif v == ARGV[2] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  renewed = true
+local renewed, foreign = renew_held(KEYS[1], got[1], ARGV[2], ARGV[3])
+if foreign then
+  return foreign
 end
 local version = heartbeat(
   KEYS[1], renewed, tonumber(ARGV[3]), tonumber(ARGV[5]), got[2], {vk}, {got[3]}

@@ -9,21 +9,14 @@
 --
 -- The steady state is renew_check.lua's: one MGET (the key, the quiet marker and every
 -- version), PEXPIRE and ZADD; the sweep, when the marker is gone, is the same too.
-local renewed = false
 local names = {KEYS[1], QUIET}
 for i = 4, #ARGV do
   names[#names + 1] = VBASE .. ARGV[i]
 end
 local got = redis.call('MGET', unpack(names))
-local v = got[1]
-if not v then
-  local kt = redis.call('TYPE', KEYS[1])['ok']
-  if kt ~= 'none' then
-    return {'foreign', KEYS[1], 'a Redis ' .. kt}
-  end
-elseif v == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  renewed = true
+local renewed, foreign = renew_held(KEYS[1], got[1], ARGV[1], ARGV[2])
+if foreign then
+  return foreign
 end
 local vks, held = {}, {}
 for j = 3, #names do
