@@ -15,12 +15,9 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, SortOrder,
     SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
-use headcount_core::store::{
-    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_renew_and_list_if_changed, check_ttl, check_value, direct_entries, parse_counter,
-    RenewedListing,
-};
-use headcount_core::{Capabilities, Durability, Error, Result, Store};
+use headcount_core::backend::{self, direct_entries, parse_counter};
+use headcount_core::store::RenewedListing;
+use headcount_core::{Capabilities, Durability, Error, Result};
 
 pub use config::{EtcdConfig, DEFAULT_PORT};
 use errors::BACKEND;
@@ -38,7 +35,7 @@ pub use etcd_client;
 /// another writer changed the key, so the loop only spins while others make progress.
 const INCR_ATTEMPTS: usize = 1000;
 
-/// A [`Store`] in etcd (v3 API), shared by any number of processes and machines.
+/// A [`Store`](headcount_core::Store) in etcd (v3 API), shared by any number of processes and machines.
 ///
 /// Cloning is cheap and shares the gRPC channel and the lease cache.
 #[derive(Clone)]
@@ -616,7 +613,7 @@ fn utf8(key: &str, bytes: Vec<u8>) -> Result<String> {
 }
 
 #[async_trait]
-impl Store for EtcdStore {
+impl backend::Backend for EtcdStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(BACKEND);
         caps.ttl_granularity = Duration::from_secs(1);
@@ -629,8 +626,6 @@ impl Store for EtcdStore {
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
         self.deadline("incr", self.incr_by("incr", key, 1, ttl, None))
             .await
             .map(|(n, _)| n)
@@ -643,7 +638,6 @@ impl Store for EtcdStore {
         ttl: Option<Duration>,
         get_key: &str,
     ) -> Result<(i64, Option<String>)> {
-        check_incr_and_get(incr_key, by, ttl, get_key)?;
         self.deadline(
             "incr_and_get",
             self.incr_by("incr_and_get", incr_key, by, ttl, Some(get_key)),
@@ -652,7 +646,6 @@ impl Store for EtcdStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
-        check_key(key)?;
         self.deadline("get", async {
             let resp = retry_unsent(|| {
                 let mut kv = self.inner.kv.clone();
@@ -669,8 +662,6 @@ impl Store for EtcdStore {
     }
 
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        check_key(key)?;
-        check_ttl(ttl)?;
         self.deadline("expire", async {
             // Re-attach the live key to a lease of the new TTL, keeping its value.
             let resp = self
@@ -696,7 +687,6 @@ impl Store for EtcdStore {
         new: &str,
         ttl: Option<Duration>,
     ) -> Result<bool> {
-        check_cas(key, expected, new, ttl)?;
         self.deadline("compare_and_set", async {
             let compare = match expected {
                 None => Compare::version(key, CompareOp::Equal, 0),
@@ -718,7 +708,6 @@ impl Store for EtcdStore {
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        check_key(key)?;
         self.deadline("delete", async {
             let resp = retry_unsent(|| {
                 let mut kv = self.inner.kv.clone();
@@ -732,8 +721,6 @@ impl Store for EtcdStore {
     }
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        check_key(key)?;
-        check_value(expected)?;
         self.deadline("compare_and_delete", async {
             let resp = self
                 .txn_with_lease("compare_and_delete", None, |_| {
@@ -752,7 +739,6 @@ impl Store for EtcdStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        check_prefix(prefix)?;
         self.deadline("list", async {
             let resp = retry_unsent(|| {
                 let mut kv = self.inner.kv.clone();
@@ -772,7 +758,6 @@ impl Store for EtcdStore {
         ttl: Duration,
         prefix: &str,
     ) -> Result<(bool, Vec<(String, String)>)> {
-        check_renew_and_list(key, holder, ttl, prefix)?;
         self.deadline("renew_and_list", async {
             // One transaction (and a keep-alive of the key's own lease beside it, see
             // `renew_with`); the range runs after any write, so it sees the renewed key.
@@ -807,7 +792,6 @@ impl Store for EtcdStore {
         dir: &str,
         since: Option<&str>,
     ) -> Result<RenewedListing> {
-        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
         self.deadline("renew_and_list_if_changed", async {
             let (renewed, answers, cluster) = self
                 .renew_with(

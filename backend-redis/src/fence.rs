@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use headcount_core::store::{check_key, check_opt_ttl, check_value};
+use headcount_core::backend::{check_key, check_opt_ttl, check_value};
 use headcount_core::{Error, Result};
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, Value};

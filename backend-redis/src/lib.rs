@@ -11,10 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use headcount_core::store::{
-    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_renew_and_list_if_changed, check_renew_and_versions, check_ttl, check_value,
-    direct_entries, listing_digest, ttl_millis, versions_one_by_one,
+use headcount_core::backend::{
+    self, direct_entries, listing_digest, ttl_millis, versions_one_by_one,
 };
 use headcount_core::{Capabilities, Durability, Error, RenewedListing, Result, Store};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -686,7 +684,7 @@ fn list_reply(reply: Value) -> Result<Vec<(String, String)>> {
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl backend::Backend for RedisStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(BACKEND);
         caps.native_set_max = true;
@@ -706,15 +704,13 @@ impl Store for RedisStore {
         dir: &str,
         since: Option<&str>,
     ) -> Result<RenewedListing> {
-        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
         let list_index = self.index_for_prefix(dir)?;
         let key_index = self.index_for_key(key)?;
         if key_index.as_ref() != Some(&list_index) {
             // Not one slot (outside headcount's naming): the provided method's two calls.
-            let renewed = self
-                .compare_and_set(key, Some(holder), holder, Some(ttl))
-                .await?;
-            let entries = direct_entries(dir, self.list(dir).await?);
+            let renewed =
+                Store::compare_and_set(self, key, Some(holder), holder, Some(ttl)).await?;
+            let entries = direct_entries(dir, Store::list(self, dir).await?);
             let version = listing_digest(&entries);
             let listing = (since != Some(version.as_str())).then_some(entries);
             return Ok(RenewedListing::new(renewed, version, listing));
@@ -765,7 +761,6 @@ impl Store for RedisStore {
         ttl: Duration,
         dirs: &[(&str, Option<&str>)],
     ) -> Result<(bool, Vec<String>)> {
-        check_renew_and_versions(key, holder, ttl, dirs)?;
         let key_index = self.index_for_key(key)?;
         let mut index = None;
         for (dir, _) in dirs {
@@ -824,7 +819,6 @@ impl Store for RedisStore {
         ttl: Duration,
         prefix: &str,
     ) -> Result<(bool, Vec<(String, String)>)> {
-        check_renew_and_list(key, holder, ttl, prefix)?;
         // Both checked before anything is renewed: a prefix Cluster cannot list, an index name.
         let list_index = self.index_for_prefix(prefix)?;
         let key_index = self.index_for_key(key)?;
@@ -832,10 +826,9 @@ impl Store for RedisStore {
             // A script may only touch one hash slot on Cluster. A group's slot keys and its
             // prefix share the `{group}` tag, so this only happens outside headcount's naming:
             // two calls, the renewal and then the listing, not atomic together.
-            let renewed = self
-                .compare_and_set(key, Some(holder), holder, Some(ttl))
-                .await?;
-            return Ok((renewed, self.list(prefix).await?));
+            let renewed =
+                Store::compare_and_set(self, key, Some(holder), holder, Some(ttl)).await?;
+            return Ok((renewed, Store::list(self, prefix).await?));
         }
         let script = &self.inner.scripts.renew_and_list;
         let mut call = script.key(key);
@@ -869,13 +862,12 @@ impl Store for RedisStore {
         ttl: Option<Duration>,
         get_key: &str,
     ) -> Result<(i64, Option<String>)> {
-        check_incr_and_get(incr_key, by, ttl, get_key)?;
         if self.is_cluster() && hash_tag(incr_key) != hash_tag(get_key) {
             // A script may only touch one hash slot on Cluster. Keys of one group share their
             // `{group}` tag, so this only happens for keys outside headcount's naming: two calls,
             // not atomic together.
             let n = self.incr_by_two_calls(incr_key, by, ttl).await?;
-            return Ok((n, self.get(get_key).await?));
+            return Ok((n, Store::get(self, get_key).await?));
         }
         let script = &self.inner.scripts.incr_and_get;
         let mut call = script.key(incr_key);
@@ -918,8 +910,6 @@ impl Store for RedisStore {
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
         let mut call = self.inner.scripts.incr.key(key);
         let request = self.index_and_request(&mut call, key)?;
         call.arg(ttl_arg(ttl)).arg(request);
@@ -943,7 +933,6 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
-        check_key(key)?;
         let bytes: Option<Vec<u8>> = self
             .run("get", Some(key), |mut c| async move {
                 redis::cmd("GET").arg(key).query_async(&mut c).await
@@ -958,8 +947,6 @@ impl Store for RedisStore {
     }
 
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        check_key(key)?;
-        check_ttl(ttl)?;
         let mut call = self.inner.scripts.expire.key(key);
         if let Some(index) = self.index_for_key(key)? {
             index.add_to(&mut call);
@@ -980,7 +967,6 @@ impl Store for RedisStore {
         new: &str,
         ttl: Option<Duration>,
     ) -> Result<bool> {
-        check_cas(key, expected, new, ttl)?;
         let mut call = self.inner.scripts.cas.key(key);
         let request = self.index_and_request(&mut call, key)?;
         call.arg(expected.unwrap_or_default())
@@ -997,7 +983,6 @@ impl Store for RedisStore {
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        check_key(key)?;
         let mut call = self.inner.scripts.delete.key(key);
         let request = self.index_and_request(&mut call, key)?;
         call.arg(request);
@@ -1010,8 +995,6 @@ impl Store for RedisStore {
     }
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        check_key(key)?;
-        check_value(expected)?;
         let mut call = self.inner.scripts.compare_and_delete.key(key);
         let request = self.index_and_request(&mut call, key)?;
         call.arg(expected).arg(request);
@@ -1027,7 +1010,6 @@ impl Store for RedisStore {
     /// under the prefix, whatever else the database holds. Lists the keys written through
     /// headcount only.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        check_prefix(prefix)?;
         let index = self.index_for_prefix(prefix)?;
         // The index keys are the script's KEYS: on Cluster they route it to the prefix's slot.
         let mut call = self.inner.scripts.list.key(&index.index);
@@ -1041,8 +1023,6 @@ impl Store for RedisStore {
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
         let mut call = self.inner.scripts.set_max.key(key);
         let request = self.index_and_request(&mut call, key)?;
         call.arg(value).arg(ttl_arg(ttl)).arg(request);

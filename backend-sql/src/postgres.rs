@@ -15,11 +15,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
-use headcount_core::store::{
-    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_renew_and_list_if_changed, check_ttl, check_value, ttl_millis, RenewedListing,
-};
-use headcount_core::{Capabilities, Durability, Error, Result, Store};
+use headcount_core::backend::{self, ttl_millis};
+use headcount_core::store::RenewedListing;
+use headcount_core::{Capabilities, Durability, Error, Result};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
@@ -239,7 +237,7 @@ fn prefix_patterns(prefix: &str) -> (String, String) {
     )
 }
 
-/// A [`Store`] in a PostgreSQL table, shared by any number of processes and machines.
+/// A [`Store`](headcount_core::Store) in a PostgreSQL table, shared by any number of processes and machines.
 ///
 /// Cloning is cheap and shares the connection pool.
 #[derive(Clone)]
@@ -602,7 +600,7 @@ where
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl backend::Backend for PostgresStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(BACKEND);
         caps.native_set_max = true;
@@ -619,7 +617,6 @@ impl Store for PostgresStore {
         ttl: Duration,
         prefix: &str,
     ) -> Result<(bool, Vec<(String, String)>)> {
-        check_renew_and_list(key, holder, ttl, prefix)?;
         let ttl_ms = ttl_millis(ttl);
         let (head, whole) = prefix_patterns(prefix);
         let rows = self
@@ -649,7 +646,6 @@ impl Store for PostgresStore {
         dir: &str,
         since: Option<&str>,
     ) -> Result<RenewedListing> {
-        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
         let ttl_ms = ttl_millis(ttl);
         let (head, whole) = prefix_patterns(dir);
         let rows = self
@@ -680,8 +676,6 @@ impl Store for PostgresStore {
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
         let ttl_ms = ttl.map(ttl_millis);
         let rows = self
             .inner
@@ -698,7 +692,6 @@ impl Store for PostgresStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
-        check_key(key)?;
         let rows = self
             .inner
             .query("get", &self.inner.sql.get, &[&key], None)
@@ -707,8 +700,6 @@ impl Store for PostgresStore {
     }
 
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        check_key(key)?;
-        check_ttl(ttl)?;
         let ttl_ms = ttl_millis(ttl);
         let rows = self
             .inner
@@ -725,7 +716,6 @@ impl Store for PostgresStore {
         new: &str,
         ttl: Option<Duration>,
     ) -> Result<bool> {
-        check_cas(key, expected, new, ttl)?;
         let ttl_ms = ttl.map(ttl_millis);
         let rows = match expected {
             Some(expected) => {
@@ -754,7 +744,6 @@ impl Store for PostgresStore {
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        check_key(key)?;
         let rows = self
             .inner
             .query("delete", &self.inner.sql.delete, &[&key], None)
@@ -764,8 +753,6 @@ impl Store for PostgresStore {
     }
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        check_key(key)?;
-        check_value(expected)?;
         let rows = self
             .inner
             .query(
@@ -780,7 +767,6 @@ impl Store for PostgresStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        check_prefix(prefix)?;
         let (head, whole) = prefix_patterns(prefix);
         let rows = self
             .inner
@@ -793,8 +779,6 @@ impl Store for PostgresStore {
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
         let ttl_ms = ttl.map(ttl_millis);
         let rows = self
             .inner
@@ -816,7 +800,6 @@ impl Store for PostgresStore {
         ttl: Option<Duration>,
         get_key: &str,
     ) -> Result<(i64, Option<String>)> {
-        check_incr_and_get(incr_key, by, ttl, get_key)?;
         let ttl_ms = ttl.map(ttl_millis);
         let rows = self
             .inner

@@ -15,11 +15,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use headcount_core::store::{
-    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_ttl, check_value, parse_counter, ttl_millis,
-};
-use headcount_core::{Capabilities, Durability, Error, Result, Store};
+use headcount_core::backend::{self, parse_counter, ttl_millis};
+use headcount_core::{Capabilities, Durability, Error, Result};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::oneshot;
@@ -217,7 +214,7 @@ fn parse_url(url: &str) -> Result<(Location, SqliteOptions)> {
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
-/// A [`Store`] in an SQLite database file (or in memory), shared safely by every process that
+/// A [`Store`](headcount_core::Store) in an SQLite database file (or in memory), shared safely by every process that
 /// opens the same file on one machine.
 ///
 /// Cloning is cheap and shares the connection and its worker thread, which stops when the last
@@ -849,7 +846,7 @@ fn prefix_successor(prefix: &str) -> Option<String> {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl backend::Backend for SqliteStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(BACKEND);
         caps.native_set_max = true;
@@ -861,8 +858,6 @@ impl Store for SqliteStore {
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
         let key = key.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
         self.call("incr", move |conn| incr(conn, &key, ttl_ms))
@@ -870,15 +865,12 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
-        check_key(key)?;
         let key = key.to_owned();
         self.call("get", move |conn| live_value(conn, &key, now_ms()))
             .await
     }
 
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        check_key(key)?;
-        check_ttl(ttl)?;
         let key = key.to_owned();
         let ttl_ms = ttl_millis(ttl);
         self.call("expire", move |conn| expire(conn, &key, ttl_ms))
@@ -892,7 +884,6 @@ impl Store for SqliteStore {
         new: &str,
         ttl: Option<Duration>,
     ) -> Result<bool> {
-        check_cas(key, expected, new, ttl)?;
         let key = key.to_owned();
         let expected = expected.map(str::to_owned);
         let new = new.to_owned();
@@ -904,14 +895,11 @@ impl Store for SqliteStore {
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        check_key(key)?;
         let key = key.to_owned();
         self.call("delete", move |conn| delete(conn, &key)).await
     }
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        check_key(key)?;
-        check_value(expected)?;
         let (key, expected) = (key.to_owned(), expected.to_owned());
         self.call("compare_and_delete", move |conn| {
             compare_and_delete(conn, &key, &expected)
@@ -920,15 +908,12 @@ impl Store for SqliteStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        check_prefix(prefix)?;
         let prefix = prefix.to_owned();
         self.call("list", move |conn| list(conn, &prefix, now_ms()))
             .await
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
         let key = key.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
         self.call("set_max", move |conn| set_max(conn, &key, value, ttl_ms))
@@ -942,7 +927,6 @@ impl Store for SqliteStore {
         ttl: Option<Duration>,
         get_key: &str,
     ) -> Result<(i64, Option<String>)> {
-        check_incr_and_get(incr_key, by, ttl, get_key)?;
         let key = incr_key.to_owned();
         let get_key = get_key.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
@@ -959,7 +943,6 @@ impl Store for SqliteStore {
         ttl: Duration,
         prefix: &str,
     ) -> Result<(bool, Vec<(String, String)>)> {
-        check_renew_and_list(key, holder, ttl, prefix)?;
         let key = key.to_owned();
         let holder = holder.to_owned();
         let prefix = prefix.to_owned();

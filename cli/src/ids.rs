@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use headcount::recipes::ids::{
     DurabilityPolicy, IdsClient, IdsConfig, IdsService, MajorityIds, MediatedIds,
 };
-use headcount::{redact_url, Capabilities, DynStore, Error, Result, Store};
+use headcount::{redact_url, Capabilities, DynStore, Error, Result};
 
 use crate::exit::{emit, CliError};
 
@@ -316,7 +316,7 @@ impl Later {
 }
 
 #[async_trait]
-impl Store for Later {
+impl headcount::backend::Backend for Later {
     fn capabilities(&self) -> Capabilities {
         match self.store.get() {
             Some(store) => store.capabilities(),

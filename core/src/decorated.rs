@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tracing::Instrument;
 
+use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::store::{Capabilities, Durability, RenewedListing, Store};
+use crate::store::{Capabilities, Durability, RenewedListing};
 use crate::DynStore;
 
 /// What a [`Decorated`] store does around every call it forwards. `op` is the method's name:
@@ -88,7 +89,7 @@ impl<H: Hooks> Decorated<H> {
 }
 
 #[async_trait]
-impl<H: Hooks> Store for Decorated<H> {
+impl<H: Hooks> Backend for Decorated<H> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod assign;
+pub mod backend;
 pub mod clock;
 pub mod decorated;
 pub mod error;

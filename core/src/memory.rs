@@ -1,4 +1,4 @@
-//! [`MemoryStore`]: the whole [`Store`] contract in process memory, on an injectable [`Clock`].
+//! [`MemoryStore`]: the whole [`Store`](crate::Store) contract in process memory, on an injectable [`Clock`].
 //!
 //! Use it to unit-test code that uses headcount without a server, and to run the recipes under a
 //! [`ManualClock`](crate::ManualClock) (the seeded simulation in [`crate::sim`] does). It passes
@@ -32,13 +32,10 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
+use crate::backend::{self, direct_entries, listing_digest, parse_counter};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
-use crate::store::{
-    check_cas, check_incr_and_get, check_key, check_opt_ttl, check_prefix, check_renew_and_list,
-    check_renew_and_versions, check_ttl, check_value, direct_entries, listing_digest,
-    parse_counter, Capabilities, Durability, Store,
-};
+use crate::store::{Capabilities, Durability};
 
 const BACKEND: &str = "memory";
 
@@ -82,7 +79,7 @@ impl Snapshot {
     }
 }
 
-/// An in-memory [`Store`]. Clones share the same data.
+/// An in-memory [`Store`](crate::Store). Clones share the same data.
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     data: Arc<Mutex<Data>>,
@@ -227,7 +224,7 @@ fn expiry(now: SystemTime, ttl: Option<Duration>) -> Option<SystemTime> {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl backend::Backend for MemoryStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::new(BACKEND);
         caps.native_set_max = true;
@@ -240,21 +237,16 @@ impl Store for MemoryStore {
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
         let now = self.now();
         self.lock().incr_by(key, 1, ttl, now)
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
-        check_key(key)?;
         let now = self.now();
         Ok(self.lock().live(key, now).map(|e| e.value.clone()))
     }
 
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        check_key(key)?;
-        check_ttl(ttl)?;
         let now = self.now();
         Ok(match self.lock().live(key, now) {
             Some(e) => {
@@ -272,7 +264,6 @@ impl Store for MemoryStore {
         new: &str,
         ttl: Option<Duration>,
     ) -> Result<bool> {
-        check_cas(key, expected, new, ttl)?;
         let now = self.now();
         let mut data = self.lock();
         let current = data.live(key, now).map(|e| e.value.as_str());
@@ -284,7 +275,6 @@ impl Store for MemoryStore {
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        check_key(key)?;
         let now = self.now();
         let mut data = self.lock();
         let was = data.live(key, now).is_some();
@@ -293,8 +283,6 @@ impl Store for MemoryStore {
     }
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        check_key(key)?;
-        check_value(expected)?;
         let now = self.now();
         let mut data = self.lock();
         if data.live(key, now).is_some_and(|e| e.value == expected) {
@@ -305,14 +293,11 @@ impl Store for MemoryStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        check_prefix(prefix)?;
         let now = self.now();
         Ok(self.lock().list(prefix, now))
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
         let now = self.now();
         let mut data = self.lock();
         if let Some(e) = data.live(key, now) {
@@ -331,7 +316,6 @@ impl Store for MemoryStore {
         ttl: Option<Duration>,
         get_key: &str,
     ) -> Result<(i64, Option<String>)> {
-        check_incr_and_get(incr_key, by, ttl, get_key)?;
         let now = self.now();
         let mut data = self.lock();
         let n = data.incr_by(incr_key, by, ttl, now)?;
@@ -346,7 +330,6 @@ impl Store for MemoryStore {
         ttl: Duration,
         prefix: &str,
     ) -> Result<(bool, Vec<(String, String)>)> {
-        check_renew_and_list(key, holder, ttl, prefix)?;
         let now = self.now();
         let mut data = self.lock();
         let renewed = data.renew(key, holder, ttl, now);
@@ -361,7 +344,6 @@ impl Store for MemoryStore {
         ttl: Duration,
         dirs: &[(&str, Option<&str>)],
     ) -> Result<(bool, Vec<String>)> {
-        check_renew_and_versions(key, holder, ttl, dirs)?;
         let now = self.now();
         let mut data = self.lock();
         let renewed = data.renew(key, holder, ttl, now);
@@ -385,6 +367,7 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::Store;
 
     fn manual() -> (ManualClock, MemoryStore) {
         let clock = ManualClock::at_unix_secs(1_000_000);

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::error::{Error, Result};
+#[cfg(doc)]
+use crate::error::Error;
+use crate::error::Result;
 
 /// The shortest TTL accepted. Zero is rejected; anything below a backend's granularity is rounded
 /// up to it.
@@ -99,11 +101,17 @@ impl Capabilities {
 
 /// A coordination store: the primitives every recipe is written over.
 ///
-/// Implementations must be cheap to share (`Arc<dyn Store>`) and safe to call from many tasks at
-/// once. Every method validates its arguments first (see [`check_key`], [`check_ttl`],
-/// [`check_value`]) and writes nothing when they are bad.
+/// Every method validates its arguments first (a key or prefix that is empty, too long or holds a
+/// control character, a value too long or holding NUL, a TTL of zero or over [`MAX_TTL`]: all
+/// [`Error::InvalidArgument`]) and writes nothing when they are bad.
+///
+/// A backend does not implement this trait: it implements
+/// [`Backend`](crate::backend::Backend), whose methods are only ever called with checked
+/// arguments, and this trait, which does the checking, is implemented for every `Backend`. So a
+/// backend cannot forget a check, and every backend rejects the same inputs with the same errors.
+/// Implementations are cheap to share (`Arc<dyn Store>`) and safe to call from many tasks at once.
 #[async_trait]
-pub trait Store: Send + Sync + Debug + 'static {
+pub trait Store: Send + Sync + Debug + 'static + sealed::Sealed {
     /// What this backend can do and how precisely.
     fn capabilities(&self) -> Capabilities;
 
@@ -151,40 +159,9 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// (the `set_if_less_than` of the majority-IDs algorithm). Returns whether it wrote. `ttl`
     /// applies when it writes. Never moves the stored number backwards.
     ///
-    /// The provided implementation is a `get` + `compare_and_set` loop; backends that can do it in
-    /// one atomic round trip override it and say so in [`Capabilities::native_set_max`].
-    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
-        let new = value.to_string();
-        // Every failed CAS means another writer changed the key, so the loop only spins while
-        // others make progress; the bound turns pathological contention into an error.
-        for _ in 0..SET_MAX_ATTEMPTS {
-            let current = self.get(key).await?;
-            match current {
-                None => {
-                    if self.compare_and_set(key, None, &new, ttl).await? {
-                        return Ok(true);
-                    }
-                }
-                Some(text) => {
-                    if parse_counter(key, &text)? >= value {
-                        return Ok(false);
-                    }
-                    if self.compare_and_set(key, Some(&text), &new, ttl).await? {
-                        return Ok(true);
-                    }
-                }
-            }
-        }
-        Err(Error::Unavailable {
-            backend: self.capabilities().backend,
-            message: format!(
-                "set_max on `{key}` lost {SET_MAX_ATTEMPTS} compare-and-set races in a row"
-            ),
-            source: None,
-        })
-    }
+    /// A backend without a native form runs a `get` + `compare_and_set` loop; backends that can do
+    /// it in one atomic round trip say so in [`Capabilities::native_set_max`].
+    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool>;
 
     /// Atomically adds `by` (at least 1) to the counter at `incr_key` and reads `get_key` (which
     /// must be a different key): returns the new counter value and the value at `get_key`, or
@@ -196,7 +173,7 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// is [`Error::ForeignValue`] naming `incr_key` and nothing is written. The value at `get_key`
     /// is returned as stored, whatever its shape: parsing it is the caller's business.
     ///
-    /// The provided implementation makes two calls (`incr`, then `get`; for `by > 1` a
+    /// The fallback [`Backend`](crate::backend::Backend) provides makes two calls (`incr`, then `get`; for `by > 1` a
     /// `get` + `compare_and_set` loop, which re-applies `ttl` on every write instead of only on
     /// creation), so the read is not atomic with the increment. Backends that can do both in one
     /// atomic round trip (one transaction, one statement, one script) override it and say so in
@@ -208,16 +185,7 @@ pub trait Store: Send + Sync + Debug + 'static {
         by: i64,
         ttl: Option<Duration>,
         get_key: &str,
-    ) -> Result<(i64, Option<String>)> {
-        check_incr_and_get(incr_key, by, ttl, get_key)?;
-        let value = if by == 1 {
-            self.incr(incr_key, ttl).await?
-        } else {
-            incr_by_cas(self, incr_key, by, ttl).await?
-        };
-        let read = self.get(get_key).await?;
-        Ok((value, read))
-    }
+    ) -> Result<(i64, Option<String>)>;
 
     /// Renews a lease and lists a prefix: if `key` holds `holder`, resets its TTL to `ttl` from
     /// now (keeping the value); then returns whether it did, and every live key under `prefix`
@@ -227,7 +195,7 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// The listing is taken after the renewal, so when `key` is under `prefix` and the renewal
     /// succeeded, the listing contains it.
     ///
-    /// The provided implementation makes two calls (`compare_and_set` with the same value, then
+    /// The fallback [`Backend`](crate::backend::Backend) provides makes two calls (`compare_and_set` with the same value, then
     /// `list`). Backends that can do both in one round trip override it and say so in
     /// [`Capabilities::native_renew_and_list`].
     async fn renew_and_list(
@@ -236,14 +204,7 @@ pub trait Store: Send + Sync + Debug + 'static {
         holder: &str,
         ttl: Duration,
         prefix: &str,
-    ) -> Result<(bool, Vec<(String, String)>)> {
-        check_renew_and_list(key, holder, ttl, prefix)?;
-        let renewed = self
-            .compare_and_set(key, Some(holder), holder, Some(ttl))
-            .await?;
-        let listed = self.list(prefix).await?;
-        Ok((renewed, listed))
-    }
+    ) -> Result<(bool, Vec<(String, String)>)>;
 
     /// Renews a lease and tells whether anything directly under the directory `dir` changed
     /// since `since`: if `key` holds `holder`, resets its TTL to `ttl` from now (keeping the
@@ -265,7 +226,7 @@ pub trait Store: Send + Sync + Debug + 'static {
     ///
     /// The listing is taken after the renewal, as in [`Store::renew_and_list`].
     ///
-    /// The provided implementation is one [`Store::renew_and_list`] and a digest of the
+    /// The fallback [`Backend`](crate::backend::Backend) provides is one [`Store::renew_and_list`] and a digest of the
     /// directory's entries: one round trip, but work and bytes in proportion to the directory.
     /// Backends that keep a version per directory override it and say so in
     /// [`Capabilities::native_change_version`].
@@ -276,18 +237,7 @@ pub trait Store: Send + Sync + Debug + 'static {
         ttl: Duration,
         dir: &str,
         since: Option<&str>,
-    ) -> Result<RenewedListing> {
-        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
-        let (renewed, listed) = self.renew_and_list(key, holder, ttl, dir).await?;
-        let entries = direct_entries(dir, listed);
-        let version = listing_digest(&entries);
-        let listing = (since != Some(version.as_str())).then_some(entries);
-        Ok(RenewedListing {
-            renewed,
-            version,
-            listing,
-        })
-    }
+    ) -> Result<RenewedListing>;
 
     /// Renews a lease and answers the version of each of several directories, with no listing:
     /// for each `(dir, since)` of `dirs`, the version [`Store::renew_and_list_if_changed`] would
@@ -296,7 +246,7 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// version differs from the one it holds. Returns whether the key was renewed, and one
     /// version per directory, in order.
     ///
-    /// The provided implementation makes one [`Store::renew_and_list_if_changed`] call per
+    /// The fallback [`Backend`](crate::backend::Backend) provides makes one [`Store::renew_and_list_if_changed`] call per
     /// directory (passing its `since`, so an unchanged directory sends no listing). Backends that
     /// answer all the versions in one round trip override it and say so in
     /// [`Capabilities::native_renew_and_versions`].
@@ -306,39 +256,30 @@ pub trait Store: Send + Sync + Debug + 'static {
         holder: &str,
         ttl: Duration,
         dirs: &[(&str, Option<&str>)],
-    ) -> Result<(bool, Vec<String>)> {
-        check_renew_and_versions(key, holder, ttl, dirs)?;
-        versions_one_by_one(self, key, holder, ttl, dirs).await
-    }
+    ) -> Result<(bool, Vec<String>)>;
 
     /// Atomically removes `key` if it holds `expected`. Returns whether it did; false (and
     /// nothing written) when the key is absent, expired or holds anything else. A group member
     /// leaves with it, so a delayed delete never removes the next holder's claim.
     ///
-    /// The provided implementation is one [`Store::compare_and_set`] that keeps the value and
+    /// The fallback [`Backend`](crate::backend::Backend) provides is one [`Store::compare_and_set`] that keeps the value and
     /// sets the backend's shortest TTL, so the key is gone within that TTL (etcd: its shortest
     /// lease). Backends that delete in one atomic step override it and say so in
     /// [`Capabilities::native_compare_and_delete`].
-    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        check_key(key)?;
-        check_value(expected)?;
-        let shortest = self.capabilities().min_ttl.max(MIN_TTL);
-        self.compare_and_set(key, Some(expected), expected, Some(shortest))
-            .await
-    }
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool>;
 
     /// Whether a write this store acknowledged survives a crash of its server or host, as far as
     /// the backend can find out by asking the server (Redis `appendonly`/`appendfsync`,
     /// PostgreSQL `fsync`/`synchronous_commit`, SQLite `synchronous`; etcd always syncs its log).
     /// The majority-IDs recipe refuses a store that is not durable unless told otherwise.
     ///
-    /// The provided implementation answers "not known to be durable".
-    async fn durability(&self) -> Result<Durability> {
-        Ok(Durability::not_durable(format!(
-            "the {} backend cannot tell whether its writes survive a crash",
-            self.capabilities().backend
-        )))
-    }
+    /// The fallback [`Backend`](crate::backend::Backend) provides answers "not known to be durable".
+    async fn durability(&self) -> Result<Durability>;
+}
+
+/// Keeps [`Store`] implemented only through [`Backend`](crate::backend::Backend).
+pub(crate) mod sealed {
+    pub trait Sealed {}
 }
 
 /// The answer of [`Store::durability`].
@@ -410,282 +351,14 @@ impl RenewedListing {
     }
 }
 
-/// Of a listing of `dir`, the entries directly under it (no `:` after `dir`).
-pub fn direct_entries(dir: &str, listed: Vec<(String, String)>) -> Vec<(String, String)> {
-    listed
-        .into_iter()
-        .filter(|(k, _)| k.strip_prefix(dir).is_some_and(|rest| !rest.contains(':')))
-        .collect()
-}
-
-/// The version of a directory as the provided [`Store::renew_and_list_if_changed`] computes it:
-/// a digest of its entries, so equal versions mean equal contents (up to a 64-bit collision).
-pub fn listing_digest(entries: &[(String, String)]) -> String {
-    let mut bytes = Vec::new();
-    for (k, v) in entries {
-        bytes.extend_from_slice(&(k.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(k.as_bytes());
-        bytes.extend_from_slice(&(v.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(v.as_bytes());
-    }
-    format!("d{:016x}", crate::assign::hash_bytes(&bytes))
-}
-
-/// The argument checks of [`Store::renew_and_list_if_changed`]: those of
-/// [`Store::renew_and_list`], and a directory that ends with `:`.
-pub fn check_renew_and_list_if_changed(
-    key: &str,
-    holder: &str,
-    ttl: Duration,
-    dir: &str,
-) -> Result<()> {
-    check_renew_and_list(key, holder, ttl, dir)?;
-    if !dir.ends_with(':') {
-        return Err(Error::invalid(format!(
-            "directory `{dir}` does not end with `:`"
-        )));
-    }
-    Ok(())
-}
-
-/// The provided [`Store::renew_and_versions`]: one [`Store::renew_and_list_if_changed`] per
-/// directory, renewed only if every call renewed. For a backend that overrides the method but
-/// cannot answer some directories in one call.
-pub async fn versions_one_by_one<S: Store + ?Sized>(
-    store: &S,
-    key: &str,
-    holder: &str,
-    ttl: Duration,
-    dirs: &[(&str, Option<&str>)],
-) -> Result<(bool, Vec<String>)> {
-    let mut renewed = true;
-    let mut versions = Vec::with_capacity(dirs.len());
-    for (dir, since) in dirs {
-        let answer = store
-            .renew_and_list_if_changed(key, holder, ttl, dir, *since)
-            .await?;
-        renewed &= answer.renewed;
-        versions.push(answer.version);
-    }
-    Ok((renewed, versions))
-}
-
-/// The argument checks of [`Store::renew_and_versions`]: those of
-/// [`Store::renew_and_list_if_changed`] for each directory, and at least one directory.
-pub fn check_renew_and_versions(
-    key: &str,
-    holder: &str,
-    ttl: Duration,
-    dirs: &[(&str, Option<&str>)],
-) -> Result<()> {
-    if dirs.is_empty() {
-        return Err(Error::invalid(
-            "renew_and_versions needs at least one directory",
-        ));
-    }
-    for (dir, _) in dirs {
-        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
-    }
-    Ok(())
-}
-
-/// The argument checks of [`Store::renew_and_list`]: the key, the holder value, the TTL and the
-/// prefix.
-pub fn check_renew_and_list(key: &str, holder: &str, ttl: Duration, prefix: &str) -> Result<()> {
-    check_key(key)?;
-    check_value(holder)?;
-    check_ttl(ttl)?;
-    check_prefix(prefix)
-}
-
-/// The increment-by-`by` of the provided [`Store::incr_and_get`]: a `get` + `compare_and_set`
-/// loop, bounded like [`Store::set_max`]'s.
-async fn incr_by_cas<S: Store + ?Sized>(
-    store: &S,
-    key: &str,
-    by: i64,
-    ttl: Option<Duration>,
-) -> Result<i64> {
-    for _ in 0..SET_MAX_ATTEMPTS {
-        let current = store.get(key).await?;
-        let (expected, next) = match &current {
-            None => (None, by),
-            Some(text) => {
-                let now = parse_counter(key, text)?;
-                let next = now.checked_add(by).ok_or_else(|| {
-                    Error::foreign(key, "a decimal integer that stays within an i64", text)
-                })?;
-                (Some(text.as_str()), next)
-            }
-        };
-        if store
-            .compare_and_set(key, expected, &next.to_string(), ttl)
-            .await?
-        {
-            return Ok(next);
-        }
-    }
-    Err(Error::Unavailable {
-        backend: store.capabilities().backend,
-        message: format!(
-            "incr_and_get on `{key}` lost {SET_MAX_ATTEMPTS} compare-and-set races in a row"
-        ),
-        source: None,
-    })
-}
-
-/// The argument checks of [`Store::incr_and_get`]: both keys, `by >= 1`, the TTL, and two
-/// different keys.
-pub fn check_incr_and_get(
-    incr_key: &str,
-    by: i64,
-    ttl: Option<Duration>,
-    get_key: &str,
-) -> Result<()> {
-    check_key(incr_key)?;
-    check_key(get_key)?;
-    check_opt_ttl(ttl)?;
-    if by < 1 {
-        return Err(Error::invalid(format!(
-            "incr_and_get adds {by}; it must add at least 1"
-        )));
-    }
-    if incr_key == get_key {
-        return Err(Error::invalid(
-            "incr_and_get needs two different keys (use incr to read back the new value)",
-        ));
-    }
-    Ok(())
-}
-
-const SET_MAX_ATTEMPTS: usize = 1000;
-
-/// Checks a key: non-empty, at most [`MAX_KEY_LEN`] bytes, no control characters (NUL cannot be
-/// stored by PostgreSQL, and the others are almost certainly a bug). `:`, `{`, `}` and any
-/// printable Unicode are fine.
-pub fn check_key(key: &str) -> Result<()> {
-    if key.is_empty() {
-        return Err(Error::invalid("key is empty"));
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err(Error::invalid(format!(
-            "key is {} bytes long, more than the limit of {MAX_KEY_LEN}",
-            key.len()
-        )));
-    }
-    if let Some(c) = key.chars().find(|c| c.is_control()) {
-        return Err(Error::invalid(format!(
-            "key contains the control character {c:?}"
-        )));
-    }
-    Ok(())
-}
-
-/// Checks a listing prefix: the same rules as [`check_key`] (so it cannot be empty).
-pub fn check_prefix(prefix: &str) -> Result<()> {
-    check_key(prefix).map_err(|e| match e {
-        Error::InvalidArgument { message } => Error::invalid(message.replacen("key", "prefix", 1)),
-        other => other,
-    })
-}
-
-/// Checks a value: at most [`MAX_VALUE_LEN`] bytes and no NUL (PostgreSQL text cannot hold it).
-pub fn check_value(value: &str) -> Result<()> {
-    if value.len() > MAX_VALUE_LEN {
-        return Err(Error::invalid(format!(
-            "value is {} bytes long, more than the limit of {MAX_VALUE_LEN}",
-            value.len()
-        )));
-    }
-    if value.contains('\0') {
-        return Err(Error::invalid("value contains a NUL character"));
-    }
-    Ok(())
-}
-
-/// The argument checks of [`Store::compare_and_set`]: the key, both values and the TTL.
-pub fn check_cas(
-    key: &str,
-    expected: Option<&str>,
-    new: &str,
-    ttl: Option<Duration>,
-) -> Result<()> {
-    check_key(key)?;
-    if let Some(expected) = expected {
-        check_value(expected)?;
-    }
-    check_value(new)?;
-    check_opt_ttl(ttl)
-}
-
-/// Checks a TTL: at least [`MIN_TTL`] (zero is an error) and at most [`MAX_TTL`].
-pub fn check_ttl(ttl: Duration) -> Result<()> {
-    if ttl.is_zero() {
-        return Err(Error::invalid(
-            "TTL is zero; use None for a key that never expires",
-        ));
-    }
-    if ttl > MAX_TTL {
-        return Err(Error::invalid(format!(
-            "TTL of {ttl:?} is longer than the limit of {MAX_TTL:?}; use None for a key that never expires"
-        )));
-    }
-    Ok(())
-}
-
-/// [`check_ttl`] for an optional TTL; `None` (never expires) is always fine.
-pub fn check_opt_ttl(ttl: Option<Duration>) -> Result<()> {
-    ttl.map_or(Ok(()), check_ttl)
-}
-
-/// A TTL in whole milliseconds, rounded up (so 1 µs becomes 1 ms, never 0). Call after
-/// [`check_ttl`].
-pub fn ttl_millis(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
-}
-
-/// Parses a stored counter: the canonical decimal text of an `i64`, which is `0` or an optional
-/// `-` and a digit 1-9 followed by digits (no `+`, no leading zeros, no `-0`, no spaces, no
-/// fraction). That is exactly what Redis's `INCR` accepts and what `i64::to_string` writes, so
-/// every backend agrees on what is a counter. Anything else is [`Error::ForeignValue`] naming `key`.
-pub fn parse_counter(key: &str, text: &str) -> Result<i64> {
-    let digits = text.strip_prefix('-').unwrap_or(text);
-    let canonical = text == "0"
-        || (digits.starts_with(|c: char| ('1'..='9').contains(&c))
-            && digits.bytes().all(|b| b.is_ascii_digit()));
-    canonical
-        .then(|| text.parse::<i64>().ok())
-        .flatten()
-        .ok_or_else(|| Error::foreign(key, "a decimal integer", text))
-}
+// The crate's own paths to the helpers that moved to the implementors' module.
+#[cfg(test)]
+pub(crate) use crate::backend::check_key;
+pub(crate) use crate::backend::parse_counter;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_are_checked() {
-        assert!(check_key("hc:{g}:slot:1").is_ok());
-        assert!(check_key("ключ:{群}").is_ok());
-        assert!(check_key(&"k".repeat(MAX_KEY_LEN)).is_ok());
-        assert!(matches!(check_key(""), Err(Error::InvalidArgument { .. })));
-        assert!(check_key(&"k".repeat(MAX_KEY_LEN + 1)).is_err());
-        assert!(check_key("a\nb").is_err());
-        assert!(check_key("a\0b").is_err());
-        let e = check_prefix("").unwrap_err().to_string();
-        assert!(e.contains("prefix is empty"), "{e}");
-    }
-
-    #[test]
-    fn ttls_are_checked_and_rounded_up() {
-        assert!(check_ttl(Duration::ZERO).is_err());
-        assert!(check_ttl(MAX_TTL + Duration::from_secs(1)).is_err());
-        assert!(check_ttl(Duration::from_nanos(1)).is_ok());
-        assert!(check_opt_ttl(None).is_ok());
-        assert_eq!(ttl_millis(Duration::from_nanos(1)), 1);
-        assert_eq!(ttl_millis(Duration::from_millis(1500)), 1500);
-        assert_eq!(ttl_millis(Duration::from_micros(1500)), 2);
-    }
 
     #[test]
     fn effective_ttl_rounds_to_granularity_and_minimum() {
@@ -705,35 +378,5 @@ mod tests {
             ms.effective_ttl(Duration::from_micros(10)),
             Duration::from_millis(1)
         );
-    }
-
-    #[test]
-    fn counters_parse_strictly() {
-        assert_eq!(parse_counter("k", "42").ok(), Some(42));
-        assert_eq!(parse_counter("k", "-7").ok(), Some(-7));
-        assert_eq!(parse_counter("k", "0").ok(), Some(0));
-        assert_eq!(
-            parse_counter("k", "-9223372036854775808").ok(),
-            Some(i64::MIN)
-        );
-        for bad in [
-            "abc",
-            "",
-            " 1",
-            "1.5",
-            "99999999999999999999",
-            "+5",
-            "007",
-            "-0",
-            "-",
-            "00",
-        ] {
-            assert!(
-                matches!(parse_counter("k", bad), Err(Error::ForeignValue { .. })),
-                "{bad:?}"
-            );
-        }
-        assert!(check_value("a\0").is_err());
-        assert!(check_value(&"v".repeat(MAX_VALUE_LEN + 1)).is_err());
     }
 }

@@ -327,7 +327,7 @@ impl Counting {
 }
 
 #[async_trait::async_trait]
-impl headcount_core::Store for Counting {
+impl headcount_core::backend::Backend for Counting {
     fn capabilities(&self) -> headcount_core::Capabilities {
         self.inner.capabilities()
     }

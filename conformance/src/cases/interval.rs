@@ -16,7 +16,7 @@ use headcount::recipes::interval::{
     live_peers, IntervalConfig, IntervalIndexer, IntervalPeer, TaskGuard,
 };
 use headcount::recipes::{Pair, Phase};
-use headcount::{Capabilities, Clock, DynStore, Error, ErrorKind, ManualClock, OffsetClock, Store};
+use headcount::{Capabilities, Clock, DynStore, Error, ErrorKind, ManualClock, OffsetClock};
 use tokio::time::Instant;
 
 use super::expect_kind;
@@ -780,7 +780,7 @@ impl Flaky {
 }
 
 #[async_trait]
-impl Store for Flaky {
+impl headcount::backend::Backend for Flaky {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
