@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use etcd_client::Error as EtcdError;
-use headcount_core::url::scrub;
+use headcount_core::backend::url::scrub;
 use headcount_core::Error;
 use tonic::Code;
 

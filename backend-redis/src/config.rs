@@ -8,7 +8,7 @@ use std::time::Duration;
 use headcount_core::{Error, Result};
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
-use headcount_core::url::{
+use headcount_core::backend::url::{
     decode, parse_deadline, parse_port, parse_query, reject_duplicates, split_host_port, Redacted,
     DEFAULT_TIMEOUT,
 };

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use headcount_core::url::scrub;
+use headcount_core::backend::url::scrub;
 use headcount_core::Error;
 use redis::{ErrorKind, RedisError};
 

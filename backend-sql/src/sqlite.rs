@@ -21,7 +21,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 use tokio::sync::oneshot;
 
-use headcount_core::url::{
+use headcount_core::backend::url::{
     check_deadline, parse_deadline, parse_duration, parse_query, reject_duplicates,
     DEFAULT_TIMEOUT, MAX_TIMEOUT,
 };
@@ -169,7 +169,7 @@ fn parse_url(url: &str) -> Result<(Location, SqliteOptions)> {
             "SQLite URL names `:memory…` but is not `sqlite::memory:`: an in-memory database is exactly `sqlite::memory:` (options after `?`)",
         ));
     } else {
-        let path = headcount_core::url::decode(path, "path")?;
+        let path = headcount_core::backend::url::decode(path, "path")?;
         if path.is_empty() {
             return Err(Error::config(
                 "SQLite URL has no file path: expected sqlite://relative/path.db, sqlite:///absolute/path.db or sqlite::memory:",

@@ -113,7 +113,7 @@ impl Shutdown {
 /// Parses a duration flag the way store URLs parse theirs: humantime (`500ms`, `5s`, `2m`,
 /// `1h 30m`), with a unit required (`--ttl 1` is an error with a hint, not one second).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    headcount::url::parse_humantime(text)
+    headcount::backend::url::parse_humantime(text)
 }
 
 /// `url` made to refuse creating a store, for commands that only read: a SQLite file that does

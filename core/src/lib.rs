@@ -13,7 +13,6 @@ pub mod metrics;
 pub mod recipes;
 pub mod sim;
 pub mod store;
-pub mod url;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use error::{BoxError, Error, ErrorKind, Result};

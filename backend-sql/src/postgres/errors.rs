@@ -3,7 +3,7 @@
 //! [`Error::Unavailable`]; refusals that will repeat (authentication, permissions, an unknown
 //! database, a table of another shape) are [`Error::Rejected`].
 
-use headcount_core::url::scrub;
+use headcount_core::backend::url::scrub;
 use headcount_core::Error;
 use tokio_postgres::error::SqlState;
 

@@ -1,5 +1,6 @@
-//! For implementors of a store: the [`Backend`] trait and the helpers backends share. Users of
-//! headcount never need this module; they call [`Store`], which every `Backend` is.
+//! For implementors of a store: the [`Backend`] trait and the helpers backends share (argument
+//! checks, TTLs in milliseconds, counters, directory listings here; URL parsing in [`url`]).
+//! Users of headcount never need this module; they call [`Store`], which every `Backend` is.
 //!
 //! A backend implements [`Backend`]: the primitives of the [`Store`] contract, with the same
 //! names and semantics, each called only with arguments already checked by [`check_key`],
@@ -60,6 +61,8 @@
 //! # Ok(())
 //! # }
 //! ```
+
+pub mod url;
 
 use std::fmt::Debug;
 use std::time::Duration;

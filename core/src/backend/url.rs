@@ -169,7 +169,7 @@ pub fn parse_port(text: &str, url_kind: &str) -> Result<u16> {
 /// Stands in for a secret in a `Debug` implementation: prints `"***"`.
 ///
 /// ```
-/// # use headcount_core::url::Redacted;
+/// # use headcount_core::backend::url::Redacted;
 /// let password = Some("hunter2");
 /// assert_eq!(format!("{:?}", password.map(|_| Redacted)), "Some(\"***\")");
 /// ```
