@@ -1,0 +1,186 @@
+//! One service's units: the [`Assignment`] record, [`read_assignment`] and [`watch_assignment`].
+
+use super::*;
+
+/// One service's units, as stored in its record under the distribution namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Assignment {
+    /// The table version these units belong to (0: no record yet).
+    pub version: u64,
+    /// The units, in the order the service took them.
+    pub units: Vec<String>,
+}
+
+impl Assignment {
+    /// Parses a per-service record.
+    pub fn parse(key: &str, text: &str) -> Result<Self> {
+        serde_json::from_str(text)
+            .map_err(|_| Error::foreign(key, "a distributor assignment record", text))
+    }
+
+    pub(super) fn encode(&self) -> Result<String> {
+        serde_json::to_string(self)
+            .map_err(|e| Error::invalid(format!("cannot encode an assignment: {e}")))
+    }
+}
+
+/// The units of `service` with one `get`: `None` when it has no record (never matched, or its
+/// empty record expired after it left).
+pub async fn read_assignment(
+    store: &DynStore,
+    distribution: &Keyspace,
+    service: &str,
+) -> Result<Option<Assignment>> {
+    check_service_name(service)?;
+    let key = assignment_key(distribution, service);
+    store
+        .get(&key)
+        .await?
+        .map(|text| Assignment::parse(&key, &text))
+        .transpose()
+}
+
+/// A service's view of its units, polled from its record; see [`watch_assignment`].
+#[derive(Debug)]
+pub struct AssignmentWatch {
+    rx: watch::Receiver<Assignment>,
+    task: JoinHandle<()>,
+}
+
+impl AssignmentWatch {
+    /// The units as last read (version 0 and no units before the first record is seen).
+    pub fn current(&self) -> Assignment {
+        self.rx.borrow().clone()
+    }
+
+    /// Waits until the units or their version change, and returns the new assignment.
+    pub async fn changed(&mut self) -> Result<Assignment> {
+        self.rx
+            .changed()
+            .await
+            .map_err(|_| Error::invalid("the assignment watch stopped"))?;
+        Ok(self.rx.borrow_and_update().clone())
+    }
+
+    /// The underlying receiver, for `tokio::select!` or a `WatchStream`.
+    pub fn receiver(&self) -> watch::Receiver<Assignment> {
+        self.rx.clone()
+    }
+}
+
+impl Drop for AssignmentWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Watches the units of `service`: reads its record every `every` and reports each change, so a
+/// change reaches the service at most `every` (plus one store round trip) after a distributor
+/// writes it. A read that fails or finds a foreign value is logged and keeps the last units; an
+/// older version than the last seen is ignored. A record that disappears (it expired after the
+/// service left) reads as no units at the last version. Call it from within a Tokio runtime: it
+/// spawns the polling task there.
+pub fn watch_assignment(
+    store: DynStore,
+    distribution: Keyspace,
+    service: String,
+    every: Duration,
+) -> Result<AssignmentWatch> {
+    check_service_name(&service)?;
+    if every.is_zero() {
+        return Err(Error::invalid("the watch interval is zero"));
+    }
+    let (tx, rx) = watch::channel(Assignment::default());
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let read = read_assignment(&store, &distribution, &service).await;
+            let last = tx.borrow().clone();
+            let next = match read {
+                Ok(Some(a)) if a.version >= last.version => a,
+                // Records never go back in version, except when the namespace was wiped and a
+                // new line of tables began at 1: follow it once the table says so too.
+                Ok(Some(a)) => match read_table(&store, &distribution).await {
+                    Ok(Some(t)) if t.version < last.version && a.version <= t.version => a,
+                    _ => continue,
+                },
+                Ok(None) => Assignment {
+                    version: last.version,
+                    units: Vec::new(),
+                },
+                Err(e) => {
+                    tracing::warn!(service = %service, error = %e, "reading the assignment failed");
+                    continue;
+                }
+            };
+            if next != last && tx.send(next).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(AssignmentWatch { rx, task })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_watch_follows_a_new_line_of_tables_after_a_wipe() {
+        let memory = crate::memory::MemoryStore::new();
+        let store: DynStore = Arc::new(memory.clone());
+        let ns = Keyspace::with_prefix("hc", "dist").unwrap();
+        let put = |version: u64, units: &[&str]| {
+            let store = store.clone();
+            let ns = ns.clone();
+            let units: Vec<String> = units.iter().map(|u| (*u).to_owned()).collect();
+            async move {
+                let a = Assignment {
+                    version,
+                    units: units.clone(),
+                };
+                let t = Table {
+                    version,
+                    services: BTreeMap::from([("s".to_owned(), units)]),
+                    down: BTreeSet::new(),
+                };
+                store
+                    .compare_and_set(&assignment_key(&ns, "s"), None, &a.encode().unwrap(), None)
+                    .await
+                    .unwrap();
+                store
+                    .compare_and_set(&table_key(&ns), None, &t.encode().unwrap(), None)
+                    .await
+                    .unwrap();
+            }
+        };
+        put(7, &["a", "b"]).await;
+        let watch = watch_assignment(
+            store.clone(),
+            ns.clone(),
+            "s".into(),
+            Duration::from_millis(5),
+        )
+        .unwrap();
+        let seen = |version: u64| {
+            let mut rx = watch.rx.clone();
+            async move {
+                tokio::time::timeout(
+                    Duration::from_secs(5),
+                    rx.wait_for(|a| a.version == version),
+                )
+                .await
+                .is_ok()
+            }
+        };
+        assert!(seen(7).await);
+        // The namespace is wiped; a distributor starts a new line of tables at 1.
+        memory.clear();
+        put(1, &["c"]).await;
+        assert!(seen(1).await, "the watch stayed on {:?}", watch.current());
+        assert_eq!(watch.current().units, ["c"]);
+    }
+}

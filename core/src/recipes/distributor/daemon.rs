@@ -1,0 +1,415 @@
+//! The daemon: [`Distributor`] polls, probes, recomputes and writes the table; [`RunningDistributor`] runs it in a task.
+
+use super::*;
+
+/// How long the empty record of a service that left the registry is kept, so a late reader sees
+/// it lost its units before the record expires.
+pub const DEPARTED_RECORD_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// What one poll did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PollOutcome {
+    /// The table in the store is already what this poll computed.
+    Unchanged {
+        /// Its version (0 when no table exists and none was needed).
+        version: u64,
+    },
+    /// This poll wrote a new table.
+    Written {
+        /// The new version.
+        version: u64,
+        /// Units whose owner changed.
+        moved: usize,
+        /// Units that were not in the previous table.
+        added: usize,
+        /// Units of the previous table that are gone.
+        removed: usize,
+    },
+    /// No registered service is healthy while there are units: the last table is kept.
+    KeptNoHealthyService {
+        /// The version kept (0: there is none).
+        version: u64,
+    },
+}
+
+/// The daemon: polls, probes, recomputes and writes the table. Several may run at once on the
+/// same namespaces.
+pub struct Distributor {
+    store: DynStore,
+    services: Vec<Keyspace>,
+    units: Keyspace,
+    distribution: Keyspace,
+    poll_interval: Duration,
+    ping_timeout: Duration,
+    prober: Arc<dyn Prober>,
+    health: Mutex<BTreeMap<String, bool>>,
+}
+
+impl fmt::Debug for Distributor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Distributor")
+            .field("services", &self.services)
+            .field("units", &self.units)
+            .field("distribution", &self.distribution)
+            .field("poll_interval", &self.poll_interval)
+            .field("ping_timeout", &self.ping_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Distributor {
+    /// Checks the configuration; nothing is read or written yet.
+    pub fn new(store: DynStore, config: DistributorConfig) -> Result<Self> {
+        let (services, units, distribution) = config.validate()?;
+        let prober = config
+            .prober
+            .clone()
+            .unwrap_or_else(|| Arc::new(DefaultProber::new(store.clone(), config.ping_timeout)));
+        Ok(Distributor {
+            store,
+            services,
+            units,
+            distribution,
+            poll_interval: config.poll_interval,
+            ping_timeout: config.ping_timeout,
+            prober,
+            health: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The key space of the table.
+    pub fn distribution(&self) -> &Keyspace {
+        &self.distribution
+    }
+
+    /// The poll interval.
+    pub fn poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+
+    /// Every registered service across the services namespaces, by name. A name registered in
+    /// several namespaces is taken from the first one given, with a warning.
+    pub async fn registered(&self) -> Result<Vec<Service>> {
+        let mut by_name: BTreeMap<String, Service> = BTreeMap::new();
+        for ns in &self.services {
+            for s in list_services(&self.store, ns).await? {
+                if let Some(first) = by_name.get(&s.name) {
+                    tracing::warn!(
+                        service = %s.name,
+                        kept = first.namespace.group(),
+                        ignored = ns.group(),
+                        "service registered in two namespaces; keeping the first"
+                    );
+                    continue;
+                }
+                by_name.insert(s.name.clone(), s);
+            }
+        }
+        Ok(by_name.into_values().collect())
+    }
+
+    /// Probes every service concurrently, each cut at the ping timeout.
+    pub async fn probe(&self, services: &[Service]) -> Vec<Health> {
+        let checks = services.iter().map(|s| async move {
+            let probe = match &s.liveness {
+                Ok(Liveness::Grpc(_)) => "grpc",
+                Ok(Liveness::Heartbeat) => "heartbeat",
+                Err(_) => "invalid",
+            };
+            let start = std::time::Instant::now();
+            let health = match tokio::time::timeout(self.ping_timeout, self.prober.check(s)).await {
+                Ok(h) => h,
+                Err(_) => Health::Down(format!("no answer within {:?}", self.ping_timeout)),
+            };
+            ::metrics::histogram!(m::DISTRIBUTOR_PING_DURATION, "probe" => probe)
+                .record(start.elapsed());
+            let result = if health.is_serving() {
+                "serving"
+            } else {
+                "down"
+            };
+            ::metrics::counter!(m::DISTRIBUTOR_PINGS, "probe" => probe, "result" => result)
+                .increment(1);
+            health
+        });
+        futures::future::join_all(checks).await
+    }
+
+    /// One poll: read the table, the services and the units, probe, recompute, and write the
+    /// table and the per-service records when anything changed. Starts over (a few times) when
+    /// another distributor wrote meanwhile.
+    pub async fn poll(&self) -> Result<PollOutcome> {
+        let span = tracing::debug_span!("distributor.poll", namespace = %self.distribution.key(""));
+        self.poll_once().instrument(span).await
+    }
+
+    async fn poll_once(&self) -> Result<PollOutcome> {
+        let key = table_key(&self.distribution);
+        for _ in 0..CAS_ATTEMPTS {
+            let current_text = self.store.get(&key).await?;
+            let current = current_text
+                .as_deref()
+                .map(|t| Table::parse(&key, t))
+                .transpose()?;
+            let registered = self.registered().await?;
+            let units = list_units(&self.store, &self.units).await?;
+            let health = self.probe(&registered).await;
+            self.log_health(&registered, &health);
+            let mut healthy = Vec::new();
+            let mut down = BTreeSet::new();
+            for (s, h) in registered.iter().zip(&health) {
+                if h.is_serving() {
+                    healthy.push(s.name.clone());
+                } else {
+                    down.insert(s.name.clone());
+                }
+            }
+            let version = current.as_ref().map_or(0, |t| t.version);
+            if healthy.is_empty() && !units.is_empty() {
+                tracing::warn!(
+                    registered = registered.len(),
+                    units = units.len(),
+                    version,
+                    "no healthy service: keeping the last table"
+                );
+                return Ok(PollOutcome::KeptNoHealthyService { version });
+            }
+            // Records may be ahead of the table when someone deleted or reset the `table` key:
+            // start above them, or their monotonic writes would ignore the new table for good.
+            let records = self.records().await?;
+            let floor = records
+                .iter()
+                .filter_map(|(s, t)| Assignment::parse(s, t).ok())
+                .map(|a| a.version)
+                .max()
+                .unwrap_or(0);
+            let next_version = version.max(floor).checked_add(1).ok_or_else(|| {
+                Error::foreign(&key, "a table version below u64::MAX", "u64::MAX")
+            })?;
+            let next = compute_table(&healthy, &down, &units, next_version)?;
+            if let Some(cur) = &current {
+                if cur.same_content(&next) {
+                    self.sync_records(cur, None, records).await?;
+                    return Ok(PollOutcome::Unchanged { version });
+                }
+            } else if registered.is_empty() {
+                return Ok(PollOutcome::Unchanged { version: 0 });
+            }
+            let text = next.encode()?;
+            if self
+                .store
+                .compare_and_set(&key, current_text.as_deref(), &text, None)
+                .await?
+            {
+                ::metrics::counter!(m::DISTRIBUTOR_TABLE_WRITES, "result" => "written")
+                    .increment(1);
+                let (moved, added, removed) = table_diff(current.as_ref(), &next);
+                tracing::info!(
+                    version = next.version,
+                    services = healthy.len(),
+                    down = down.len(),
+                    units = units.len(),
+                    moved,
+                    added,
+                    removed,
+                    "table changed"
+                );
+                self.sync_records(&next, current.as_ref(), records).await?;
+                return Ok(PollOutcome::Written {
+                    version: next.version,
+                    moved,
+                    added,
+                    removed,
+                });
+            }
+            ::metrics::counter!(m::DISTRIBUTOR_TABLE_WRITES, "result" => "conflict").increment(1);
+            tracing::debug!("another distributor wrote the table meanwhile; polling again");
+        }
+        Err(contended(&self.store, &key))
+    }
+
+    fn log_health(&self, services: &[Service], health: &[Health]) {
+        let mut last = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut seen = BTreeMap::new();
+        for (s, h) in services.iter().zip(health) {
+            let up = h.is_serving();
+            match (last.get(&s.name), h) {
+                (Some(true), Health::Down(why)) | (None, Health::Down(why)) => {
+                    tracing::warn!(service = %s.name, reason = %why, "service is down")
+                }
+                (Some(false), Health::Serving) => {
+                    tracing::info!(service = %s.name, "service answers again")
+                }
+                (None, Health::Serving) => tracing::info!(service = %s.name, "service is up"),
+                _ => {}
+            }
+            seen.insert(s.name.clone(), up);
+        }
+        for gone in last.keys().filter(|n| !seen.contains_key(*n)) {
+            tracing::info!(service = %gone, "service deregistered");
+        }
+        *last = seen;
+    }
+
+    /// Every per-service record under the distribution namespace, by service name.
+    async fn records(&self) -> Result<BTreeMap<String, String>> {
+        let prefix = self.distribution.key("service:");
+        Ok(self
+            .store
+            .list(&prefix)
+            .await?
+            .into_iter()
+            .map(|(k, v)| (k[prefix.len()..].to_owned(), v))
+            .collect())
+    }
+
+    /// Brings every per-service record to `table`'s version: services that lose units first,
+    /// then the others, then empty records (with a TTL) for services of `previous` that left.
+    /// `existing` are the records as listed earlier in the poll: a record written since only
+    /// makes one compare-and-set fail and be retried.
+    async fn sync_records(
+        &self,
+        table: &Table,
+        previous: Option<&Table>,
+        existing: BTreeMap<String, String>,
+    ) -> Result<()> {
+        let loses = |s: &str, units: &[String]| {
+            existing
+                .get(s)
+                .and_then(|t| Assignment::parse(s, t).ok())
+                .is_some_and(|a| a.units.iter().any(|u| !units.contains(u)))
+        };
+        let mut order: Vec<(&String, &Vec<String>)> = table.services.iter().collect();
+        order.sort_by_key(|(s, units)| !loses(s, units));
+        for (service, units) in order {
+            let want = Assignment {
+                version: table.version,
+                units: units.clone(),
+            };
+            self.write_record(service, &want, existing.get(service.as_str()), None)
+                .await?;
+        }
+        let mut departed: BTreeSet<&String> = existing
+            .keys()
+            .filter(|s| !table.services.contains_key(*s))
+            .collect();
+        if let Some(prev) = previous {
+            departed.extend(
+                prev.services
+                    .keys()
+                    .filter(|s| !table.services.contains_key(*s)),
+            );
+        }
+        for service in departed {
+            let empty = Assignment {
+                version: table.version,
+                units: Vec::new(),
+            };
+            self.write_record(
+                service,
+                &empty,
+                existing.get(service.as_str()),
+                Some(DEPARTED_RECORD_TTL),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Writes `want` to a service's record unless the record already holds it or a later
+    /// version. `seen` is the value listed at the start of the sync.
+    async fn write_record(
+        &self,
+        service: &str,
+        want: &Assignment,
+        seen: Option<&String>,
+        ttl: Option<Duration>,
+    ) -> Result<()> {
+        let key = assignment_key(&self.distribution, service);
+        let text = want.encode()?;
+        let mut current = seen.cloned();
+        for _ in 0..CAS_ATTEMPTS {
+            if let Some(cur) = &current {
+                match Assignment::parse(&key, cur) {
+                    Ok(a) if a.version > want.version || a == *want => return Ok(()),
+                    // A departed service's empty record keeps its first TTL.
+                    Ok(a) if ttl.is_some() && a.units.is_empty() => return Ok(()),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "replacing a foreign assignment record"),
+                }
+            }
+            if self
+                .store
+                .compare_and_set(&key, current.as_deref(), &text, ttl)
+                .await?
+            {
+                return Ok(());
+            }
+            current = self.store.get(&key).await?;
+        }
+        Err(contended(&self.store, &key))
+    }
+
+    /// Polls every poll interval until `stop` resolves. A failed poll is logged and retried at
+    /// the next interval; the last table stays in the store meanwhile.
+    pub async fn run(&self, stop: impl Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        let mut tick = tokio::time::interval(self.poll_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return,
+                _ = tick.tick() => {}
+            }
+            tokio::select! {
+                _ = &mut stop => return,
+                outcome = self.poll() => match outcome {
+                    Ok(o) => tracing::debug!(?o, "poll"),
+                    Err(e) => tracing::warn!(error = %e, "poll failed; the last table stays"),
+                },
+            }
+        }
+    }
+
+    /// Runs [`Distributor::run`] in a task (on the current Tokio runtime) until the handle is
+    /// stopped or dropped.
+    pub fn spawn(self) -> RunningDistributor {
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            self.run(async {
+                let _ = rx.await;
+            })
+            .await;
+        });
+        RunningDistributor {
+            stop: Some(tx),
+            task,
+        }
+    }
+}
+
+/// A distributor running in a task; see [`Distributor::spawn`].
+#[derive(Debug)]
+pub struct RunningDistributor {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl RunningDistributor {
+    /// Stops after the current poll's store call and waits for the task.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for RunningDistributor {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Health checks: [`Health`], the [`Prober`] trait and the [`DefaultProber`].
+
+use super::*;
+
+/// The answer of a health check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// It answered SERVING (or its heartbeat is live).
+    Serving,
+    /// It did not: why (timeout, refused, NOT_SERVING, no heartbeat, bad address).
+    Down(String),
+}
+
+impl Health {
+    /// Whether it is [`Health::Serving`].
+    pub fn is_serving(&self) -> bool {
+        matches!(self, Health::Serving)
+    }
+}
+
+/// Checks whether a service is alive. The distributor calls it for every registered service
+/// every poll, concurrently, and counts anything slower than the ping timeout as down.
+#[async_trait]
+pub trait Prober: Send + Sync + fmt::Debug {
+    /// The health of `service` now.
+    async fn check(&self, service: &Service) -> Health;
+}
+
+/// The default prober: gRPC health checks (with the `grpc` feature; without it a gRPC service
+/// counts as down and says why) and heartbeat keys, each bounded by the ping timeout.
+#[derive(Debug, Clone)]
+pub struct DefaultProber {
+    store: DynStore,
+    timeout: Duration,
+}
+
+impl DefaultProber {
+    /// A prober reading heartbeats from `store`, giving each check `timeout`.
+    pub fn new(store: DynStore, timeout: Duration) -> Self {
+        DefaultProber { store, timeout }
+    }
+}
+
+#[async_trait]
+impl Prober for DefaultProber {
+    async fn check(&self, service: &Service) -> Health {
+        match &service.liveness {
+            Err(why) => Health::Down(why.clone()),
+            Ok(Liveness::Heartbeat) => {
+                let key = heartbeat_key(&service.namespace, &service.name);
+                match tokio::time::timeout(self.timeout, self.store.get(&key)).await {
+                    Ok(Ok(Some(_))) => Health::Serving,
+                    Ok(Ok(None)) => Health::Down("no live heartbeat".into()),
+                    Ok(Err(e)) => Health::Down(format!("reading its heartbeat: {e}")),
+                    Err(_) => Health::Down(format!(
+                        "reading its heartbeat took longer than {:?}",
+                        self.timeout
+                    )),
+                }
+            }
+            #[cfg(feature = "grpc")]
+            Ok(Liveness::Grpc(address)) => grpc::check(address, self.timeout).await,
+            #[cfg(not(feature = "grpc"))]
+            Ok(Liveness::Grpc(_)) => Health::Down(
+                "gRPC health checks need headcount's `grpc` cargo feature, which is not enabled"
+                    .into(),
+            ),
+        }
+    }
+}

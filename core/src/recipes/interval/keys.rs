@@ -1,0 +1,34 @@
+//! The keys of one group's interval indexer, and how long they live.
+
+use super::*;
+
+/// How many intervals the counter and acknowledgement keys live.
+pub const KEY_INTERVALS: u32 = 3;
+
+/// The keys of one group's interval indexer.
+#[derive(Debug, Clone)]
+pub(super) struct Keys {
+    pub(super) space: Keyspace,
+}
+
+impl Keys {
+    pub(super) fn counter(&self, n: u64) -> String {
+        self.space.key(format_args!("interval:{n}"))
+    }
+
+    pub(super) fn transition(&self, n: u64) -> String {
+        self.space.key(format_args!("interval:transition:{n}"))
+    }
+
+    pub(super) fn seal(&self, n: u64) -> String {
+        self.space.key(format_args!("interval:seal:{n}"))
+    }
+
+    pub(super) fn health_prefix(&self) -> String {
+        self.space.key("interval:health:")
+    }
+
+    pub(super) fn health(&self, member: &str) -> String {
+        self.space.key(format_args!("interval:health:{member}"))
+    }
+}
