@@ -97,7 +97,7 @@ impl CliError {
 pub fn code_of(e: &Error) -> u8 {
     match e.kind() {
         ErrorKind::Config | ErrorKind::InvalidArgument => USAGE,
-        ErrorKind::Unavailable | ErrorKind::Timeout => UNAVAILABLE,
+        ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::Contended => UNAVAILABLE,
         _ => FAILURE,
     }
 }

@@ -198,7 +198,7 @@ async fn serve(args: ServeArgs) -> std::result::Result<ExitCode, CliError> {
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| Error::config(format!("cannot listen on {}: {e}", args.listen)))?;
-    let mut server = headcount::recipes::ids::serve(listener, service).await?;
+    let server = headcount::recipes::ids::serve(listener, service).await?;
     crate::exit::emit(format_args!("listening on {}", server.local_addr()))?;
     tracing::info!(addr = %server.local_addr(), keys = ?args.keys, "serving IDs");
     tokio::select! {

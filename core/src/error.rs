@@ -66,7 +66,8 @@ pub enum Error {
     /// too many clients). Retryable.
     #[error("{backend} is unavailable: {message}")]
     Unavailable {
-        /// Which backend.
+        /// Which backend (`redis`, `postgres`, ...); `majority ids` for a call that majority IDs spread
+        /// over several stores.
         backend: &'static str,
         /// What happened, never including a password.
         message: String,
@@ -79,7 +80,7 @@ pub enum Error {
     /// Retryable.
     #[error("{backend} operation `{op}` timed out after {after:?}")]
     Timeout {
-        /// Which backend.
+        /// Which backend, as for [`Error::Unavailable`].
         backend: &'static str,
         /// Which operation.
         op: &'static str,
@@ -91,13 +92,36 @@ pub enum Error {
     /// cannot use. Permanent.
     #[error("{backend} rejected the request: {message}")]
     Rejected {
-        /// Which backend.
+        /// Which backend, as for [`Error::Unavailable`].
         backend: &'static str,
         /// What the server said, never including a password.
         message: String,
         /// The client's own error.
         #[source]
         source: Option<BoxError>,
+    },
+
+    /// The data changed under the operation faster than it could finish: it lost many
+    /// compare-and-set races on one key in a row, or a key it had just read or relied on expired
+    /// or was deleted by another client before it could use it. Nothing inconsistent was written.
+    /// Retryable.
+    #[error("contention at key `{key}`: {message}")]
+    Contended {
+        /// The key that kept changing or vanished.
+        key: String,
+        /// What happened.
+        message: String,
+    },
+
+    /// A recipe handle cannot do what was asked because its background work has ended: the
+    /// group member left or failed, the interval peer stopped, a watch or a server task ended
+    /// (or panicked). Permanent for this handle; start a new one.
+    #[error("{what} has stopped: {reason}")]
+    Stopped {
+        /// Which handle: `group member api-1`, `the assignment watch of orders`.
+        what: String,
+        /// Why, when known: the error that ended it, or how its task ended.
+        reason: String,
     },
 }
 
@@ -119,11 +143,16 @@ pub enum ErrorKind {
     Timeout,
     /// [`Error::Rejected`].
     Rejected,
+    /// [`Error::Contended`].
+    Contended,
+    /// [`Error::Stopped`].
+    Stopped,
 }
 
 impl ErrorKind {
     /// A short snake_case name, for metric labels and logs: `config`, `invalid_argument`,
-    /// `foreign_value`, `unsupported`, `unavailable`, `timeout`, `rejected`.
+    /// `foreign_value`, `unsupported`, `unavailable`, `timeout`, `rejected`, `contended`,
+    /// `stopped`.
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::Config => "config",
@@ -133,6 +162,8 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Rejected => "rejected",
+            ErrorKind::Contended => "contended",
+            ErrorKind::Stopped => "stopped",
         }
     }
 }
@@ -148,13 +179,18 @@ impl Error {
             Error::Unavailable { .. } => ErrorKind::Unavailable,
             Error::Timeout { .. } => ErrorKind::Timeout,
             Error::Rejected { .. } => ErrorKind::Rejected,
+            Error::Contended { .. } => ErrorKind::Contended,
+            Error::Stopped { .. } => ErrorKind::Stopped,
         }
     }
 
-    /// Whether trying the same operation again may succeed: true for [`Error::Unavailable`] and
-    /// [`Error::Timeout`], false for everything else.
+    /// Whether trying the same operation again may succeed: true for [`Error::Unavailable`],
+    /// [`Error::Timeout`] and [`Error::Contended`], false for everything else.
     pub fn is_retryable(&self) -> bool {
-        matches!(self.kind(), ErrorKind::Unavailable | ErrorKind::Timeout)
+        matches!(
+            self.kind(),
+            ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::Contended
+        )
     }
 
     /// Shorthand for [`Error::InvalidConfig`].
@@ -198,6 +234,22 @@ impl Error {
         }
     }
 
+    /// Builds [`Error::Contended`].
+    pub fn contended(key: &str, message: impl Into<String>) -> Self {
+        Error::Contended {
+            key: key.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// Builds [`Error::Stopped`].
+    pub fn stopped(what: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Stopped {
+            what: what.into(),
+            reason: reason.into(),
+        }
+    }
+
     /// Builds [`Error::Rejected`] from a client error.
     pub fn rejected(
         backend: &'static str,
@@ -217,7 +269,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn retryable_is_only_unavailable_and_timeout() {
+    fn retryable_is_only_unavailable_timeout_and_contended() {
         let timeout = Error::Timeout {
             backend: "x",
             op: "get",
@@ -229,6 +281,9 @@ mod tests {
         assert!(!Error::invalid("bad").is_retryable());
         assert!(!Error::foreign("k", "an integer", "abc").is_retryable());
         assert!(!Error::rejected("x", "auth", "no").is_retryable());
+        assert!(Error::contended("k", "lost 1000 races").is_retryable());
+        assert!(!Error::stopped("group member a", "it left").is_retryable());
+        assert_eq!(Error::stopped("w", "r").kind().as_str(), "stopped");
     }
 
     #[test]

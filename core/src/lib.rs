@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod recipes;
 pub mod sim;
 pub mod store;
+mod task;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use error::{BoxError, Error, ErrorKind, Result};

@@ -70,6 +70,27 @@ async fn a_member_with_another_assignor_is_refused() {
     a.leave().await.expect("leave a");
 }
 
+/// A handle whose member has left answers what happened, as a kind a caller can match on:
+/// `Stopped`, naming the member, not a store error or a configuration error.
+#[tokio::test]
+async fn waiting_on_a_member_that_left_is_stopped() {
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let a = Group::join(store, GroupConfig::new("g", TTL).with_member("m1"))
+        .await
+        .expect("joins");
+    let other = a.clone();
+    a.leave().await.expect("leave");
+    let err = tokio::time::timeout(Duration::from_secs(5), other.active(0))
+        .await
+        .expect("answers in time")
+        .expect_err("a member that left is never active");
+    assert_eq!(err.kind(), ErrorKind::Stopped, "{err}");
+    assert!(!err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("group member m1"), "{err}");
+    // Leaving again, from the other handle, is fine.
+    other.leave().await.expect("second leave");
+}
+
 #[tokio::test]
 async fn epochs_never_pass_the_largest_and_the_member_says_why() {
     use headcount_core::recipes::group::MAX_EPOCH;

@@ -78,7 +78,7 @@ impl Mode {
 
 enum Inner {
     Group(Arc<Member>),
-    Interval(IntervalPeer),
+    Interval(Box<IntervalPeer>),
 }
 
 /// One peer: its membership, its worker, and its pause gate.
@@ -130,7 +130,7 @@ impl Recipe {
                 let own = peer.ownership();
                 let take: Taker =
                     Arc::new(move |id| own.begin(id).map(|t| (t.epoch(), Box::new(t) as Held)));
-                (Inner::Interval(peer), take)
+                (Inner::Interval(Box::new(peer)), take)
             }
         };
         let worker = spawn_worker(take, sink.clone(), gate.clone(), self.every, self.work);

@@ -130,13 +130,10 @@ pub trait Backend: Send + Sync + Debug + 'static {
                 }
             }
         }
-        Err(Error::Unavailable {
-            backend: Backend::capabilities(self).backend,
-            message: format!(
-                "set_max on `{key}` lost {SET_MAX_ATTEMPTS} compare-and-set races in a row"
-            ),
-            source: None,
-        })
+        Err(Error::contended(
+            key,
+            format!("set_max lost {SET_MAX_ATTEMPTS} compare-and-set races in a row"),
+        ))
     }
 
     /// See [`Store::incr_and_get`]. Provided: `incr` (or, for `by > 1`, a `get` +
@@ -436,13 +433,10 @@ async fn incr_by_cas<S: Backend + ?Sized>(
             return Ok(next);
         }
     }
-    Err(Error::Unavailable {
-        backend: Backend::capabilities(store).backend,
-        message: format!(
-            "incr_and_get on `{key}` lost {SET_MAX_ATTEMPTS} compare-and-set races in a row"
-        ),
-        source: None,
-    })
+    Err(Error::contended(
+        key,
+        format!("incr_and_get lost {SET_MAX_ATTEMPTS} compare-and-set races in a row"),
+    ))
 }
 
 /// The argument checks of [`Store::incr_and_get`]: both keys, `by >= 1`, the TTL, and two

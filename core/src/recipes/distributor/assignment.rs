@@ -44,7 +44,7 @@ pub async fn read_assignment(
 #[derive(Debug)]
 pub struct AssignmentWatch {
     rx: watch::Receiver<Assignment>,
-    task: JoinHandle<()>,
+    task: Background,
 }
 
 impl AssignmentWatch {
@@ -58,19 +58,13 @@ impl AssignmentWatch {
         self.rx
             .changed()
             .await
-            .map_err(|_| Error::invalid("the assignment watch stopped"))?;
+            .map_err(|_| Error::stopped(self.task.what(), "its polling task ended"))?;
         Ok(self.rx.borrow_and_update().clone())
     }
 
     /// The underlying receiver, for `tokio::select!` or a `WatchStream`.
     pub fn receiver(&self) -> watch::Receiver<Assignment> {
         self.rx.clone()
-    }
-}
-
-impl Drop for AssignmentWatch {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -91,7 +85,8 @@ pub fn watch_assignment(
         return Err(Error::invalid("the watch interval is zero"));
     }
     let (tx, rx) = watch::channel(Assignment::default());
-    let task = tokio::spawn(async move {
+    let what = format!("the assignment watch of service {service}");
+    let task = Background::spawn(what, OnDrop::Abort, |_| async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -116,7 +111,7 @@ pub fn watch_assignment(
                 }
             };
             if next != last && tx.send(next).is_err() {
-                break;
+                return Ok(());
             }
         }
     });

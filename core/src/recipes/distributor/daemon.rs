@@ -226,7 +226,7 @@ impl Distributor {
             ::metrics::counter!(m::DISTRIBUTOR_TABLE_WRITES, "result" => "conflict").increment(1);
             tracing::debug!("another distributor wrote the table meanwhile; polling again");
         }
-        Err(contended(&self.store, &key))
+        Err(contended(&key))
     }
 
     fn log_health(&self, services: &[Service], health: &[Health]) {
@@ -348,7 +348,7 @@ impl Distributor {
             }
             current = self.store.get(&key).await?;
         }
-        Err(contended(&self.store, &key))
+        Err(contended(&key))
     }
 
     /// Polls every poll interval until `stop` resolves. A failed poll is logged and retried at
@@ -375,41 +375,24 @@ impl Distributor {
     /// Runs [`Distributor::run`] in a task (on the current Tokio runtime) until the handle is
     /// stopped or dropped.
     pub fn spawn(self) -> RunningDistributor {
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            self.run(async {
-                let _ = rx.await;
-            })
-            .await;
+        let task = Background::spawn("the distributor", OnDrop::Stop, |stop| async move {
+            self.run(stop_requested(stop)).await;
+            Ok(())
         });
-        RunningDistributor {
-            stop: Some(tx),
-            task,
-        }
+        RunningDistributor { task }
     }
 }
 
-/// A distributor running in a task; see [`Distributor::spawn`].
+/// A distributor running in a task; see [`Distributor::spawn`]. Dropping it stops the task
+/// after the current poll's store call.
 #[derive(Debug)]
 pub struct RunningDistributor {
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
+    task: Background,
 }
 
 impl RunningDistributor {
     /// Stops after the current poll's store call and waits for the task.
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        let _ = (&mut self.task).await;
-    }
-}
-
-impl Drop for RunningDistributor {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
+    pub async fn stop(self) {
+        let _ = self.task.stop().await;
     }
 }

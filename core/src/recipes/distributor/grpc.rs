@@ -6,8 +6,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::pb::health_check_response::ServingStatus as PbStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -17,6 +15,7 @@ use tonic_health::ServingStatus;
 
 use super::Health;
 use crate::error::{Error, Result};
+use crate::task::{stop_requested, Background, OnDrop};
 
 /// One health check of the whole server (service name `""`) at `address`, connection included,
 /// cut at `timeout`: a server that accepts the connection and never answers counts as down once
@@ -71,8 +70,7 @@ fn with_sources(e: &dyn std::error::Error) -> String {
 pub struct HealthServer {
     addr: SocketAddr,
     reporter: HealthReporter,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+    task: Background,
 }
 
 impl HealthServer {
@@ -98,25 +96,8 @@ impl HealthServer {
     }
 
     /// Stops accepting connections and waits for the server to finish.
-    pub async fn shutdown(mut self) -> Result<()> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        match (&mut self.task).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(Error::invalid(format!("the health server failed: {e}"))),
-            Err(e) => Err(Error::invalid(format!(
-                "the health server task failed: {e}"
-            ))),
-        }
-    }
-}
-
-impl Drop for HealthServer {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
+    pub async fn shutdown(self) -> Result<()> {
+        self.task.stop().await
     }
 }
 
@@ -129,18 +110,18 @@ pub fn serve_health(listener: TcpListener) -> Result<HealthServer> {
         .local_addr()
         .map_err(|e| Error::invalid(format!("the listener has no local address: {e}")))?;
     let (reporter, service) = tonic_health::server::health_reporter();
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(
+    let what = format!("the health server on {addr}");
+    let failed = what.clone();
+    let task = Background::spawn(what, OnDrop::Stop, |stop| async move {
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = rx.await;
-            }),
-    );
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop_requested(stop))
+            .await
+            .map_err(|e| Error::stopped(failed, format!("it failed: {}", with_sources(&e))))
+    });
     Ok(HealthServer {
         addr,
         reporter,
-        stop: Some(tx),
         task,
     })
 }

@@ -76,8 +76,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{oneshot, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::assign::match_work_units;
@@ -85,6 +84,7 @@ use crate::error::{Error, Result};
 use crate::keys::{Keyspace, DEFAULT_PREFIX};
 use crate::metrics as m;
 use crate::store::MAX_VALUE_LEN;
+use crate::task::{stop_requested, Background, OnDrop};
 use crate::DynStore;
 
 pub use assignment::{read_assignment, watch_assignment, Assignment, AssignmentWatch};
@@ -105,12 +105,11 @@ pub use units::{add_unit, check_unit_name, list_units, remove_unit, MAX_UNIT_NAM
 
 const CAS_ATTEMPTS: usize = 100;
 
-fn contended(store: &DynStore, key: &str) -> Error {
-    Error::Unavailable {
-        backend: store.capabilities().backend,
-        message: format!("{key}: lost {CAS_ATTEMPTS} compare-and-set races in a row"),
-        source: None,
-    }
+fn contended(key: &str) -> Error {
+    Error::contended(
+        key,
+        format!("lost {CAS_ATTEMPTS} compare-and-set races in a row"),
+    )
 }
 
 #[cfg(test)]

@@ -78,7 +78,7 @@ pub async fn register(
             }
         }
     }
-    Err(contended(store, &key))
+    Err(contended(&key))
 }
 
 /// Removes `name` from the services namespace. The next poll of a distributor drops it from the
@@ -103,25 +103,19 @@ pub async fn beat(store: &DynStore, services: &Keyspace, name: &str, ttl: Durati
             return Ok(());
         }
     }
-    Err(contended(store, &key))
+    Err(contended(&key))
 }
 
 /// A task renewing a heartbeat every `ttl / 3` until stopped or dropped.
 #[derive(Debug)]
 pub struct HeartbeatHandle {
-    task: JoinHandle<()>,
+    task: Background,
 }
 
 impl HeartbeatHandle {
-    /// Stops renewing; the key expires within its TTL.
+    /// Stops renewing at once (as dropping the handle does); the key expires within its TTL.
     pub fn stop(self) {
-        self.task.abort();
-    }
-}
-
-impl Drop for HeartbeatHandle {
-    fn drop(&mut self) {
-        self.task.abort();
+        drop(self.task);
     }
 }
 
@@ -136,7 +130,8 @@ pub async fn spawn_heartbeat(
 ) -> Result<HeartbeatHandle> {
     beat(&store, &services, &name, ttl).await?;
     let period = (ttl / 3).max(Duration::from_millis(1));
-    let task = tokio::spawn(async move {
+    let what = format!("the heartbeat of service {name}");
+    let task = Background::spawn(what, OnDrop::Abort, |_| async move {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;

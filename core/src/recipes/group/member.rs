@@ -91,15 +91,14 @@ impl Group {
             acks_read: None,
         };
         runner.first_claim().await?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(runner.run(stop_rx));
+        // Every handle dropped without leave(): the heartbeat is cancelled and the slot expires
+        // after the TTL.
+        let what = format!("group member {member}");
+        let task = Background::spawn(what, OnDrop::Abort, |stop| runner.run(stop));
         Ok(Member {
             shared,
             member,
-            task: Arc::new(Heartbeat {
-                stop: stop_tx,
-                task: tokio::sync::Mutex::new(Some(task)),
-            }),
+            task: Arc::new(task),
         })
     }
 }
@@ -111,23 +110,7 @@ impl Group {
 pub struct Member {
     pub(super) shared: Arc<Shared>,
     pub(super) member: String,
-    pub(super) task: Arc<Heartbeat>,
-}
-
-/// The member's background task, shared by its handles.
-pub(super) struct Heartbeat {
-    pub(super) stop: watch::Sender<bool>,
-    pub(super) task: tokio::sync::Mutex<Option<JoinHandle<Result<()>>>>,
-}
-
-impl Drop for Heartbeat {
-    fn drop(&mut self) {
-        // Every handle dropped without leave(): stop heartbeating; the slot expires after the
-        // TTL.
-        if let Some(task) = self.task.get_mut().take() {
-            task.abort();
-        }
-    }
+    pub(super) task: Arc<Background>,
 }
 
 impl fmt::Debug for Member {
@@ -208,24 +191,18 @@ impl Member {
                     return Ok(a.clone());
                 }
                 if matches!(a.phase, GroupPhase::Stopped | GroupPhase::Failed) {
-                    return Err(Error::Unavailable {
-                        backend: "group",
-                        message: format!(
-                            "member {} is {}: {}",
-                            a.member,
+                    return Err(Error::stopped(
+                        self.task.what(),
+                        format!(
+                            "it is {}: {}",
                             a.phase.as_str(),
                             a.last_error.as_deref().unwrap_or("it left the group")
                         ),
-                        source: None,
-                    });
+                    ));
                 }
             }
             if rx.changed().await.is_err() {
-                return Err(Error::Unavailable {
-                    backend: "group",
-                    message: "the member's heartbeat task ended".into(),
-                    source: None,
-                });
+                return Err(Error::stopped(self.task.what(), "its heartbeat task ended"));
             }
         }
     }
@@ -235,14 +212,6 @@ impl Member {
     /// member early, if one did (another process with the same member id). Any handle may
     /// leave; a second call, from another handle, waits for the first and returns `Ok`.
     pub async fn leave(self) -> Result<()> {
-        let _ = self.task.stop.send(true);
-        // The lock is held until the task ended, so a second leave waits for the first.
-        let mut task = self.task.task.lock().await;
-        match task.take() {
-            Some(task) => task
-                .await
-                .map_err(|e| Error::config(format!("the heartbeat task failed: {e}")))?,
-            None => Ok(()),
-        }
+        self.task.stop().await
     }
 }

@@ -159,13 +159,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
 use tokio::sync::{broadcast, watch, Notify};
-use tokio::task::JoinHandle;
 
 use crate::assign::{hash_bytes, Assignor, AssignorKind, Topology};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, DEFAULT_PREFIX};
 use crate::store::RenewedListing;
+use crate::task::{Background, OnDrop};
 use crate::DynStore;
 
 pub use config::GroupConfig;

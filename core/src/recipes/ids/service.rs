@@ -32,13 +32,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 
 use super::{check_block, MediatedIds, RECIPE};
 use crate::error::{Error, Result};
+use crate::task::{stop_requested, Background, OnDrop};
 
 /// The gRPC service's full name.
 pub const SERVICE_NAME: &str = "headcount.ids.v1.Ids";
@@ -217,8 +216,7 @@ impl tonic::server::NamedService for IdsServer {
 #[derive(Debug)]
 pub struct RunningIdsServer {
     addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+    task: Background,
 }
 
 impl RunningIdsServer {
@@ -228,37 +226,14 @@ impl RunningIdsServer {
     }
 
     /// Stops accepting calls, lets the calls under way finish, and waits for the server.
-    pub async fn shutdown(mut self) -> Result<()> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        self.wait().await
+    pub async fn shutdown(self) -> Result<()> {
+        self.task.stop().await
     }
 
     /// Waits until the server ends (it only does after [`RunningIdsServer::shutdown`], or
-    /// when it fails).
-    pub async fn wait(&mut self) -> Result<()> {
-        match (&mut self.task).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(Error::Unavailable {
-                backend: RECIPE,
-                message: format!("the IDs server failed: {e}"),
-                source: Some(Box::new(e)),
-            }),
-            Err(e) => Err(Error::Unavailable {
-                backend: RECIPE,
-                message: format!("the IDs server task failed: {e}"),
-                source: None,
-            }),
-        }
-    }
-}
-
-impl Drop for RunningIdsServer {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
+    /// when it fails: then [`Error::Stopped`] says why).
+    pub async fn wait(&self) -> Result<()> {
+        self.task.wait().await
     }
 }
 
@@ -275,24 +250,23 @@ pub async fn serve(listener: TcpListener, service: IdsService) -> Result<Running
     reporter
         .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::Serving)
         .await;
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(
+    let what = format!("the IDs server on {addr}");
+    let failed = what.clone();
+    let task = Background::spawn(what, OnDrop::Stop, |stop| async move {
         tonic::transport::Server::builder()
             .add_service(health)
             .add_service(IdsServer::new(service))
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-                let _ = rx.await;
+                stop_requested(stop).await;
                 // Keep answering health checks as NOT_SERVING while the calls under way end.
                 reporter
                     .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::NotServing)
                     .await;
-            }),
-    );
-    Ok(RunningIdsServer {
-        addr,
-        stop: Some(tx),
-        task,
-    })
+            })
+            .await
+            .map_err(|e| Error::stopped(failed, format!("it failed: {e}")))
+    });
+    Ok(RunningIdsServer { addr, task })
 }
 
 /// A client of one or more IDs servers over the same stores: calls go to the server that

@@ -140,13 +140,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, DEFAULT_PREFIX};
 use crate::store::parse_counter;
+use crate::task::{Background, OnDrop};
 use crate::DynStore;
 
 pub(crate) use config::check_member;

@@ -63,8 +63,8 @@ impl IntervalIndexer {
         let keys = ticker.keys.clone();
         let now = wall(ticker.clock.as_ref());
         ticker.tick(interval_number(now, interval)).await?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(ticker.run(stop_rx));
+        let what = format!("interval peer {member}");
+        let task = Background::spawn(what, OnDrop::Abort, |stop| ticker.run(stop));
         Ok(IntervalPeer {
             ownership: Ownership {
                 shared,
@@ -75,8 +75,7 @@ impl IntervalIndexer {
             interval,
             store,
             keys,
-            stop: stop_tx,
-            task: Some(task),
+            task,
         })
     }
 }
@@ -91,8 +90,7 @@ pub struct IntervalPeer {
     interval: Duration,
     store: DynStore,
     keys: Keys,
-    stop: watch::Sender<bool>,
-    task: Option<JoinHandle<Result<()>>>,
+    task: Background,
 }
 
 impl IntervalPeer {
@@ -162,23 +160,7 @@ impl IntervalPeer {
     /// Leaves gracefully: stops ticking and taking tasks, waits (up to one interval) for the
     /// in-flight tasks, acknowledges the transitions the others would wait for, and deletes the
     /// health record. Returns the first store error met on the way, if any.
-    pub async fn stop(mut self) -> Result<()> {
-        let _ = self.stop.send(true);
-        match self.task.take() {
-            Some(task) => task.await.map_err(|e| Error::Unavailable {
-                backend: "interval",
-                message: format!("the peer's background task died: {e}"),
-                source: None,
-            })?,
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for IntervalPeer {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+    pub async fn stop(self) -> Result<()> {
+        self.task.stop().await
     }
 }

@@ -324,15 +324,14 @@ impl Ticker {
             None => {
                 let counter = self.keys.counter(m);
                 let Some(text) = self.store.get(&counter).await? else {
-                    return Err(Error::Unavailable {
-                        backend: "interval",
-                        message: format!(
+                    return Err(Error::contended(
+                        &counter,
+                        format!(
                             "the counter of interval {m} vanished before interval {} read it \
                              (expired or deleted)",
                             m + 1
                         ),
-                        source: None,
-                    });
+                    ));
                 };
                 let count = parse_count(&counter, &text)?;
                 if self
@@ -342,16 +341,12 @@ impl Ticker {
                 {
                     return Ok(count);
                 }
-                self.store
-                    .get(&seal)
-                    .await?
-                    .ok_or_else(|| Error::Unavailable {
-                        backend: "interval",
-                        message: format!(
-                            "the sealed count of interval {m} vanished as it was read"
-                        ),
-                        source: None,
-                    })?
+                self.store.get(&seal).await?.ok_or_else(|| {
+                    Error::contended(
+                        &seal,
+                        format!("the sealed count of interval {m} vanished as it was read"),
+                    )
+                })?
             }
         };
         parse_count(&seal, &text)
