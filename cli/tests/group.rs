@@ -212,18 +212,15 @@ fn two_runs_split_the_group_and_a_sigterm_hands_over_at_once() {
 #[cfg(feature = "postgres")]
 #[test]
 fn two_runs_hand_over_on_postgres() {
-    use headcount_conformance::harness::{Backend, Unavailable};
+    use headcount_conformance::harness::Backend;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let url = match runtime.block_on(Backend::Postgres.shared()) {
-        Ok(url) => url,
-        Err(Unavailable::Missing(why)) if !Backend::Postgres.required() => {
-            eprintln!("SKIP two_runs_hand_over_on_postgres: {why}");
-            return;
-        }
-        Err(e) => panic!("PostgreSQL: {e}"),
+    let Some(url) =
+        runtime.block_on(Backend::Postgres.shared_or_skip("two_runs_hand_over_on_postgres"))
+    else {
+        return;
     };
     // The shared server outlives this test's keys: a group of its own.
     let nanos = std::time::SystemTime::now()

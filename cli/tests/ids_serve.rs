@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use headcount::recipes::ids::IdsClient;
-use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount_conformance::harness::{skip_unless_required, Backend, KvStore};
 use headcount_conformance::id_history::{
     check_id_history as check_history, IdCall as Call, IdLoad,
 };
@@ -95,14 +95,12 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 async fn servers_fail_over_and_ids_stay_unique_and_linearizable() {
     let mut redis = Vec::new();
     for _ in 0..3 {
-        match blocking(|| KvStore::redis_with(Some(Duration::from_secs(1)), AOF_ALWAYS)).await {
-            Ok(s) => redis.push(Arc::new(s)),
-            Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
-                eprintln!("SKIP cli ids_serve: {why}");
-                return;
-            }
-            Err(e) => panic!("redis: {e}"),
-        }
+        let started =
+            blocking(|| KvStore::redis_with(Some(Duration::from_secs(1)), AOF_ALWAYS)).await;
+        let Some(server) = skip_unless_required(Backend::Redis, "cli ids_serve", started) else {
+            return;
+        };
+        redis.push(Arc::new(server));
     }
     let stores = redis.iter().map(|s| s.url()).collect::<Vec<_>>().join(",");
     let (a, b) = {

@@ -511,14 +511,11 @@ fn commands_refuse_before_writing_anything() {
 /// `status --watch` reports an outage of its store and watches on.
 #[test]
 fn status_watch_survives_a_store_restart() {
-    use headcount_conformance::harness::{Backend, KvStore, Unavailable};
-    let redis = match KvStore::redis(Some(Duration::from_millis(300))) {
-        Ok(r) => r,
-        Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
-            eprintln!("SKIP status --watch over Redis: {why}");
-            return;
-        }
-        Err(e) => panic!("redis: {e}"),
+    use headcount_conformance::harness::{skip_unless_required, Backend, KvStore};
+    let started = KvStore::redis(Some(Duration::from_millis(300)));
+    let Some(redis) = skip_unless_required(Backend::Redis, "status --watch over Redis", started)
+    else {
+        return;
     };
     let mut watch = headcount()
         .args([

@@ -5,7 +5,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,7 @@ use headcount::recipes::distributor::{
     PollOutcome, Registration, Table,
 };
 use headcount::{DynStore, ErrorKind, Keyspace};
-use headcount_conformance::harness::{Backend, Unavailable};
+use headcount_conformance::harness::Backend;
 
 const POLL: Duration = Duration::from_millis(200);
 /// Generous: every probe opens a fresh connection, and 30 of these tests run at once with their
@@ -27,18 +26,10 @@ const SLACK: Duration = Duration::from_secs(2);
 /// The shared store of `backend`, or None (with a SKIP line) when its server is not installed and
 /// the backend is not required.
 async fn store(backend: Backend) -> Option<DynStore> {
-    match backend.shared().await {
-        Ok(url) => Some(headcount::connect(&url).await.unwrap()),
-        Err(Unavailable::Missing(why)) if !backend.required() => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIP {}::distributor: {why}",
-                backend.name()
-            );
-            None
-        }
-        Err(e) => panic!("{}: {e}", backend.name()),
-    }
+    let url = backend
+        .shared_or_skip(&format!("{}::distributor", backend.name()))
+        .await?;
+    Some(headcount::connect(&url).await.unwrap())
 }
 
 /// Fresh namespaces for one test: (services, units, distribution).

@@ -7,25 +7,14 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Write as _;
-
-use headcount_conformance::harness::{Backend, Unavailable};
+use headcount_conformance::harness::Backend;
 
 /// The shared store's URL, or None (with a SKIP line) when the backend is missing and not
 /// required.
 async fn url(backend: Backend, test: &str) -> Option<String> {
-    match backend.shared().await {
-        Ok(url) => Some(url),
-        Err(Unavailable::Missing(why) | Unavailable::NotApplicable(why)) if !backend.required() => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIP {}::{test}: {why} (set HEADCOUNT_REQUIRE_BACKENDS=all to make this a failure)",
-                backend.name()
-            );
-            None
-        }
-        Err(e) => panic!("{}::{test}: {e}", backend.name()),
-    }
+    backend
+        .shared_or_skip(&format!("{}::{test}", backend.name()))
+        .await
 }
 
 fn unique(name: &str) -> String {

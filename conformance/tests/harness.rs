@@ -11,19 +11,13 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use headcount_conformance::harness::{Backend, PgControl, PgServer, Unavailable};
+use headcount_conformance::harness::{skip_unless_required, Backend, PgControl, PgServer};
 use headcount_conformance::ServerControl;
 
 /// A dedicated server, or None (with a SKIP line) when PostgreSQL is not installed.
 fn server() -> Option<Arc<PgServer>> {
-    match PgServer::start_new(Some(Duration::from_secs(2))) {
-        Ok(s) => Some(Arc::new(s)),
-        Err(Unavailable::Missing(why)) if !Backend::Postgres.required() => {
-            let _ = writeln!(io::stderr(), "SKIP harness test: {why}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    let started = PgServer::start_new(Some(Duration::from_secs(2)));
+    skip_unless_required(Backend::Postgres, "harness test", started).map(Arc::new)
 }
 
 fn port(server: &PgServer) -> u16 {

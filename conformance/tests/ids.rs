@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds, MediatedIds};
 use headcount::{DynStore, ErrorKind};
-use headcount_conformance::harness::{Backend, KvStore, PgServer, Unavailable};
+use headcount_conformance::harness::{
+    skip_unless_required, Backend, KvStore, PgServer, Unavailable,
+};
 use headcount_conformance::id_history::{
     check_id_history as check_history, IdCall as Call, IdLoad,
 };
@@ -32,16 +34,7 @@ fn say(line: &str) {
 
 /// The value, or None with a SKIP line when the backend is missing and not required.
 fn available<T>(backend: Backend, test: &str, r: Result<T, Unavailable>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(Unavailable::Missing(why)) if !backend.required() => {
-            say(&format!(
-                "SKIP ids::{test}: {why} (set HEADCOUNT_REQUIRE_BACKENDS=all to make this a failure)"
-            ));
-            None
-        }
-        Err(e) => panic!("ids::{test}: {}: {e}", backend.name()),
-    }
+    skip_unless_required(backend, &format!("ids::{test}"), r)
 }
 
 /// `n` single Redis servers started with `args`, each with a 1 s operation timeout.

@@ -5,23 +5,15 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use headcount::ErrorKind;
-use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount_conformance::harness::{skip_unless_required, Backend, KvStore, Unavailable};
 use redis::aio::ConnectionLike;
 
 /// A dedicated store, or None (with a SKIP line) when the server is not installed.
 fn start(backend: Backend, f: impl FnOnce() -> Result<KvStore, Unavailable>) -> Option<KvStore> {
-    match f() {
-        Ok(s) => Some(s),
-        Err(Unavailable::Missing(why)) if !backend.required() => {
-            let _ = writeln!(std::io::stderr(), "SKIP redis_index: {why}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    skip_unless_required(backend, "redis_index", f())
 }
 
 async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
