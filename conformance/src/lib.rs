@@ -6,6 +6,7 @@ pub mod harness;
 pub mod id_history;
 mod suite;
 mod timed;
+pub mod wait;
 
 pub use case::{Case, CaseFn, CaseResult, Ctx, Failure, Needs, ResultExt, ServerControl, CASES};
 pub use suite::{percentile, run_suite, CaseReport, Outcome, PrimitiveStats, Report, SuiteOptions};

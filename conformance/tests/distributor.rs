@@ -14,6 +14,7 @@ use headcount::recipes::distributor::{
 };
 use headcount::{DynStore, ErrorKind, Keyspace};
 use headcount_conformance::harness::Backend;
+use headcount_conformance::wait;
 
 const POLL: Duration = Duration::from_millis(200);
 /// Generous: every probe opens a fresh connection, and 30 of these tests run at once with their
@@ -92,17 +93,14 @@ async fn wait_for(
     done: impl Fn(&Table) -> bool,
 ) -> (Table, Duration) {
     let start = Instant::now();
-    loop {
-        let table = distributor::read_table(store, &ns.dist).await.unwrap();
-        if let Some(t) = table.filter(|t| done(t)) {
-            return (t, start.elapsed());
+    let table = wait::eventually(what, deadline, wait::EVERY, || async {
+        match distributor::read_table(store, &ns.dist).await.unwrap() {
+            Some(t) if done(&t) => Ok(t),
+            last => Err(last),
         }
-        if start.elapsed() > deadline {
-            let last = distributor::read_table(store, &ns.dist).await.unwrap();
-            panic!("{what}: not within {deadline:?}; last table {last:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    (table, start.elapsed())
 }
 
 fn counts(t: &Table) -> Vec<usize> {
@@ -116,8 +114,8 @@ async fn records_match(store: &DynStore, ns: &Ns, table: &Table, units: usize) {
     let unique: BTreeSet<&String> = all.iter().copied().collect();
     assert_eq!(all.len(), units, "{table:?}");
     assert_eq!(unique.len(), units, "{table:?}");
-    let start = Instant::now();
-    'retry: loop {
+    let what = format!("every per-service record matches the table {table:?}");
+    wait::eventually(&what, SLACK, wait::EVERY, || async {
         for (service, want) in &table.services {
             let got = distributor::read_assignment(store, &ns.dist, service)
                 .await
@@ -126,15 +124,12 @@ async fn records_match(store: &DynStore, ns: &Ns, table: &Table, units: usize) {
                 .as_ref()
                 .is_some_and(|a| a.version >= table.version && &a.units == want);
             if !ok {
-                if start.elapsed() > SLACK {
-                    panic!("record of {service}: {got:?}, table {table:?}");
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue 'retry;
+                return Err(format!("record of {service}: {got:?}"));
             }
         }
-        return;
-    }
+        Ok(())
+    })
+    .await;
 }
 
 fn unit_names(n: usize) -> Vec<String> {

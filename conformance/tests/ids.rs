@@ -10,7 +10,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![cfg(all(feature = "redis", feature = "sqlite", feature = "postgres"))]
 
-use std::collections::HashSet;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,6 +23,7 @@ use headcount_conformance::harness::{
 use headcount_conformance::id_history::{
     check_id_history as check_history, IdCall as Call, IdLoad,
 };
+use headcount_conformance::wait;
 use tokio::time::Instant;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
@@ -218,35 +218,20 @@ async fn redis5_kill_two_then_three_fails_closed_then_resumes_above() {
     kill(&servers[2]).await;
     let t3 = Instant::now();
     let slack = Duration::from_secs(1);
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        let after: Vec<Call> = load
-            .snapshot()
-            .into_iter()
-            .filter(|c| c.start >= t3)
-            .collect();
-        let clients: HashSet<usize> = after.iter().map(|c| c.client).collect();
-        if after.len() >= 8 && clients.len() == 4 {
-            for c in &after {
-                assert!(
-                    c.id.is_none(),
-                    "an ID {:?} was returned with 3 of 5 nodes down",
-                    c.id
-                );
-                assert!(
-                    c.end - c.start <= deadline + slack,
-                    "a call failed only after {:?} (deadline {deadline:?})",
-                    c.end - c.start
-                );
-            }
-            break;
-        }
+    let after = load
+        .wait_calls(t3, 8, 4, Duration::from_secs(30), "after the third kill")
+        .await;
+    for c in &after {
         assert!(
-            Instant::now() < end,
-            "too few failed calls after the third kill: {}",
-            after.len()
+            c.id.is_none(),
+            "an ID {:?} was returned with 3 of 5 nodes down",
+            c.id
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            c.end - c.start <= deadline + slack,
+            "a call failed only after {:?} (deadline {deadline:?})",
+            c.end - c.start
+        );
     }
     let before_restart: i64 = load.snapshot().iter().filter_map(|c| c.id).max().unwrap();
 
@@ -560,14 +545,17 @@ async fn durability_probe_follows_how_the_harness_started_each_server() {
         .await
         .unwrap()
         .unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let d = loop {
+        let what = "the primary no longer durable once its replica connected";
+        let every = Duration::from_millis(100);
+        let d = wait::eventually(what, Duration::from_secs(10), every, || async {
             let d = probe(&primary).await;
-            if !d.durable || tokio::time::Instant::now() > deadline {
-                break d;
+            if d.durable {
+                Err(d)
+            } else {
+                Ok(d)
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        })
+        .await;
         assert!(
             !d.durable && d.detail.contains("connected replica"),
             "{d:?}"

@@ -11,7 +11,7 @@ use headcount::{DynStore, ErrorKind};
 use tokio::time::Instant;
 
 use super::expect_kind;
-use crate::{ensure, ensure_eq, CaseResult, Ctx, Failure, ResultExt};
+use crate::{ensure, ensure_eq, wait, CaseResult, Ctx, Failure, ResultExt};
 
 /// The lease TTL of the cases, raised to the backend's shortest lease (etcd: 2 s).
 fn ttl(ctx: &Ctx) -> Duration {
@@ -42,24 +42,21 @@ async fn join(ctx: &Ctx, member: &str) -> Result<Member, Failure> {
 
 /// Waits until every member is active under one epoch with `n` live slots, and returns it.
 async fn converged(ctx: &Ctx, members: &[&Member], n: u32) -> Result<u64, Failure> {
-    let deadline = Instant::now() + settle(ctx);
-    loop {
+    let what = format!("members converged on {n} live slots");
+    wait::until(&what, settle(ctx), wait::EVERY, || async {
         let all: Vec<_> = members.iter().map(|m| m.assignment()).collect();
         let epoch = all[0].epoch;
         if all
             .iter()
             .all(|a| a.phase == GroupPhase::Active && a.epoch == epoch && a.replicas == n)
         {
-            return Ok(epoch);
+            Ok(epoch)
+        } else {
+            Err(all)
         }
-        if Instant::now() >= deadline {
-            return Err(Failure::new(format!(
-                "members did not converge on {n} live slots within {:?}: {all:?}",
-                settle(ctx)
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
+    .map_err(Failure::new)
 }
 
 /// Every key of `keys` is granted by exactly one of `members`.
@@ -403,16 +400,17 @@ pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
         )
         .await
         .during("overwrite b's slot")?;
-    let deadline = Instant::now() + settle(ctx);
-    while b.assignment().slot == Some(b_slot) || b.assignment().epoch <= epoch {
-        ensure!(
-            Instant::now() < deadline,
-            "b kept its overwritten slot {b_slot} for {:?}: {:?}",
-            settle(ctx),
-            b.assignment()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("b left its overwritten slot {b_slot} for a newer epoch than {epoch}");
+    wait::until(&what, settle(ctx), wait::EVERY, || async {
+        let now = b.assignment();
+        if now.slot == Some(b_slot) || now.epoch <= epoch {
+            Err(now)
+        } else {
+            Ok(())
+        }
+    })
+    .await
+    .map_err(Failure::new)?;
     let after = converged(ctx, &[&a, &b], 2).await?;
     ensure!(
         after > epoch,

@@ -20,7 +20,7 @@ use headcount::{Capabilities, Clock, DynStore, Error, ErrorKind, ManualClock, Of
 use tokio::time::Instant;
 
 use super::expect_kind;
-use crate::{ensure, ensure_eq, CaseResult, Ctx, Failure, ResultExt};
+use crate::{ensure, ensure_eq, wait, CaseResult, Ctx, Failure, ResultExt};
 
 /// The interval of every case.
 pub const INTERVAL: Duration = Duration::from_secs(30);
@@ -89,8 +89,9 @@ impl Sim {
 
     /// Waits until every peer has done everything due at the current time.
     async fn settle(&self) -> CaseResult {
-        let deadline = Instant::now() + SETTLE_DEADLINE;
-        loop {
+        let what = format!("every peer idle after the clock reached {:?}", self.now());
+        let every = Duration::from_millis(1);
+        wait::until(&what, SETTLE_DEADLINE, every, || async {
             let mono = self.clock.monotonic();
             let busy: Vec<&str> = self
                 .peers
@@ -99,15 +100,13 @@ impl Sim {
                 .map(|(n, _)| n.as_str())
                 .collect();
             if busy.is_empty() {
-                return Ok(());
+                Ok(())
+            } else {
+                Err(format!("peers {busy:?} busy"))
             }
-            ensure!(
-                Instant::now() < deadline,
-                "peers {busy:?} were still busy {SETTLE_DEADLINE:?} after the clock reached {:?}",
-                self.now()
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        })
+        .await
+        .map_err(Failure::new)
     }
 
     /// Advances the clock to `t` (seconds since the Unix epoch) in steps of at most `step`,

@@ -144,8 +144,9 @@ pub async fn expect_expiry(
     }
 }
 
-/// Waits until `instant` has passed: used only to show that a key outlives an old expiry.
-pub async fn wait_until(instant: Instant) {
+/// Sleeps until `instant` has passed: used only to show that a key outlives an old expiry. A
+/// plain sleep, with no condition; to poll a condition with a deadline, see [`crate::wait`].
+pub async fn sleep_past(instant: Instant) {
     tokio::time::sleep_until(instant).await;
 }
 
