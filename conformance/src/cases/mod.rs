@@ -26,7 +26,8 @@ pub use durability::*;
 pub use faults::*;
 pub use group::*;
 pub use interval::{
-    incr_and_get_fused, interval_article_timeline, interval_bad_input_and_outage,
+    incr_and_get_fused, interval_article_timeline, interval_bad_input_rejected,
+    interval_foreign_previous_count_reported, interval_outage_keeps_then_expires_pair,
     interval_scale_exactly_once, interval_skewed_peers_converge, interval_weighted_capacity,
 };
 pub use keys::*;
