@@ -4,6 +4,7 @@ mod case;
 pub mod cases;
 pub mod harness;
 pub mod id_history;
+pub mod scenarios;
 mod suite;
 mod timed;
 pub mod wait;
