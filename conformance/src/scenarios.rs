@@ -1,20 +1,23 @@
-//! Which backends the recipe suites' scenarios run on: the one table, [`scenario_tests!`].
+//! Which backends the recipe suites' scenarios run on: the one table,
+//! [`scenario_tests!`](crate::scenario_tests).
 //!
 //! The store conformance cases ([`crate::CASES`]) run on every backend, through
 //! [`conformance_tests!`](crate::conformance_tests). The recipe suites (`tests/distributor.rs`,
 //! `tests/fence.rs`, `tests/ids.rs`) test what is built on a store, or beside one, and each of
-//! their scenario families runs on the backends listed for it in [`scenario_tests!`], which
-//! also says why the others are left out. A family's scenarios are plain
-//! `async fn name(backend: Backend)` in the suite; the macro turns each into one `#[test]` per
-//! backend of its family, `<backend>::<name>`, so a failure names its case and its backend.
+//! their scenario families runs on the backends listed for it in
+//! [`scenario_tests!`](crate::scenario_tests), which also says why the others are left out. A
+//! family's scenarios are plain `async fn name(backend: Backend)` in the suite; the macro turns
+//! each into one `#[test]` per backend of its family, `<family>::<backend>::<name>`, so a
+//! failure names its case and its backend.
 //!
 //! A scenario reaches its servers through the [harness](crate::harness): a missing server
 //! skips it (`SKIP` line) unless `HEADCOUNT_REQUIRE_BACKENDS` requires the backend.
 
 /// Expands to a module named `$family` holding one module per backend of the family (named
 /// after the backend: `sqlite`, `postgres`, `redis`, ...), built only with that backend's cargo
-/// feature, each holding one `#[tokio::test(flavor = "multi_thread", worker_threads = $workers)]` per case,
-/// which calls the suite's `async fn $case(backend: Backend)` with that backend.
+/// feature, each holding one
+/// `#[tokio::test(flavor = "multi_thread", worker_threads = $workers)]` per case, which calls
+/// the suite's `async fn $case(backend: Backend)` with that backend.
 ///
 /// ```ignore
 /// // tests/distributor.rs
