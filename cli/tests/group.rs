@@ -4,10 +4,11 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use headcount_conformance::wait::{eventually_blocking, exit_within, until_blocking, EVERY};
 use serde_json::Value;
 
 const TTL: &str = "900ms";
@@ -96,20 +97,6 @@ fn signal(child: &Child, sig: &str) {
         .expect("kill")
         .success();
     assert!(ok, "kill {sig} {}", child.id());
-}
-
-fn wait_exit(child: &mut Child, within: Duration) -> ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            return s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("pid {} did not exit within {within:?}", child.id());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Kills what is left on drop, so a failed assertion leaves no process behind.
@@ -212,18 +199,15 @@ fn two_runs_split_the_group_and_a_sigterm_hands_over_at_once() {
 #[cfg(feature = "postgres")]
 #[test]
 fn two_runs_hand_over_on_postgres() {
-    use headcount_conformance::harness::{Backend, Unavailable};
+    use headcount_conformance::harness::Backend;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let url = match runtime.block_on(Backend::Postgres.shared()) {
-        Ok(url) => url,
-        Err(Unavailable::Missing(why)) if !Backend::Postgres.required() => {
-            eprintln!("SKIP two_runs_hand_over_on_postgres: {why}");
-            return;
-        }
-        Err(e) => panic!("PostgreSQL: {e}"),
+    let Some(url) =
+        runtime.block_on(Backend::Postgres.shared_or_skip("two_runs_hand_over_on_postgres"))
+    else {
+        return;
     };
     // The shared server outlives this test's keys: a group of its own.
     let nanos = std::time::SystemTime::now()
@@ -277,7 +261,7 @@ fn two_runs_hand_over(url: &str, group: &str) {
 
     // SIGTERM m0: it leaves at once and says so; m1 is alone well before m0's lease could expire.
     signal(&procs.0[0], "-TERM");
-    let status = wait_exit(&mut procs.0[0], Duration::from_secs(10));
+    let status = exit_within(&mut procs.0[0], "headcount", Duration::from_secs(10));
     assert!(status.success(), "run after SIGTERM: {status}");
     until(
         &rx,
@@ -344,17 +328,15 @@ fn lines(file: &Path) -> Vec<String> {
 }
 
 fn wait_lines(file: &Path, within: Duration, what: &str, done: impl Fn(&[String]) -> bool) {
-    let deadline = Instant::now() + within;
-    loop {
+    let what = format!("{}: {what}", file.display());
+    eventually_blocking(&what, within, EVERY, || {
         let l = lines(file);
         if done(&l) {
-            return;
+            Ok(())
+        } else {
+            Err(l)
         }
-        if Instant::now() > deadline {
-            panic!("{}: not {what} within {within:?}: {l:?}", file.display());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    });
 }
 
 fn triple(line: &str) -> Option<(u64, u64, u64)> {
@@ -375,29 +357,23 @@ fn exec_restarts_the_survivors_command_with_the_new_pair() {
     );
     // Both commands run with replicas 2 and distinct indices (a command started while the other
     // member was not yet in the view was restarted: look at the last line of each).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (first0, first1) = loop {
+    let what = "a pair of commands with replicas 2";
+    let (first0, first1) = eventually_blocking(what, Duration::from_secs(20), EVERY, || {
         let last = |f: &Path| lines(f).last().and_then(|l| triple(l));
         if let (Some(a), Some(b)) = (last(&files[0]), last(&files[1])) {
             if a.1 == 2 && b.1 == 2 && a.0 != b.0 && a.2 == b.2 {
-                break (a, b);
+                return Ok((a, b));
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "no pair of commands with replicas 2: {:?} {:?}",
-            lines(&files[0]),
-            lines(&files[1])
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        Err((lines(&files[0]), lines(&files[1])))
+    });
     assert_eq!([first0.0.min(first1.0), first0.0.max(first1.0)], [1, 2]);
     let before = lines(&files[1]).len();
 
     // Stop w0: its command gets SIGTERM, it exits 0; w1's command is stopped with SIGTERM and
     // restarted as 1 of 1 under a newer epoch.
     signal(&procs.0[0], "-TERM");
-    let status = wait_exit(&mut procs.0[0], Duration::from_secs(10));
+    let status = exit_within(&mut procs.0[0], "headcount", Duration::from_secs(10));
     assert!(status.success(), "exec after SIGTERM: {status}");
     assert_eq!(lines(&files[0]).last().map(String::as_str), Some("term"));
     wait_lines(
@@ -433,7 +409,7 @@ fn exec_restarts_the_survivors_command_with_the_new_pair() {
         "{events:?}"
     );
     signal(&procs.0[1], "-TERM");
-    assert!(wait_exit(&mut procs.0[1], Duration::from_secs(10)).success());
+    assert!(exit_within(&mut procs.0[1], "headcount", Duration::from_secs(10)).success());
 }
 
 #[test]
@@ -458,7 +434,7 @@ fn exec_kills_a_command_that_ignores_sigterm_after_the_grace() {
     let pid = start["pid"].as_u64().unwrap();
     wait_lines(&file, Duration::from_secs(5), "started", |l| !l.is_empty());
     signal(&procs.0[0], "-TERM");
-    let status = wait_exit(&mut procs.0[0], Duration::from_secs(10));
+    let status = exit_within(&mut procs.0[0], "headcount", Duration::from_secs(10));
     assert!(status.success(), "exec after SIGTERM: {status}");
     let (_, stop) = rx
         .recv_timeout(Duration::from_secs(5))
@@ -486,17 +462,17 @@ fn the_command_dies_with_a_killed_exec() {
     let pid = start["pid"].as_u64().unwrap();
     signal(&procs.0[0], "-KILL");
     let _ = procs.0[0].wait();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Path::new(&format!("/proc/{pid}")).exists()
-        && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
-    {
-        if Instant::now() > deadline {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            panic!("the command {pid} outlived a SIGKILLed exec");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let what = format!("the command {pid} gone with its SIGKILLed exec");
+    let gone = until_blocking(&what, Duration::from_secs(5), EVERY, || {
+        !(Path::new(&format!("/proc/{pid}")).exists()
+            && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| !s.contains(") Z ")))
+    });
+    if let Err(message) = gone {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        panic!("{message}");
     }
 }
 
@@ -587,16 +563,14 @@ fn a_stopped_exec_s_command_dies_by_the_lease_deadline() {
     };
     // The lease deadline is at most 0.9 TTL (900 ms) after the stop; 2 s of slack for a loaded
     // machine.
-    let deadline = stopped + Duration::from_secs(3);
-    while alive(pid) {
-        if Instant::now() > deadline {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .status();
-            signal(&procs.0[0], "-CONT");
-            panic!("the command {pid} outlived its stopped exec's lease");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let what = format!("the command {pid} gone with its stopped exec's lease");
+    let within = Duration::from_secs(3).saturating_sub(stopped.elapsed());
+    if let Err(message) = until_blocking(&what, within, EVERY, || !alive(pid)) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        signal(&procs.0[0], "-CONT");
+        panic!("{message}");
     }
     eprintln!(
         "the command died {:?} after the SIGSTOP of exec",

@@ -120,16 +120,7 @@ fn available<T>(
     backend: headcount_conformance::harness::Backend,
     r: Result<T, headcount_conformance::harness::Unavailable>,
 ) -> Option<T> {
-    use headcount_conformance::harness::Unavailable;
-    match r {
-        Ok(v) => Some(v),
-        Err(Unavailable::Missing(why)) if !backend.required() => {
-            use std::io::Write as _;
-            let _ = writeln!(std::io::stderr(), "SKIP cli ids: {why}");
-            None
-        }
-        Err(e) => panic!("{}: {e}", backend.name()),
-    }
+    headcount_conformance::harness::skip_unless_required(backend, "cli ids", r)
 }
 
 /// Every store the README names, in one set: Redis (AOF always), PostgreSQL (fsync on), etcd,

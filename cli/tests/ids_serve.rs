@@ -6,17 +6,14 @@
 //! deadline with no ID, and IDs must resume above every earlier one.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // tests fail by panicking
 
-use std::collections::HashSet;
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use headcount::recipes::ids::IdsClient;
-use headcount_conformance::harness::{Backend, KvStore, Unavailable};
-use headcount_conformance::id_history::{
-    check_id_history as check_history, IdCall as Call, IdLoad,
-};
+use headcount_conformance::harness::{skip_unless_required, Backend, KvStore};
+use headcount_conformance::id_history::{check_id_history as check_history, IdLoad};
 use tokio::time::Instant;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
@@ -95,14 +92,12 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 async fn servers_fail_over_and_ids_stay_unique_and_linearizable() {
     let mut redis = Vec::new();
     for _ in 0..3 {
-        match blocking(|| KvStore::redis_with(Some(Duration::from_secs(1)), AOF_ALWAYS)).await {
-            Ok(s) => redis.push(Arc::new(s)),
-            Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
-                eprintln!("SKIP cli ids_serve: {why}");
-                return;
-            }
-            Err(e) => panic!("redis: {e}"),
-        }
+        let started =
+            blocking(|| KvStore::redis_with(Some(Duration::from_secs(1)), AOF_ALWAYS)).await;
+        let Some(server) = skip_unless_required(Backend::Redis, "cli ids_serve", started) else {
+            return;
+        };
+        redis.push(Arc::new(server));
     }
     let stores = redis.iter().map(|s| s.url()).collect::<Vec<_>>().join(",");
     let (a, b) = {
@@ -132,31 +127,16 @@ async fn servers_fail_over_and_ids_stay_unique_and_linearizable() {
     blocking(move || r1.servers[0].kill()).await.unwrap();
     let t3 = Instant::now();
     let slack = Duration::from_secs(1);
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        let after: Vec<Call> = load
-            .snapshot()
-            .into_iter()
-            .filter(|c| c.start >= t3)
-            .collect();
-        let clients: HashSet<usize> = after.iter().map(|c| c.client).collect();
-        if after.len() >= 12 && clients.len() == 6 {
-            for c in &after {
-                assert!(c.id.is_none(), "ID {:?} with 2 of 3 stores down", c.id);
-                assert!(
-                    c.end - c.start <= DEADLINE + slack,
-                    "a call failed only after {:?}",
-                    c.end - c.start
-                );
-            }
-            break;
-        }
+    let after = load
+        .wait_calls(t3, 12, 6, Duration::from_secs(30), "failed calls")
+        .await;
+    for c in &after {
+        assert!(c.id.is_none(), "ID {:?} with 2 of 3 stores down", c.id);
         assert!(
-            Instant::now() < end,
-            "too few failed calls: {}",
-            after.len()
+            c.end - c.start <= DEADLINE + slack,
+            "a call failed only after {:?}",
+            c.end - c.start
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let before: i64 = load.snapshot().iter().filter_map(|c| c.id).max().unwrap();
 

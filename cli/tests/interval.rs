@@ -6,6 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use headcount_conformance::wait::exit_within;
+
 fn headcount() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_headcount"));
     c.env_remove("HEADCOUNT_STORE");
@@ -87,16 +89,8 @@ fn three_runs_on_one_sqlite_file_get_indices_1_2_3_of_3_and_stop_cleanly() {
     }
     let stop_deadline = Instant::now() + Duration::from_secs(15);
     for child in &mut children {
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("try_wait") {
-                break s;
-            }
-            if Instant::now() > stop_deadline {
-                let _ = child.kill();
-                panic!("headcount run did not exit within 15 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let left = stop_deadline.saturating_duration_since(Instant::now());
+        let status = exit_within(child, "headcount run after SIGTERM", left);
         assert!(status.success(), "exit status after SIGTERM: {status}");
     }
     assert!(

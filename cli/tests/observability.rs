@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use headcount_conformance::wait::eventually_blocking;
+
 fn headcount() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_headcount"));
     c.env_remove("HEADCOUNT_STORE")
@@ -85,19 +87,20 @@ fn run_serves_the_documented_metrics_and_logs_json() {
     assert!(addr.starts_with("127.0.0.1:"), "{addr}");
 
     // Heartbeats every 200 ms: poll until the group's renewal shows up as a store operation.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let body = loop {
+    let what = "a heartbeat metric";
+    let every = Duration::from_millis(100);
+    let body = eventually_blocking(what, Duration::from_secs(20), every, || {
         let (status, body) = http_get(&addr, "/metrics");
         assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
         // The store's metric and the group's are recorded one after the other: wait for both.
         if body.contains("operation=\"renew_and_list_if_changed\"")
             && body.contains("headcount_group_heartbeat_duration_seconds_count")
         {
-            break body;
+            Ok(body)
+        } else {
+            Err(body)
         }
-        assert!(Instant::now() < deadline, "no heartbeat metric:\n{body}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    });
     for name in [
         "# TYPE headcount_store_operation_duration_seconds histogram",
         "headcount_store_operation_duration_seconds_bucket{backend=\"sqlite\",operation=\"compare_and_set\",le=\"0.001\"}",

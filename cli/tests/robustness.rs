@@ -6,9 +6,10 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
+use headcount_conformance::wait::{eventually_blocking, exit_within};
 use serde_json::Value;
 
 fn headcount() -> Command {
@@ -47,20 +48,6 @@ fn one_error_line(out: &Output, code: i32) -> String {
     assert!(stderr.starts_with("headcount: error: "), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     stderr
-}
-
-fn wait_exit(child: &mut Child, within: Duration) -> ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            return s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("headcount did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn status_json(url: &str, group: &str) -> Value {
@@ -120,7 +107,7 @@ fn group_member_and_ttl_come_from_the_environment() {
     let s = status_json(&url, "from-env");
     assert_eq!(s["members"][0]["ttl_ms"], 900, "{s}");
     let _ = Command::new("kill").arg(child.id().to_string()).status();
-    assert!(wait_exit(&mut child, Duration::from_secs(10)).success());
+    assert!(exit_within(&mut child, "headcount", Duration::from_secs(10)).success());
     // A TTL without a unit is refused wherever it comes from.
     let out = output(
         headcount()
@@ -218,7 +205,7 @@ fn exit_statuses_tell_usage_from_outage_from_permanent() {
         "{last}"
     );
     let _ = Command::new("kill").arg(first.id().to_string()).status();
-    assert!(wait_exit(&mut first, Duration::from_secs(10)).success());
+    assert!(exit_within(&mut first, "headcount", Duration::from_secs(10)).success());
 }
 
 #[test]
@@ -401,7 +388,7 @@ fn a_closed_stdout_ends_run_and_status_watch_quietly() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let status = wait_exit(&mut run, Duration::from_secs(10));
+    let status = exit_within(&mut run, "headcount", Duration::from_secs(10));
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(status.success(), "{status}: {stderr}");
@@ -415,7 +402,7 @@ fn a_closed_stdout_ends_run_and_status_watch_quietly() {
         .collect();
     assert_eq!(left, vec!["b"], "{s}");
     let _ = Command::new("kill").arg(other.id().to_string()).status();
-    wait_exit(&mut other, Duration::from_secs(10));
+    exit_within(&mut other, "headcount", Duration::from_secs(10));
     // `status --watch | head -1`
     let mut watch = headcount()
         .args([
@@ -428,7 +415,7 @@ fn a_closed_stdout_ends_run_and_status_watch_quietly() {
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
     let _ = lines.next();
     drop(lines);
-    let status = wait_exit(&mut watch, Duration::from_secs(10));
+    let status = exit_within(&mut watch, "headcount", Duration::from_secs(10));
     assert!(status.success(), "{status}");
 }
 
@@ -511,14 +498,11 @@ fn commands_refuse_before_writing_anything() {
 /// `status --watch` reports an outage of its store and watches on.
 #[test]
 fn status_watch_survives_a_store_restart() {
-    use headcount_conformance::harness::{Backend, KvStore, Unavailable};
-    let redis = match KvStore::redis(Some(Duration::from_millis(300))) {
-        Ok(r) => r,
-        Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
-            eprintln!("SKIP status --watch over Redis: {why}");
-            return;
-        }
-        Err(e) => panic!("redis: {e}"),
+    use headcount_conformance::harness::{skip_unless_required, Backend, KvStore};
+    let started = KvStore::redis(Some(Duration::from_millis(300)));
+    let Some(redis) = skip_unless_required(Backend::Redis, "status --watch over Redis", started)
+    else {
+        return;
     };
     let mut watch = headcount()
         .args([
@@ -537,25 +521,32 @@ fn status_watch_survives_a_store_restart() {
     let mut next = || -> Value { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
     assert!(next().get("error").is_none());
     redis.servers[0].kill().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let v = next();
-        if v.get("error").is_some() {
-            assert_eq!(v["retryable"], true, "{v}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "no outage line");
-    }
+    // Each line blocks until the watch prints it: no pause between reads.
+    let outage = eventually_blocking(
+        "an outage line",
+        Duration::from_secs(10),
+        Duration::ZERO,
+        || {
+            let v = next();
+            if v.get("error").is_some() {
+                Ok(v)
+            } else {
+                Err(v)
+            }
+        },
+    );
+    assert_eq!(outage["retryable"], true, "{outage}");
     redis.servers[0].start().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let v = next();
-        if v.get("error").is_none() {
-            assert!(v["members"].is_array(), "{v}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "never recovered: {v}");
-    }
+    let recovered =
+        eventually_blocking("recovered", Duration::from_secs(15), Duration::ZERO, || {
+            let v = next();
+            if v.get("error").is_none() {
+                Ok(v)
+            } else {
+                Err(v)
+            }
+        });
+    assert!(recovered["members"].is_array(), "{recovered}");
     let _ = Command::new("kill").arg(watch.id().to_string()).status();
-    assert!(wait_exit(&mut watch, Duration::from_secs(10)).success());
+    assert!(exit_within(&mut watch, "headcount", Duration::from_secs(10)).success());
 }

@@ -123,22 +123,48 @@ impl IdLoad {
 
     /// Waits until `n` calls that started after `since` returned an ID; panics after `within`.
     pub async fn wait_ids(&self, since: Instant, n: usize, within: Duration, what: &str) {
-        let end = Instant::now() + within;
-        loop {
+        let what = format!("{what}: {n} IDs");
+        crate::wait::eventually(&what, within, crate::wait::EVERY, || async {
             let got = self
                 .snapshot()
                 .iter()
                 .filter(|c| c.start >= since && c.id.is_some())
                 .count();
             if got >= n {
-                return;
+                Ok(())
+            } else {
+                Err(format!("only {got} of {n}"))
             }
-            assert!(
-                Instant::now() < end,
-                "{what}: only {got} of {n} IDs within {within:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
+    }
+
+    /// Waits until at least `n` calls that started after `since` have ended, from `clients`
+    /// distinct clients, and returns every such call; panics after `within`.
+    pub async fn wait_calls(
+        &self,
+        since: Instant,
+        n: usize,
+        clients: usize,
+        within: Duration,
+        what: &str,
+    ) -> Vec<IdCall> {
+        let what = format!("{what}: {n} calls from {clients} clients");
+        let every = Duration::from_millis(50);
+        crate::wait::eventually(&what, within, every, || async {
+            let after: Vec<IdCall> = self
+                .snapshot()
+                .into_iter()
+                .filter(|c| c.start >= since)
+                .collect();
+            let from: HashSet<usize> = after.iter().map(|c| c.client).collect();
+            if after.len() >= n && from.len() == clients {
+                Ok(after)
+            } else {
+                Err(format!("{} calls from {} clients", after.len(), from.len()))
+            }
+        })
+        .await
     }
 
     /// Stops the clients once their calls under way end, and returns every call recorded.

@@ -4,8 +4,10 @@ mod case;
 pub mod cases;
 pub mod harness;
 pub mod id_history;
+pub mod scenarios;
 mod suite;
 mod timed;
+pub mod wait;
 
 pub use case::{Case, CaseFn, CaseResult, Ctx, Failure, Needs, ResultExt, ServerControl, CASES};
 pub use suite::{percentile, run_suite, CaseReport, Outcome, PrimitiveStats, Report, SuiteOptions};
@@ -119,11 +121,18 @@ macro_rules! for_each_case {
             { interval_skewed_peers_converge, Store, "interval indexer: 5 peers with clocks up to a quarter interval apart reach indices 1..=5 and replicas 5 within 2.5 intervals of the last join (a join late in an interval waits for the next one), and no task is ever owned by two peers at once" },
             { interval_scale_exactly_once, Store, "interval indexer: scaling 3 -> 5 -> 2 with 10,000 task ids per interval offered to every peer, the safe transition processes every id exactly once" },
             { interval_weighted_capacity, Store, "interval indexer: a peer of capacity 2 owns twice the tasks of a peer of capacity 1, and together they own each task once" },
-            { interval_bad_input_and_outage, Store, "interval indexer: bad intervals, groups and capacities are InvalidArgument, a foreign counter is ForeignValue; through an outage a peer keeps its last pair, reports the fault, stops owning when it expires, and recovers" },
+            { interval_bad_input_rejected, Store, "interval indexer: bad intervals, groups and capacities are InvalidArgument at join, a foreign counter is ForeignValue" },
+            { interval_outage_keeps_then_expires_pair, Store, "interval indexer: through a store outage a peer keeps its last pair and still processes its tasks, reports the fault, stops owning when the pair expires a quarter interval after the failed tick, and owns tasks again when the store is back" },
+            { interval_foreign_previous_count_reported, Store, "interval indexer: a foreign value at the previous interval's counter during a tick is reported and emits no pair" },
             { group_join_leave_rejoin, Store, "group: three members get slots 0..=2 and pairs (1..=3, 3), every key has exactly one owner, a graceful leave moves the others to a newer epoch, and the same member id rejoins into its old slot" },
             { group_crash_expires, Store, "group: a member that crashes (stops heartbeating) is replaced within TTL + one heartbeat (+5 s slack) under a newer epoch" },
             { group_handoff_no_double_grant, Store, "group: while members join, leave and crash, no two members hold a valid grant for the same key at the same time, and an epoch grants a key to one member" },
-            { group_bad_input, Store, "group: bad TTLs, member ids, groups and slot limits are InvalidArgument; a foreign slot value is skipped and left alone, a garbage view is replaced, a twin member id is Rejected within a TTL, an overwritten slot makes its holder claim again" },
+            { group_bad_config_rejected, Store, "group: bad TTLs, member ids, groups and slot limits are InvalidArgument at join" },
+            { group_foreign_slot_left_alone, Store, "group: a foreign value in slot 0 is skipped and left alone; the members take slots 1 and 2, every key with one owner" },
+            { group_garbled_view_replaced, Store, "group: a view that does not decode is replaced when members join, and they converge" },
+            { group_overwritten_view_epoch_rises, Store, "group: a view overwritten by hand while members are active, then a join: the new epoch is above every epoch the members acted on, and a leave raises it again" },
+            { group_twin_member_rejected, Store, "group: a second join with the member id of a live member is Rejected within about a TTL, and the live member stays active" },
+            { group_overwritten_slot_reclaimed, Store, "group: a member whose slot is overwritten by hand claims again under a newer epoch, every key with one owner" },
             { server_killed_retryable_then_recovers, ServerControl, "with the server killed (SIGKILL) mid-run, calls fail with a retryable error within the timeout, and the same handle works again after a restart" },
             { server_paused_times_out_then_recovers, ServerControl, "with the server paused (SIGSTOP) longer than the timeout, a call fails with ErrorKind::Timeout within the deadline, and the same handle works again after SIGCONT" },
             { cluster_member_killed_keeps_serving, ClusterMember, "with one member of a 3-member cluster killed (SIGKILL), every operation keeps succeeding within the timeout, counters stay exact; operations still succeed after it is started again (whether it caught up is not checked)" },

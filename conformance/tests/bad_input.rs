@@ -10,18 +10,11 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use headcount::ErrorKind;
-use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount_conformance::harness::{skip_unless_required, Backend, KvStore, Unavailable};
 
 /// A dedicated store, or None (with a SKIP line) when the server is not installed.
 fn start(backend: Backend, f: fn() -> Result<KvStore, Unavailable>) -> Option<KvStore> {
-    match f() {
-        Ok(s) => Some(s),
-        Err(Unavailable::Missing(why)) if !backend.required() => {
-            let _ = writeln!(std::io::stderr(), "SKIP bad_input: {why}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    skip_unless_required(backend, "bad_input", f())
 }
 
 /// Sends one inline command to a Redis server and returns the first reply line.

@@ -26,7 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use headcount_conformance::harness::{Backend, Unavailable, REQUIRE_VAR};
+use headcount_conformance::harness::{self, Backend, Unavailable};
 use headcount_conformance::ServerControl;
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom as _, SliceRandom as _};
@@ -85,21 +85,7 @@ fn now_ms() -> u64 {
 /// A harness result as the conformance tests treat it: a missing backend skips, or fails when
 /// it is required.
 fn available<T>(backend: Backend, r: Result<T, Unavailable>) -> Result<Option<T>, String> {
-    match r {
-        Ok(t) => Ok(Some(t)),
-        Err(Unavailable::NotApplicable(why) | Unavailable::Missing(why)) if !backend.required() => {
-            eprintln!(
-                "SKIP chaos::{}: {why} (set {REQUIRE_VAR}=all to make this a failure)",
-                backend.name()
-            );
-            Ok(None)
-        }
-        Err(e) => Err(format!(
-            "chaos::{}: {} unavailable: {e}",
-            backend.name(),
-            backend.name()
-        )),
-    }
+    harness::available(backend, &format!("chaos::{}", backend.name()), r)
 }
 
 /// Runs one backend's chaos; the error names the seed to replay it with.

@@ -5,16 +5,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use headcount::recipes::distributor::{
-    self, grpc::serve_health, grpc::HealthServer, Distributor, DistributorConfig, Liveness,
-    PollOutcome, Registration, Table,
+    self as recipe, grpc::serve_health, grpc::HealthServer, Distributor, DistributorConfig,
+    Liveness, PollOutcome, Registration, Table,
 };
 use headcount::{DynStore, ErrorKind, Keyspace};
-use headcount_conformance::harness::{Backend, Unavailable};
+use headcount_conformance::harness::Backend;
+use headcount_conformance::wait;
 
 const POLL: Duration = Duration::from_millis(200);
 /// Generous: every probe opens a fresh connection, and 30 of these tests run at once with their
@@ -27,18 +27,10 @@ const SLACK: Duration = Duration::from_secs(2);
 /// The shared store of `backend`, or None (with a SKIP line) when its server is not installed and
 /// the backend is not required.
 async fn store(backend: Backend) -> Option<DynStore> {
-    match backend.shared().await {
-        Ok(url) => Some(headcount::connect(&url).await.unwrap()),
-        Err(Unavailable::Missing(why)) if !backend.required() => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIP {}::distributor: {why}",
-                backend.name()
-            );
-            None
-        }
-        Err(e) => panic!("{}: {e}", backend.name()),
-    }
+    let url = backend
+        .shared_or_skip(&format!("{}::distributor", backend.name()))
+        .await?;
+    Some(headcount::connect(&url).await.unwrap())
 }
 
 /// Fresh namespaces for one test: (services, units, distribution).
@@ -80,7 +72,7 @@ fn listener(addr: SocketAddr) -> tokio::net::TcpListener {
 async fn start_service(store: &DynStore, ns: &Ns, name: &str) -> HealthServer {
     let server = serve_health(listener("127.0.0.1:0".parse().unwrap())).unwrap();
     let liveness = Liveness::grpc(&server.address()).unwrap();
-    distributor::register(store, &ns.services, name, &liveness)
+    recipe::register(store, &ns.services, name, &liveness)
         .await
         .unwrap();
     server
@@ -88,7 +80,7 @@ async fn start_service(store: &DynStore, ns: &Ns, name: &str) -> HealthServer {
 
 async fn add_units(store: &DynStore, ns: &Ns, names: &[String]) {
     for u in names {
-        distributor::add_unit(store, &ns.units, u).await.unwrap();
+        recipe::add_unit(store, &ns.units, u).await.unwrap();
     }
 }
 
@@ -101,17 +93,14 @@ async fn wait_for(
     done: impl Fn(&Table) -> bool,
 ) -> (Table, Duration) {
     let start = Instant::now();
-    loop {
-        let table = distributor::read_table(store, &ns.dist).await.unwrap();
-        if let Some(t) = table.filter(|t| done(t)) {
-            return (t, start.elapsed());
+    let table = wait::eventually(what, deadline, wait::EVERY, || async {
+        match recipe::read_table(store, &ns.dist).await.unwrap() {
+            Some(t) if done(&t) => Ok(t),
+            last => Err(last),
         }
-        if start.elapsed() > deadline {
-            let last = distributor::read_table(store, &ns.dist).await.unwrap();
-            panic!("{what}: not within {deadline:?}; last table {last:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    (table, start.elapsed())
 }
 
 fn counts(t: &Table) -> Vec<usize> {
@@ -125,25 +114,22 @@ async fn records_match(store: &DynStore, ns: &Ns, table: &Table, units: usize) {
     let unique: BTreeSet<&String> = all.iter().copied().collect();
     assert_eq!(all.len(), units, "{table:?}");
     assert_eq!(unique.len(), units, "{table:?}");
-    let start = Instant::now();
-    'retry: loop {
+    let what = format!("every per-service record matches the table {table:?}");
+    wait::eventually(&what, SLACK, wait::EVERY, || async {
         for (service, want) in &table.services {
-            let got = distributor::read_assignment(store, &ns.dist, service)
+            let got = recipe::read_assignment(store, &ns.dist, service)
                 .await
                 .unwrap();
             let ok = got
                 .as_ref()
                 .is_some_and(|a| a.version >= table.version && &a.units == want);
             if !ok {
-                if start.elapsed() > SLACK {
-                    panic!("record of {service}: {got:?}, table {table:?}");
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue 'retry;
+                return Err(format!("record of {service}: {got:?}"));
             }
         }
-        return;
-    }
+        Ok(())
+    })
+    .await;
 }
 
 fn unit_names(n: usize) -> Vec<String> {
@@ -165,7 +151,7 @@ async fn failover_and_return(backend: Backend) {
     }
     let units = unit_names(30);
     add_units(&store, &ns, &units).await;
-    let mut watch = distributor::watch_assignment(
+    let mut watch = recipe::watch_assignment(
         store.clone(),
         ns.dist.clone(),
         "parser-a".into(),
@@ -215,7 +201,7 @@ async fn failover_and_return(backend: Backend) {
     // Start it again on the same address: it gets its units back, the same table as before.
     servers[1] = Some(serve_health(listener(addr)).unwrap());
     assert_eq!(
-        distributor::register(
+        recipe::register(
             &store,
             &ns.services,
             "parser-b",
@@ -273,9 +259,7 @@ async fn two_distributors_and_unit_changes(backend: Backend) {
     let extra: Vec<String> = (0..3).map(|i| format!("extra,{i}")).collect();
     add_units(&store, &ns, &extra).await;
     for u in &units[..6] {
-        assert!(distributor::remove_unit(&store, &ns.units, u)
-            .await
-            .unwrap());
+        assert!(recipe::remove_unit(&store, &ns.units, u).await.unwrap());
     }
     let (t2, _) = wait_for(&store, &ns, bound, "units changed", |t| {
         t.owners().len() == 27 && t.owners().contains_key("extra,2")
@@ -288,10 +272,7 @@ async fn two_distributors_and_unit_changes(backend: Backend) {
     // Both distributors keep agreeing: the table settles and stays. (An observation window of a
     // few polls in which nothing may change, not a wait for something to happen.)
     tokio::time::sleep(POLL * 3).await;
-    let settled = distributor::read_table(&store, &ns.dist)
-        .await
-        .unwrap()
-        .unwrap();
+    let settled = recipe::read_table(&store, &ns.dist).await.unwrap().unwrap();
     assert_eq!(
         settled.services, t2.services,
         "the table changed after settling: {t2:?} then {settled:?}"
@@ -327,7 +308,7 @@ async fn silent_server_times_out(backend: Backend) {
             held.push(conn);
         }
     });
-    distributor::register(
+    recipe::register(
         &store,
         &ns.services,
         "silent",
@@ -346,7 +327,7 @@ async fn silent_server_times_out(backend: Backend) {
     assert!(took < PING_TIMEOUT + SLACK, "probe took {took:?}");
     let silent_health = &health[registered.iter().position(|s| s.name == "silent").unwrap()];
     match silent_health {
-        distributor::Health::Down(why) => assert!(
+        recipe::Health::Down(why) => assert!(
             why.contains("within") || why.contains("timeout") || why.contains("Timeout"),
             "{why}"
         ),
@@ -360,10 +341,7 @@ async fn silent_server_times_out(backend: Backend) {
         "{outcome:?}"
     );
     assert!(took < PING_TIMEOUT + SLACK, "poll took {took:?}");
-    let t = distributor::read_table(&store, &ns.dist)
-        .await
-        .unwrap()
-        .unwrap();
+    let t = recipe::read_table(&store, &ns.dist).await.unwrap().unwrap();
     assert!(t.down.contains("silent"), "{t:?}");
     assert_eq!(t.units_of("good").len(), 4);
     holder.abort();
@@ -387,7 +365,7 @@ async fn bad_input(backend: Backend) {
         d.poll().await.unwrap(),
         PollOutcome::KeptNoHealthyService { version: 0 }
     );
-    assert!(distributor::read_table(&store, &ns.dist)
+    assert!(recipe::read_table(&store, &ns.dist)
         .await
         .unwrap()
         .is_none());
@@ -396,7 +374,7 @@ async fn bad_input(backend: Backend) {
     let server = start_service(&store, &ns, "one").await;
     let live = Liveness::grpc(&server.address()).unwrap();
     assert_eq!(
-        distributor::register(&store, &ns.services, "one", &live)
+        recipe::register(&store, &ns.services, "one", &live)
             .await
             .unwrap(),
         Registration::Unchanged
@@ -407,7 +385,7 @@ async fn bad_input(backend: Backend) {
     // ...and one written behind our back counts as down.
     store
         .compare_and_set(
-            &distributor::service_key(&ns.services, "broken"),
+            &recipe::service_key(&ns.services, "broken"),
             None,
             "http://nope",
             None,
@@ -417,15 +395,12 @@ async fn bad_input(backend: Backend) {
     let PollOutcome::Written { version, .. } = d.poll().await.unwrap() else {
         panic!("expected a first table");
     };
-    let t = distributor::read_table(&store, &ns.dist)
-        .await
-        .unwrap()
-        .unwrap();
+    let t = recipe::read_table(&store, &ns.dist).await.unwrap().unwrap();
     assert_eq!(t.version, version);
     assert!(t.down.contains("broken"));
     assert_eq!(t.units_of("one").len(), 5);
     // Comma in names round-trips through the per-service record.
-    let a = distributor::read_assignment(&store, &ns.dist, "one")
+    let a = recipe::read_assignment(&store, &ns.dist, "one")
         .await
         .unwrap()
         .unwrap();
@@ -441,27 +416,19 @@ async fn bad_input(backend: Backend) {
         d.poll().await.unwrap(),
         PollOutcome::KeptNoHealthyService { version }
     );
-    let kept = distributor::read_table(&store, &ns.dist)
-        .await
-        .unwrap()
-        .unwrap();
+    let kept = recipe::read_table(&store, &ns.dist).await.unwrap().unwrap();
     assert_eq!(kept, t);
 
     // No units left: every service gets an empty list (a valid table).
     let again = start_service(&store, &ns, "one").await;
     for u in unit_names(5) {
-        distributor::remove_unit(&store, &ns.units, &u)
-            .await
-            .unwrap();
+        recipe::remove_unit(&store, &ns.units, &u).await.unwrap();
     }
     d.poll().await.unwrap();
-    let empty = distributor::read_table(&store, &ns.dist)
-        .await
-        .unwrap()
-        .unwrap();
+    let empty = recipe::read_table(&store, &ns.dist).await.unwrap().unwrap();
     assert!(empty.services.values().all(Vec::is_empty), "{empty:?}");
     assert_eq!(
-        distributor::read_assignment(&store, &ns.dist, "one")
+        recipe::read_assignment(&store, &ns.dist, "one")
             .await
             .unwrap()
             .unwrap()
@@ -470,7 +437,7 @@ async fn bad_input(backend: Backend) {
     );
 
     // A foreign value at the table key: a typed error, and it is not overwritten.
-    let key = distributor::table_key(&ns.dist);
+    let key = recipe::table_key(&ns.dist);
     store.delete(&key).await.unwrap();
     store
         .compare_and_set(&key, None, "a,b,c", None)
@@ -481,7 +448,7 @@ async fn bad_input(backend: Backend) {
     // Repaired by deleting it: the next table starts above the records' versions, so the
     // records follow it instead of ignoring it as older.
     store.delete(&key).await.unwrap();
-    let before = distributor::read_assignment(&store, &ns.dist, "one")
+    let before = recipe::read_assignment(&store, &ns.dist, "one")
         .await
         .unwrap()
         .unwrap()
@@ -491,7 +458,7 @@ async fn bad_input(backend: Backend) {
     };
     assert!(version > before, "{version} after records at {before}");
     assert_eq!(
-        distributor::read_assignment(&store, &ns.dist, "one")
+        recipe::read_assignment(&store, &ns.dist, "one")
             .await
             .unwrap()
             .unwrap()
@@ -507,13 +474,13 @@ async fn heartbeat_liveness(backend: Backend) {
     };
     let ns = Ns::new();
     let grpc = start_service(&store, &ns, "grpc").await;
-    distributor::register(&store, &ns.services, "beats", &Liveness::Heartbeat)
+    recipe::register(&store, &ns.services, "beats", &Liveness::Heartbeat)
         .await
         .unwrap();
     add_units(&store, &ns, &unit_names(6)).await;
     // etcd leases are whole seconds with a server minimum: 2 s works everywhere.
     let ttl = Duration::from_secs(2);
-    let hb = distributor::spawn_heartbeat(store.clone(), ns.services.clone(), "beats".into(), ttl)
+    let hb = recipe::spawn_heartbeat(store.clone(), ns.services.clone(), "beats".into(), ttl)
         .await
         .unwrap();
     let running = Distributor::new(store.clone(), ns.config())
@@ -533,45 +500,11 @@ async fn heartbeat_liveness(backend: Backend) {
     grpc.shutdown().await.unwrap();
 }
 
-macro_rules! backend_tests {
-    ($($module:ident => $backend:expr, $feature:literal;)*) => {$(
-        #[cfg(feature = $feature)]
-        mod $module {
-            use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn failover_and_return() {
-                super::failover_and_return($backend).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn two_distributors_and_unit_changes() {
-                super::two_distributors_and_unit_changes($backend).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn silent_server_times_out() {
-                super::silent_server_times_out($backend).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn bad_input() {
-                super::bad_input($backend).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn heartbeat_liveness() {
-                super::heartbeat_liveness($backend).await;
-            }
-        }
-    )*};
-}
-
-backend_tests! {
-    sqlite => Backend::Sqlite, "sqlite";
-    postgres => Backend::Postgres, "postgres";
-    redis => Backend::Redis, "redis";
-    redis_cluster => Backend::RedisCluster, "redis";
-    etcd => Backend::Etcd, "etcd";
-    etcd_cluster => Backend::EtcdCluster, "etcd";
-}
+// Which backends: the `distributor` row of the table in headcount_conformance::scenario_tests.
+headcount_conformance::scenario_tests!(distributor, workers = 2: [
+    failover_and_return,
+    two_distributors_and_unit_changes,
+    silent_server_times_out,
+    bad_input,
+    heartbeat_liveness,
+]);

@@ -5,12 +5,11 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use headcount::recipes::group::{Group, GroupConfig, GroupPhase};
-use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount_conformance::harness::{skip_unless_required, Backend, KvStore};
 
 /// The auth tokens' lifetime.
 const TOKEN_TTL: Duration = Duration::from_secs(2);
@@ -25,14 +24,8 @@ fn start() -> Option<KvStore> {
         keys.join("private.pem").display(),
         TOKEN_TTL.as_secs()
     );
-    match KvStore::etcd_with(1, None, &["--auth-token", &token]) {
-        Ok(s) => Some(s),
-        Err(Unavailable::Missing(why)) if !Backend::Etcd.required() => {
-            let _ = writeln!(std::io::stderr(), "SKIP etcd_auth: {why}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    let started = KvStore::etcd_with(1, None, &["--auth-token", &token]);
+    skip_unless_required(Backend::Etcd, "etcd_auth", started)
 }
 
 /// Adds the `root` user (password `secret`, role `root`) and turns authentication on.

@@ -7,25 +7,14 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Write as _;
-
-use headcount_conformance::harness::{Backend, Unavailable};
+use headcount_conformance::harness::Backend;
 
 /// The shared store's URL, or None (with a SKIP line) when the backend is missing and not
 /// required.
 async fn url(backend: Backend, test: &str) -> Option<String> {
-    match backend.shared().await {
-        Ok(url) => Some(url),
-        Err(Unavailable::Missing(why) | Unavailable::NotApplicable(why)) if !backend.required() => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIP {}::{test}: {why} (set HEADCOUNT_REQUIRE_BACKENDS=all to make this a failure)",
-                backend.name()
-            );
-            None
-        }
-        Err(e) => panic!("{}::{test}: {e}", backend.name()),
-    }
+    backend
+        .shared_or_skip(&format!("{}::{test}", backend.name()))
+        .await
 }
 
 fn unique(name: &str) -> String {
@@ -33,7 +22,7 @@ fn unique(name: &str) -> String {
 }
 
 #[cfg(feature = "postgres")]
-mod postgres {
+mod pg_fence {
     use super::*;
     use headcount::{ErrorKind, PgFence};
     use tokio_postgres::{Client, NoTls};
@@ -79,10 +68,8 @@ mod postgres {
             .collect()
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn pg_older_token_rejected_equal_admitted() {
-        let Some(url) = url(Backend::Postgres, "pg_older_token_rejected_equal_admitted").await
-        else {
+    pub(super) async fn pg_older_token_rejected_equal_admitted(backend: Backend) {
+        let Some(url) = url(backend, "pg_older_token_rejected_equal_admitted").await else {
             return;
         };
         let (client, fence, sink) = setup(&url).await;
@@ -137,14 +124,8 @@ mod postgres {
         assert_eq!(fence.current(&client, "r").await.unwrap(), Some(6));
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn pg_concurrent_writers_commit_in_token_order() {
-        let Some(url) = url(
-            Backend::Postgres,
-            "pg_concurrent_writers_commit_in_token_order",
-        )
-        .await
-        else {
+    pub(super) async fn pg_concurrent_writers_commit_in_token_order(backend: Backend) {
+        let Some(url) = url(backend, "pg_concurrent_writers_commit_in_token_order").await else {
             return;
         };
         let (client, fence, sink) = setup(&url).await;
@@ -195,8 +176,7 @@ mod postgres {
         );
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn pg_bad_input_is_invalid_argument() {
+    pub(super) async fn pg_bad_input_is_invalid_argument(backend: Backend) {
         for bad in ["fence; DROP TABLE x", "1fence", "", "a.b", "fence\"x"] {
             assert_eq!(
                 PgFence::new(bad).unwrap_err().kind(),
@@ -204,7 +184,7 @@ mod postgres {
                 "{bad:?}"
             );
         }
-        let Some(url) = url(Backend::Postgres, "pg_bad_input_is_invalid_argument").await else {
+        let Some(url) = url(backend, "pg_bad_input_is_invalid_argument").await else {
             return;
         };
         let (client, fence, sink) = setup(&url).await;
@@ -229,8 +209,8 @@ mod redis_fence {
     use redis::AsyncCommands as _;
     use std::time::Duration;
 
-    async fn single() -> Option<MultiplexedConnection> {
-        let url = url(Backend::Redis, "redis_fence").await?;
+    async fn single(backend: Backend) -> Option<MultiplexedConnection> {
+        let url = url(backend, "redis_fence").await?;
         let client = redis::Client::open(url).unwrap();
         Some(client.get_multiplexed_async_connection().await.unwrap())
     }
@@ -239,9 +219,8 @@ mod redis_fence {
         redis::cmd("GET").arg(key).query_async(conn).await.unwrap()
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn redis_older_token_rejected_equal_admitted() {
-        let Some(mut conn) = single().await else {
+    pub(super) async fn redis_older_token_rejected_equal_admitted(backend: Backend) {
+        let Some(mut conn) = single(backend).await else {
             return;
         };
         let tag = unique("t");
@@ -297,9 +276,8 @@ mod redis_fence {
             .unwrap();
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn redis_foreign_fence_value_is_typed() {
-        let Some(mut conn) = single().await else {
+    pub(super) async fn redis_foreign_fence_value_is_typed(backend: Backend) {
+        let Some(mut conn) = single(backend).await else {
             return;
         };
         let tag = unique("f");
@@ -330,9 +308,8 @@ mod redis_fence {
         let _: () = conn.del(&fk).await.unwrap();
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn redis_concurrent_writers_end_at_the_max() {
-        let Some(conn) = single().await else {
+    pub(super) async fn redis_concurrent_writers_end_at_the_max(backend: Backend) {
+        let Some(conn) = single(backend).await else {
             return;
         };
         let tag = unique("c");
@@ -388,9 +365,8 @@ mod redis_fence {
             .unwrap()
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn redis_cluster_needs_one_slot() {
-        let Some(url) = url(Backend::RedisCluster, "redis_cluster_needs_one_slot").await else {
+    pub(super) async fn redis_cluster_needs_one_slot(backend: Backend) {
+        let Some(url) = url(backend, "redis_cluster_needs_one_slot").await else {
             return;
         };
         let nodes: Vec<String> = url
@@ -436,3 +412,29 @@ mod redis_fence {
         let _: () = conn.del(&dk).await.unwrap();
     }
 }
+
+// Which backends: the `fence_*` rows of the table in headcount_conformance::scenario_tests.
+#[cfg(feature = "postgres")]
+use pg_fence::{
+    pg_bad_input_is_invalid_argument, pg_concurrent_writers_commit_in_token_order,
+    pg_older_token_rejected_equal_admitted,
+};
+headcount_conformance::scenario_tests!(fence_postgres, workers = 4: [
+    pg_older_token_rejected_equal_admitted,
+    pg_concurrent_writers_commit_in_token_order,
+    pg_bad_input_is_invalid_argument,
+]);
+
+#[cfg(feature = "redis")]
+use redis_fence::{
+    redis_cluster_needs_one_slot, redis_concurrent_writers_end_at_the_max,
+    redis_foreign_fence_value_is_typed, redis_older_token_rejected_equal_admitted,
+};
+headcount_conformance::scenario_tests!(fence_redis, workers = 4: [
+    redis_older_token_rejected_equal_admitted,
+    redis_foreign_fence_value_is_typed,
+    redis_concurrent_writers_end_at_the_max,
+]);
+headcount_conformance::scenario_tests!(fence_redis_cluster, workers = 4: [
+    redis_cluster_needs_one_slot,
+]);

@@ -9,21 +9,16 @@ use std::io::{self, Read as _, Write as _};
 use std::net::TcpStream;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use headcount_conformance::harness::{Backend, PgControl, PgServer, Unavailable};
+use headcount_conformance::harness::{skip_unless_required, Backend, PgControl, PgServer};
+use headcount_conformance::wait::eventually_blocking;
 use headcount_conformance::ServerControl;
 
 /// A dedicated server, or None (with a SKIP line) when PostgreSQL is not installed.
 fn server() -> Option<Arc<PgServer>> {
-    match PgServer::start_new(Some(Duration::from_secs(2))) {
-        Ok(s) => Some(Arc::new(s)),
-        Err(Unavailable::Missing(why)) if !Backend::Postgres.required() => {
-            let _ = writeln!(io::stderr(), "SKIP harness test: {why}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    let started = PgServer::start_new(Some(Duration::from_secs(2)));
+    skip_unless_required(Backend::Postgres, "harness test", started).map(Arc::new)
 }
 
 fn port(server: &PgServer) -> u16 {
@@ -92,14 +87,6 @@ fn timed_out(e: &io::Error) -> bool {
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|s| !matches!(s.rsplit(')').next().map(str::trim_start), Some(r) if r.starts_with('Z') || r.starts_with('X')))
-}
-
-fn eventually(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + within;
-    while !f() {
-        assert!(Instant::now() < end, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,9 +183,12 @@ async fn shutdown_stops_every_process_and_removes_the_directory() {
     assert!(dir.join("data").is_dir());
     control_drop(server);
     for pid in pids {
-        eventually("server processes gone", Duration::from_secs(10), || {
-            !alive(pid)
-        });
+        eventually_blocking(
+            "server processes gone",
+            Duration::from_secs(10),
+            Duration::from_millis(10),
+            || !alive(pid),
+        );
     }
     assert!(!dir.exists(), "{} still exists", dir.display());
 }

@@ -10,7 +10,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![cfg(all(feature = "redis", feature = "sqlite", feature = "postgres"))]
 
-use std::collections::HashSet;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,10 +17,13 @@ use std::time::Duration;
 
 use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds, MediatedIds};
 use headcount::{DynStore, ErrorKind};
-use headcount_conformance::harness::{Backend, KvStore, PgServer, Unavailable};
+use headcount_conformance::harness::{
+    skip_unless_required, Backend, KvStore, PgServer, Unavailable,
+};
 use headcount_conformance::id_history::{
     check_id_history as check_history, IdCall as Call, IdLoad,
 };
+use headcount_conformance::wait;
 use tokio::time::Instant;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
@@ -32,20 +34,12 @@ fn say(line: &str) {
 
 /// The value, or None with a SKIP line when the backend is missing and not required.
 fn available<T>(backend: Backend, test: &str, r: Result<T, Unavailable>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(Unavailable::Missing(why)) if !backend.required() => {
-            say(&format!(
-                "SKIP ids::{test}: {why} (set HEADCOUNT_REQUIRE_BACKENDS=all to make this a failure)"
-            ));
-            None
-        }
-        Err(e) => panic!("ids::{test}: {}: {e}", backend.name()),
-    }
+    skip_unless_required(backend, &format!("ids::{}::{test}", backend.name()), r)
 }
 
 /// `n` single Redis servers started with `args`, each with a 1 s operation timeout.
 async fn redis_servers(
+    backend: Backend,
     n: usize,
     args: &'static [&'static str],
     test: &str,
@@ -57,7 +51,7 @@ async fn redis_servers(
         })
         .await
         .unwrap();
-        out.push(Arc::new(available(Backend::Redis, test, started)?));
+        out.push(Arc::new(available(backend, test, started)?));
     }
     Some(out)
 }
@@ -123,9 +117,8 @@ async fn run_clients(urls: &[String], clients: usize, per: usize, config: IdsCon
     all
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis5_8_clients_x_500_unique_increasing_linearizable() {
-    let Some(servers) = redis_servers(5, AOF_ALWAYS, "redis5_8x500").await else {
+async fn redis5_8_clients_x_500_unique_increasing_linearizable(backend: Backend) {
+    let Some(servers) = redis_servers(backend, 5, AOF_ALWAYS, "redis5_8x500").await else {
         return;
     };
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
@@ -135,8 +128,7 @@ async fn redis5_8_clients_x_500_unique_increasing_linearizable() {
     check_history(&calls);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mixed_3_sqlite_2_postgres_8_clients_x_500() {
+async fn mixed_3_sqlite_2_postgres_8_clients_x_500(backend: Backend) {
     let test = "mixed_8x500";
     let mut pgs = Vec::new();
     for _ in 0..2 {
@@ -145,7 +137,7 @@ async fn mixed_3_sqlite_2_postgres_8_clients_x_500() {
         })
         .await
         .unwrap();
-        let Some(pg) = available(Backend::Postgres, test, started) else {
+        let Some(pg) = available(backend, test, started) else {
             return;
         };
         pgs.push(pg);
@@ -201,9 +193,8 @@ async fn restart(server: &Arc<KvStore>) {
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis5_kill_two_then_three_fails_closed_then_resumes_above() {
-    let Some(servers) = redis_servers(5, AOF_ALWAYS, "redis5_kill").await else {
+async fn redis5_kill_two_then_three_fails_closed_then_resumes_above(backend: Backend) {
+    let Some(servers) = redis_servers(backend, 5, AOF_ALWAYS, "redis5_kill").await else {
         return;
     };
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
@@ -225,35 +216,20 @@ async fn redis5_kill_two_then_three_fails_closed_then_resumes_above() {
     kill(&servers[2]).await;
     let t3 = Instant::now();
     let slack = Duration::from_secs(1);
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        let after: Vec<Call> = load
-            .snapshot()
-            .into_iter()
-            .filter(|c| c.start >= t3)
-            .collect();
-        let clients: HashSet<usize> = after.iter().map(|c| c.client).collect();
-        if after.len() >= 8 && clients.len() == 4 {
-            for c in &after {
-                assert!(
-                    c.id.is_none(),
-                    "an ID {:?} was returned with 3 of 5 nodes down",
-                    c.id
-                );
-                assert!(
-                    c.end - c.start <= deadline + slack,
-                    "a call failed only after {:?} (deadline {deadline:?})",
-                    c.end - c.start
-                );
-            }
-            break;
-        }
+    let after = load
+        .wait_calls(t3, 8, 4, Duration::from_secs(30), "after the third kill")
+        .await;
+    for c in &after {
         assert!(
-            Instant::now() < end,
-            "too few failed calls after the third kill: {}",
-            after.len()
+            c.id.is_none(),
+            "an ID {:?} was returned with 3 of 5 nodes down",
+            c.id
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            c.end - c.start <= deadline + slack,
+            "a call failed only after {:?} (deadline {deadline:?})",
+            c.end - c.start
+        );
     }
     let before_restart: i64 = load.snapshot().iter().filter_map(|c| c.id).max().unwrap();
 
@@ -293,15 +269,14 @@ async fn redis5_kill_two_then_three_fails_closed_then_resumes_above() {
 
 /// Two Redis servers with AOF always and a third without persistence, which forgets everything
 /// when it restarts.
-async fn two_durable_one_forgetful(test: &str) -> Option<Vec<Arc<KvStore>>> {
-    let mut servers = redis_servers(2, AOF_ALWAYS, test).await?;
-    servers.extend(redis_servers(1, &[], test).await?);
+async fn two_durable_one_forgetful(backend: Backend, test: &str) -> Option<Vec<Arc<KvStore>>> {
+    let mut servers = redis_servers(backend, 2, AOF_ALWAYS, test).await?;
+    servers.extend(redis_servers(backend, 1, &[], test).await?);
     Some(servers)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_non_durable_node_is_refused_when_the_check_is_on() {
-    let Some(abc) = two_durable_one_forgetful("non_durable_refused").await else {
+async fn a_non_durable_node_is_refused_when_the_check_is_on(backend: Backend) {
+    let Some(abc) = two_durable_one_forgetful(backend, "non_durable_refused").await else {
         return;
     };
     let urls: Vec<String> = abc.iter().map(|s| s.url()).collect();
@@ -318,9 +293,8 @@ async fn a_non_durable_node_is_refused_when_the_check_is_on() {
 
 /// With the check off, a node that forgets (no AOF, restarted) lets a later majority read a
 /// smaller number: this schedule provably repeats an ID, and the test expects it to.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn with_the_check_off_a_forgetful_node_repeats_an_id() {
-    let Some(abc) = two_durable_one_forgetful("forgetful_repeats").await else {
+async fn with_the_check_off_a_forgetful_node_repeats_an_id(backend: Backend) {
+    let Some(abc) = two_durable_one_forgetful(backend, "forgetful_repeats").await else {
         return;
     };
     let (a, b, c) = (&abc[0], &abc[1], &abc[2]);
@@ -364,8 +338,7 @@ async fn with_the_check_off_a_forgetful_node_repeats_an_id() {
     assert!(repeated <= last);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bad_input_gives_typed_errors() {
+async fn bad_input_gives_typed_errors(_embedded: Backend) {
     let dir = temp_dir();
     let url = |i: usize| format!("sqlite://{}/bad{i}.db?synchronous=full", dir.display());
     let stores = connect_all(&[url(0), url(1), url(2), url(3)]).await;
@@ -428,61 +401,68 @@ async fn bad_input_gives_typed_errors() {
 /// One server behind several URLs is one failure domain, not several votes: two databases of
 /// one Redis, one PostgreSQL server connected twice, and one SQLite file named two ways are
 /// refused with `InvalidArgument` naming the server; distinct servers pass.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_server_behind_several_urls_is_refused() {
+async fn one_server_behind_several_urls_is_refused(backend: Backend) {
     let test = "one_server_behind_several_urls_is_refused";
     let config = IdsConfig::new(generator_name());
-    let Some(redis) = redis_servers(2, AOF_ALWAYS, test).await else {
-        return;
-    };
-    let (a, b) = (redis[0].url(), redis[1].url());
-    let db = |url: &str, n: u8| match url.split_once('?') {
-        Some((base, query)) => format!("{base}/{n}?{query}"),
-        None => format!("{url}/{n}"),
-    };
-    let one = connect_all(&[db(&a, 0), db(&a, 1), b.clone()]).await;
-    let e = MajorityIds::new(one, config.clone()).await.unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
-    assert!(
-        e.to_string()
-            .contains("#0 and #1 are one server (redis replication id"),
-        "{e}"
-    );
-    let distinct = connect_all(&[db(&a, 0), b.clone()]).await;
-    assert!(MajorityIds::new(distinct, config.clone()).await.is_ok());
-
+    // A store of its own beside the one named twice, where a test needs a third.
     let dir = temp_dir();
-    let file = |spelling: &str| {
-        format!(
-            "sqlite://{}{spelling}ids.db?synchronous=full",
-            dir.display()
-        )
-    };
-    let same_file = connect_all(&[file("/"), file("/./"), a.clone()]).await;
-    let e = MajorityIds::new(same_file, config.clone())
-        .await
-        .unwrap_err();
-    assert!(e.to_string().contains("(sqlite file"), "{e}");
+    let other = format!("sqlite://{}/other.db?synchronous=full", dir.display());
+    match backend {
+        Backend::Redis => {
+            let Some(redis) = redis_servers(backend, 2, AOF_ALWAYS, test).await else {
+                return;
+            };
+            let (a, b) = (redis[0].url(), redis[1].url());
+            let db = |url: &str, n: u8| match url.split_once('?') {
+                Some((base, query)) => format!("{base}/{n}?{query}"),
+                None => format!("{url}/{n}"),
+            };
+            let one = connect_all(&[db(&a, 0), db(&a, 1), b.clone()]).await;
+            let e = MajorityIds::new(one, config.clone()).await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            assert!(
+                e.to_string()
+                    .contains("#0 and #1 are one server (redis replication id"),
+                "{e}"
+            );
+            let distinct = connect_all(&[db(&a, 0), b.clone()]).await;
+            assert!(MajorityIds::new(distinct, config.clone()).await.is_ok());
+        }
+        Backend::Sqlite => {
+            let file = |spelling: &str| {
+                format!(
+                    "sqlite://{}{spelling}ids.db?synchronous=full",
+                    dir.display()
+                )
+            };
+            let same_file = connect_all(&[file("/"), file("/./"), other.clone()]).await;
+            let e = MajorityIds::new(same_file, config.clone())
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("(sqlite file"), "{e}");
+        }
+        Backend::Postgres => {
+            let started = tokio::task::spawn_blocking(|| PgServer::start_with(None, &["fsync=on"]))
+                .await
+                .unwrap();
+            let Some(pg) = available(backend, test, started) else {
+                return;
+            };
+            let twice = connect_all(&[pg.url(), other.clone(), pg.url()]).await;
+            let e = MajorityIds::new(twice, config.clone()).await.unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("#0 and #2 are one server (postgresql server started"),
+                "{e}"
+            );
+            tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
+        }
+        other => panic!("{test}: not written for {}", other.name()),
+    }
     let _ = std::fs::remove_dir_all(&dir);
-
-    let started = tokio::task::spawn_blocking(|| PgServer::start_with(None, &["fsync=on"]))
-        .await
-        .unwrap();
-    let Some(pg) = available(Backend::Postgres, test, started) else {
-        return;
-    };
-    let twice = connect_all(&[pg.url(), a.clone(), pg.url()]).await;
-    let e = MajorityIds::new(twice, config.clone()).await.unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("#0 and #2 are one server (postgresql server started"),
-        "{e}"
-    );
-    tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mediated_calls_take_turns_and_stay_unique() {
+async fn mediated_calls_take_turns_and_stay_unique(_embedded: Backend) {
     let dir = temp_dir();
     let urls: Vec<String> = (0..3)
         .map(|i| format!("sqlite://{}/med{i}.db?synchronous=full", dir.display()))
@@ -522,74 +502,88 @@ async fn probe(url: &str) -> headcount::Durability {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn durability_probe_follows_how_the_harness_started_each_server() {
+async fn durability_probe_follows_how_the_harness_started_each_server(backend: Backend) {
     let test = "durability_probe";
-    // Redis: the harness default has no AOF; with AOF always it is durable.
-    if let Some(plain) = redis_servers(1, &[], test).await {
-        let d = probe(&plain[0].url()).await;
-        assert!(!d.durable && d.detail.contains("appendonly no"), "{d:?}");
-        let aof = redis_servers(1, AOF_ALWAYS, test).await.unwrap();
-        let d = probe(&aof[0].url()).await;
-        assert!(
-            d.durable && d.detail == "appendonly yes, appendfsync always, no replicas",
-            "{d:?}"
-        );
-        // A policy that may evict keys without a TTL (the counters) is not durable.
-        let lru: &'static [&'static str] = &[
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--maxmemory-policy",
-            "allkeys-lru",
-        ];
-        let evicting = redis_servers(1, lru, test).await.unwrap();
-        let d = probe(&evicting[0].url()).await;
-        assert!(!d.durable && d.detail.contains("allkeys-lru"), "{d:?}");
-        // A primary with an asynchronous replica is not durable: a promoted replica can lack
-        // acknowledged writes.
-        let primary = aof[0].url();
-        let port: u16 = primary
-            .split("127.0.0.1:")
-            .nth(1)
-            .map(|rest| {
-                rest.chars()
-                    .take_while(char::is_ascii_digit)
-                    .collect::<String>()
-            })
-            .and_then(|digits| digits.parse().ok())
-            .unwrap();
-        let replica = tokio::task::spawn_blocking(move || {
-            let port = port.to_string();
-            KvStore::redis_with(None, &["--replicaof", "127.0.0.1", &port])
-        })
-        .await
-        .unwrap()
-        .unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let d = loop {
-            let d = probe(&primary).await;
-            if !d.durable || tokio::time::Instant::now() > deadline {
-                break d;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        assert!(
-            !d.durable && d.detail.contains("connected replica"),
-            "{d:?}"
-        );
-        let d = probe(&replica.url()).await;
-        assert!(!d.durable, "{d:?}");
-        tokio::task::spawn_blocking(move || drop(replica))
-            .await
-            .unwrap();
-        let everysec: &'static [&'static str] =
-            &["--appendonly", "yes", "--appendfsync", "everysec"];
-        let sec = redis_servers(1, everysec, test).await.unwrap();
-        let d = probe(&sec[0].url()).await;
-        assert!(!d.durable && d.detail.contains("everysec"), "{d:?}");
+    match backend {
+        Backend::Redis => redis_durability(backend, test).await,
+        Backend::Postgres => postgres_durability(backend, test).await,
+        Backend::Etcd => etcd_durability(backend, test).await,
+        other => panic!("{test}: not written for {}", other.name()),
     }
+}
+
+async fn redis_durability(backend: Backend, test: &str) {
+    // Redis: the harness default has no AOF; with AOF always it is durable.
+    let Some(plain) = redis_servers(backend, 1, &[], test).await else {
+        return;
+    };
+    let d = probe(&plain[0].url()).await;
+    assert!(!d.durable && d.detail.contains("appendonly no"), "{d:?}");
+    let aof = redis_servers(backend, 1, AOF_ALWAYS, test).await.unwrap();
+    let d = probe(&aof[0].url()).await;
+    assert!(
+        d.durable && d.detail == "appendonly yes, appendfsync always, no replicas",
+        "{d:?}"
+    );
+    // A policy that may evict keys without a TTL (the counters) is not durable.
+    let lru: &'static [&'static str] = &[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--maxmemory-policy",
+        "allkeys-lru",
+    ];
+    let evicting = redis_servers(backend, 1, lru, test).await.unwrap();
+    let d = probe(&evicting[0].url()).await;
+    assert!(!d.durable && d.detail.contains("allkeys-lru"), "{d:?}");
+    // A primary with an asynchronous replica is not durable: a promoted replica can lack
+    // acknowledged writes.
+    let primary = aof[0].url();
+    let port: u16 = primary
+        .split("127.0.0.1:")
+        .nth(1)
+        .map(|rest| {
+            rest.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .and_then(|digits| digits.parse().ok())
+        .unwrap();
+    let replica = tokio::task::spawn_blocking(move || {
+        let port = port.to_string();
+        KvStore::redis_with(None, &["--replicaof", "127.0.0.1", &port])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let what = "the primary no longer durable once its replica connected";
+    let every = Duration::from_millis(100);
+    let d = wait::eventually(what, Duration::from_secs(10), every, || async {
+        let d = probe(&primary).await;
+        if d.durable {
+            Err(d)
+        } else {
+            Ok(d)
+        }
+    })
+    .await;
+    assert!(
+        !d.durable && d.detail.contains("connected replica"),
+        "{d:?}"
+    );
+    let d = probe(&replica.url()).await;
+    assert!(!d.durable, "{d:?}");
+    tokio::task::spawn_blocking(move || drop(replica))
+        .await
+        .unwrap();
+    let everysec: &'static [&'static str] = &["--appendonly", "yes", "--appendfsync", "everysec"];
+    let sec = redis_servers(backend, 1, everysec, test).await.unwrap();
+    let d = probe(&sec[0].url()).await;
+    assert!(!d.durable && d.detail.contains("everysec"), "{d:?}");
+}
+
+async fn postgres_durability(backend: Backend, test: &str) {
     // PostgreSQL: the harness runs with fsync=off; fsync=on is durable, synchronous_commit=off
     // is not.
     for (settings, durable, needle) in [
@@ -605,7 +599,7 @@ async fn durability_probe_follows_how_the_harness_started_each_server() {
         let started = tokio::task::spawn_blocking(move || PgServer::start_with(None, &settings))
             .await
             .unwrap();
-        let Some(pg) = available(Backend::Postgres, test, started) else {
+        let Some(pg) = available(backend, test, started) else {
             break;
         };
         let d = probe(&pg.url()).await;
@@ -613,11 +607,14 @@ async fn durability_probe_follows_how_the_harness_started_each_server() {
         assert!(d.detail.contains(needle), "{d:?}");
         tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
     }
+}
+
+async fn etcd_durability(backend: Backend, test: &str) {
     // etcd: durable by construction.
     let started = tokio::task::spawn_blocking(|| KvStore::etcd(1, None))
         .await
         .unwrap();
-    if let Some(etcd) = available(Backend::Etcd, test, started) {
+    if let Some(etcd) = available(backend, test, started) {
         let d = probe(&etcd.url()).await;
         assert!(d.durable && d.detail.contains("WAL"), "{d:?}");
         tokio::task::spawn_blocking(move || drop(etcd))
@@ -625,3 +622,24 @@ async fn durability_probe_follows_how_the_harness_started_each_server() {
             .unwrap();
     }
 }
+
+// Which backends: the `ids_*` rows of the table in headcount_conformance::scenario_tests.
+headcount_conformance::scenario_tests!(ids_redis, workers = 4: [
+    redis5_8_clients_x_500_unique_increasing_linearizable,
+    redis5_kill_two_then_three_fails_closed_then_resumes_above,
+    a_non_durable_node_is_refused_when_the_check_is_on,
+    with_the_check_off_a_forgetful_node_repeats_an_id,
+]);
+headcount_conformance::scenario_tests!(ids_sqlite, workers = 4: [
+    bad_input_gives_typed_errors,
+    mediated_calls_take_turns_and_stay_unique,
+]);
+headcount_conformance::scenario_tests!(ids_mixed, workers = 4: [
+    mixed_3_sqlite_2_postgres_8_clients_x_500,
+]);
+headcount_conformance::scenario_tests!(ids_one_server, workers = 4: [
+    one_server_behind_several_urls_is_refused,
+]);
+headcount_conformance::scenario_tests!(ids_durability, workers = 4: [
+    durability_probe_follows_how_the_harness_started_each_server,
+]);

@@ -5,23 +5,19 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use headcount::ErrorKind;
-use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount_conformance::harness::{skip_unless_required, Backend, KvStore, Unavailable};
+use headcount_conformance::wait::{eventually, EVERY};
 use redis::aio::ConnectionLike;
+
+/// How long the index and the keys get to expire, and the listing to catch up.
+const TEN_S: Duration = Duration::from_secs(10);
 
 /// A dedicated store, or None (with a SKIP line) when the server is not installed.
 fn start(backend: Backend, f: impl FnOnce() -> Result<KvStore, Unavailable>) -> Option<KvStore> {
-    match f() {
-        Ok(s) => Some(s),
-        Err(Unavailable::Missing(why)) if !backend.required() => {
-            let _ = writeln!(std::io::stderr(), "SKIP redis_index: {why}");
-            None
-        }
-        Err(e) => panic!("{e}"),
-    }
+    skip_unless_required(backend, "redis_index", f())
 }
 
 async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
@@ -139,35 +135,33 @@ async fn index_stays_bounded_for_a_prefix_never_listed() {
     // Only keys with a TTL: the index keys expire with the last of them, with no further call.
     write_expiring("gone").await;
     assert!(zcard(&mut conn, "headcount:index").await >= 1000);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: u64 = redis::cmd("EXISTS")
-            .arg("headcount:index")
-            .arg("headcount:expiry")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if n == 0 {
-            break;
+    let every = Duration::from_millis(50);
+    eventually("the index expired with its keys", TEN_S, every, || {
+        let mut conn = conn.clone();
+        async move {
+            let n: u64 = redis::cmd("EXISTS")
+                .arg("headcount:index")
+                .arg("headcount:expiry")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n == 0
         }
-        assert!(Instant::now() < deadline, "the index outlived its keys");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 
     // With a persistent key beside them, the index stays; writes sweep the expired names.
     store.incr("hc:{live}:n", None).await.unwrap();
     write_expiring("never-listed").await;
     assert!(zcard(&mut conn, "headcount:index").await >= 1001);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store
-        .get("hc:{never-listed}:n:999")
-        .await
-        .unwrap()
-        .is_some()
-    {
-        assert!(Instant::now() < deadline, "the keys did not expire");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("the keys expired", TEN_S, EVERY, || async {
+        store
+            .get("hc:{never-listed}:n:999")
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
     // Each write removes up to 8 expired names: 1,000 need 125 writes.
     for _ in 0..130 {
         store.incr("hc:{live}:n", None).await.unwrap();
@@ -440,12 +434,17 @@ async fn a_listing_during_a_slot_migration_is_whole_or_retryable() {
             .unwrap();
     }
     // After the migration every key is listed again, none dropped from the index on the way.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match store.list("hc:{m}:").await {
-            Ok(got) if got == want => break,
-            other => assert!(Instant::now() < deadline, "after the migration: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let every = Duration::from_millis(50);
+    eventually(
+        "every key listed after the migration",
+        TEN_S,
+        every,
+        || async {
+            match store.list("hc:{m}:").await {
+                Ok(got) if got == want => Ok(()),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
 }

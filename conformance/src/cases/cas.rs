@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{concurrently, expect_expiry, put, wait_until, SHORT_TTL};
+use super::{concurrently, expect_expiry, put, sleep_past, SHORT_TTL};
 use crate::{ensure_eq, CaseResult, Ctx, Failure, ResultExt};
 
 /// CAS with `expected = None` writes only when the key is absent.
@@ -188,7 +188,7 @@ pub async fn cas_ttl_none_persists(ctx: &Ctx) -> CaseResult {
         true,
         "CAS(a -> b, ttl None) on a live key"
     );
-    wait_until(done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+    sleep_past(done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
     ensure_eq!(
         store.get(&k).await.during("get")?,
         Some("b".into()),

@@ -11,7 +11,7 @@ use headcount::{DynStore, ErrorKind};
 use tokio::time::Instant;
 
 use super::expect_kind;
-use crate::{ensure, ensure_eq, CaseResult, Ctx, Failure, ResultExt};
+use crate::{ensure, ensure_eq, wait, CaseResult, Ctx, Failure, ResultExt};
 
 /// The lease TTL of the cases, raised to the backend's shortest lease (etcd: 2 s).
 fn ttl(ctx: &Ctx) -> Duration {
@@ -42,24 +42,21 @@ async fn join(ctx: &Ctx, member: &str) -> Result<Member, Failure> {
 
 /// Waits until every member is active under one epoch with `n` live slots, and returns it.
 async fn converged(ctx: &Ctx, members: &[&Member], n: u32) -> Result<u64, Failure> {
-    let deadline = Instant::now() + settle(ctx);
-    loop {
+    let what = format!("members converged on {n} live slots");
+    wait::until(&what, settle(ctx), wait::EVERY, || async {
         let all: Vec<_> = members.iter().map(|m| m.assignment()).collect();
         let epoch = all[0].epoch;
         if all
             .iter()
             .all(|a| a.phase == GroupPhase::Active && a.epoch == epoch && a.replicas == n)
         {
-            return Ok(epoch);
+            Ok(epoch)
+        } else {
+            Err(all)
         }
-        if Instant::now() >= deadline {
-            return Err(Failure::new(format!(
-                "members did not converge on {n} live slots within {:?}: {all:?}",
-                settle(ctx)
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
+    .map_err(Failure::new)
 }
 
 /// Every key of `keys` is granted by exactly one of `members`.
@@ -258,10 +255,8 @@ pub async fn group_handoff_no_double_grant(ctx: &Ctx) -> CaseResult {
     ctx.cleanup().await
 }
 
-/// Bad configurations are InvalidArgument; a foreign value in a slot is skipped; a view that
-/// does not decode is replaced by one with a higher epoch; a second live process with the same
-/// member id is refused.
-pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
+/// Bad TTLs, member ids, group names and slot limits: `InvalidArgument` at join.
+pub async fn group_bad_config_rejected(ctx: &Ctx) -> CaseResult {
     let store: DynStore = ctx.store.clone();
     for (what, cfg) in [
         ("zero TTL", config(ctx, "x")?.with_ttl(Duration::ZERO)),
@@ -303,29 +298,33 @@ pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
         .map(|_| ()),
         ErrorKind::InvalidArgument,
     )?;
+    ctx.cleanup().await
+}
 
-    // Garbage in slot 0 and in the view.
+/// Members `a` and `b` joined and converged on two live slots; returns them and their epoch.
+async fn active_pair(ctx: &Ctx) -> Result<(Member, Member, u64), Failure> {
+    let a = join(ctx, "a").await?;
+    let b = join(ctx, "b").await?;
+    let epoch = converged(ctx, &[&a, &b], 2).await?;
+    Ok((a, b, epoch))
+}
+
+async fn leave_both(a: Member, b: Member) -> CaseResult {
+    a.leave().await.during("leave a")?;
+    b.leave().await.during("leave b")
+}
+
+/// A foreign value in slot 0: the members skip it, take slots 1 and 2, and leave it alone.
+pub async fn group_foreign_slot_left_alone(ctx: &Ctx) -> CaseResult {
     let slot0 = ctx.key("slot:0");
-    let view = ctx.key("view:current");
     ensure!(
-        store
+        ctx.store
             .compare_and_set(&slot0, None, "garbage", None)
             .await
             .during("write garbage to slot 0")?,
         "slot 0 was not absent"
     );
-    store
-        .compare_and_set(&view, None, "{not a view", None)
-        .await
-        .during("write garbage to the view")?;
-    let a = join(ctx, "a").await?;
-    let b = join(ctx, "b").await?;
-    let epoch = converged(ctx, &[&a, &b], 2).await?;
-    ensure!(epoch >= 1, "epoch {epoch}");
-    ensure!(
-        store.get(&view).await.during("read the view")?.as_deref() != Some("{not a view"),
-        "the garbage view was not replaced"
-    );
+    let (a, b, _) = active_pair(ctx).await?;
     let slots: BTreeSet<_> = [&a, &b]
         .iter()
         .filter_map(|m| m.assignment().slot)
@@ -336,14 +335,49 @@ pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
         "slots next to a foreign slot 0"
     );
     ensure_eq!(
-        store.get(&slot0).await.during("read slot 0")?.as_deref(),
+        ctx.store
+            .get(&slot0)
+            .await
+            .during("read slot 0")?
+            .as_deref(),
         Some("garbage"),
         "the foreign value is left alone"
     );
     exactly_one_owner(&[&a, &b], 100)?;
+    leave_both(a, b).await?;
+    ctx.cleanup().await
+}
 
-    // The view overwritten by hand while members are active, then a join: the new view's epoch
-    // is above every epoch the members acted on, although the joiner never saw the old view.
+/// Garbage in the view before anyone joins: the members replace it and converge.
+pub async fn group_garbled_view_replaced(ctx: &Ctx) -> CaseResult {
+    let view = ctx.key("view:current");
+    ctx.store
+        .compare_and_set(&view, None, "{not a view", None)
+        .await
+        .during("write garbage to the view")?;
+    let (a, b, epoch) = active_pair(ctx).await?;
+    ensure!(epoch >= 1, "epoch {epoch}");
+    ensure!(
+        ctx.store
+            .get(&view)
+            .await
+            .during("read the view")?
+            .as_deref()
+            != Some("{not a view"),
+        "the garbage view was not replaced"
+    );
+    exactly_one_owner(&[&a, &b], 100)?;
+    leave_both(a, b).await?;
+    ctx.cleanup().await
+}
+
+/// The view overwritten by hand while members are active, then a join: the new view's epoch is
+/// above every epoch the members acted on, although the joiner never saw the old view; a leave
+/// raises it again.
+pub async fn group_overwritten_view_epoch_rises(ctx: &Ctx) -> CaseResult {
+    let store: DynStore = ctx.store.clone();
+    let view = ctx.key("view:current");
+    let (a, b, epoch) = active_pair(ctx).await?;
     let current = store.get(&view).await.during("read the view")?;
     ensure!(
         store
@@ -362,13 +396,16 @@ pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
         e
     };
     c.leave().await.during("leave c")?;
-    let epoch = {
-        let e = converged(ctx, &[&a, &b], 2).await?;
-        ensure!(e > epoch, "epoch after c left {e} is not above {epoch}");
-        e
-    };
+    let e = converged(ctx, &[&a, &b], 2).await?;
+    ensure!(e > epoch, "epoch after c left {e} is not above {epoch}");
+    leave_both(a, b).await?;
+    ctx.cleanup().await
+}
 
-    // The same member id again while `a` lives: refused within about a TTL.
+/// The same member id again while `a` lives: `Rejected` within about a TTL, and `a` stays
+/// active.
+pub async fn group_twin_member_rejected(ctx: &Ctx) -> CaseResult {
+    let (a, b, _) = active_pair(ctx).await?;
     let started = Instant::now();
     expect_kind(
         "join with the member id of a live member",
@@ -386,8 +423,15 @@ pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
         GroupPhase::Active,
         "a after the twin was refused"
     );
+    leave_both(a, b).await?;
+    ctx.cleanup().await
+}
 
-    // Overwrite b's slot by hand: b stops, claims again, and the group recovers.
+/// A member's slot overwritten by hand: it stops, claims again under a newer epoch, and every
+/// key has one owner again.
+pub async fn group_overwritten_slot_reclaimed(ctx: &Ctx) -> CaseResult {
+    let store: DynStore = ctx.store.clone();
+    let (a, b, epoch) = active_pair(ctx).await?;
     let b_slot = b
         .assignment()
         .slot
@@ -403,24 +447,24 @@ pub async fn group_bad_input(ctx: &Ctx) -> CaseResult {
         )
         .await
         .during("overwrite b's slot")?;
-    let deadline = Instant::now() + settle(ctx);
-    while b.assignment().slot == Some(b_slot) || b.assignment().epoch <= epoch {
-        ensure!(
-            Instant::now() < deadline,
-            "b kept its overwritten slot {b_slot} for {:?}: {:?}",
-            settle(ctx),
-            b.assignment()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("b left its overwritten slot {b_slot} for a newer epoch than {epoch}");
+    wait::until(&what, settle(ctx), wait::EVERY, || async {
+        let now = b.assignment();
+        if now.slot == Some(b_slot) || now.epoch <= epoch {
+            Err(now)
+        } else {
+            Ok(())
+        }
+    })
+    .await
+    .map_err(Failure::new)?;
     let after = converged(ctx, &[&a, &b], 2).await?;
     ensure!(
         after > epoch,
         "epoch after b reclaimed {after} is not above {epoch}"
     );
     exactly_one_owner(&[&a, &b], 100)?;
-    a.leave().await.during("leave a")?;
-    b.leave().await.during("leave b")?;
+    leave_both(a, b).await?;
     ctx.cleanup().await
 }
 

@@ -20,7 +20,7 @@ use headcount::{Capabilities, Clock, DynStore, Error, ErrorKind, ManualClock, Of
 use tokio::time::Instant;
 
 use super::expect_kind;
-use crate::{ensure, ensure_eq, CaseResult, Ctx, Failure, ResultExt};
+use crate::{ensure, ensure_eq, wait, CaseResult, Ctx, Failure, ResultExt};
 
 /// The interval of every case.
 pub const INTERVAL: Duration = Duration::from_secs(30);
@@ -89,8 +89,9 @@ impl Sim {
 
     /// Waits until every peer has done everything due at the current time.
     async fn settle(&self) -> CaseResult {
-        let deadline = Instant::now() + SETTLE_DEADLINE;
-        loop {
+        let what = format!("every peer idle after the clock reached {:?}", self.now());
+        let every = Duration::from_millis(1);
+        wait::until(&what, SETTLE_DEADLINE, every, || async {
             let mono = self.clock.monotonic();
             let busy: Vec<&str> = self
                 .peers
@@ -99,15 +100,13 @@ impl Sim {
                 .map(|(n, _)| n.as_str())
                 .collect();
             if busy.is_empty() {
-                return Ok(());
+                Ok(())
+            } else {
+                Err(format!("peers {busy:?} busy"))
             }
-            ensure!(
-                Instant::now() < deadline,
-                "peers {busy:?} were still busy {SETTLE_DEADLINE:?} after the clock reached {:?}",
-                self.now()
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        })
+        .await
+        .map_err(Failure::new)
     }
 
     /// Advances the clock to `t` (seconds since the Unix epoch) in steps of at most `step`,
@@ -826,13 +825,13 @@ impl headcount::backend::Backend for Flaky {
     }
 }
 
-/// Bad input gives typed errors; a foreign value or an outage during a tick keeps the last pair,
-/// reports the fault and emits nothing unconfirmed; the peer recovers with the store.
-pub async fn interval_bad_input_and_outage(ctx: &Ctx) -> CaseResult {
+/// Bad intervals, groups and capacities are `InvalidArgument` at join; a foreign value at the
+/// current interval's counter is `ForeignValue`.
+pub async fn interval_bad_input_rejected(ctx: &Ctx) -> CaseResult {
     let (prefix, group) = space(ctx)?;
     let counter = |n: u64| format!("{prefix}:{{{group}}}:interval:{n}");
     let sim_clock = ManualClock::at_unix_secs(30 * 3000 + 1);
-    let clock: Arc<dyn Clock> = Arc::new(sim_clock.clone());
+    let clock: Arc<dyn Clock> = Arc::new(sim_clock);
     let base = config(ctx, clock.clone())?;
     let mut zero = base.clone();
     zero.interval = Duration::ZERO;
@@ -867,14 +866,23 @@ pub async fn interval_bad_input_and_outage(ctx: &Ctx) -> CaseResult {
         ErrorKind::ForeignValue,
     )?;
 
-    // Two peers on a store that can fail, from interval 3002.
+    Ok(())
+}
+
+/// The store of two peers (`A` and `B`, from interval 3002) that fails on demand, with the
+/// simulation that drives them; the clock is at 3002 + 10 s and both hold pairs.
+async fn flaky_pair(ctx: &Ctx) -> Result<(Sim, Arc<AtomicBool>, String), Failure> {
+    let (prefix, group) = space(ctx)?;
+    let sim_clock = ManualClock::at_unix_secs(30 * 3000 + 1);
+    let clock: Arc<dyn Clock> = Arc::new(sim_clock.clone());
+    let base = config(ctx, clock)?;
     let down = Arc::new(AtomicBool::new(false));
     let flaky: DynStore = Arc::new(Flaky {
         inner: ctx.store.clone(),
         down: down.clone(),
     });
     let mut sim = Sim {
-        clock: sim_clock.clone(),
+        clock: sim_clock,
         base: secs(30.0 * 3000.0 + 1.0),
         peers: BTreeMap::new(),
     };
@@ -885,6 +893,15 @@ pub async fn interval_bad_input_and_outage(ctx: &Ctx) -> CaseResult {
     sim.join(&flaky, "B", base.clone().with_skew(secs(4.0)))
         .await?;
     sim.advance_to(secs(30.0 * 3002.0 + 10.0), step).await?;
+    Ok((sim, down, format!("{prefix}:{{{group}}}:interval:")))
+}
+
+/// Through a store outage a peer keeps its last pair, still processes its tasks until the pair
+/// expires a quarter interval after the failed tick, reports the fault, stops owning once the
+/// pair expired, and owns tasks again when the store is back.
+pub async fn interval_outage_keeps_then_expires_pair(ctx: &Ctx) -> CaseResult {
+    let (mut sim, down, _) = flaky_pair(ctx).await?;
+    let step = secs(1.0);
     let before = sim.peer("A")?.status().pair;
     ensure!(
         before.is_some() && sim.peer("A")?.pair().is_some(),
@@ -936,6 +953,20 @@ pub async fn interval_bad_input_and_outage(ctx: &Ctx) -> CaseResult {
         );
     }
 
+    for name in ["A", "B"] {
+        sim.stop(name).await?;
+    }
+    Ok(())
+}
+
+/// A foreign value at the previous interval's counter during a tick: no pair emitted, the
+/// fault reported.
+pub async fn interval_foreign_previous_count_reported(ctx: &Ctx) -> CaseResult {
+    let (mut sim, _, counters) = flaky_pair(ctx).await?;
+    let step = secs(1.0);
+    let counter = |n: u64| format!("{counters}{n}");
+    // Interval 3006: both peers hold pairs, and its counter is written.
+    sim.advance_to(secs(30.0 * 3005.0 + 10.0), step).await?;
     // A foreign value at the previous interval's counter: no pair emitted, the fault reported.
     let key = counter(3006);
     let current = ctx.store.get(&key).await.during("get")?;

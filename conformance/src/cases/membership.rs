@@ -6,7 +6,7 @@ use headcount::store::MAX_TTL;
 use headcount::ErrorKind;
 use tokio::time::Instant;
 
-use super::{expect_expiry, expect_kind, put, wait_until, SHORT_TTL};
+use super::{expect_expiry, expect_kind, put, sleep_past, SHORT_TTL};
 use crate::{ensure, ensure_eq, CaseResult, Ctx, Failure, ResultExt};
 
 /// A TTL long enough that a key renewed with it outlives the case.
@@ -47,7 +47,7 @@ pub async fn renew_and_list_extends_ttl(ctx: &Ctx) -> CaseResult {
         "listing after the renewal"
     );
     // Past the original expiry (with the backend's rounding and our tolerance), the key is there.
-    wait_until(put_done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+    sleep_past(put_done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
     ensure_eq!(
         ctx.store.get(&key).await.during("get")?,
         Some("me".to_owned()),
@@ -116,7 +116,7 @@ pub async fn renew_and_list_refuses_others(ctx: &Ctx) -> CaseResult {
     // extend it.
     expect_expiry(ctx, &foreign, "other", sent, done, SHORT_TTL).await?;
     // The persistent key outlived the short TTL the refused renewal asked for.
-    wait_until(done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+    sleep_past(done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
     ensure_eq!(
         ctx.store.get(&persistent).await.during("get")?,
         Some("other".to_owned()),
@@ -272,7 +272,7 @@ pub async fn renew_if_changed_renews_and_lists(ctx: &Ctx) -> CaseResult {
         "listing of {dir:?} with no version given"
     );
     // The renewal extended the short TTL.
-    wait_until(put_done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+    sleep_past(put_done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
     ensure_eq!(
         ctx.store.get(&mine).await.during("get")?,
         Some("me".to_owned()),

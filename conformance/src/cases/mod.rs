@@ -26,7 +26,8 @@ pub use durability::*;
 pub use faults::*;
 pub use group::*;
 pub use interval::{
-    incr_and_get_fused, interval_article_timeline, interval_bad_input_and_outage,
+    incr_and_get_fused, interval_article_timeline, interval_bad_input_rejected,
+    interval_foreign_previous_count_reported, interval_outage_keeps_then_expires_pair,
     interval_scale_exactly_once, interval_skewed_peers_converge, interval_weighted_capacity,
 };
 pub use keys::*;
@@ -144,8 +145,9 @@ pub async fn expect_expiry(
     }
 }
 
-/// Waits until `instant` has passed: used only to show that a key outlives an old expiry.
-pub async fn wait_until(instant: Instant) {
+/// Sleeps until `instant` has passed: used only to show that a key outlives an old expiry. A
+/// plain sleep, with no condition; to poll a condition with a deadline, see [`crate::wait`].
+pub async fn sleep_past(instant: Instant) {
     tokio::time::sleep_until(instant).await;
 }
 

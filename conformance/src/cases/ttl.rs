@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{expect_expiry, put, wait_until, SHORT_TTL};
+use super::{expect_expiry, put, sleep_past, SHORT_TTL};
 use crate::{ensure, ensure_eq, CaseResult, Ctx, ResultExt};
 
 /// A key written with a TTL is visible to every read that completes before `write_sent + ttl`
@@ -87,7 +87,7 @@ pub async fn expire_live_extends(ctx: &Ctx) -> CaseResult {
             true,
             "expire(60 s) on a live key"
         );
-        wait_until(done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+        sleep_past(done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
         ensure_eq!(
             store.get(&k).await.during("get")?,
             Some("a".to_owned()),

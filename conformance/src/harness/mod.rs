@@ -17,7 +17,8 @@
 //!    (testcontainers).
 //! 4. Else the test prints `SKIP <backend>::<case>: <what to install>` to stderr and passes,
 //!    unless `HEADCOUNT_REQUIRE_BACKENDS` is `all` or a comma list naming the backend: then it
-//!    fails with that message.
+//!    fails with that message. Every test of the workspace applies this rule through
+//!    [`available`] (or [`skip_unless_required`], [`Backend::shared_or_skip`]).
 //!
 //! Servers the harness starts die with the test process: they are spawned from one long-lived
 //! thread with `PR_SET_PDEATHSIG`, and an exit hook stops them and removes their directories.
@@ -187,6 +188,12 @@ impl Backend {
                     .map_err(|e| Unavailable::Failed(format!("starting {name}: {e}")))?
             }
         }
+    }
+
+    /// The URL of the shared store ([`Backend::shared`]) for the test `label`, or `None` after a
+    /// `SKIP` line when the backend is missing and not required ([`skip_unless_required`]).
+    pub async fn shared_or_skip(self, label: &str) -> Option<String> {
+        skip_unless_required(self, label, self.shared().await)
     }
 
     /// A store on a server started for one case alone, with control over its processes and a
@@ -376,6 +383,67 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// The one rule for a test that cannot have what it needs from the harness, for every test of
+/// every crate: the value when there is one; else `Ok(None)` after a line
+/// `SKIP <label>: <why> (set HEADCOUNT_REQUIRE_BACKENDS=all to make this a failure)` on stderr,
+/// when the backend is missing ([`Unavailable::Missing`]) or the test cannot run on this setup
+/// ([`Unavailable::NotApplicable`]) and [`REQUIRE_VAR`] does not require the backend; else an
+/// error naming `label` (the backend is required, or it failed to start).
+///
+/// `label` names the test, such as `postgres::incr_50x100_exact`. Tests that fail by panicking
+/// call [`skip_unless_required`].
+pub fn available<T>(
+    backend: Backend,
+    label: &str,
+    found: Result<T, Unavailable>,
+) -> Result<Option<T>, String> {
+    let required = backend.required();
+    match found {
+        Ok(value) => Ok(Some(value)),
+        Err(Unavailable::Missing(why) | Unavailable::NotApplicable(why)) if !required => {
+            say(&format!(
+                "SKIP {label}: {why} (set {REQUIRE_VAR}=all to make this a failure)"
+            ));
+            Ok(None)
+        }
+        Err(Unavailable::NotApplicable(why)) => Err(format!(
+            "{label}: {} is required by {REQUIRE_VAR} but this test cannot run: {why}",
+            backend.name()
+        )),
+        Err(Unavailable::Missing(why)) => Err(format!(
+            "{label}: {} is required by {REQUIRE_VAR} but unavailable: {why}",
+            backend.name()
+        )),
+        Err(Unavailable::Failed(why)) => Err(format!("{label}: {why}")),
+    }
+}
+
+/// [`available`] for a test that fails by panicking: the value, or `None` after the `SKIP` line
+/// (the test then returns and passes); panics with [`available`]'s message when the backend is
+/// required or failed to start.
+///
+/// ```no_run
+/// # use headcount_conformance::harness::{skip_unless_required, Backend};
+/// # async fn test() {
+/// let Some(url) = skip_unless_required(Backend::Redis, "redis::my_test", Backend::Redis.shared().await)
+/// else {
+///     return;
+/// };
+/// # }
+/// ```
+#[track_caller]
+#[allow(clippy::panic)] // For tests, which fail by panicking.
+pub fn skip_unless_required<T>(
+    backend: Backend,
+    label: &str,
+    found: Result<T, Unavailable>,
+) -> Option<T> {
+    match available(backend, label, found) {
+        Ok(value) => value,
+        Err(message) => panic!("{message}"),
+    }
+}
+
 /// Runs the case `case` against `backend` as one test: finds a store (see the module docs),
 /// runs the case and its cleanup, and returns the failure message, if any, naming
 /// `<backend>::<case>`. What [`conformance_tests!`](crate::conformance_tests) calls.
@@ -392,33 +460,10 @@ pub async fn run_test(backend: Backend, case: &str) -> Result<(), String> {
             .map(|d| (d.url, Some(d.control))),
         _ => backend.shared().await.map(|url| (url, None)),
     };
-    let (url, control) = match target {
-        Ok(t) => t,
-        Err(Unavailable::NotApplicable(why)) if !backend.required() => {
-            say(&format!("SKIP {label}: {why}"));
-            return Ok(());
-        }
-        // A required backend runs every case it was generated for: a skip that passed would
-        // count as proof. Cases a backend can never run are #[ignore]d by the macro instead.
-        Err(Unavailable::NotApplicable(why)) => {
-            return Err(format!(
-                "{label}: {} is required by {REQUIRE_VAR} but this case cannot run: {why}",
-                backend.name()
-            ))
-        }
-        Err(Unavailable::Missing(why)) if !backend.required() => {
-            say(&format!(
-                "SKIP {label}: {why} (set {REQUIRE_VAR}=all to make this a failure)"
-            ));
-            return Ok(());
-        }
-        Err(Unavailable::Missing(why)) => {
-            return Err(format!(
-                "{label}: {} is required by {REQUIRE_VAR} but unavailable: {why}",
-                backend.name()
-            ))
-        }
-        Err(Unavailable::Failed(why)) => return Err(format!("{label}: {why}")),
+    // A required backend runs every case it was generated for: a skip that passed would count as
+    // proof. Cases a backend can never run are #[ignore]d by the macro instead.
+    let Some((url, control)) = available(backend, &label, target)? else {
+        return Ok(());
     };
     let store = headcount::connect(&url).await.map_err(|e| {
         format!(
