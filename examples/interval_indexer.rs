@@ -62,6 +62,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             pair.index, pair.replicas, pair.epoch
         );
     }
-    peer.stop().await?;
+    peer.leave().await?;
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use headcount::recipes::group::{Assignment, Group, GroupPhase};
 use headcount::recipes::interval::{IntervalConfig, IntervalIndexer};
-use headcount::recipes::{IntervalStatus, Phase};
+use headcount::recipes::{IntervalPhase, IntervalStatus};
 use headcount::{DynStore, Error};
 
 use crate::exit::{emit, CliError};
@@ -215,13 +215,13 @@ async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, CliErr
     }
     let member = peer.member().to_owned();
     let last = peer.status();
-    let stopped = peer.stop().await;
+    let stopped = peer.leave().await;
     output?;
     emit(interval_line(
         &args.group,
         &IntervalStatus {
             member,
-            phase: Phase::Stopped,
+            phase: IntervalPhase::Stopped,
             ..last
         },
         None,

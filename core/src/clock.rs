@@ -3,6 +3,7 @@
 //! tests can skew, step and freeze time with a [`ManualClock`].
 
 use std::fmt::Debug;
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 use std::time::Instant;
@@ -31,6 +32,29 @@ pub trait Clock: Send + Sync + Debug + 'static {
         if deadline > now {
             self.sleep(deadline - now).await;
         }
+    }
+}
+
+/// Runs `work` until it finishes or `clock`'s [`monotonic`](Clock::monotonic) time reaches
+/// `deadline`: `None` when the deadline came first (`work` is dropped). The recipes time their
+/// store calls with it, so a [`ManualClock`] drives their deadlines as it drives their sleeps.
+pub async fn timeout_at<F: Future>(
+    clock: &dyn Clock,
+    deadline: Duration,
+    work: F,
+) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        out = work => Some(out),
+        () = clock.sleep_until(deadline) => None,
+    }
+}
+
+/// [`timeout_at`] `after` from now.
+pub async fn timeout<F: Future>(clock: &dyn Clock, after: Duration, work: F) -> Option<F::Output> {
+    match clock.monotonic().checked_add(after) {
+        Some(deadline) => timeout_at(clock, deadline, work).await,
+        None => Some(work.await),
     }
 }
 
@@ -278,6 +302,31 @@ mod tests {
         assert_eq!(
             clock.now(),
             SystemTime::UNIX_EPOCH + Duration::from_secs(1_010)
+        );
+    }
+
+    #[tokio::test]
+    async fn timeouts_run_on_the_clock_given() {
+        let clock = ManualClock::at_unix_secs(1_000);
+        let waiting = {
+            let clock = clock.clone();
+            tokio::spawn(async move {
+                timeout(&clock, Duration::from_secs(5), std::future::pending::<()>()).await
+            })
+        };
+        tokio::task::yield_now().await;
+        clock.advance(Duration::from_secs(4));
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "no real time counts");
+        clock.advance(Duration::from_secs(1));
+        let out = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("timed out on the manual clock")
+            .expect("no panic");
+        assert_eq!(out, None);
+        assert_eq!(
+            timeout(&clock, Duration::from_secs(1), async { 7 }).await,
+            Some(7)
         );
     }
 

@@ -19,7 +19,7 @@
 //! assert!(fence.admit("orders/42", 7));  // the owner under epoch 7 writes
 //! assert!(fence.admit("orders/42", 8));  // the new owner, epoch 8
 //! assert!(!fence.admit("orders/42", 7)); // the old owner wakes up: refused
-//! assert_eq!(fence.newest("orders/42"), Some(8));
+//! assert_eq!(fence.current("orders/42"), Some(8));
 //! ```
 
 use std::collections::HashMap;
@@ -71,8 +71,9 @@ impl Fence {
         }
     }
 
-    /// The newest token admitted for `resource`.
-    pub fn newest(&self, resource: &str) -> Option<u64> {
+    /// The highest token admitted for `resource`, or `None` when none was (as
+    /// `PgFence::current` answers from PostgreSQL).
+    pub fn current(&self, resource: &str) -> Option<u64> {
         self.newest
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -94,7 +95,7 @@ mod tests {
         assert_eq!(fence.admit_with("r", 2, || log.push(2)), None);
         assert_eq!(fence.admit_with("s", 1, || log.push(1)), Some(()));
         assert_eq!(log, [3, 33, 1]);
-        assert_eq!(fence.newest("r"), Some(3));
-        assert_eq!(fence.newest("t"), None);
+        assert_eq!(fence.current("r"), Some(3));
+        assert_eq!(fence.current("t"), None);
     }
 }

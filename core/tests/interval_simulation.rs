@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use headcount_core::memory::MemoryStore;
-use headcount_core::recipes::interval::{IntervalConfig, IntervalIndexer, IntervalPeer, Phase};
+use headcount_core::recipes::interval::{
+    IntervalConfig, IntervalIndexer, IntervalPeer, IntervalPhase,
+};
 use headcount_core::sim::{FaultRates, Faults, FaultyStore, SimClock};
 use headcount_core::{Clock, DynStore};
 use rand::rngs::StdRng;
@@ -134,7 +136,7 @@ async fn run_seed(seed: u64, delays: Option<Duration>) -> Result<(), String> {
                     let i = live[rng.random_range(0..live.len())];
                     log.push(format!("{at:.3}s {} stops", peers[i].label));
                     if let Some(peer) = peers[i].peer.take() {
-                        tokio::spawn(peer.stop());
+                        tokio::spawn(peer.leave());
                     }
                     if let Some(j) = peers[i].joining.take() {
                         j.abort();
@@ -175,10 +177,12 @@ async fn run_seed(seed: u64, delays: Option<Duration>) -> Result<(), String> {
     // draining or waiting then is a liveness failure.
     let settle = tokio::time::Instant::now() + INTERVAL;
     while tokio::time::Instant::now() < settle
-        && peers
-            .iter()
-            .filter_map(|p| p.peer.as_ref())
-            .any(|x| matches!(x.status().phase, Phase::Draining | Phase::Waiting))
+        && peers.iter().filter_map(|p| p.peer.as_ref()).any(|x| {
+            matches!(
+                x.status().phase,
+                IntervalPhase::Draining | IntervalPhase::Waiting
+            )
+        })
     {
         tokio::time::sleep(TICK).await;
         let at = (tokio::time::Instant::now() - start).as_secs_f64();

@@ -189,7 +189,7 @@ impl Peer {
                 Ok(m) => m.leave().await,
                 Err(_) => Err(Error::config("a demo worker still holds its member")),
             },
-            Inner::Interval(peer) => peer.stop().await,
+            Inner::Interval(peer) => peer.leave().await,
         }
     }
 

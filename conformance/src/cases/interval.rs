@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use headcount::recipes::interval::{
     live_peers, IntervalConfig, IntervalIndexer, IntervalPeer, TaskGuard,
 };
-use headcount::recipes::{Pair, Phase};
+use headcount::recipes::{IntervalPhase, Pair};
 use headcount::{Capabilities, Clock, DynStore, Error, ErrorKind, ManualClock, OffsetClock};
 use tokio::time::Instant;
 
@@ -125,7 +125,7 @@ impl Sim {
             .peers
             .remove(name)
             .ok_or_else(|| Failure::new(format!("no peer {name}")))?;
-        peer.stop().await.during(format!("stop of {name}"))
+        peer.leave().await.during(format!("leave of {name}"))
     }
 }
 
@@ -353,7 +353,7 @@ pub async fn interval_article_timeline(ctx: &Ctx) -> CaseResult {
         let p = sim.peer(name)?;
         ensure_eq!(
             p.status().phase,
-            Phase::Active,
+            IntervalPhase::Active,
             "{name}'s phase in interval 4"
         );
         ensure!(p.pair().is_some(), "{name} owns tasks in interval 4");
@@ -913,7 +913,11 @@ pub async fn interval_outage_keeps_then_expires_pair(ctx: &Ctx) -> CaseResult {
     down.store(true, Ordering::SeqCst);
     sim.advance_to(secs(30.0 * 3003.0 + 3.0), step).await?;
     let st = sim.peer("A")?.status();
-    ensure_eq!(st.phase, Phase::Faulted, "A's phase after a failed tick");
+    ensure_eq!(
+        st.phase,
+        IntervalPhase::Faulted,
+        "A's phase after a failed tick"
+    );
     ensure_eq!(st.pair, before, "A keeps its last pair through the outage");
     // ...and still works under it until it expires (a quarter interval after the failed tick).
     let a = sim.peer("A")?;
@@ -979,7 +983,7 @@ pub async fn interval_foreign_previous_count_reported(ctx: &Ctx) -> CaseResult {
     sim.advance_to(secs(30.0 * 3006.0 + 3.0), step).await?;
     let st = sim.peer("A")?.status();
     ensure!(
-        st.phase == Phase::Faulted
+        st.phase == IntervalPhase::Faulted
             && st.last_error.as_deref().is_some_and(|e| e.contains("xyz"))
             && sim.peer("A")?.pair().is_none(),
         "a foreign previous count must be reported and emit nothing: {st:?}"

@@ -15,15 +15,17 @@ pub mod group;
 pub mod ids;
 pub mod interval;
 
+// The distributor's `Assignment` and `Table` are not re-exported here: the group has its own
+// (`group::Assignment`, `group::Table`), and one flat name for two types misleads.
 pub use distributor::{
-    Assignment, AssignmentWatch, Distributor, DistributorConfig, Health, Liveness, PollOutcome,
-    Prober, Registration, RunningDistributor, Service, Table,
+    AssignmentWatch, Distributor, DistributorConfig, Health, Liveness, PollOutcome, Prober,
+    Registration, RunningDistributor, Service,
 };
 pub use ids::{DurabilityPolicy, IdsConfig, IdsStats, MajorityIds, MediatedIds};
 
 pub use interval::{
-    IntervalConfig, IntervalIndexer, IntervalPeer, IntervalStatus, Ownership, Pair, PeerHealth,
-    Phase, TaskGuard,
+    IntervalConfig, IntervalIndexer, IntervalPeer, IntervalPhase, IntervalStatus, Ownership, Pair,
+    PeerHealth, TaskGuard,
 };
 
 /// The group lease TTL the `headcount` CLI uses when `--ttl` is not given, a sensible default

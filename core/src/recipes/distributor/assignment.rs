@@ -80,6 +80,24 @@ pub fn watch_assignment(
     service: String,
     every: Duration,
 ) -> Result<AssignmentWatch> {
+    watch_assignment_with_clock(
+        store,
+        distribution,
+        service,
+        every,
+        Arc::new(SystemClock::new()),
+    )
+}
+
+/// [`watch_assignment`], pacing the reads on `clock` (tests drive a
+/// [`ManualClock`](crate::ManualClock)).
+pub fn watch_assignment_with_clock(
+    store: DynStore,
+    distribution: Keyspace,
+    service: String,
+    every: Duration,
+    clock: Arc<dyn Clock>,
+) -> Result<AssignmentWatch> {
     check_service_name(&service)?;
     if every.is_zero() {
         return Err(Error::invalid("the watch interval is zero"));
@@ -87,10 +105,12 @@ pub fn watch_assignment(
     let (tx, rx) = watch::channel(Assignment::default());
     let what = format!("the assignment watch of service {service}");
     let task = Background::spawn(what, OnDrop::Abort, |_| async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut first = true;
         loop {
-            tick.tick().await;
+            if !first {
+                clock.sleep(every).await;
+            }
+            first = false;
             let read = read_assignment(&store, &distribution, &service).await;
             let last = tx.borrow().clone();
             let next = match read {

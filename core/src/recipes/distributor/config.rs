@@ -24,6 +24,7 @@ pub struct DistributorConfig {
     pub(super) ping_timeout: Duration,
     prefix: String,
     pub(super) prober: Option<Arc<dyn Prober>>,
+    pub(super) clock: Arc<dyn Clock>,
 }
 
 impl fmt::Debug for DistributorConfig {
@@ -36,6 +37,7 @@ impl fmt::Debug for DistributorConfig {
             .field("ping_timeout", &self.ping_timeout)
             .field("prefix", &self.prefix)
             .field("prober", &self.prober)
+            .field("clock", &self.clock)
             .finish()
     }
 }
@@ -57,6 +59,7 @@ impl DistributorConfig {
             ping_timeout: Duration::from_secs(1),
             prefix: DEFAULT_PREFIX.to_owned(),
             prober: None,
+            clock: Arc::new(SystemClock::new()),
         }
     }
 
@@ -81,6 +84,13 @@ impl DistributorConfig {
     /// Replaces the [`DefaultProber`]. Its checks are still cut at the ping timeout.
     pub fn with_prober(mut self, prober: Arc<dyn Prober>) -> Self {
         self.prober = Some(prober);
+        self
+    }
+
+    /// The clock that paces the polls and times the health checks instead of the system's
+    /// (tests drive a [`ManualClock`](crate::ManualClock)).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
         self
     }
 

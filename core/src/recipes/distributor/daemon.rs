@@ -44,6 +44,7 @@ pub struct Distributor {
     ping_timeout: Duration,
     prober: Arc<dyn Prober>,
     health: Mutex<BTreeMap<String, bool>>,
+    clock: Arc<dyn Clock>,
 }
 
 impl fmt::Debug for Distributor {
@@ -62,10 +63,12 @@ impl Distributor {
     /// Checks the configuration; nothing is read or written yet.
     pub fn new(store: DynStore, config: DistributorConfig) -> Result<Self> {
         let (services, units, distribution) = config.validate()?;
-        let prober = config
-            .prober
-            .clone()
-            .unwrap_or_else(|| Arc::new(DefaultProber::new(store.clone(), config.ping_timeout)));
+        let prober = config.prober.clone().unwrap_or_else(|| {
+            Arc::new(
+                DefaultProber::new(store.clone(), config.ping_timeout)
+                    .with_clock(config.clock.clone()),
+            )
+        });
         Ok(Distributor {
             store,
             services,
@@ -75,6 +78,7 @@ impl Distributor {
             ping_timeout: config.ping_timeout,
             prober,
             health: Mutex::new(BTreeMap::new()),
+            clock: config.clock,
         })
     }
 
@@ -117,13 +121,15 @@ impl Distributor {
                 Ok(Liveness::Heartbeat) => "heartbeat",
                 Err(_) => "invalid",
             };
-            let start = std::time::Instant::now();
-            let health = match tokio::time::timeout(self.ping_timeout, self.prober.check(s)).await {
-                Ok(h) => h,
-                Err(_) => Health::Down(format!("no answer within {:?}", self.ping_timeout)),
-            };
+            let clock = self.clock.as_ref();
+            let start = clock.monotonic();
+            let health = timeout(clock, self.ping_timeout, self.prober.check(s))
+                .await
+                .unwrap_or_else(|| {
+                    Health::Down(format!("no answer within {:?}", self.ping_timeout))
+                });
             ::metrics::histogram!(m::DISTRIBUTOR_PING_DURATION, "probe" => probe)
-                .record(start.elapsed());
+                .record(clock.monotonic().saturating_sub(start));
             let result = if health.is_serving() {
                 "serving"
             } else {
@@ -355,12 +361,12 @@ impl Distributor {
     /// the next interval; the last table stays in the store meanwhile.
     pub async fn run(&self, stop: impl Future<Output = ()>) {
         let mut stop = std::pin::pin!(stop);
-        let mut tick = tokio::time::interval(self.poll_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let clock = self.clock.as_ref();
+        let mut next = clock.monotonic();
         loop {
             tokio::select! {
                 _ = &mut stop => return,
-                _ = tick.tick() => {}
+                () = clock.sleep_until(next) => {}
             }
             tokio::select! {
                 _ = &mut stop => return,
@@ -369,6 +375,9 @@ impl Distributor {
                     Err(e) => tracing::warn!(error = %e, "poll failed; the last table stays"),
                 },
             }
+            // Every poll interval from the last start; a poll that overran delays the next by
+            // a whole interval instead of starting a burst.
+            next = (next + self.poll_interval).max(clock.monotonic());
         }
     }
 

@@ -80,6 +80,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::assign::match_work_units;
+use crate::clock::{timeout, Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, DEFAULT_PREFIX};
 use crate::metrics as m;
@@ -87,7 +88,9 @@ use crate::store::MAX_VALUE_LEN;
 use crate::task::{stop_requested, Background, OnDrop};
 use crate::DynStore;
 
-pub use assignment::{read_assignment, watch_assignment, Assignment, AssignmentWatch};
+pub use assignment::{
+    read_assignment, watch_assignment, watch_assignment_with_clock, Assignment, AssignmentWatch,
+};
 pub use config::{
     DistributorConfig, MAX_PING_TIMEOUT, MAX_POLL_INTERVAL, MIN_PING_TIMEOUT, MIN_POLL_INTERVAL,
 };
@@ -98,7 +101,7 @@ pub use liveness::{Liveness, HEARTBEAT_ADDRESS};
 pub use probes::{DefaultProber, Health, Prober};
 pub use service::{
     beat, check_service_name, deregister, list_services, register, spawn_heartbeat,
-    HeartbeatHandle, Registration, Service, MAX_SERVICE_NAME_LEN,
+    spawn_heartbeat_with_clock, HeartbeatHandle, Registration, Service, MAX_SERVICE_NAME_LEN,
 };
 pub use table::{compute_table, read_table, table_diff, Table};
 pub use units::{add_unit, check_unit_name, list_units, remove_unit, MAX_UNIT_NAME_LEN};

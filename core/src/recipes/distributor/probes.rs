@@ -32,12 +32,24 @@ pub trait Prober: Send + Sync + fmt::Debug {
 pub struct DefaultProber {
     store: DynStore,
     timeout: Duration,
+    clock: Arc<dyn Clock>,
 }
 
 impl DefaultProber {
     /// A prober reading heartbeats from `store`, giving each check `timeout`.
     pub fn new(store: DynStore, timeout: Duration) -> Self {
-        DefaultProber { store, timeout }
+        DefaultProber {
+            store,
+            timeout,
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+
+    /// Times the heartbeat reads on `clock` instead of the system's (a gRPC check's network
+    /// timeout stays on the system clock).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 }
 
@@ -48,11 +60,11 @@ impl Prober for DefaultProber {
             Err(why) => Health::Down(why.clone()),
             Ok(Liveness::Heartbeat) => {
                 let key = heartbeat_key(&service.namespace, &service.name);
-                match tokio::time::timeout(self.timeout, self.store.get(&key)).await {
-                    Ok(Ok(Some(_))) => Health::Serving,
-                    Ok(Ok(None)) => Health::Down("no live heartbeat".into()),
-                    Ok(Err(e)) => Health::Down(format!("reading its heartbeat: {e}")),
-                    Err(_) => Health::Down(format!(
+                match timeout(self.clock.as_ref(), self.timeout, self.store.get(&key)).await {
+                    Some(Ok(Some(_))) => Health::Serving,
+                    Some(Ok(None)) => Health::Down("no live heartbeat".into()),
+                    Some(Err(e)) => Health::Down(format!("reading its heartbeat: {e}")),
+                    None => Health::Down(format!(
                         "reading its heartbeat took longer than {:?}",
                         self.timeout
                     )),

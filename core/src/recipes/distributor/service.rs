@@ -128,15 +128,24 @@ pub async fn spawn_heartbeat(
     name: String,
     ttl: Duration,
 ) -> Result<HeartbeatHandle> {
+    spawn_heartbeat_with_clock(store, services, name, ttl, Arc::new(SystemClock::new())).await
+}
+
+/// [`spawn_heartbeat`], pacing the renewals on `clock` (tests drive a
+/// [`ManualClock`](crate::ManualClock)).
+pub async fn spawn_heartbeat_with_clock(
+    store: DynStore,
+    services: Keyspace,
+    name: String,
+    ttl: Duration,
+    clock: Arc<dyn Clock>,
+) -> Result<HeartbeatHandle> {
     beat(&store, &services, &name, ttl).await?;
     let period = (ttl / 3).max(Duration::from_millis(1));
     let what = format!("the heartbeat of service {name}");
     let task = Background::spawn(what, OnDrop::Abort, |_| async move {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
         loop {
-            tick.tick().await;
+            clock.sleep(period).await;
             if let Err(e) = beat(&store, &services, &name, ttl).await {
                 tracing::warn!(service = %name, error = %e, "heartbeat failed");
             }

@@ -137,9 +137,9 @@ use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
-use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::clock::{timeout_at, Clock, SystemClock};
 use crate::error::{Error, Result};
 
 #[cfg(feature = "grpc")]
@@ -197,7 +197,7 @@ pub enum DurabilityPolicy {
 }
 
 /// The configuration of a [`MajorityIds`] generator.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct IdsConfig {
     name: String,
     prefix: String,
@@ -205,6 +205,7 @@ pub struct IdsConfig {
     backoff_base: Duration,
     backoff_max: Duration,
     durability: DurabilityPolicy,
+    clock: Arc<dyn Clock>,
 }
 
 impl IdsConfig {
@@ -218,7 +219,15 @@ impl IdsConfig {
             backoff_base: DEFAULT_BACKOFF_BASE,
             backoff_max: DEFAULT_BACKOFF_MAX,
             durability: DurabilityPolicy::Require,
+            clock: Arc::new(SystemClock::new()),
         }
+    }
+
+    /// The clock that times deadlines and backoff pauses instead of the system's (tests drive a
+    /// [`ManualClock`](crate::ManualClock)).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The key prefix instead of `hc`.
@@ -389,11 +398,12 @@ impl MajorityIds {
             .key(format_args!("id:{}", config.name));
         let majority = stores.len() / 2 + 1;
         let allow = config.durability == DurabilityPolicy::AllowNonDurable;
-        let deadline = Instant::now() + config.deadline;
+        let deadline = config.clock.monotonic() + config.deadline;
+        let (clock, within) = (config.clock.as_ref(), config.deadline);
         let probes = stores.iter().map(|s| async move {
-            tokio::time::timeout_at(deadline, s.durability())
+            timeout_at(clock, deadline, s.durability())
                 .await
-                .unwrap_or_else(|_| Err(deadline_error("durability", config.deadline)))
+                .unwrap_or_else(|| Err(deadline_error("durability", within)))
         });
         let answers = futures::future::join_all(probes).await;
         let servers: Vec<Vec<String>> = answers
@@ -481,7 +491,7 @@ impl MajorityIds {
     pub async fn next(&self) -> Result<i64> {
         let span = tracing::debug_span!("ids.next", key = %self.key, stores = self.nodes.len());
         let out = self
-            .next_until(Instant::now() + self.config.deadline)
+            .next_until(self.config.clock.monotonic() + self.config.deadline)
             .instrument(span)
             .await;
         match &out {
@@ -501,7 +511,7 @@ impl MajorityIds {
         let k = check_block(count)?;
         let span = tracing::debug_span!("ids.next_block", key = %self.key, count);
         let out = self
-            .next_range_until(Instant::now() + self.config.deadline, k)
+            .next_range_until(self.config.clock.monotonic() + self.config.deadline, k)
             .instrument(span)
             .await;
         match &out {
@@ -514,7 +524,7 @@ impl MajorityIds {
     }
 
     /// [`MajorityIds::next`] with the deadline given as an instant.
-    async fn next_until(&self, deadline: Instant) -> Result<i64> {
+    async fn next_until(&self, deadline: Duration) -> Result<i64> {
         self.next_range_until(deadline, 1).await.map(|r| *r.start())
     }
 
@@ -522,7 +532,7 @@ impl MajorityIds {
     /// deadline.
     async fn next_range_until(
         &self,
-        deadline: Instant,
+        deadline: Duration,
         k: i64,
     ) -> Result<std::ops::RangeInclusive<i64>> {
         let mut attempt: u32 = 0;
@@ -554,7 +564,7 @@ impl MajorityIds {
                 }
                 Err(Lost::Retry(lost)) => lost,
             };
-            let now = Instant::now();
+            let now = self.config.clock.monotonic();
             let bound = self
                 .config
                 .backoff_base
@@ -579,13 +589,17 @@ impl MajorityIds {
             }
             ::metrics::counter!(m::IDS_ROUNDS, "result" => "retry").increment(1);
             ::metrics::counter!(m::IDS_RETRIES).increment(1);
-            tokio::time::sleep(pause).await;
+            self.config.clock.sleep(pause).await;
             attempt = attempt.saturating_add(1);
         }
     }
 
     /// One round: read a majority, propose the maximum plus one to every store.
-    async fn attempt(&self, deadline: Instant, optimistic: bool) -> std::result::Result<i64, Lost> {
+    async fn attempt(
+        &self,
+        deadline: Duration,
+        optimistic: bool,
+    ) -> std::result::Result<i64, Lost> {
         let mut summary = Summary::default();
         let hint = self.hint.load(Ordering::Relaxed);
         let max = if optimistic && hint > 0 {
@@ -636,7 +650,7 @@ impl MajorityIds {
     /// `base + 1 ..= base + k` is this call's once a majority of them answered `true`.
     async fn attempt_block(
         &self,
-        deadline: Instant,
+        deadline: Duration,
         optimistic: bool,
         k: i64,
     ) -> std::result::Result<std::ops::RangeInclusive<i64>, Lost> {
@@ -694,12 +708,11 @@ impl MajorityIds {
                     let cas = node
                         .store
                         .compare_and_set(&self.key, text.as_deref(), new, None);
-                    let answer =
-                        tokio::time::timeout_at(deadline, cas)
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(deadline_error("compare_and_set", self.config.deadline))
-                            });
+                    let answer = timeout_at(self.config.clock.as_ref(), deadline, cas)
+                        .await
+                        .unwrap_or_else(|| {
+                            Err(deadline_error("compare_and_set", self.config.deadline))
+                        });
                     node.set_known(match answer {
                         Ok(true) => Some(Some(new.to_owned())),
                         _ => None,
@@ -766,14 +779,14 @@ impl MajorityIds {
 
     /// `get` on one node (after its durability check, if it still owes one): the text and its
     /// value (0 when absent).
-    async fn read(&self, i: usize, node: &Node, deadline: Instant) -> Result<Read> {
+    async fn read(&self, i: usize, node: &Node, deadline: Duration) -> Result<Read> {
         let work = async {
             self.check_durable(i, node).await?;
             node.store.get(&self.key).await
         };
-        let text = tokio::time::timeout_at(deadline, work)
+        let text = timeout_at(self.config.clock.as_ref(), deadline, work)
             .await
-            .unwrap_or_else(|_| Err(deadline_error("get", self.config.deadline)))?;
+            .unwrap_or_else(|| Err(deadline_error("get", self.config.deadline)))?;
         let value = match &text {
             None => 0,
             Some(t) => parse_counter(&self.key, t).inspect_err(|_| node.set_known(None))?,
@@ -792,7 +805,7 @@ impl MajorityIds {
     /// store is left out) or not (it is kept); it fails the attempt when it cannot tell.
     async fn read_majority(
         &self,
-        deadline: Instant,
+        deadline: Duration,
         summary: &mut Summary,
     ) -> std::result::Result<Vec<Read>, Lost> {
         let mut pending: FuturesUnordered<_> = self
@@ -887,7 +900,7 @@ impl MajorityIds {
     }
 
     /// `set_max(proposal)` on one node, if it passed its durability check.
-    async fn write(&self, node: &Node, proposal: i64, deadline: Instant) -> Result<bool> {
+    async fn write(&self, node: &Node, proposal: i64, deadline: Duration) -> Result<bool> {
         if !node.checked.load(Ordering::Acquire) {
             return Err(Error::Unavailable {
                 backend: node.store.capabilities().backend,
@@ -898,10 +911,13 @@ impl MajorityIds {
         // Unknown while the write is out (its answer may never be awaited), the proposal once
         // the store took it: a block round compares against what the store holds.
         node.set_known(None);
-        let answer =
-            tokio::time::timeout_at(deadline, node.store.set_max(&self.key, proposal, None))
-                .await
-                .unwrap_or_else(|_| Err(deadline_error("set_max", self.config.deadline)));
+        let answer = timeout_at(
+            self.config.clock.as_ref(),
+            deadline,
+            node.store.set_max(&self.key, proposal, None),
+        )
+        .await
+        .unwrap_or_else(|| Err(deadline_error("set_max", self.config.deadline)));
         if matches!(answer, Ok(true)) {
             node.set_known(Some(Some(proposal.to_string())));
         }
@@ -1119,7 +1135,7 @@ pub struct MediatedIds {
 /// A caller of [`MediatedIds::next_block`] waiting for its IDs.
 #[derive(Debug)]
 struct Waiter {
-    deadline: Instant,
+    deadline: Duration,
     count: i64,
     reply: tokio::sync::oneshot::Sender<Result<std::ops::RangeInclusive<i64>>>,
 }
@@ -1170,7 +1186,7 @@ impl MediatedIds {
 
     async fn next_range(&self, count: u64) -> Result<std::ops::RangeInclusive<i64>> {
         let count = i64::try_from(count).unwrap_or(1);
-        let deadline = Instant::now() + self.ids.config.deadline;
+        let deadline = self.ids.config.clock.monotonic() + self.ids.config.deadline;
         let (reply, mut answer) = tokio::sync::oneshot::channel();
         self.queue().push_back(Waiter {
             deadline,
@@ -1194,8 +1210,8 @@ impl MediatedIds {
                         reply,
                     });
                 }
-                turn = tokio::time::timeout_at(deadline, self.turn.lock()) => {
-                    let Ok(_turn) = turn else {
+                turn = timeout_at(self.ids.config.clock.as_ref(), deadline, self.turn.lock()) => {
+                    let Some(_turn) = turn else {
                         self.ids.stats.failures.fetch_add(1, Ordering::Relaxed);
                         return Err(Error::Unavailable {
                             backend: RECIPE,
@@ -1242,7 +1258,7 @@ impl MediatedIds {
                 }
             }
             Err(e) => {
-                let now = Instant::now();
+                let now = self.ids.config.clock.monotonic();
                 let retryable = e.is_retryable();
                 // A round that ran out of the oldest caller's time did not run out of the
                 // others': they wait for the next round.

@@ -100,7 +100,7 @@
 //!   without every acknowledgement; that pair expires a quarter interval after the due time of
 //!   the tick that should have replaced it.
 //!
-//! A peer leaving with [`IntervalPeer::stop`] drains and acknowledges the transitions it owes
+//! A peer leaving with [`IntervalPeer::leave`] drains and acknowledges the transitions it owes
 //! before it goes, so the others need not wait for the counters to stop counting it.
 //!
 //! An acknowledgement is an increment, so it is sent at most once: the peer forgets it owes it
@@ -159,7 +159,7 @@ use ownership::{Active, Shared};
 pub use ownership::{Ownership, TaskGuard};
 pub use pair::Pair;
 pub use peer::{IntervalIndexer, IntervalPeer};
-pub use status::{IntervalStatus, Phase};
+pub use status::{IntervalPhase, IntervalStatus};
 use ticker::Ticker;
 pub use time::interval_number;
 use time::{interval_start, wall};

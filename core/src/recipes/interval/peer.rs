@@ -38,7 +38,7 @@ impl IntervalIndexer {
         let (status_tx, status_rx) = watch::channel(IntervalStatus {
             member: member.clone(),
             pair: None,
-            phase: Phase::Warming,
+            phase: IntervalPhase::Warming,
             last_tick: None,
             last_error: None,
         });
@@ -80,7 +80,7 @@ impl IntervalIndexer {
     }
 }
 
-/// One joined peer. Dropping it without [`stop`](IntervalPeer::stop) aborts its background task
+/// One joined peer. Dropping it without [`leave`](IntervalPeer::leave) aborts its background task
 /// as a crash would: nothing is acknowledged or deleted.
 #[derive(Debug)]
 pub struct IntervalPeer {
@@ -160,7 +160,7 @@ impl IntervalPeer {
     /// Leaves gracefully: stops ticking and taking tasks, waits (up to one interval) for the
     /// in-flight tasks, acknowledges the transitions the others would wait for, and deletes the
     /// health record. Returns the first store error met on the way, if any.
-    pub async fn stop(self) -> Result<()> {
+    pub async fn leave(self) -> Result<()> {
         self.task.stop().await
     }
 }

@@ -1,11 +1,11 @@
-//! Where a peer stands: [`Phase`] and the [`IntervalStatus`] it publishes.
+//! Where a peer stands: [`IntervalPhase`] and the [`IntervalStatus`] it publishes.
 
 use super::*;
 
 /// Where a peer stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Phase {
+pub enum IntervalPhase {
     /// Joined; no pair yet (the first arrives at the second tick).
     Warming,
     /// Taking tasks under [`IntervalStatus::pair`].
@@ -22,16 +22,16 @@ pub enum Phase {
     Stopped,
 }
 
-impl Phase {
+impl IntervalPhase {
     /// A short lower-case name: `warming`, `active`, `draining`, `waiting`, `faulted`, `stopped`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Phase::Warming => "warming",
-            Phase::Active => "active",
-            Phase::Draining => "draining",
-            Phase::Waiting => "waiting",
-            Phase::Faulted => "faulted",
-            Phase::Stopped => "stopped",
+            IntervalPhase::Warming => "warming",
+            IntervalPhase::Active => "active",
+            IntervalPhase::Draining => "draining",
+            IntervalPhase::Waiting => "waiting",
+            IntervalPhase::Faulted => "faulted",
+            IntervalPhase::Stopped => "stopped",
         }
     }
 }
@@ -45,7 +45,7 @@ pub struct IntervalStatus {
     /// [`Ownership::pair`].
     pub pair: Option<Pair>,
     /// Where the peer stands.
-    pub phase: Phase,
+    pub phase: IntervalPhase,
     /// The interval number of the last tick attempted.
     pub last_tick: Option<u64>,
     /// The last error, cleared by the next clean tick.

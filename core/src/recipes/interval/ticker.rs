@@ -91,8 +91,8 @@ impl Ticker {
         tracing::warn!(member = %self.member, error = %message, "interval tick failed");
         self.publish(|s| {
             s.last_error = Some(message);
-            if s.phase != Phase::Stopped {
-                s.phase = Phase::Faulted;
+            if s.phase != IntervalPhase::Stopped {
+                s.phase = IntervalPhase::Faulted;
             }
         });
     }
@@ -265,7 +265,7 @@ impl Ticker {
             Ok(None) => {
                 self.deactivate();
                 self.publish(|s| {
-                    s.phase = Phase::Warming;
+                    s.phase = IntervalPhase::Warming;
                     s.last_error = None;
                 });
                 Ok(())
@@ -294,11 +294,11 @@ impl Ticker {
             tracing::warn!(member = %self.member, "{message}");
             self.publish(|s| {
                 s.last_error = Some(message);
-                if s.phase != Phase::Stopped {
+                if s.phase != IntervalPhase::Stopped {
                     s.phase = if s.pair.is_some() {
-                        Phase::Faulted
+                        IntervalPhase::Faulted
                     } else {
-                        Phase::Warming
+                        IntervalPhase::Warming
                     };
                 }
             });
@@ -369,7 +369,7 @@ impl Ticker {
             self.shared.set_active(Some(Active { pair, valid_until }));
             self.publish(|s| {
                 s.pair = Some(pair);
-                s.phase = Phase::Active;
+                s.phase = IntervalPhase::Active;
                 s.last_error = None;
             });
             return;
@@ -381,7 +381,7 @@ impl Ticker {
         });
         self.publish(|s| {
             s.pair = Some(pair);
-            s.phase = Phase::Draining;
+            s.phase = IntervalPhase::Draining;
             s.last_error = None;
         });
     }
@@ -420,7 +420,7 @@ impl Ticker {
         if self.owed.contains(&pending.pair.epoch) {
             return;
         }
-        self.publish(|s| s.phase = Phase::Waiting);
+        self.publish(|s| s.phase = IntervalPhase::Waiting);
         let timed_out = self.clock.monotonic().saturating_sub(pending.since) >= self.interval;
         let all_acked = if timed_out {
             false
@@ -449,7 +449,7 @@ impl Ticker {
             self.pending = None;
             self.publish(|s| {
                 s.pair = Some(pending.pair);
-                s.phase = Phase::Active;
+                s.phase = IntervalPhase::Active;
             });
         }
     }
@@ -528,7 +528,7 @@ impl Ticker {
                 first_error.get_or_insert(e);
             }
         }
-        self.publish(|s| s.phase = Phase::Stopped);
+        self.publish(|s| s.phase = IntervalPhase::Stopped);
         match first_error {
             None => Ok(()),
             Some(e) => Err(e),
