@@ -108,7 +108,7 @@ impl EtcdStore {
             .with_timeout(timeout)
             .with_connect_timeout(timeout)
             .with_keep_alive(Duration::from_secs(5), timeout);
-        if let (Some(user), Some(password)) = (config.user(), config.password()) {
+        if let (Some(user), Some(password)) = (config.username(), config.password()) {
             // Auth tokens expire (etcd's `--auth-token-ttl`, or a JWT's `ttl`): the client logs
             // in again with these credentials when the server says the token is invalid, and
             // sends the request again.
@@ -132,8 +132,9 @@ impl EtcdStore {
             }
             options = options.with_tls(tls);
         }
+        let deadline = config.deadline();
         let password = config.password().map(str::to_owned);
-        let classify = |e| errors::classify(e, "connect", timeout, password.as_deref());
+        let classify = |e| errors::classify(e, "connect", deadline, password.as_deref());
         let work = async {
             let client = Client::connect(config.endpoint_urls(), Some(options))
                 .await
@@ -143,15 +144,7 @@ impl EtcdStore {
                 .map_err(classify)?;
             Ok::<_, Error>((client.kv_client(), leases))
         };
-        let (kv, leases) = tokio::time::timeout(timeout, work)
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    backend: BACKEND,
-                    op: "connect",
-                    after: timeout,
-                })
-            })?;
+        let (kv, leases) = deadline.run("connect", work).await?;
         Ok(Self::from_parts(kv, leases, config, false))
     }
 
@@ -160,19 +153,13 @@ impl EtcdStore {
     /// lease TTL, as [`connect`](Self::connect) does. Authentication and TLS are the client's.
     pub async fn from_client(client: Client) -> Result<Self> {
         let config = EtcdConfig::from_url(CLIENT_DEFAULTS)?;
-        let timeout = config.timeout();
-        let measured =
-            tokio::time::timeout(timeout, Leases::measure(client.lease_client(), timeout));
-        let leases = match measured.await {
-            Ok(r) => r.map_err(|e| errors::classify(e, "connect", timeout, None))?,
-            Err(_) => {
-                return Err(Error::Timeout {
-                    backend: BACKEND,
-                    op: "connect",
-                    after: timeout,
-                })
-            }
+        let deadline = config.deadline();
+        let measure = async {
+            Leases::measure(client.lease_client(), deadline.after())
+                .await
+                .map_err(|e| errors::classify(e, "connect", deadline, None))
         };
+        let leases = deadline.run("connect", measure).await?;
         Ok(Self::from_parts(client.kv_client(), leases, config, true))
     }
 
@@ -203,7 +190,7 @@ impl EtcdStore {
         errors::classify(
             e,
             op,
-            self.inner.config.timeout(),
+            self.inner.config.deadline(),
             self.inner.config.password(),
         )
     }
@@ -214,16 +201,7 @@ impl EtcdStore {
         op: &'static str,
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        let timeout = self.inner.config.timeout();
-        tokio::time::timeout(timeout, work)
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    backend: BACKEND,
-                    op,
-                    after: timeout,
-                })
-            })
+        self.inner.config.deadline().run(op, work).await
     }
 
     /// Runs a transaction whose `Put`s attach the lease `lease_for` returns. A put that fails

@@ -309,13 +309,15 @@ impl RedisStore {
     /// Like [`connect`](Self::connect) with an already parsed configuration.
     pub async fn connect_with(config: RedisConfig) -> Result<Self> {
         let timeout = config.timeout();
+        let deadline = config.deadline();
         let password = config.password().map(str::to_owned);
-        let classify = |e: RedisError| errors::classify(e, "connect", timeout, password.as_deref());
+        let classify =
+            |e: RedisError| errors::classify(e, "connect", deadline, password.as_deref());
         let work = async {
             let conn = match config.topology() {
                 Topology::Single => {
                     let (host, port) = config
-                        .nodes()
+                        .endpoints()
                         .first()
                         .cloned()
                         .ok_or_else(|| Error::config("invalid Redis URL: no host"))?;
@@ -365,7 +367,7 @@ impl RedisStore {
                 }
                 Topology::Cluster => {
                     let nodes: Vec<_> = config
-                        .nodes()
+                        .endpoints()
                         .iter()
                         .map(|(h, p)| config.connection_info(h, *p))
                         .collect();
@@ -392,15 +394,7 @@ impl RedisStore {
             };
             Ok::<_, Error>(conn)
         };
-        let conn = tokio::time::timeout(timeout, work)
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    backend: BACKEND,
-                    op: "connect",
-                    after: timeout,
-                })
-            })?;
+        let conn = deadline.run("connect", work).await?;
         Self::from_conn(conn, config)
     }
 
@@ -434,22 +428,18 @@ impl RedisStore {
             .set_number_of_retries(1)
             .set_factor(10)
             .set_max_delay(100);
+        let deadline = config.deadline();
         let open = async {
             let mut manager = ConnectionManager::new_with_config(client, manager_config).await?;
             redis::cmd("PING").query_async::<()>(&mut manager).await?;
             Ok::<_, RedisError>(manager)
         };
-        let manager = match tokio::time::timeout(timeout, open).await {
-            Ok(Ok(m)) => m,
-            Ok(Err(e)) => return Err(errors::classify(e, "connect", timeout, None)),
-            Err(_) => {
-                return Err(Error::Timeout {
-                    backend: BACKEND,
-                    op: "connect",
-                    after: timeout,
-                })
-            }
-        };
+        let manager = deadline
+            .run("connect", async {
+                open.await
+                    .map_err(|e| errors::classify(e, "connect", deadline, None))
+            })
+            .await?;
         Self::from_conn(Conn::Single(manager), config)
     }
 
@@ -533,28 +523,18 @@ impl RedisStore {
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let timeout = self.inner.config.timeout();
-        match tokio::time::timeout(timeout, call(self.inner.conn.clone())).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => match key {
-                Some(key) if errors::is_wrong_type(&e) => Err(Error::foreign(
+        let deadline = self.inner.config.deadline();
+        let work = async {
+            call(self.inner.conn.clone()).await.map_err(|e| match key {
+                Some(key) if errors::is_wrong_type(&e) => Error::foreign(
                     key,
                     "a string (the key holds another Redis type)",
                     "another Redis type",
-                )),
-                _ => Err(errors::classify(
-                    e,
-                    op,
-                    timeout,
-                    self.inner.config.password(),
-                )),
-            },
-            Err(_) => Err(Error::Timeout {
-                backend: BACKEND,
-                op,
-                after: timeout,
-            }),
-        }
+                ),
+                _ => errors::classify(e, op, deadline, self.inner.config.password()),
+            })
+        };
+        deadline.run(op, work).await
     }
 }
 

@@ -21,7 +21,7 @@ use headcount_core::{Capabilities, Durability, Error, Result};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-pub use config::{PostgresConfig, SslMode, DEFAULT_POOL_SIZE, DEFAULT_TABLE};
+pub use config::{PostgresConfig, SslMode, DEFAULT_POOL_SIZE, DEFAULT_PORT, DEFAULT_TABLE};
 /// The pool crate [`PostgresStore::from_pool`] takes, re-exported so an application names the
 /// same version.
 pub use deadpool_postgres;
@@ -401,14 +401,6 @@ fn pool_defaults() -> Result<PostgresConfig> {
 }
 
 impl Inner {
-    fn timeout_error(&self, op: &'static str) -> Error {
-        Error::Timeout {
-            backend: BACKEND,
-            op,
-            after: self.config.timeout(),
-        }
-    }
-
     fn classify(&self, e: tokio_postgres::Error) -> Error {
         errors::classify(e, self.password.as_deref())
     }
@@ -433,9 +425,7 @@ impl Inner {
             conn.reuse();
             Ok(())
         };
-        tokio::time::timeout(self.config.timeout(), work)
-            .await
-            .unwrap_or_else(|_| Err(self.timeout_error("connect")))
+        self.config.deadline().run("connect", work).await
     }
 
     /// Creates the table and its index when missing. Several processes may start at once, and
@@ -515,9 +505,7 @@ impl Inner {
                 }
             }
         };
-        tokio::time::timeout(self.config.timeout(), work)
-            .await
-            .unwrap_or_else(|_| Err(self.timeout_error(op)))
+        self.config.deadline().run(op, work).await
     }
 
     /// The stored value at `key`, live or not, for a foreign-value report.
@@ -547,10 +535,12 @@ impl Inner {
                 }
             }
         };
-        match tokio::time::timeout(self.config.timeout(), work).await {
-            Ok(Ok(n)) => tracing::debug!(rows = n, "deleted expired PostgreSQL rows"),
-            Ok(Err(e)) => tracing::debug!(error = %e, "skipped PostgreSQL garbage collection"),
-            Err(_) => tracing::debug!("PostgreSQL garbage collection timed out"),
+        match self.config.deadline().run("gc", work).await {
+            Ok(n) => tracing::debug!(rows = n, "deleted expired PostgreSQL rows"),
+            Err(Error::Timeout { .. }) => {
+                tracing::debug!("PostgreSQL garbage collection timed out")
+            }
+            Err(e) => tracing::debug!(error = %e, "skipped PostgreSQL garbage collection"),
         }
     }
 }

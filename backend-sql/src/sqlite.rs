@@ -15,7 +15,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use headcount_core::backend::{self, parse_counter, ttl_millis};
+use headcount_core::backend::{self, parse_counter, ttl_millis, Deadline};
 use headcount_core::{Capabilities, Durability, Error, Result};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -296,18 +296,10 @@ impl SqliteStore {
             })
             .map_err(|e| Error::unavailable(BACKEND, "cannot start the SQLite worker thread", e))?;
 
-        match tokio::time::timeout(options.timeout, ready_rx).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => return Err(e),
-            Ok(Err(_)) => return Err(worker_gone()),
-            Err(_) => {
-                return Err(Error::Timeout {
-                    backend: BACKEND,
-                    op: "open",
-                    after: options.timeout,
-                })
-            }
-        }
+        let ready = async { ready_rx.await.unwrap_or_else(|_| Err(worker_gone())) };
+        Deadline::new(BACKEND, options.timeout)
+            .run("open", ready)
+            .await?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 jobs,
@@ -323,8 +315,8 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
-        let timeout = self.inner.options.timeout;
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::new(BACKEND, self.inner.options.timeout);
+        let started = Instant::now();
         let (reply, answer) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
             // A caller that already gave up must not have its write applied later by surprise;
@@ -332,26 +324,15 @@ impl SqliteStore {
             if reply.is_closed() {
                 return;
             }
-            if Instant::now() >= deadline {
-                let _ = reply.send(Err(Error::Timeout {
-                    backend: BACKEND,
-                    op,
-                    after: timeout,
-                }));
+            if started.elapsed() >= deadline.after() {
+                let _ = reply.send(Err(deadline.timed_out(op)));
                 return;
             }
             let _ = reply.send(f(conn));
         });
         self.inner.jobs.send(job).map_err(|_| worker_gone())?;
-        match tokio::time::timeout_at(deadline.into(), answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(worker_gone()),
-            Err(_) => Err(Error::Timeout {
-                backend: BACKEND,
-                op,
-                after: timeout,
-            }),
-        }
+        let answer = async { answer.await.unwrap_or_else(|_| Err(worker_gone())) };
+        deadline.run_from(op, started.into(), answer).await
     }
 }
 
