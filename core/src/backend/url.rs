@@ -80,12 +80,7 @@ impl StoreUrl {
                 format!("unknown scheme: expected {usage}"),
             ));
         }
-        if rest.contains('#') {
-            return Err(invalid_url(
-                kind,
-                "a fragment (`#...`) has no meaning in a store URL; percent-encode a `#` in a password or path as %23",
-            ));
-        }
+        reject_fragment(rest, kind)?;
         let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
         let (authority, after) = rest.split_at(authority_end);
         let (userinfo, hostspec) = match authority.rfind('@') {
@@ -144,17 +139,36 @@ impl StoreUrl {
         invalid_url(self.kind, message)
     }
 
-    /// The error for an option the backend does not know, listing those it does.
+    /// The error for an option the backend does not know: see [`unknown_option`].
     pub fn unknown_option(&self, option: &str, known: &[&str]) -> Error {
-        let known = match known {
-            [] => "none".to_owned(),
-            [one] => (*one).to_owned(),
-            [init @ .., last] => format!("{} and {last}", init.join(", ")),
-        };
-        self.invalid(format!(
-            "unknown option `{option}`; the options are {known}"
-        ))
+        unknown_option(self.kind, option, known)
     }
+}
+
+/// Refuses a raw `#` in (a part of) a URL of `kind`: it would start a fragment, which no store
+/// URL has. Where it was meant as part of a password or path, it is written `%23`.
+pub fn reject_fragment(text: &str, kind: &str) -> Result<()> {
+    if text.contains('#') {
+        return Err(invalid_url(
+            kind,
+            "a fragment (`#...`) has no meaning in a store URL; percent-encode a `#` in a password or path as %23",
+        ));
+    }
+    Ok(())
+}
+
+/// The error for an option of a URL of `kind` that the backend does not know, listing those it
+/// does: "invalid Redis URL: unknown option `x`; the options are timeout and insecure".
+pub fn unknown_option(kind: &str, option: &str, known: &[&str]) -> Error {
+    let known = match known {
+        [] => "none".to_owned(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    };
+    invalid_url(
+        kind,
+        format!("unknown option `{option}`; the options are {known}"),
+    )
 }
 
 /// An [`Error::InvalidConfig`] about a URL of `kind`: "invalid {kind}: {message}". The message
