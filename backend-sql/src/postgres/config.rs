@@ -16,7 +16,7 @@ use headcount_core::backend::url::{
 };
 use headcount_core::backend::Deadline;
 
-use super::BACKEND;
+use super::errors::BACKEND;
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "headcount_kv";
