@@ -10,7 +10,9 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, Value};
 
 use crate::errors::{self, BACKEND};
-use crate::{hash_tag, ttl_arg, unexpected, written_or_foreign};
+use crate::index::hash_tag;
+use crate::replies::{unexpected, written_or_foreign};
+use crate::scripts::ttl_arg;
 
 const FENCE_LUA: &str = include_str!("scripts/fence.lua");
 
