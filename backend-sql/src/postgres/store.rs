@@ -489,39 +489,4 @@ mod tests {
         assert!(settings_durability(&settings("on", "on", 1, "FIRST 1 (s1)")).durable);
         assert!(settings_durability(&settings("on", "remote_apply", 1, "s1")).durable);
     }
-
-    #[tokio::test]
-    async fn unreachable_server_is_retryable_and_never_shows_the_password() {
-        // Port 1 on loopback: refused at once on any sane machine.
-        let url = "postgres://u:hunter22@127.0.0.1:1/db?timeout=2s&sslmode=disable";
-        let err = PostgresStore::connect(url).await.unwrap_err();
-        assert!(err.is_retryable(), "{err}");
-        let shown = format!("{err} {err:?}");
-        assert!(!shown.contains("hunter22"), "{shown}");
-    }
-
-    #[tokio::test]
-    async fn a_silent_server_times_out_within_the_deadline() {
-        // A listener that accepts but never answers, like a stopped server.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let hold = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((socket, _)) = listener.accept().await {
-                held.push(socket);
-            }
-        });
-        let url =
-            format!("postgres://u:hunter22@127.0.0.1:{port}/db?timeout=300ms&sslmode=disable");
-        let started = std::time::Instant::now();
-        let err = PostgresStore::connect(&url).await.unwrap_err();
-        assert!(err.is_retryable(), "{err}");
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            started.elapsed()
-        );
-        assert!(!format!("{err:?}").contains("hunter22"));
-        hold.abort();
-    }
 }
