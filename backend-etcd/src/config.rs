@@ -174,27 +174,16 @@ fn parse(url: &str) -> Result<EtcdConfig> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+    use headcount_core::backend::url::assert_config_error;
+
     use super::*;
 
     fn ok(url: &str) -> EtcdConfig {
-        match EtcdConfig::from_url(url) {
-            Ok(c) => c,
-            Err(e) => panic!("{url}: {e}"),
-        }
+        EtcdConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"))
     }
 
     fn err(url: &str) -> String {
-        match EtcdConfig::from_url(url) {
-            Ok(c) => panic!("{url}: unexpectedly parsed as {c:?}"),
-            Err(e) => {
-                assert_eq!(e.kind(), headcount_core::ErrorKind::Config, "{url}: {e}");
-                let shown = format!("{e} {e:?}");
-                for piece in ["s3cr3t", "hunter2"] {
-                    assert!(!shown.contains(piece), "{url}: password leaked in {shown}");
-                }
-                e.to_string()
-            }
-        }
+        assert_config_error(url, EtcdConfig::from_url(url), &["s3cr3t", "hunter2"])
     }
 
     #[test]

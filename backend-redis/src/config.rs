@@ -190,27 +190,20 @@ fn parse(url: &str) -> Result<RedisConfig> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+    use headcount_core::backend::url::assert_config_error;
+
     use super::*;
 
     fn ok(url: &str) -> RedisConfig {
-        match RedisConfig::from_url(url) {
-            Ok(c) => c,
-            Err(e) => panic!("{url}: {e}"),
-        }
+        RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"))
     }
 
     fn err(url: &str) -> String {
-        match RedisConfig::from_url(url) {
-            Ok(c) => panic!("{url}: unexpectedly parsed as {c:?}"),
-            Err(e) => {
-                assert_eq!(e.kind(), headcount_core::ErrorKind::Config, "{url}: {e}");
-                let shown = format!("{e} {e:?}");
-                for piece in ["s3cr3t", "p@ss", "hunter2"] {
-                    assert!(!shown.contains(piece), "{url}: password leaked in {shown}");
-                }
-                e.to_string()
-            }
-        }
+        assert_config_error(
+            url,
+            RedisConfig::from_url(url),
+            &["s3cr3t", "p@ss", "hunter2"],
+        )
     }
 
     #[test]

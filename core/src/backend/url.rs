@@ -369,6 +369,36 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// For a backend's tests of its URL parser: the message of the configuration error `parsed` must
+/// be, having checked that neither the error nor its `Debug` shows any of `secrets`. Panics
+/// otherwise, naming `url`.
+///
+/// ```
+/// # use headcount_core::backend::url::{assert_config_error, StoreUrl};
+/// let url = "kv://u:s3cr3t@h:0";
+/// let message = assert_config_error(url, StoreUrl::parse(url, "KV URL", &["kv"], "kv://h"), &["s3cr3t"]);
+/// assert!(message.contains("bad port"));
+/// ```
+#[track_caller]
+#[allow(clippy::panic)]
+pub fn assert_config_error<T: fmt::Debug>(
+    url: &str,
+    parsed: Result<T>,
+    secrets: &[&str],
+) -> String {
+    match parsed {
+        Ok(c) => panic!("{url}: unexpectedly parsed as {c:?}"),
+        Err(e) => {
+            assert_eq!(e.kind(), crate::ErrorKind::Config, "{url}: {e}");
+            let shown = format!("{e} {e:?}");
+            for secret in secrets {
+                assert!(!shown.contains(secret), "{url}: password leaked in {shown}");
+            }
+            e.to_string()
+        }
+    }
+}
+
 /// Stands in for a secret in a `Debug` implementation: prints `"***"`.
 ///
 /// ```
@@ -486,11 +516,8 @@ mod tests {
             ("http://u:s3cr3t@h", "unknown scheme: expected kv://host"),
             ("kv:u:s3cr3t@h", "expected kv://host"),
         ] {
-            let e = parse(url).unwrap_err();
-            let shown = format!("{e} {e:?}");
-            assert_eq!(e.kind(), crate::ErrorKind::Config, "{url}");
-            assert!(shown.contains(needle), "{url}: {shown}");
-            assert!(!shown.contains("s3cr3t"), "{url}: {shown}");
+            let message = assert_config_error(url, parse(url), &["s3cr3t"]);
+            assert!(message.contains(needle), "{url}: {message}");
         }
     }
 
