@@ -12,7 +12,8 @@ pub use headcount_sql::postgres::{FencedOutcome, PgFence};
 #[cfg(feature = "redis")]
 pub use headcount_redis::RedisFence;
 
-/// The SQLite backend (cargo feature `sqlite`): `SqliteStore`.
+/// The SQLite backend (cargo feature `sqlite`): `SqliteStore`, built from a URL or a
+/// `SqliteConfig`.
 #[cfg(feature = "sqlite")]
 pub use headcount_sql::sqlite;
 

@@ -70,7 +70,7 @@ impl FromStr for Synchronous {
     }
 }
 
-/// Options of a [`SqliteStore`], also settable as URL query options.
+/// Options of a [`SqliteStore`](super::SqliteStore), also settable as URL query options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SqliteOptions {
