@@ -228,6 +228,7 @@ impl PostgresConfig {
 /// How this crate's URL is named in error messages.
 const URL_KIND: &str = "PostgreSQL URL";
 
+/// A bad-URL error. Never given raw authority text.
 fn bad(message: impl fmt::Display) -> Error {
     invalid_url(URL_KIND, message)
 }

@@ -168,7 +168,7 @@ impl SqliteConfig {
         }
     }
 
-    /// The options.
+    /// The options this store was opened with.
     pub fn options(&self) -> &SqliteOptions {
         &self.options
     }
