@@ -12,7 +12,8 @@ pub use headcount_sql::postgres::{FencedOutcome, PgFence};
 #[cfg(feature = "redis")]
 pub use headcount_redis::RedisFence;
 
-/// The SQLite backend (cargo feature `sqlite`): `SqliteStore`.
+/// The SQLite backend (cargo feature `sqlite`): `SqliteStore`, built from a URL or a
+/// `SqliteConfig`.
 #[cfg(feature = "sqlite")]
 pub use headcount_sql::sqlite;
 
@@ -83,8 +84,9 @@ pub fn redact_url(url: &str) -> String {
         Some(i) => url.split_at(i + 3),
         None => return redact_query(url),
     };
-    // The authority ends at the first `/` or `?`, as the backends parse it; not at `#`, which a
-    // password may hold (the PostgreSQL parser accepts it), and which must be hidden with it.
+    // The authority ends at the first `/` or `?`, as the backends parse it; not at `#`: no
+    // backend accepts a raw `#` (it would start a fragment; a password writes it `%23`), but a
+    // mistyped password may hold one, and it must be hidden with it.
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     let authority = match authority.rfind('@') {
@@ -321,6 +323,31 @@ mod tests {
             let err = connect(url).await.unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
             assert!(!format!("{err} {err:?}").contains("hunter2"), "{err:?}");
+        }
+    }
+
+    /// One `#` rule for every scheme: a raw `#` starts a fragment, which is refused (a password
+    /// writes it `%23`), and the error does not show the password.
+    #[tokio::test]
+    async fn a_raw_hash_is_refused_by_every_scheme_without_the_password() {
+        #[allow(unused_mut)]
+        let mut urls: Vec<&str> = Vec::new();
+        #[cfg(feature = "sqlite")]
+        urls.push("sqlite://hunter#2.db");
+        #[cfg(feature = "postgres")]
+        urls.push("postgres://u:hunter#2@h/db");
+        #[cfg(feature = "redis")]
+        urls.extend(["redis://:hunter#2@h", "redis+cluster://u:hunter#2@a:1,b:2"]);
+        #[cfg(feature = "etcd")]
+        urls.push("etcd://u:hunter#2@h");
+        for url in urls {
+            let err = connect(url).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
+            assert!(err.to_string().contains("%23"), "{url}: {err}");
+            assert!(
+                !format!("{err} {err:?}").contains("hunter"),
+                "{url}: {err:?}"
+            );
         }
     }
 

@@ -1,52 +1,33 @@
-//! Parsing `etcd://` and `etcds://` URLs into an [`EtcdConfig`]. No error message here contains
-//! the password, nor any raw piece of the URL's authority that could be part of a mistyped one.
+//! Parsing `etcd://` and `etcds://` URLs into an [`EtcdConfig`], over the URL rules every backend
+//! shares ([`StoreUrl`]). No error message here contains the password, nor any raw piece of the
+//! URL's authority that could be part of a mistyped one.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use headcount_core::{Error, Result};
+use headcount_core::backend::url::{parse_bool, parse_deadline, Secret, StoreUrl, DEFAULT_TIMEOUT};
+use headcount_core::backend::Deadline;
+use headcount_core::Result;
 
-use headcount_core::backend::url::{
-    decode, parse_deadline, parse_port, parse_query, reject_duplicates, split_host_port, Redacted,
-    DEFAULT_TIMEOUT,
-};
+use crate::errors::BACKEND;
 
 /// The port used when a URL names none.
 pub const DEFAULT_PORT: u16 = 2379;
 
 /// A parsed etcd store configuration. Its `Debug` never shows the password.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct EtcdConfig {
     endpoints: Vec<(String, u16)>,
     tls: bool,
     ca_cert: Option<PathBuf>,
     domain: Option<String>,
-    user: Option<String>,
-    password: Option<String>,
+    username: Option<String>,
+    password: Option<Secret>,
     timeout: Duration,
-}
-
-impl fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
-            .field("tls", &self.tls)
-            .field("cacert", &self.ca_cert)
-            .field("domain", &self.domain)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| Redacted))
-            .field("timeout", &self.timeout)
-            .finish()
-    }
 }
 
 /// How this crate's URL is named in error messages.
 const URL_KIND: &str = "etcd URL";
-
-fn bad(message: impl fmt::Display) -> Error {
-    Error::config(format!("invalid etcd URL: {message}"))
-}
 
 impl EtcdConfig {
     /// Parses `etcd://[user:password@]host:port[,host:port...][?options]` or `etcds://...`
@@ -71,8 +52,8 @@ impl EtcdConfig {
     }
 
     /// The etcd user name, if any.
-    pub fn user(&self) -> Option<&str> {
-        self.user.as_deref()
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
     }
 
     /// The deadline of every operation (`timeout`).
@@ -80,9 +61,14 @@ impl EtcdConfig {
         self.timeout
     }
 
+    /// The deadline of every operation, as the errors it turns into name it.
+    pub(crate) fn deadline(&self) -> Deadline {
+        Deadline::new(BACKEND, self.timeout)
+    }
+
     /// The password, for authentication and scrubbing; never shown.
     pub(crate) fn password(&self) -> Option<&str> {
-        self.password.as_deref()
+        self.password.as_ref().map(Secret::expose)
     }
 
     /// The name the server certificate must carry (`domain`), default the first host.
@@ -107,111 +93,70 @@ impl EtcdConfig {
 }
 
 fn parse(url: &str) -> Result<EtcdConfig> {
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-        bad("expected etcd://[user:password@]host:2379[,host:2379...] or etcds://...")
-    })?;
-    let mut tls = match scheme.to_ascii_lowercase().as_str() {
-        "etcd" => false,
-        "etcds" => true,
-        _ => return Err(bad("expected the scheme etcd or etcds")),
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, after) = rest.split_at(authority_end);
-    if after.contains('#') {
-        return Err(bad("a fragment (`#...`) has no meaning in a store URL"));
-    }
-    let (userinfo, hostspec) = match authority.rfind('@') {
-        Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-        None => (None, authority),
-    };
-    let (path, query) = after.split_once('?').unwrap_or((after, ""));
+    let url = StoreUrl::parse(
+        url,
+        URL_KIND,
+        &["etcd", "etcds"],
+        "etcd://[user:password@]host:2379[,host:2379...] or etcds://...",
+    )?;
+    let scheme_tls = url.scheme == "etcds";
 
-    let mut user = None;
-    let mut password = None;
-    if let Some(userinfo) = userinfo {
-        let Some((u, p)) = userinfo.split_once(':') else {
-            return Err(bad(
-                "a user name without a password: expected etcd://user:password@host",
-            ));
-        };
-        let u = decode(u, "user name")?;
-        if u.is_empty() {
-            return Err(bad(
-                "a password without a user name: expected etcd://user:password@host",
-            ));
+    // etcd logs in with both or neither.
+    match (&url.username, &url.password) {
+        (Some(_), None) => {
+            return Err(
+                url.invalid("a user name without a password: expected etcd://user:password@host")
+            )
         }
-        user = Some(u);
-        password = Some(decode(p, "password")?);
-    }
-
-    let mut endpoints = Vec::new();
-    for chunk in hostspec.split(',') {
-        if chunk.is_empty() {
-            return Err(bad(
-                "no host: expected etcd://host:2379 (or a comma list of host:port)",
-            ));
+        (Some(u), Some(_)) if u.is_empty() => {
+            return Err(
+                url.invalid("a password without a user name: expected etcd://user:password@host")
+            )
         }
-        let (host, port) = split_host_port(chunk, URL_KIND)?;
-        let host = decode(host, "host")?;
-        if host.is_empty() {
-            return Err(bad("a host is empty"));
-        }
-        let port = match port {
-            Some(p) => parse_port(p, URL_KIND)?,
-            None => DEFAULT_PORT,
-        };
-        endpoints.push((host, port));
+        _ => {}
     }
 
-    if !path.is_empty() && path != "/" {
-        return Err(bad(
-            "etcd URLs have no path (keys are named by headcount's own prefix)",
-        ));
+    let endpoints = url.endpoints(
+        DEFAULT_PORT,
+        "etcd://host:2379 (or a comma list of host:port)",
+    )?;
+
+    if !url.path.is_empty() && url.path != "/" {
+        return Err(
+            url.invalid("etcd URLs have no path (keys are named by headcount's own prefix)")
+        );
     }
 
-    let pairs = parse_query(query)?;
-    reject_duplicates(&pairs)?;
+    let mut tls = scheme_tls;
     let mut timeout = DEFAULT_TIMEOUT;
     let mut ca_cert = None;
     let mut domain = None;
-    for (key, value) in pairs {
+    for (key, value) in &url.query {
         match key.as_str() {
-            "timeout" => timeout = parse_deadline(&key, &value)?,
+            "timeout" => timeout = parse_deadline(key, value)?,
             "tls" => {
-                tls = match value.as_str() {
-                    "true" | "1" => true,
-                    "false" | "0" if scheme.eq_ignore_ascii_case("etcd") => false,
-                    "false" | "0" => return Err(bad("etcds:// always uses TLS; drop `tls=false`")),
-                    _ => {
-                        return Err(bad(format!(
-                            "invalid value for option `tls`: `{value}` (expected true or false)"
-                        )))
-                    }
+                tls = parse_bool(key, value)?;
+                if scheme_tls && !tls {
+                    return Err(url.invalid("etcds:// always uses TLS; drop `tls=false`"));
                 }
             }
             "cacert" => {
                 if value.is_empty() {
-                    return Err(bad("option `cacert` is empty"));
+                    return Err(url.invalid("option `cacert` is empty"));
                 }
                 ca_cert = Some(PathBuf::from(value));
             }
             "domain" => {
                 if value.is_empty() {
-                    return Err(bad("option `domain` is empty"));
+                    return Err(url.invalid("option `domain` is empty"));
                 }
-                domain = Some(value);
+                domain = Some(value.clone());
             }
-            k => {
-                return Err(bad(format!(
-                    "unknown option `{k}`; the options are timeout, tls, cacert and domain"
-                )))
-            }
+            k => return Err(url.unknown_option(k, &["timeout", "tls", "cacert", "domain"])),
         }
     }
     if !tls && (ca_cert.is_some() || domain.is_some()) {
-        return Err(bad(
-            "options `cacert` and `domain` need TLS: use etcds:// or tls=true",
-        ));
+        return Err(url.invalid("options `cacert` and `domain` need TLS: use etcds:// or tls=true"));
     }
 
     Ok(EtcdConfig {
@@ -219,8 +164,8 @@ fn parse(url: &str) -> Result<EtcdConfig> {
         tls,
         ca_cert,
         domain,
-        user,
-        password,
+        username: url.username,
+        password: url.password,
         timeout,
     })
 }
@@ -229,27 +174,16 @@ fn parse(url: &str) -> Result<EtcdConfig> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+    use headcount_core::backend::url::assert_config_error;
+
     use super::*;
 
     fn ok(url: &str) -> EtcdConfig {
-        match EtcdConfig::from_url(url) {
-            Ok(c) => c,
-            Err(e) => panic!("{url}: {e}"),
-        }
+        EtcdConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"))
     }
 
     fn err(url: &str) -> String {
-        match EtcdConfig::from_url(url) {
-            Ok(c) => panic!("{url}: unexpectedly parsed as {c:?}"),
-            Err(e) => {
-                assert_eq!(e.kind(), headcount_core::ErrorKind::Config, "{url}: {e}");
-                let shown = format!("{e} {e:?}");
-                for piece in ["s3cr3t", "hunter2"] {
-                    assert!(!shown.contains(piece), "{url}: password leaked in {shown}");
-                }
-                e.to_string()
-            }
-        }
+        assert_config_error(url, EtcdConfig::from_url(url), &["s3cr3t", "hunter2"])
     }
 
     #[test]
@@ -263,7 +197,7 @@ mod tests {
                 ("::1".to_owned(), 2379)
             ]
         );
-        assert_eq!(c.user(), Some("root"));
+        assert_eq!(c.username(), Some("root"));
         assert_eq!(c.password(), Some("s3cr3t/"));
         assert_eq!(c.timeout(), Duration::from_millis(750));
         assert!(!c.tls());
@@ -276,6 +210,11 @@ mod tests {
             !debug.contains("s3cr3t") && debug.contains("***"),
             "{debug}"
         );
+
+        // `%23` is a `#` in a password, `@` and `:` may stand raw there.
+        let c = ok("etcd://u:s3c%23r@:t@h");
+        assert_eq!(c.password(), Some("s3c#r@:t"));
+        assert_eq!(c.endpoints(), &[("h".to_owned(), 2379)]);
 
         let c = ok("etcds://h?cacert=/etc/ca.pem&domain=etcd.local");
         assert!(c.tls());
@@ -304,6 +243,9 @@ mod tests {
             ("etcd://u:s3cr3t@h?cacert=", "`cacert`"),
             ("etcd://u:s3cr3t@h?timeout=1s&timeout=1s", "more than once"),
             ("etcd://u:s3cr3t%zz@h", "percent-escape"),
+            // A raw `#` starts a fragment, wherever it stands: `%23` in a password.
+            ("etcd://u:s3cr#3t@h", "%23"),
+            ("etcd://u:s3cr3t@h/#x", "fragment"),
             ("http://u:s3cr3t@h", "scheme"),
             ("etcd:u:s3cr3t@h", "expected etcd://"),
         ] {

@@ -3,10 +3,9 @@
 //! [`Error::Unavailable`] or [`Error::Timeout`]; refusals that will repeat (authentication,
 //! permissions, a request the server refuses) are [`Error::Rejected`].
 
-use std::time::Duration;
-
 use etcd_client::Error as EtcdError;
 use headcount_core::backend::url::scrub;
+use headcount_core::backend::Deadline;
 use headcount_core::Error;
 use tonic::Code;
 
@@ -42,23 +41,15 @@ pub(crate) fn never_sent(e: &EtcdError) -> bool {
 pub(crate) fn classify(
     e: EtcdError,
     op: &'static str,
-    timeout: Duration,
+    deadline: Deadline,
     password: Option<&str>,
 ) -> Error {
     let message = scrub(describe(&e), password);
     match &e {
         EtcdError::GRpcStatus(status) => match status.code() {
             // tonic reports its own request deadline as Cancelled "Timeout expired".
-            Code::DeadlineExceeded => Error::Timeout {
-                backend: BACKEND,
-                op,
-                after: timeout,
-            },
-            Code::Cancelled if message.contains("Timeout expired") => Error::Timeout {
-                backend: BACKEND,
-                op,
-                after: timeout,
-            },
+            Code::DeadlineExceeded => deadline.timed_out(op),
+            Code::Cancelled if message.contains("Timeout expired") => deadline.timed_out(op),
             Code::Unauthenticated | Code::PermissionDenied => Error::rejected(
                 BACKEND,
                 format!("{message} (check the user name, password and role)"),
@@ -105,7 +96,7 @@ mod tests {
 
     #[test]
     fn classes() {
-        let t = Duration::from_secs(1);
+        let t = Deadline::new(BACKEND, std::time::Duration::from_secs(1));
         let status = |code, msg: &str| EtcdError::GRpcStatus(tonic::Status::new(code, msg));
         assert!(classify(status(Code::Unavailable, "no leader"), "get", t, None).is_retryable());
         assert!(matches!(

@@ -232,7 +232,7 @@ impl Leases {
                 Ok(None) | Err(_) => {}
             }
         }
-        let opened = crate::retry_unsent(|| {
+        let opened = crate::connection::retry_unsent(|| {
             let mut client = self.client.clone();
             // Opening the stream sends the first keep-alive and waits for its answer; the
             // client fails the opening when the answer's TTL says the lease is gone.
@@ -272,7 +272,7 @@ impl Leases {
     }
 
     async fn grant(&self, secs: i64) -> Result<i64, etcd_client::Error> {
-        let resp = crate::retry_unsent(|| {
+        let resp = crate::connection::retry_unsent(|| {
             let mut client = self.client.clone();
             async move { client.grant(secs, None).await }
         })
@@ -290,7 +290,7 @@ impl Leases {
         };
         runtime.spawn(async move {
             let sent = Instant::now();
-            let granted = crate::retry_unsent(|| {
+            let granted = crate::connection::retry_unsent(|| {
                 let mut client = me.client.clone();
                 async move { client.grant(s + 1, None).await }
             })

@@ -1,17 +1,16 @@
 //! Parsing `redis://`, `rediss://`, `redis+cluster://` and `rediss+cluster://` URLs into a
-//! [`RedisConfig`]. No error message here contains the password, nor any raw piece of the URL's
-//! authority that could be part of a mistyped one.
+//! [`RedisConfig`], over the URL rules every backend shares ([`StoreUrl`]). No error message here
+//! contains the password, nor any raw piece of the URL's authority that could be part of a
+//! mistyped one.
 
-use std::fmt;
 use std::time::Duration;
 
-use headcount_core::{Error, Result};
+use headcount_core::backend::url::{parse_bool, parse_deadline, Secret, StoreUrl, DEFAULT_TIMEOUT};
+use headcount_core::backend::Deadline;
+use headcount_core::Result;
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, RedisConnectionInfo};
 
-use headcount_core::backend::url::{
-    decode, parse_deadline, parse_port, parse_query, reject_duplicates, split_host_port, Redacted,
-    DEFAULT_TIMEOUT,
-};
+use crate::errors::BACKEND;
 
 /// The port used when a URL names none.
 pub const DEFAULT_PORT: u16 = 6379;
@@ -28,39 +27,23 @@ pub enum Topology {
 }
 
 /// A parsed Redis store configuration. Its `Debug` never shows the password.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct RedisConfig {
     topology: Topology,
     tls: bool,
     insecure: bool,
-    nodes: Vec<(String, u16)>,
+    endpoints: Vec<(String, u16)>,
     db: i64,
     username: Option<String>,
-    password: Option<String>,
+    password: Option<Secret>,
     timeout: Duration,
-}
-
-impl fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("topology", &self.topology)
-            .field("tls", &self.tls)
-            .field("insecure", &self.insecure)
-            .field("nodes", &self.nodes)
-            .field("db", &self.db)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| Redacted))
-            .field("timeout", &self.timeout)
-            .finish()
-    }
 }
 
 /// How this crate's URL is named in error messages.
 const URL_KIND: &str = "Redis URL";
 
-fn bad(message: impl fmt::Display) -> Error {
-    Error::config(format!("invalid Redis URL: {message}"))
-}
+/// What a Redis URL looks like, for error messages.
+const USAGE: &str = "redis://[user:password@]host:port/db, rediss://..., redis+cluster://host:port,host:port or rediss+cluster://...";
 
 impl RedisConfig {
     /// Parses a Redis URL; see the crate README for the forms and options.
@@ -79,8 +62,8 @@ impl RedisConfig {
     }
 
     /// The server (or the Cluster's seed nodes), as host and port.
-    pub fn nodes(&self) -> &[(String, u16)] {
-        &self.nodes
+    pub fn endpoints(&self) -> &[(String, u16)] {
+        &self.endpoints
     }
 
     /// The database number (always 0 on Cluster).
@@ -98,9 +81,14 @@ impl RedisConfig {
         self.timeout
     }
 
+    /// The deadline of every operation, as the errors it turns into name it.
+    pub(crate) fn deadline(&self) -> Deadline {
+        Deadline::new(BACKEND, self.timeout)
+    }
+
     /// The password, for scrubbing it from messages; never shown.
     pub(crate) fn password(&self) -> Option<&str> {
-        self.password.as_deref()
+        self.password.as_ref().map(Secret::expose)
     }
 
     /// The redis crate's connection info for one node.
@@ -120,7 +108,7 @@ impl RedisConfig {
             redis: RedisConnectionInfo {
                 db: self.db,
                 username: self.username.clone(),
-                password: self.password.clone(),
+                password: self.password().map(str::to_owned),
                 protocol: ProtocolVersion::RESP2,
             },
         }
@@ -128,112 +116,61 @@ impl RedisConfig {
 }
 
 fn parse(url: &str) -> Result<RedisConfig> {
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
-        bad("expected redis://[user:password@]host:port/db, rediss://..., redis+cluster://host:port,host:port or rediss+cluster://...")
-    })?;
-    let (topology, tls) = match scheme.to_ascii_lowercase().as_str() {
+    let url = StoreUrl::parse(
+        url,
+        URL_KIND,
+        &["redis", "rediss", "redis+cluster", "rediss+cluster"],
+        USAGE,
+    )?;
+    let (topology, tls) = match url.scheme.as_str() {
         "redis" => (Topology::Single, false),
         "rediss" => (Topology::Single, true),
         "redis+cluster" => (Topology::Cluster, false),
-        "rediss+cluster" => (Topology::Cluster, true),
-        _ => {
-            return Err(bad(
-                "expected the scheme redis, rediss, redis+cluster or rediss+cluster",
-            ))
-        }
+        _ => (Topology::Cluster, true),
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, after) = rest.split_at(authority_end);
-    if after.contains('#') {
-        return Err(bad("a fragment (`#...`) has no meaning in a store URL"));
-    }
-    let (userinfo, hostspec) = match authority.rfind('@') {
-        Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-        None => (None, authority),
-    };
-    let (path, query) = after.split_once('?').unwrap_or((after, ""));
 
-    let mut username = None;
-    let mut password = None;
-    if let Some(userinfo) = userinfo {
-        let (u, p) = match userinfo.split_once(':') {
-            Some((u, p)) => (u, Some(p)),
-            None => (userinfo, None),
-        };
-        let u = decode(u, "user name")?;
-        if !u.is_empty() {
-            username = Some(u);
-        }
-        password = p.map(|p| decode(p, "password")).transpose()?;
-        if username.is_some() && password.is_none() {
-            return Err(bad(
-                "a user name without a password: Redis ACL users log in with both (redis://user:password@host)",
-            ));
-        }
+    // `:password@` logs in as the default user.
+    let username = url.username.clone().filter(|u| !u.is_empty());
+    if username.is_some() && url.password.is_none() {
+        return Err(url.invalid(
+            "a user name without a password: Redis ACL users log in with both (redis://user:password@host)",
+        ));
     }
 
-    let mut nodes = Vec::new();
-    for chunk in hostspec.split(',') {
-        if chunk.is_empty() {
-            return Err(bad(
-                "no host: expected redis://host:6379 (or a comma list of host:port for Cluster)",
-            ));
-        }
-        let (host, port) = split_host_port(chunk, URL_KIND)?;
-        let host = decode(host, "host")?;
-        if host.is_empty() {
-            return Err(bad("a host is empty"));
-        }
-        let port = match port {
-            Some(p) => parse_port(p, URL_KIND)?,
-            None => DEFAULT_PORT,
-        };
-        nodes.push((host, port));
-    }
-    if topology == Topology::Single && nodes.len() > 1 {
-        return Err(bad(format!(
+    let endpoints = url.endpoints(
+        DEFAULT_PORT,
+        "redis://host:6379 (or a comma list of host:port for Cluster)",
+    )?;
+    if topology == Topology::Single && endpoints.len() > 1 {
+        return Err(url.invalid(format!(
             "{} hosts for a single server: use redis+cluster:// for Redis Cluster",
-            nodes.len()
+            endpoints.len()
         )));
     }
 
-    let db = match path.strip_prefix('/') {
+    let db = match url.path.strip_prefix('/') {
         None | Some("") => 0,
         Some(text) => match text.parse::<i64>() {
             Ok(n) if n >= 0 && text.bytes().all(|b| b.is_ascii_digit()) => n,
-            _ => return Err(bad("the path must be a database number such as /0")),
+            _ => return Err(url.invalid("the path must be a database number such as /0")),
         },
     };
     if topology == Topology::Cluster && db != 0 {
-        return Err(bad("Redis Cluster has only database 0"));
+        return Err(url.invalid("Redis Cluster has only database 0"));
     }
 
-    let pairs = parse_query(query)?;
-    reject_duplicates(&pairs)?;
     let mut timeout = DEFAULT_TIMEOUT;
     let mut insecure = false;
-    for (key, value) in pairs {
+    for (key, value) in &url.query {
         match key.as_str() {
-            "timeout" => timeout = parse_deadline(&key, &value)?,
+            "timeout" => timeout = parse_deadline(key, value)?,
             "insecure" => {
-                insecure = match value.as_str() {
-                    "true" | "1" => true,
-                    "false" | "0" => false,
-                    _ => {
-                        return Err(bad(format!(
-                        "invalid value for option `insecure`: `{value}` (expected true or false)"
-                    )))
-                    }
-                };
+                insecure = parse_bool(key, value)?;
                 if !tls {
-                    return Err(bad("option `insecure` only applies to rediss:// URLs"));
+                    return Err(url.invalid("option `insecure` only applies to rediss:// URLs"));
                 }
             }
-            k => {
-                return Err(bad(format!(
-                    "unknown option `{k}`; the options are timeout and insecure"
-                )))
-            }
+            k => return Err(url.unknown_option(k, &["timeout", "insecure"])),
         }
     }
 
@@ -241,10 +178,10 @@ fn parse(url: &str) -> Result<RedisConfig> {
         topology,
         tls,
         insecure,
-        nodes,
+        endpoints,
         db,
         username,
-        password,
+        password: url.password,
         timeout,
     })
 }
@@ -253,27 +190,20 @@ fn parse(url: &str) -> Result<RedisConfig> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+    use headcount_core::backend::url::assert_config_error;
+
     use super::*;
 
     fn ok(url: &str) -> RedisConfig {
-        match RedisConfig::from_url(url) {
-            Ok(c) => c,
-            Err(e) => panic!("{url}: {e}"),
-        }
+        RedisConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"))
     }
 
     fn err(url: &str) -> String {
-        match RedisConfig::from_url(url) {
-            Ok(c) => panic!("{url}: unexpectedly parsed as {c:?}"),
-            Err(e) => {
-                assert_eq!(e.kind(), headcount_core::ErrorKind::Config, "{url}: {e}");
-                let shown = format!("{e} {e:?}");
-                for piece in ["s3cr3t", "p@ss", "hunter2"] {
-                    assert!(!shown.contains(piece), "{url}: password leaked in {shown}");
-                }
-                e.to_string()
-            }
-        }
+        assert_config_error(
+            url,
+            RedisConfig::from_url(url),
+            &["s3cr3t", "p@ss", "hunter2"],
+        )
     }
 
     #[test]
@@ -281,7 +211,7 @@ mod tests {
         let c = ok("redis://alice:s3cr3t%40x@cache.example.com:6380/3?timeout=500ms");
         assert_eq!(c.topology(), Topology::Single);
         assert!(!c.tls());
-        assert_eq!(c.nodes(), &[("cache.example.com".to_owned(), 6380)]);
+        assert_eq!(c.endpoints(), &[("cache.example.com".to_owned(), 6380)]);
         assert_eq!(c.db(), 3);
         assert_eq!(c.username(), Some("alice"));
         assert_eq!(c.password(), Some("s3cr3t@x"));
@@ -291,7 +221,7 @@ mod tests {
         assert!(debug.contains("***"), "{debug}");
 
         let c = ok("redis://127.0.0.1");
-        assert_eq!(c.nodes(), &[("127.0.0.1".to_owned(), 6379)]);
+        assert_eq!(c.endpoints(), &[("127.0.0.1".to_owned(), 6379)]);
         assert_eq!(c.db(), 0);
         assert_eq!(c.timeout(), DEFAULT_TIMEOUT);
         assert_eq!(c.password(), None);
@@ -300,7 +230,12 @@ mod tests {
         let c = ok("REDIS://:hunter2@[::1]:7000/");
         assert_eq!(c.username(), None);
         assert_eq!(c.password(), Some("hunter2"));
-        assert_eq!(c.nodes(), &[("::1".to_owned(), 7000)]);
+        assert_eq!(c.endpoints(), &[("::1".to_owned(), 7000)]);
+
+        // `%23` is a `#` in a password, `@` and `:` may stand raw there.
+        let c = ok("redis://u:s3c%23r@:t@h");
+        assert_eq!(c.password(), Some("s3c#r@:t"));
+        assert_eq!(c.endpoints(), &[("h".to_owned(), 6379)]);
 
         let c = ok("rediss://h?insecure=true");
         assert!(c.tls());
@@ -315,7 +250,7 @@ mod tests {
         let c = ok("redis+cluster://u:s3cr3t@a:7000,b:7001,c?timeout=2s");
         assert_eq!(c.topology(), Topology::Cluster);
         assert_eq!(
-            c.nodes(),
+            c.endpoints(),
             &[
                 ("a".to_owned(), 7000),
                 ("b".to_owned(), 7001),
@@ -351,6 +286,9 @@ mod tests {
             ("redis://u:s3cr3t@[::1", "IPv6"),
             ("redis://u:s3cr3t%zz@h", "percent-escape"),
             ("redis://u:s3cr3t@h#frag", "fragment"),
+            // A raw `#` starts a fragment, wherever it stands: `%23` in a password.
+            ("redis://u:s3cr#3t@h", "%23"),
+            ("redis://:s3cr#3t@h", "%23"),
             ("http://u:s3cr3t@h", "scheme"),
             ("redis:u:s3cr3t@h", "expected redis://"),
         ] {

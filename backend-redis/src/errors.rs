@@ -5,9 +5,8 @@
 //! read-only replica) are
 //! [`Error::Rejected`].
 
-use std::time::Duration;
-
 use headcount_core::backend::url::scrub;
+use headcount_core::backend::Deadline;
 use headcount_core::Error;
 use redis::{ErrorKind, RedisError};
 
@@ -18,15 +17,11 @@ pub(crate) const BACKEND: &str = "redis";
 pub(crate) fn classify(
     e: RedisError,
     op: &'static str,
-    timeout: Duration,
+    deadline: Deadline,
     password: Option<&str>,
 ) -> Error {
     if e.is_timeout() {
-        return Error::Timeout {
-            backend: BACKEND,
-            op,
-            after: timeout,
-        };
+        return deadline.timed_out(op);
     }
     let message = scrub(e.to_string(), password);
     let code = e.code().unwrap_or_default().to_owned();
@@ -92,7 +87,7 @@ mod tests {
 
     #[test]
     fn classes() {
-        let t = Duration::from_secs(1);
+        let t = Deadline::new(BACKEND, std::time::Duration::from_secs(1));
         let io = |kind| RedisError::from(std::io::Error::new(kind, "x"));
         assert!(classify(io(std::io::ErrorKind::ConnectionRefused), "get", t, None).is_retryable());
         assert!(matches!(

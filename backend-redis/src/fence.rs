@@ -3,18 +3,18 @@
 
 use std::time::Duration;
 
-use headcount_core::backend::{check_key, check_opt_ttl, check_value};
+use headcount_core::backend::url::DEFAULT_TIMEOUT;
+use headcount_core::backend::{check_key, check_opt_ttl, check_value, Deadline};
 use headcount_core::{Error, Result};
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, Value};
 
 use crate::errors::{self, BACKEND};
-use crate::{hash_tag, ttl_arg, unexpected, written_or_foreign};
+use crate::index::hash_tag;
+use crate::replies::{unexpected, written_or_foreign};
+use crate::scripts::ttl_arg;
 
 const FENCE_LUA: &str = include_str!("scripts/fence.lua");
-
-/// The default deadline of one fence call.
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A fencing guard for a Redis sink: a set-if-greater-or-equal script over a fence key, which can
 /// write the guarded data in the same atomic step.
@@ -57,7 +57,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct RedisFence {
     script: Script,
-    timeout: Duration,
+    deadline: Deadline,
 }
 
 impl Default for RedisFence {
@@ -71,13 +71,13 @@ impl RedisFence {
     pub fn new() -> Self {
         RedisFence {
             script: Script::new(FENCE_LUA),
-            timeout: DEFAULT_TIMEOUT,
+            deadline: Deadline::new(BACKEND, DEFAULT_TIMEOUT),
         }
     }
 
     /// The same fence with another deadline per call ([`Error::Timeout`] past it).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.deadline = Deadline::new(BACKEND, timeout);
         self
     }
 
@@ -157,18 +157,16 @@ impl RedisFence {
     where
         C: ConnectionLike + Send,
     {
-        match tokio::time::timeout(self.timeout, call.invoke_async::<Value>(conn)).await {
-            Ok(Ok(Value::Array(items))) if items.len() == 2 => Ok(Value::Array(items)),
-            Ok(Ok(v @ Value::Int(_))) => Ok(v),
-            Ok(Ok(other)) => Err(unexpected(other)),
-            Ok(Err(e)) if is_cross_slot(&e) => Err(Error::invalid(e.to_string())),
-            Ok(Err(e)) => Err(errors::classify(e, op, self.timeout, None)),
-            Err(_) => Err(Error::Timeout {
-                backend: BACKEND,
-                op,
-                after: self.timeout,
-            }),
-        }
+        let work = async {
+            match call.invoke_async::<Value>(conn).await {
+                Ok(Value::Array(items)) if items.len() == 2 => Ok(Value::Array(items)),
+                Ok(v @ Value::Int(_)) => Ok(v),
+                Ok(other) => Err(unexpected(other)),
+                Err(e) if is_cross_slot(&e) => Err(Error::invalid(e.to_string())),
+                Err(e) => Err(errors::classify(e, op, self.deadline, None)),
+            }
+        };
+        self.deadline.run(op, work).await
     }
 }
 

@@ -1,6 +1,7 @@
 //! Bad input against real servers: the Redis backend pointed at an etcd port, a wrong Redis
-//! password, a Redis list where headcount expects a string. Each is a clear typed error within
-//! the deadline: no panic, no hang.
+//! password, a Redis list where headcount expects a string; and, for every networked backend, a
+//! port that refuses connections or a server that never answers. Each is a clear typed error
+//! within the deadline: no panic, no hang, no password in it.
 #![cfg(all(feature = "redis", feature = "etcd"))]
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -102,4 +103,54 @@ async fn wrong_redis_password_is_rejected_and_a_list_is_a_foreign_value() {
         .await
         .unwrap();
     assert_eq!(ok.incr("hc:{g}:n", None).await.unwrap(), 1);
+}
+
+/// A URL with a password for every networked backend, at `127.0.0.1:{port}` with `timeout`.
+fn urls_with_a_password(port: u16, timeout: &str) -> Vec<String> {
+    let mut urls = vec![
+        format!("redis://:hunter22@127.0.0.1:{port}/0?timeout={timeout}"),
+        format!("etcd://root:hunter22@127.0.0.1:{port}?timeout={timeout}"),
+    ];
+    if cfg!(feature = "postgres") {
+        urls.push(format!(
+            "postgres://u:hunter22@127.0.0.1:{port}/db?timeout={timeout}&sslmode=disable"
+        ));
+    }
+    urls
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retryable_and_never_shows_the_password() {
+    // Port 1 on loopback: refused at once on any sane machine.
+    for url in urls_with_a_password(1, "2s") {
+        let err = headcount::connect(&url).await.unwrap_err();
+        assert!(err.is_retryable(), "{url}: {err}");
+        let shown = format!("{err} {err:?}");
+        assert!(!shown.contains("hunter22"), "{url}: {shown}");
+    }
+}
+
+#[tokio::test]
+async fn a_silent_server_times_out_within_the_deadline() {
+    // A listener that accepts but never answers, like a stopped server.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    for url in urls_with_a_password(port, "300ms") {
+        let started = Instant::now();
+        let err = headcount::connect(&url).await.unwrap_err();
+        assert!(err.is_retryable(), "{url}: {err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{url}: {:?}",
+            started.elapsed()
+        );
+        assert!(!format!("{err} {err:?}").contains("hunter22"), "{url}");
+    }
+    hold.abort();
 }

@@ -12,12 +12,17 @@ use std::time::Duration;
 use headcount_core::{Error, Result};
 
 use headcount_core::backend::url::{
-    decode, parse_deadline, parse_port, parse_query, reject_duplicates, split_host_port, Redacted,
-    DEFAULT_TIMEOUT,
+    decode, invalid_url, parse_deadline, parse_port, Redacted, StoreUrl, DEFAULT_TIMEOUT,
 };
+use headcount_core::backend::Deadline;
+
+use super::errors::BACKEND;
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "headcount_kv";
+
+/// The port used when a URL names none.
+pub const DEFAULT_PORT: u16 = 5432;
 
 /// The default number of pooled connections per store.
 pub const DEFAULT_POOL_SIZE: usize = 16;
@@ -164,6 +169,11 @@ impl PostgresConfig {
         self.timeout
     }
 
+    /// The deadline of every operation, as the errors it turns into name it.
+    pub(crate) fn deadline(&self) -> Deadline {
+        Deadline::new(BACKEND, self.timeout)
+    }
+
     /// The most connections the store keeps open (`pool_size`).
     pub fn pool_size(&self) -> usize {
         self.pool_size
@@ -180,7 +190,7 @@ impl PostgresConfig {
     }
 
     /// The database user.
-    pub fn user(&self) -> Option<&str> {
+    pub fn username(&self) -> Option<&str> {
         self.pg.get_user()
     }
 
@@ -215,73 +225,33 @@ impl PostgresConfig {
     }
 }
 
-/// A bad-URL error. Never given raw authority text.
 /// How this crate's URL is named in error messages.
 const URL_KIND: &str = "PostgreSQL URL";
 
+/// A bad-URL error. Never given raw authority text.
 fn bad(message: impl fmt::Display) -> Error {
-    Error::config(format!("invalid PostgreSQL URL: {message}"))
+    invalid_url(URL_KIND, message)
 }
 
 fn parse(url: &str) -> Result<PostgresConfig> {
-    let rest = match url.split_once("://") {
-        Some((scheme, rest))
-            if scheme.eq_ignore_ascii_case("postgres")
-                || scheme.eq_ignore_ascii_case("postgresql") =>
-        {
-            rest
-        }
-        _ => {
-            return Err(bad(
-                "expected postgres://user:password@host:port/database or postgresql://...",
-            ))
-        }
-    };
-
-    // Authority ends at the first `/` or `?`; special characters in a password must be
-    // percent-encoded, as in any URL.
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, after) = rest.split_at(authority_end);
-    let (userinfo, hostspec) = match authority.rfind('@') {
-        Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
-        None => (None, authority),
-    };
-    let (path, query) = match after.split_once('?') {
-        Some((path, query)) => (path, query),
-        None => (after, ""),
-    };
-
-    let mut user = None;
-    let mut password = None;
-    if let Some(userinfo) = userinfo {
-        let (u, p) = match userinfo.split_once(':') {
-            Some((u, p)) => (u, Some(p)),
-            None => (userinfo, None),
-        };
-        user = Some(decode(u, "user name")?);
-        password = p.map(|p| decode(p, "password")).transpose()?;
-    }
-
+    let url = StoreUrl::parse(
+        url,
+        URL_KIND,
+        &["postgres", "postgresql"],
+        "postgres://user:password@host:port/database or postgresql://...",
+    )?;
+    let mut user = url.username;
+    let mut password = url.password.map(|p| p.expose().to_owned());
     let mut hosts = Vec::new();
     let mut ports = Vec::new();
-    if !hostspec.is_empty() {
-        for chunk in hostspec.split(',') {
-            let (host, port) = split_host_port(chunk, URL_KIND)?;
-            hosts.push(decode(host, "host")?);
-            ports.push(match port {
-                Some(p) => parse_port(p, URL_KIND)?,
-                None => 5432,
-            });
-        }
+    for (host, port) in url.hosts {
+        hosts.push(host);
+        ports.push(port.unwrap_or(DEFAULT_PORT));
     }
-
-    let dbname = match path.strip_prefix('/') {
+    let mut dbname = match url.path.strip_prefix('/') {
         Some(db) if !db.is_empty() => Some(decode(db, "database name")?),
         _ => None,
     };
-
-    let pairs = parse_query(query)?;
-    reject_duplicates(&pairs)?;
 
     let mut timeout = DEFAULT_TIMEOUT;
     let mut pool_size = DEFAULT_POOL_SIZE;
@@ -289,8 +259,7 @@ fn parse(url: &str) -> Result<PostgresConfig> {
     let mut ssl_mode = SslMode::default();
     let mut ssl_root_cert = None;
     let mut passthrough = Vec::new();
-    let mut dbname = dbname;
-    for (key, value) in pairs {
+    for (key, value) in url.query {
         match key.as_str() {
             "timeout" => timeout = parse_deadline(&key, &value)?,
             "pool_size" => pool_size = parse_pool_size(&value)?,
@@ -441,30 +410,23 @@ fn conninfo(pairs: &[(String, String)]) -> Result<tokio_postgres::Config> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+    use headcount_core::backend::url::assert_config_error;
+
     use super::*;
     use tokio_postgres::config::Host;
 
     const SECRET: &str = "s3cr3t-p@ss";
 
     fn ok(url: &str) -> PostgresConfig {
-        match PostgresConfig::from_url(url) {
-            Ok(c) => c,
-            Err(e) => panic!("{url}: {e}"),
-        }
+        PostgresConfig::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"))
     }
 
     fn err(url: &str) -> String {
-        match PostgresConfig::from_url(url) {
-            Ok(c) => panic!("{url}: unexpectedly parsed as {c:?}"),
-            Err(e) => {
-                assert_eq!(e.kind(), headcount_core::ErrorKind::Config, "{url}: {e}");
-                let shown = format!("{e} {e:?}");
-                for piece in ["s3cr3t", "p@ss", "hunter2"] {
-                    assert!(!shown.contains(piece), "{url}: password leaked in {shown}");
-                }
-                e.to_string()
-            }
-        }
+        assert_config_error(
+            url,
+            PostgresConfig::from_url(url),
+            &["s3cr3t", "p@ss", "hunter2"],
+        )
     }
 
     #[test]
@@ -472,7 +434,7 @@ mod tests {
         let c = ok(
             "postgres://alice:s3cr3t-p%40ss@db.example.com:6543/app?timeout=500ms&pool_size=4&table=My_Kv&sslmode=require&application_name=hc&connect_timeout=3",
         );
-        assert_eq!(c.user(), Some("alice"));
+        assert_eq!(c.username(), Some("alice"));
         assert_eq!(c.pg.get_password(), Some(SECRET.as_bytes()));
         assert_eq!(c.pg.get_hosts(), &[Host::Tcp("db.example.com".into())]);
         assert_eq!(c.pg.get_ports(), &[6543]);
@@ -492,6 +454,15 @@ mod tests {
         assert!(!debug.contains("s3cr3t"), "{debug}");
         assert!(debug.contains("***"), "{debug}");
         assert!(debug.contains("db.example.com"), "{debug}");
+    }
+
+    #[test]
+    fn special_characters_in_the_password() {
+        // `%23` is a `#`; `@` and `:` may stand raw (the credentials end at the last `@`).
+        let c = ok("postgres://u:s3c%23r@:t@h/db");
+        assert_eq!(c.pg.get_password(), Some("s3c#r@:t".as_bytes()));
+        assert_eq!(c.pg.get_hosts(), &[Host::Tcp("h".into())]);
+        assert!(!format!("{c:?}").contains("s3c"));
     }
 
     #[test]
@@ -537,7 +508,7 @@ mod tests {
 
         let c = ok("postgres://u@ignored/db?host=real&user=v&password=hunter2&dbname=d2");
         assert_eq!(c.pg.get_hosts(), &[Host::Tcp("real".into())]);
-        assert_eq!(c.user(), Some("v"));
+        assert_eq!(c.username(), Some("v"));
         assert_eq!(c.dbname(), Some("d2"));
         assert!(!format!("{c:?}").contains("hunter2"));
 
@@ -614,6 +585,11 @@ mod tests {
             ),
             ("postgres://u:s3cr3t@[::1/db", "IPv6"),
             ("postgres://u:s3cr3t%zz@h/db", "percent-escape"),
+            // A raw `#` starts a fragment, wherever it stands: `%23` in a password. (It used to
+            // be kept as part of the password here, and cut the URL short for the other
+            // schemes.)
+            ("postgres://u:s3cr#3t@h/db", "%23"),
+            ("postgres://u:s3cr3t@h/db#x", "fragment"),
             ("postgres://u:s3cr3t@h/db%", "percent-escape"),
             ("mysql://u:s3cr3t@h/db", "expected postgres://"),
             ("postgres:u:s3cr3t@h/db", "expected postgres://"),

@@ -7,7 +7,7 @@ use headcount_core::backend::url::scrub;
 use headcount_core::Error;
 use tokio_postgres::error::SqlState;
 
-use super::BACKEND;
+pub(crate) const BACKEND: &str = "postgres";
 
 /// SQLSTATEs raised by a `::bigint` cast of a stored value: not a number, or out of range.
 pub(crate) fn is_bad_counter(e: &tokio_postgres::Error) -> bool {

@@ -1,11 +1,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use headcount_core::{Error, ErrorKind, Store};
+use headcount_core::{Error, ErrorKind, Result, Store};
+use rusqlite::Connection;
 
+use super::config::Location;
+use super::errors::Sql;
+use super::sql::prefix_successor;
+use super::store::sqlite_durability;
 use super::*;
+
+/// A URL's location and options.
+fn parse_url(url: &str) -> Result<(Location, SqliteOptions)> {
+    SqliteConfig::from_url(url).map(|c| (c.location().clone(), c.options().clone()))
+}
 
 fn file_url(dir: &tempfile::TempDir, name: &str) -> String {
     format!("sqlite://{}", dir.path().join(name).display())
@@ -47,6 +58,8 @@ fn url_forms() {
 
     let (loc, _) = parse_url("SQLite:///tmp/my%20file.db").unwrap();
     assert_eq!(loc, Location::File(PathBuf::from("/tmp/my file.db")));
+    let (loc, _) = parse_url("sqlite://a%23b.db").unwrap();
+    assert_eq!(loc, Location::File(PathBuf::from("a#b.db")));
 
     for url in [
         "sqlite::memory:",
@@ -91,6 +104,10 @@ fn bad_urls_are_config_errors() {
         ("sqlite://", "no file path"),
         ("sqlite:", "no file path"),
         ("sqlite:///bad%zzpath", "percent-escape"),
+        // A raw `#` starts a fragment, as in every store URL: `%23` in a file name.
+        ("sqlite://a#b.db", "%23"),
+        ("sqlite://x.db?timeout=1s#x", "fragment"),
+        ("sqlite://x.db?bogus=1", "unknown option `bogus`"),
         ("postgres://x", "not a SQLite URL"),
     ] {
         match parse_url(url) {
@@ -124,10 +141,9 @@ async fn memory_store_is_private_and_works() {
     assert_eq!(store.incr("k", None).await.unwrap(), 1);
     assert_eq!(store.incr("k", None).await.unwrap(), 2);
     assert_eq!(store.get("k").await.unwrap().as_deref(), Some("2"));
-    assert!(store.path().is_none());
-    let other = SqliteStore::open(":memory:", SqliteOptions::default())
-        .await
-        .unwrap();
+    assert!(store.config().path().is_none());
+    let config = SqliteConfig::new(":memory:", SqliteOptions::default()).unwrap();
+    let other = SqliteStore::connect_with(config).await.unwrap();
     assert_eq!(other.get("k").await.unwrap(), None);
 }
 

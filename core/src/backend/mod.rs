@@ -1,5 +1,6 @@
 //! For implementors of a store: the [`Backend`] trait and the helpers backends share (argument
-//! checks, TTLs in milliseconds, counters, directory listings here; URL parsing in [`url`]).
+//! checks, TTLs in milliseconds, counters, directory listings here; operation deadlines in
+//! [`Deadline`]; URL parsing, credentials and redacted secrets in [`url`]).
 //! Users of headcount never need this module; they call [`Store`], which every `Backend` is.
 //!
 //! A backend implements [`Backend`]: the primitives of the [`Store`] contract, with the same
@@ -62,7 +63,10 @@
 //! # }
 //! ```
 
+mod deadline;
 pub mod url;
+
+pub use deadline::Deadline;
 
 use std::fmt::Debug;
 use std::time::Duration;

@@ -1,9 +1,22 @@
-//! URL pieces every backend's `from_url` shares: query strings, percent-decoding and durations,
-//! so `?timeout=5s` means the same thing whatever the scheme.
+//! URL pieces every backend's `from_url` shares, so a store URL means the same thing whatever the
+//! scheme: [`StoreUrl`] splits one into scheme, credentials, host list, path and options with one
+//! set of rules, and the helpers below read query strings, percent-escapes, durations and flags.
+//!
+//! The rules, for every scheme:
+//!
+//! * The credentials end at the *last* `@` of the authority (which ends at the first `/` or `?`),
+//!   and the user name at the first `:` of them; both are percent-decoded, and a `%` not followed
+//!   by two hex digits is an error. So a `@` or `:` in a password may stand raw, but a `/`, `?`,
+//!   `#` or `%` must be percent-encoded (`%2F`, `%3F`, `%23`, `%25`), as in any URL.
+//! * A raw `#` starts a fragment, which no store URL has: it is an error wherever it stands, so a
+//!   `#` in a password must be written `%23` (it was once cut off silently by some schemes and kept
+//!   by others).
+//! * The host list is comma-separated `host`, `host:port` or `[v6]:port` entries.
 //!
 //! Error messages built here name the option and, for our own options, the offending value; they
-//! never echo a whole URL, so a password elsewhere in it cannot leak.
+//! never echo a whole URL, nor any raw piece of its authority, so a password cannot leak.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -14,6 +27,166 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest deadline accepted. A coordination call that may block for longer than this is
 /// almost certainly a unit mistake, and lease-based recipes would miss every renewal meanwhile.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// A store URL split into its parts by the rules of the [module documentation](self):
+/// `scheme://[user[:password]@]host[:port][,host[:port]...][/path][?options]`. What the parts
+/// mean (the path, which options exist, whether credentials are needed) is the backend's to say.
+///
+/// ```
+/// # use headcount_core::backend::url::StoreUrl;
+/// let url = StoreUrl::parse("redis://u:p%23ss@a:7000,b/0?timeout=2s", "Redis URL", &["redis"], "redis://host")?;
+/// assert_eq!(url.username.as_deref(), Some("u"));
+/// assert_eq!(url.password.as_ref().map(|p| p.expose()), Some("p#ss"));
+/// assert_eq!(url.endpoints(6379, "redis://host")?, [("a".to_owned(), 7000), ("b".to_owned(), 6379)]);
+/// assert_eq!(url.path, "/0");
+/// assert_eq!(url.query, [("timeout".to_owned(), "2s".to_owned())]);
+/// // A raw `#` starts a fragment, and the message does not show the password.
+/// let e = StoreUrl::parse("redis://u:p#ss@a", "Redis URL", &["redis"], "redis://host").unwrap_err();
+/// assert!(e.to_string().contains("%23") && !e.to_string().contains("ss@"));
+/// # Ok::<(), headcount_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreUrl {
+    /// How the URL is named in error messages ("Redis URL").
+    pub kind: &'static str,
+    /// The scheme, in lower case: one of those [`StoreUrl::parse`] accepted.
+    pub scheme: String,
+    /// The user name, decoded: `None` without credentials, `Some("")` for `:password@`.
+    pub username: Option<String>,
+    /// The password, decoded: `None` without a `:` in the credentials.
+    pub password: Option<Secret>,
+    /// The hosts, decoded, each with its port if given. Empty when the authority names none; an
+    /// entry is an empty host where the list has an empty entry (`a,,b`) or a port alone (`:1`).
+    pub hosts: Vec<(String, Option<u16>)>,
+    /// The path, as written (not decoded): empty, or starting with `/`.
+    pub path: String,
+    /// The options, decoded, in order; none given twice.
+    pub query: Vec<(String, String)>,
+}
+
+impl StoreUrl {
+    /// Splits `url`, whose scheme must be one of `schemes` (lower case; matched ignoring case).
+    /// `kind` names the URL in error messages ("Redis URL"), and `usage` is what they say was
+    /// expected ("redis://host:port/db or ...").
+    pub fn parse(url: &str, kind: &'static str, schemes: &[&str], usage: &str) -> Result<Self> {
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(invalid_url(kind, format!("expected {usage}")));
+        };
+        let scheme = scheme.to_ascii_lowercase();
+        if !schemes.contains(&scheme.as_str()) {
+            return Err(invalid_url(
+                kind,
+                format!("unknown scheme: expected {usage}"),
+            ));
+        }
+        reject_fragment(rest, kind)?;
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, after) = rest.split_at(authority_end);
+        let (userinfo, hostspec) = match authority.rfind('@') {
+            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
+            None => (None, authority),
+        };
+        let (path, query) = after.split_once('?').unwrap_or((after, ""));
+
+        let (mut username, mut password) = (None, None);
+        if let Some(userinfo) = userinfo {
+            let (u, p) = match userinfo.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (userinfo, None),
+            };
+            username = Some(decode(u, "user name")?);
+            password = p.map(|p| decode(p, "password").map(Secret)).transpose()?;
+        }
+
+        let mut hosts = Vec::new();
+        if !hostspec.is_empty() {
+            for chunk in hostspec.split(',') {
+                let (host, port) = split_host_port(chunk, kind)?;
+                let port = port.map(|p| parse_port(p, kind)).transpose()?;
+                hosts.push((decode(host, "host")?, port));
+            }
+        }
+
+        let query = parse_query(query)?;
+        reject_duplicates(&query)?;
+        Ok(StoreUrl {
+            kind,
+            scheme,
+            username,
+            password,
+            hosts,
+            path: path.to_owned(),
+            query,
+        })
+    }
+
+    /// The hosts with `default_port` where none is given, for a scheme that needs at least one
+    /// host and no empty ones: an error saying `example` was expected otherwise.
+    pub fn endpoints(&self, default_port: u16, example: &str) -> Result<Vec<(String, u16)>> {
+        if self.hosts.is_empty() || self.hosts.iter().any(|(host, _)| host.is_empty()) {
+            return Err(self.invalid(format!("no host: expected {example}")));
+        }
+        Ok(self
+            .hosts
+            .iter()
+            .map(|(host, port)| (host.clone(), port.unwrap_or(default_port)))
+            .collect())
+    }
+
+    /// An [`Error::InvalidConfig`] about this URL: "invalid Redis URL: {message}".
+    pub fn invalid(&self, message: impl fmt::Display) -> Error {
+        invalid_url(self.kind, message)
+    }
+
+    /// The error for an option the backend does not know: see [`unknown_option`].
+    pub fn unknown_option(&self, option: &str, known: &[&str]) -> Error {
+        unknown_option(self.kind, option, known)
+    }
+}
+
+/// Refuses a raw `#` in (a part of) a URL of `kind`: it would start a fragment, which no store
+/// URL has. Where it was meant as part of a password or path, it is written `%23`.
+pub fn reject_fragment(text: &str, kind: &str) -> Result<()> {
+    if text.contains('#') {
+        return Err(invalid_url(
+            kind,
+            "a fragment (`#...`) has no meaning in a store URL; percent-encode a `#` in a password or path as %23",
+        ));
+    }
+    Ok(())
+}
+
+/// The error for an option of a URL of `kind` that the backend does not know, listing those it
+/// does: "invalid Redis URL: unknown option `x`; the options are timeout and insecure".
+pub fn unknown_option(kind: &str, option: &str, known: &[&str]) -> Error {
+    let known = match known {
+        [] => "none".to_owned(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    };
+    invalid_url(
+        kind,
+        format!("unknown option `{option}`; the options are {known}"),
+    )
+}
+
+/// An [`Error::InvalidConfig`] about a URL of `kind`: "invalid {kind}: {message}". The message
+/// must not contain raw pieces of the URL's authority.
+pub fn invalid_url(kind: &str, message: impl fmt::Display) -> Error {
+    Error::config(format!("invalid {kind}: {message}"))
+}
+
+/// Parses a flag option: `true` or `1`, `false` or `0`.
+pub fn parse_bool(option: &str, value: &str) -> Result<bool> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(Error::config(format!(
+            "invalid value for option `{option}`: `{value}` (expected true or false)"
+        ))),
+    }
+}
 
 /// Percent-decodes `s` into UTF-8 text. `what` names the URL part for the error message, which
 /// never contains `s` itself (it may be part of a password).
@@ -166,6 +339,66 @@ pub fn parse_port(text: &str, url_kind: &str) -> Result<u16> {
     }
 }
 
+/// A secret, such as a password: kept to be handed to a client, never shown. Its `Debug` prints
+/// `"***"`, so a configuration holding one can derive `Debug`.
+///
+/// ```
+/// # use headcount_core::backend::url::Secret;
+/// let password = Secret::new("hunter2");
+/// assert_eq!(format!("{:?}", Some(&password)), "Some(\"***\")");
+/// assert_eq!(password.expose(), "hunter2");
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `text`.
+    pub fn new(text: impl Into<String>) -> Self {
+        Secret(text.into())
+    }
+
+    /// The secret itself, to hand to a client or to [`scrub`] from messages.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&Redacted, f)
+    }
+}
+
+/// For a backend's tests of its URL parser: the message of the configuration error `parsed` must
+/// be, having checked that neither the error nor its `Debug` shows any of `secrets`. Panics
+/// otherwise, naming `url`.
+///
+/// ```
+/// # use headcount_core::backend::url::{assert_config_error, StoreUrl};
+/// let url = "kv://u:s3cr3t@h:0";
+/// let message = assert_config_error(url, StoreUrl::parse(url, "KV URL", &["kv"], "kv://h"), &["s3cr3t"]);
+/// assert!(message.contains("bad port"));
+/// ```
+#[track_caller]
+#[allow(clippy::panic)]
+pub fn assert_config_error<T: fmt::Debug>(
+    url: &str,
+    parsed: Result<T>,
+    secrets: &[&str],
+) -> String {
+    match parsed {
+        Ok(c) => panic!("{url}: unexpectedly parsed as {c:?}"),
+        Err(e) => {
+            assert_eq!(e.kind(), crate::ErrorKind::Config, "{url}: {e}");
+            let shown = format!("{e} {e:?}");
+            for secret in secrets {
+                assert!(!shown.contains(secret), "{url}: password leaked in {shown}");
+            }
+            e.to_string()
+        }
+    }
+}
+
 /// Stands in for a secret in a `Debug` implementation: prints `"***"`.
 ///
 /// ```
@@ -176,8 +409,8 @@ pub fn parse_port(text: &str, url_kind: &str) -> Result<u16> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Redacted;
 
-impl std::fmt::Debug for Redacted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("\"***\"")
     }
 }
@@ -223,6 +456,85 @@ mod tests {
         assert!(parse_deadline("timeout", "0s").is_err());
         assert!(parse_deadline("timeout", "2h").is_err());
         assert!(parse_deadline("timeout", "1ms").is_ok());
+    }
+
+    fn parse(url: &str) -> Result<StoreUrl> {
+        StoreUrl::parse(url, "test URL", &["kv", "kvs"], "kv://host")
+    }
+
+    #[test]
+    fn authorities() {
+        let u = parse("KV://al%40ice:p@ss:w%2Frd%23%25@h1:1,[::1]:2,h3/path%20x?a=1").unwrap();
+        assert_eq!(u.scheme, "kv");
+        assert_eq!(u.username.as_deref(), Some("al@ice"));
+        // The credentials end at the last `@`; the user name at the first `:`.
+        assert_eq!(u.password.as_ref().map(Secret::expose), Some("p@ss:w/rd#%"));
+        assert_eq!(
+            u.hosts,
+            vec![
+                ("h1".to_owned(), Some(1)),
+                ("::1".to_owned(), Some(2)),
+                ("h3".to_owned(), None)
+            ]
+        );
+        assert_eq!(u.path, "/path%20x");
+        assert_eq!(u.query, vec![("a".to_owned(), "1".to_owned())]);
+        assert!(!format!("{u:?}").contains("p@ss"));
+        assert_eq!(
+            u.endpoints(9, "kv://host").unwrap()[2],
+            ("h3".to_owned(), 9)
+        );
+
+        let u = parse("kvs://:s3cr3t@h").unwrap();
+        assert_eq!(u.username.as_deref(), Some(""));
+        assert_eq!(u.password.as_ref().map(Secret::expose), Some("s3cr3t"));
+        let u = parse("kv://u@h").unwrap();
+        assert_eq!((u.username.as_deref(), u.password), (Some("u"), None));
+        let u = parse("kv://h").unwrap();
+        assert_eq!((u.username, u.password), (None, None));
+        let u = parse("kv://u@/db").unwrap();
+        assert!(u.hosts.is_empty());
+        assert!(u.endpoints(9, "kv://host").is_err());
+        let u = parse("kv://a,,b").unwrap();
+        assert_eq!(u.hosts[1], (String::new(), None));
+        assert!(u.endpoints(9, "kv://host").is_err());
+    }
+
+    #[test]
+    fn bad_authorities_never_show_the_password() {
+        for (url, needle) in [
+            ("kv://u:s3cr3t#x@h", "%23"),
+            ("kv://u:s3cr3t@h/db#s3cr3t", "fragment"),
+            ("kv://u:s3cr3t@h?a=1#x", "fragment"),
+            ("kv://u:s3cr3t/x@h", "bad port"),
+            ("kv://u:s3cr3t?x@h", "bad port"),
+            ("kv://u:s3cr3t%zz@h", "percent-escape"),
+            ("kv://u:s3cr3t%ff@h", "UTF-8"),
+            ("kv://u:s3cr3t@[::1", "IPv6"),
+            ("kv://u:s3cr3t@h:0", "bad port"),
+            ("kv://u:s3cr3t@h?a=1&a=2", "more than once"),
+            ("http://u:s3cr3t@h", "unknown scheme: expected kv://host"),
+            ("kv:u:s3cr3t@h", "expected kv://host"),
+        ] {
+            let message = assert_config_error(url, parse(url), &["s3cr3t"]);
+            assert!(message.contains(needle), "{url}: {message}");
+        }
+    }
+
+    #[test]
+    fn flags_and_option_lists() {
+        assert!(parse_bool("tls", "true").unwrap());
+        assert!(!parse_bool("tls", "0").unwrap());
+        assert!(parse_bool("tls", "yes")
+            .unwrap_err()
+            .to_string()
+            .contains("`tls`"));
+        let u = parse("kv://h").unwrap();
+        let e = u.unknown_option("x", &["a", "b", "c"]).to_string();
+        assert!(
+            e.ends_with("invalid test URL: unknown option `x`; the options are a, b and c"),
+            "{e}"
+        );
     }
 
     #[test]

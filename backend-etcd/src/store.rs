@@ -1,0 +1,773 @@
+//! [`EtcdStore`]: building a store over a URL, a configuration or an application's client, and
+//! its [`Backend`](backend::Backend) implementation: transactions comparing values and revisions,
+//! TTLs through leases ([`leases`](crate::leases)).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, KvClient, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse,
+};
+use headcount_core::backend::{self, direct_entries, parse_counter};
+use headcount_core::store::RenewedListing;
+use headcount_core::{Capabilities, Durability, Error, Result};
+
+use crate::config::EtcdConfig;
+use crate::connection::{self, retry_unsent, CLIENT_DEFAULTS};
+use crate::errors::{self, BACKEND};
+use crate::leases::{Leases, Owned};
+
+/// The most read-and-compare rounds an `incr` makes before giving up; each failed round means
+/// another writer changed the key, so the loop only spins while others make progress.
+const INCR_ATTEMPTS: usize = 1000;
+
+/// A [`Store`](headcount_core::Store) in etcd (v3 API), shared by any number of processes and machines.
+///
+/// Cloning is cheap and shares the gRPC channel and the lease cache.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    kv: KvClient,
+    leases: Leases,
+    owned: Owned,
+    config: EtcdConfig,
+    counters: Counters,
+    /// Built over an application's client, whose endpoints this store does not know.
+    over_client: bool,
+}
+
+/// What this handle last wrote to a counter: its value and the revision of that write.
+type Seen = Option<(i64, i64)>;
+
+/// One async lock per counter key in use, holding what this handle last saw of it.
+///
+/// etcd has no atomic increment: an increment is a transaction that writes `n + 1` only if the
+/// key's `mod_revision` is still the one `n` was read at. Callers of one handle that increment
+/// the same key take turns instead of failing each other's comparisons (50 callers would
+/// otherwise need ~50 attempts per increment), and the remembered revision lets a turn skip the
+/// read: one round trip while no other process writes the key. Other processes are still
+/// handled by the comparison, so this is an optimisation, never a correctness requirement.
+#[derive(Default)]
+struct Counters {
+    keys: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Seen>>>>,
+}
+
+impl Counters {
+    fn slot(&self, key: &str) -> Arc<tokio::sync::Mutex<Seen>> {
+        let mut keys = self
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Drop slots no caller holds, so the map stays as small as the set of keys in use.
+        if keys.len() > 1024 {
+            keys.retain(|_, slot| Arc::strong_count(slot) > 1);
+        }
+        keys.entry(key.to_owned()).or_default().clone()
+    }
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("config", &self.inner.config)
+            .field("min_ttl", &self.inner.leases.min_ttl())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdStore {
+    /// Connects to the cluster named by an `etcd://` or `etcds://` URL (see the crate README),
+    /// authenticates, and measures the server's minimum lease TTL. Fails with
+    /// [`Error::Rejected`] for bad credentials, [`Error::Unavailable`] or [`Error::Timeout`] when
+    /// no endpoint can be reached in time.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(EtcdConfig::from_url(url)?).await
+    }
+
+    /// Like [`connect`](Self::connect) with an already parsed configuration.
+    pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
+        let (kv, leases) = connection::open(&config).await?;
+        Ok(Self::from_parts(kv, leases, config, false))
+    }
+
+    /// A store over an `etcd_client::Client` the application already has (re-exported as
+    /// [`etcd_client`]), with the default operation timeout: measures the server's minimum
+    /// lease TTL, as [`connect`](Self::connect) does. Authentication and TLS are the client's.
+    pub async fn from_client(client: Client) -> Result<Self> {
+        let config = EtcdConfig::from_url(CLIENT_DEFAULTS)?;
+        let leases = connection::measure(&client, &config).await?;
+        Ok(Self::from_parts(client.kv_client(), leases, config, true))
+    }
+
+    fn from_parts(kv: KvClient, leases: Leases, config: EtcdConfig, over_client: bool) -> Self {
+        EtcdStore {
+            inner: Arc::new(Inner {
+                kv,
+                leases,
+                owned: Owned::default(),
+                config,
+                counters: Counters::default(),
+                over_client,
+            }),
+        }
+    }
+
+    /// The configuration this store was built from.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// The shortest lease TTL the server grants, measured when connecting.
+    pub fn min_ttl(&self) -> Duration {
+        self.inner.leases.min_ttl()
+    }
+
+    fn classify(&self, e: etcd_client::Error, op: &'static str) -> Error {
+        errors::classify(
+            e,
+            op,
+            self.inner.config.deadline(),
+            self.inner.config.password(),
+        )
+    }
+
+    /// Runs `work` within the deadline.
+    async fn deadline<T>(
+        &self,
+        op: &'static str,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        self.inner.config.deadline().run(op, work).await
+    }
+
+    /// Runs a transaction whose `Put`s attach the lease `lease_for` returns. A put that fails
+    /// because its lease is gone (revoked, or lost with a restored cluster) is retried once with
+    /// a freshly granted lease.
+    async fn txn_with_lease(
+        &self,
+        op: &'static str,
+        ttl: Option<Duration>,
+        build: impl Fn(i64) -> Txn,
+    ) -> Result<etcd_client::TxnResponse> {
+        let mut fresh = false;
+        loop {
+            let lease = match ttl {
+                Some(ttl) if fresh => self.inner.leases.grant_fresh(ttl).await,
+                Some(ttl) => self.inner.leases.lease_for(ttl).await,
+                None => Ok(0),
+            }
+            .map_err(|e| self.classify(e, op))?;
+            let txn = build(lease);
+            match retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await
+            {
+                Ok(r) => return Ok(r),
+                Err(e) if !fresh && ttl.is_some() && errors::is_lease_not_found(&e) => {
+                    self.inner.leases.forget(ttl.unwrap_or_default());
+                    fresh = true;
+                }
+                Err(e) => return Err(self.classify(e, op)),
+            }
+        }
+    }
+}
+
+/// A range that answers a directory's [version](dir_version) in constant bytes: the number of
+/// keys under `dir` and the newest of them by revision (keys only, one of them).
+fn version_range(dir: &str) -> TxnOp {
+    TxnOp::get(
+        dir,
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_sort(SortTarget::Mod, SortOrder::Descend)
+                .with_limit(1),
+        ),
+    )
+}
+
+/// A directory's version: the cluster, the number of keys under it and the newest
+/// `mod_revision` among them. etcd revisions only grow, so a later state with the same count and
+/// newest revision holds the same keys at the same revisions (every key at or below that revision
+/// was there, unchanged, before; the counts match, so there are no others): the same keys and
+/// values. Keys deeper than the directory count too, which only makes the version change more
+/// often than the contract requires. A snapshot restore that reuses revisions would break this;
+/// etcd's own guidance for restores that clients watch is `etcdutl snapshot restore
+/// --bump-revision --mark-compacted`, which keeps them growing.
+fn dir_version(cluster: u64, count: i64, newest: i64) -> String {
+    format!("{cluster:x}.{count}.{newest}")
+}
+
+/// The count and newest revision of a range answer, as [`dir_version`] takes them.
+fn range_version(cluster: u64, range: &etcd_client::GetResponse) -> String {
+    let newest = range
+        .kvs()
+        .iter()
+        .map(etcd_client::KeyValue::mod_revision)
+        .max()
+        .unwrap_or(0);
+    dir_version(cluster, range.count(), newest)
+}
+
+impl EtcdStore {
+    /// Forgets `key`'s own lease and closes its keep-alive stream; the lease expires by itself.
+    fn forget_owned(&self, key: &str) {
+        if let Some(id) = self.inner.owned.forget(key) {
+            self.inner.leases.close(id);
+        }
+    }
+
+    /// Renews `key` if it holds `holder`, then runs `reads`: returns whether it renewed, the
+    /// answers of `reads` and the cluster id.
+    ///
+    /// The key is kept on a lease of its own ([`Owned`]). In the steady state (the key already
+    /// on it) the renewal is a keep-alive of that lease sent beside a transaction that only
+    /// compares and reads: etcd serves both without a Raft proposal, so a renewal writes nothing
+    /// and syncs no log. Otherwise (the first renewal after a claim, or a write that put the key
+    /// on a shared lease) a second transaction moves it to its own lease, granted first when
+    /// there is none.
+    async fn renew_with(
+        &self,
+        op: &'static str,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        reads: Vec<TxnOp>,
+    ) -> Result<(bool, Vec<TxnOpResponse>, u64)> {
+        let secs = self.inner.leases.secs(ttl);
+        let holds = Compare::value(key, CompareOp::Equal, holder);
+        if let Some(lease) = self.inner.owned.get(key, secs) {
+            // Read-only (etcd runs a transaction without a write in either branch as a
+            // linearizable read): on our lease and holding `holder`, or else the key itself, to
+            // tell a key moved to another lease from a key that is no longer ours.
+            let mut otherwise = vec![TxnOp::get(key, None)];
+            otherwise.extend(reads.iter().cloned());
+            let txn = Txn::new()
+                .when([holds.clone(), Compare::lease(key, CompareOp::Equal, lease)])
+                .and_then(reads.clone())
+                .or_else(otherwise);
+            let run = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            });
+            let (kept, answer) = tokio::join!(self.inner.leases.keep_alive(lease, secs), run);
+            let resp = answer.map_err(|e| self.classify(e, op))?;
+            let kept = kept.map_err(|e| self.classify(e, op))?;
+            let cluster = resp.header().map_or(0, |h| h.cluster_id());
+            let succeeded = resp.succeeded();
+            let mut answers = resp.op_responses();
+            if succeeded {
+                // Renewed: the key held `holder` on our lease, and the lease was alive when
+                // the keep-alive reached the server (a lease that expires takes its keys with
+                // it, so a live one still carried the key).
+                if !kept {
+                    self.forget_owned(key);
+                }
+                return Ok((kept, answers, cluster));
+            }
+            if !kept {
+                self.forget_owned(key);
+            }
+            let ours = match answers.first() {
+                Some(TxnOpResponse::Get(g)) => g
+                    .kvs()
+                    .first()
+                    .is_some_and(|kv| kv.value() == holder.as_bytes()),
+                _ => {
+                    return Err(Error::rejected(
+                        BACKEND,
+                        op,
+                        "the renewal transaction answered without the key",
+                    ))
+                }
+            };
+            if !ours {
+                self.forget_owned(key);
+                answers.remove(0);
+                return Ok((false, answers, cluster));
+            }
+            // The key is ours on another lease: move it below.
+        }
+        self.move_to_own_lease(op, key, holder, ttl, secs, reads)
+            .await
+    }
+
+    /// The part of [`renew_with`](Self::renew_with) that puts `key` (when it holds `holder`) on
+    /// a lease of its own, granting one when it has none, then runs `reads`, in one transaction.
+    async fn move_to_own_lease(
+        &self,
+        op: &'static str,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        secs: i64,
+        reads: Vec<TxnOp>,
+    ) -> Result<(bool, Vec<TxnOpResponse>, u64)> {
+        let mut retried = false;
+        loop {
+            let lease = match self.inner.owned.get(key, secs) {
+                Some(id) => id,
+                None => {
+                    let id = self
+                        .inner
+                        .leases
+                        .grant_fresh(ttl)
+                        .await
+                        .map_err(|e| self.classify(e, op))?;
+                    if let Some(old) = self.inner.owned.set(key, id, secs) {
+                        self.inner.leases.close(old);
+                    }
+                    id
+                }
+            };
+            let mut then = vec![TxnOp::put(key, holder, Some(put_options(lease)))];
+            then.extend(reads.iter().cloned());
+            let txn = Txn::new()
+                .when([Compare::value(key, CompareOp::Equal, holder)])
+                .and_then(then)
+                .or_else(reads.clone());
+            let answer = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await;
+            let resp = match answer {
+                Ok(resp) => resp,
+                // Our lease is gone (it expired while this member was paused, or the cluster
+                // was restored): grant another once.
+                Err(e) if !retried && errors::is_lease_not_found(&e) => {
+                    self.forget_owned(key);
+                    retried = true;
+                    continue;
+                }
+                Err(e) => return Err(self.classify(e, op)),
+            };
+            let cluster = resp.header().map_or(0, |h| h.cluster_id());
+            let held = resp.succeeded();
+            let mut answers = resp.op_responses();
+            if held {
+                answers.remove(0);
+            } else {
+                self.forget_owned(key);
+            }
+            return Ok((held, answers, cluster));
+        }
+    }
+
+    /// Adds `by` to the counter at `key` and, when `also` names a key, reads it in the same
+    /// transaction. Returns the new value and what was read.
+    async fn incr_by(
+        &self,
+        op: &'static str,
+        key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        also: Option<&str>,
+    ) -> Result<(i64, Option<String>)> {
+        let slot = self.inner.counters.slot(key);
+        let mut seen = slot.lock().await;
+        let read_also = |resp: &etcd_client::TxnResponse, index: usize| -> Result<Option<String>> {
+            match also {
+                None => Ok(None),
+                Some(k) => nth_get(resp, index).map(|(v, _)| utf8(k, v)).transpose(),
+            }
+        };
+        let with_also = |mut ops: Vec<TxnOp>| {
+            if let Some(k) = also {
+                ops.push(TxnOp::get(k, None));
+            }
+            ops
+        };
+        // What the key held at which revision, as far as we know: None = believed absent.
+        let mut known: Option<(Vec<u8>, i64)> = seen.map(|(v, r)| (v.to_string().into_bytes(), r));
+        for _ in 0..INCR_ATTEMPTS {
+            let resp = match &known {
+                None => {
+                    // Create it at `by` (with the TTL) if absent, else read it.
+                    let create = |lease: i64| {
+                        Txn::new()
+                            .when([Compare::version(key, CompareOp::Equal, 0)])
+                            .and_then(with_also(vec![TxnOp::put(
+                                key,
+                                by.to_string(),
+                                Some(put_options(lease)),
+                            )]))
+                            .or_else(with_also(vec![TxnOp::get(key, None)]))
+                    };
+                    let resp = self.txn_with_lease(op, ttl, create).await?;
+                    if resp.succeeded() {
+                        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+                        *seen = Some((by, rev));
+                        // op 0 is the put, op 1 the read.
+                        return Ok((by, read_also(&resp, 0)?));
+                    }
+                    resp
+                }
+                Some((value, revision)) => {
+                    let text = utf8(key, value.clone())?;
+                    let current = match parse_counter(key, &text) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            *seen = None;
+                            return Err(e);
+                        }
+                    };
+                    let next = current.checked_add(by).ok_or_else(|| {
+                        Error::foreign(
+                            key,
+                            "a decimal integer that fits (and, for incr, stays within) an i64",
+                            &text,
+                        )
+                    })?;
+                    // The write keeps the key's lease (ignore_lease): the TTL is set on creation
+                    // only.
+                    let txn = Txn::new()
+                        .when([Compare::mod_revision(key, CompareOp::Equal, *revision)])
+                        .and_then(with_also(vec![TxnOp::put(
+                            key,
+                            next.to_string(),
+                            Some(PutOptions::new().with_ignore_lease()),
+                        )]))
+                        .or_else(with_also(vec![TxnOp::get(key, None)]));
+                    let resp = retry_unsent(|| {
+                        let mut kv = self.inner.kv.clone();
+                        let txn = txn.clone();
+                        async move { kv.txn(txn).await }
+                    })
+                    .await
+                    .map_err(|e| self.classify(e, op))?;
+                    if resp.succeeded() {
+                        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+                        *seen = Some((next, rev));
+                        return Ok((next, read_also(&resp, 0)?));
+                    }
+                    resp
+                }
+            };
+            // The comparison failed: the else branch read the key (op 0); go again from it.
+            known = nth_get(&resp, 0);
+            *seen = None;
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!("{op} on `{key}` lost {INCR_ATTEMPTS} races in a row"),
+            source: None,
+        })
+    }
+}
+
+/// The key-value of the `index`-th `Get` of a transaction's executed branch, if it found one.
+fn nth_get(resp: &etcd_client::TxnResponse, index: usize) -> Option<(Vec<u8>, i64)> {
+    resp.op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(
+                g.kvs()
+                    .first()
+                    .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+            ),
+            _ => None,
+        })
+        .nth(index)
+        .flatten()
+}
+
+fn put_options(lease: i64) -> PutOptions {
+    if lease == 0 {
+        PutOptions::new()
+    } else {
+        PutOptions::new().with_lease(lease)
+    }
+}
+
+/// The key-value pairs of a prefix range, as `list` returns them.
+fn pairs(prefix: &str, kvs: &[etcd_client::KeyValue]) -> Result<Vec<(String, String)>> {
+    let mut pairs = Vec::with_capacity(kvs.len());
+    for kv in kvs {
+        let key = String::from_utf8(kv.key().to_vec())
+            .map_err(|_| Error::foreign(prefix, "UTF-8 keys", "a key that is not UTF-8"))?;
+        let value = utf8(&key, kv.value().to_vec())?;
+        pairs.push((key, value));
+    }
+    // etcd returns keys in byte order already; sorting keeps the contract explicit.
+    pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(pairs)
+}
+
+fn utf8(key: &str, bytes: Vec<u8>) -> Result<String> {
+    String::from_utf8(bytes)
+        .map_err(|_| Error::foreign(key, "a UTF-8 value", "bytes that are not UTF-8"))
+}
+
+#[async_trait]
+impl backend::Backend for EtcdStore {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new(BACKEND);
+        caps.ttl_granularity = Duration::from_secs(1);
+        caps.min_ttl = self.inner.leases.min_ttl();
+        caps.native_incr_and_get = true;
+        caps.native_renew_and_list = true;
+        caps.native_compare_and_delete = true;
+        caps.native_change_version = true;
+        caps
+    }
+
+    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
+        self.deadline("incr", self.incr_by("incr", key, 1, ttl, None))
+            .await
+            .map(|(n, _)| n)
+    }
+
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        self.deadline(
+            "incr_and_get",
+            self.incr_by("incr_and_get", incr_key, by, ttl, Some(get_key)),
+        )
+        .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<String>> {
+        self.deadline("get", async {
+            let resp = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                async move { kv.get(key, None).await }
+            })
+            .await
+            .map_err(|e| self.classify(e, "get"))?;
+            resp.kvs()
+                .first()
+                .map(|kv| utf8(key, kv.value().to_vec()))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
+        self.deadline("expire", async {
+            // Re-attach the live key to a lease of the new TTL, keeping its value.
+            let resp = self
+                .txn_with_lease("expire", Some(ttl), |lease| {
+                    Txn::new()
+                        .when([Compare::version(key, CompareOp::Greater, 0)])
+                        .and_then([TxnOp::put(
+                            key,
+                            "",
+                            Some(put_options(lease).with_ignore_value()),
+                        )])
+                })
+                .await?;
+            Ok(resp.succeeded())
+        })
+        .await
+    }
+
+    async fn compare_and_set(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+        ttl: Option<Duration>,
+    ) -> Result<bool> {
+        self.deadline("compare_and_set", async {
+            let compare = match expected {
+                None => Compare::version(key, CompareOp::Equal, 0),
+                // A value comparison on a missing key fails, as it must.
+                Some(e) => Compare::value(key, CompareOp::Equal, e),
+            };
+            let resp = self
+                .txn_with_lease("compare_and_set", ttl, |lease| {
+                    Txn::new().when([compare.clone()]).and_then([TxnOp::put(
+                        key,
+                        new,
+                        Some(put_options(lease)),
+                    )])
+                })
+                .await?;
+            Ok(resp.succeeded())
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool> {
+        self.deadline("delete", async {
+            let resp = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                async move { kv.delete(key, None).await }
+            })
+            .await
+            .map_err(|e| self.classify(e, "delete"))?;
+            Ok(resp.deleted() > 0)
+        })
+        .await
+    }
+
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        self.deadline("compare_and_delete", async {
+            let resp = self
+                .txn_with_lease("compare_and_delete", None, |_| {
+                    Txn::new()
+                        .when([Compare::value(key, CompareOp::Equal, expected)])
+                        .and_then([TxnOp::delete(key, None)])
+                })
+                .await?;
+            if resp.succeeded() {
+                // The key's own lease (if a renewal gave it one) expires by itself.
+                self.forget_owned(key);
+            }
+            Ok(resp.succeeded())
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        self.deadline("list", async {
+            let resp = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await
+            .map_err(|e| self.classify(e, "list"))?;
+            pairs(prefix, resp.kvs())
+        })
+        .await
+    }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        self.deadline("renew_and_list", async {
+            // One transaction (and a keep-alive of the key's own lease beside it, see
+            // `renew_with`); the range runs after any write, so it sees the renewed key.
+            let list = TxnOp::get(prefix, Some(GetOptions::new().with_prefix()));
+            let (renewed, answers, _) = self
+                .renew_with("renew_and_list", key, holder, ttl, vec![list])
+                .await?;
+            let listed = answers
+                .into_iter()
+                .find_map(|r| match r {
+                    TxnOpResponse::Get(g) => Some(g),
+                    _ => None,
+                })
+                .map(|g| pairs(prefix, g.kvs()))
+                .transpose()?
+                .unwrap_or_default();
+            Ok((renewed, listed))
+        })
+        .await
+    }
+
+    /// One transaction that compares and reads (the renewal itself is a keep-alive of the key's
+    /// own lease sent beside it, see `renew_with`) and answers the directory's version in
+    /// constant bytes: the number of keys under it and the newest revision among them. Only when
+    /// that differs from `since` is the directory read, in a second request whose answer gives
+    /// the version it returns.
+    async fn renew_and_list_if_changed(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dir: &str,
+        since: Option<&str>,
+    ) -> Result<RenewedListing> {
+        self.deadline("renew_and_list_if_changed", async {
+            let (renewed, answers, cluster) = self
+                .renew_with(
+                    "renew_and_list_if_changed",
+                    key,
+                    holder,
+                    ttl,
+                    vec![version_range(dir)],
+                )
+                .await?;
+            let version = answers
+                .into_iter()
+                .find_map(|r| match r {
+                    TxnOpResponse::Get(g) => Some(range_version(cluster, &g)),
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    Error::rejected(
+                        BACKEND,
+                        "renew_and_list_if_changed",
+                        "the renewal transaction answered without its range",
+                    )
+                })?;
+            if since == Some(version.as_str()) {
+                return Ok(RenewedListing::new(renewed, version, None));
+            }
+            let resp = retry_unsent(|| {
+                let mut kv = self.inner.kv.clone();
+                async move { kv.get(dir, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await
+            .map_err(|e| self.classify(e, "renew_and_list_if_changed"))?;
+            let cluster = resp.header().map_or(cluster, |h| h.cluster_id());
+            let version = range_version(cluster, &resp);
+            let entries = direct_entries(dir, pairs(dir, resp.kvs())?);
+            let listing = (since != Some(version.as_str())).then_some(entries);
+            Ok(RenewedListing::new(renewed, version, listing))
+        })
+        .await
+    }
+
+    /// Durable: etcd fsyncs its write-ahead log, and commits through a Raft majority, before it
+    /// acknowledges a write. The one way to turn that off, `--unsafe-no-fsync`, is not visible
+    /// through the client API, so this is the documented behaviour rather than a probe.
+    ///
+    /// It names the servers by the endpoints the store connects to (`host:port`; none for a store
+    /// over an application's client): the cluster id would not do, since independent clusters
+    /// started with the same settings share it.
+    async fn durability(&self) -> Result<Durability> {
+        let servers = if self.inner.over_client {
+            Vec::new()
+        } else {
+            self.inner
+                .config
+                .endpoints()
+                .iter()
+                .map(|(host, port)| format!("etcd endpoint {}:{port}", host.to_ascii_lowercase()))
+                .collect()
+        };
+        Ok(Durability::durable(
+            "etcd fsyncs its WAL before acknowledging a write (unless started with --unsafe-no-fsync, which the API cannot see)",
+        )
+        .with_servers(servers))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn the_defaults_of_a_store_over_a_client_parse() {
+        assert!(EtcdConfig::from_url(CLIENT_DEFAULTS).is_ok());
+    }
+}

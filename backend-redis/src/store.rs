@@ -1,0 +1,699 @@
+//! [`RedisStore`]: building a store over a URL, a configuration or an application's connection,
+//! and its [`Backend`](backend::Backend) implementation, each primitive one `GET` or one script.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use headcount_core::backend::{
+    self, direct_entries, listing_digest, ttl_millis, versions_one_by_one,
+};
+use headcount_core::{Capabilities, Durability, Error, RenewedListing, Result, Store};
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{ScriptInvocation, Value};
+
+use crate::config::RedisConfig;
+use crate::connection::{self, Conn, CLUSTER_DEFAULTS, SINGLE_DEFAULTS};
+use crate::durability::{durability_of, replication_ids, replication_of};
+use crate::errors::{self, BACKEND};
+use crate::index::{hash_tag, is_index_name, sweep_period, tag_of, IndexKeys, REQUEST_INFIX};
+use crate::replies::{foreign_reply, list_reply, unexpected, written_or_foreign};
+use crate::scripts::{ttl_arg, Scripts};
+
+/// A [`Store`] in Redis or Redis Cluster, shared by any number of processes and machines.
+///
+/// Cloning is cheap and shares the connection. Every primitive is one round trip: `GET`, or one
+/// Lua script called by its SHA that also keeps headcount's key index (see the crate README,
+/// "Data layout"), so that [`Store::list`] reads only the keys under its prefix.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    config: RedisConfig,
+    scripts: Scripts,
+    requests: RequestIds,
+}
+
+/// The request ids of the replay-protected scripts (`replay.lua`): this store's random base and
+/// a counter, unique among the calls of every store for a minute (the ids' lifetime in Redis).
+struct RequestIds {
+    base: u64,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        // A randomly keyed hasher over the time and the process id: random enough that two
+        // stores (in this process or another) do not share a base.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.write_u32(std::process::id());
+        RequestIds {
+            base: h.finish(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{n:x}", self.base)
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects to the server or Cluster named by a `redis://`, `rediss://`, `redis+cluster://`
+    /// or `rediss+cluster://` URL (see the crate README) and checks that it answers. Fails with
+    /// [`Error::Rejected`] for bad credentials or a server that does not speak the Redis protocol,
+    /// [`Error::Unavailable`] or [`Error::Timeout`] when it cannot be reached in time.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(RedisConfig::from_url(url)?).await
+    }
+
+    /// Like [`connect`](Self::connect) with an already parsed configuration.
+    pub async fn connect_with(config: RedisConfig) -> Result<Self> {
+        let conn = connection::open(&config).await?;
+        Self::from_conn(conn, config)
+    }
+
+    /// A store over a connection manager the application already has (single server), with
+    /// the default operation timeout. The manager's own reconnect settings apply.
+    pub fn from_manager(manager: ConnectionManager) -> Result<Self> {
+        Self::from_conn(
+            Conn::Single(manager),
+            RedisConfig::from_url(SINGLE_DEFAULTS)?,
+        )
+    }
+
+    /// A store over a Redis Cluster connection the application already has, with the default
+    /// operation timeout. Its keys must carry a `{hash tag}` (headcount's always do).
+    pub fn from_cluster(conn: ClusterConnection) -> Result<Self> {
+        Self::from_conn(
+            Conn::Cluster(conn),
+            RedisConfig::from_url(CLUSTER_DEFAULTS)?,
+        )
+    }
+
+    /// A store over a `redis::Client` the application already has: opens a connection
+    /// manager from it (with short reconnect waits, as [`connect`](Self::connect) does) and
+    /// checks the server answers.
+    pub async fn from_client(client: redis::Client) -> Result<Self> {
+        let config = RedisConfig::from_url(SINGLE_DEFAULTS)?;
+        let conn = connection::open_client(client, &config).await?;
+        Self::from_conn(conn, config)
+    }
+
+    fn from_conn(conn: Conn, config: RedisConfig) -> Result<Self> {
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                config,
+                scripts: Scripts::new(),
+                requests: RequestIds::new(),
+            }),
+        })
+    }
+
+    /// The configuration this store was built from.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self.inner.conn, Conn::Cluster(_))
+    }
+
+    /// Adds the keys a replay-protected write of `key` touches besides its data keys: the
+    /// index of `key` (see [`RedisStore::index_for_key`]) and, on Cluster, the key its answer is
+    /// recorded at, in `key`'s slot (declared, so the call is redirected with the slot during a
+    /// migration like every other key it touches). Returns the request id, the script's last
+    /// argument: empty on a single server, whose connection manager never sends a request
+    /// twice, and for a key whose slot no name of ours can share (a `}` without a hash tag).
+    fn index_and_request(&self, call: &mut ScriptInvocation<'_>, key: &str) -> Result<String> {
+        if let Some(index) = self.index_for_key(key)? {
+            index.add_to(call);
+        }
+        if !self.is_cluster() {
+            return Ok(String::new());
+        }
+        let id = self.inner.requests.next();
+        let request_key = match tag_of(key) {
+            Some(tag) => format!("{{{tag}}}{REQUEST_INFIX}{id}"),
+            // An untagged key: the whole name in braces hashes like the name.
+            None if !key.contains(['{', '}']) => format!("{{{key}}}{REQUEST_INFIX}{id}"),
+            None => return Ok(String::new()),
+        };
+        call.key(request_key);
+        Ok(id)
+    }
+
+    /// Where a write of `key` is recorded: the database's index on a single server, the index of
+    /// the key's hash tag on Cluster, none for an untagged key on Cluster (no index can share
+    /// its slot). The index keys themselves are refused.
+    fn index_for_key(&self, key: &str) -> Result<Option<IndexKeys>> {
+        if is_index_name(key) {
+            return Err(Error::invalid(format!(
+                "{key:?} is the name of headcount's key index on Redis; pick another key"
+            )));
+        }
+        Ok(match (self.is_cluster(), tag_of(key)) {
+            (false, _) => Some(IndexKeys::database()),
+            (true, Some(tag)) => Some(IndexKeys::of_tag(tag)),
+            (true, None) => None,
+        })
+    }
+
+    /// The index that holds every key under `prefix`. On Cluster only a prefix with a complete
+    /// hash tag has one: its keys all share that tag's slot.
+    fn index_for_prefix(&self, prefix: &str) -> Result<IndexKeys> {
+        match (self.is_cluster(), tag_of(prefix)) {
+            (false, _) => Ok(IndexKeys::database()),
+            (true, Some(tag)) => Ok(IndexKeys::of_tag(tag)),
+            (true, None) => Err(Error::invalid(format!(
+                "on Redis Cluster a listing prefix must contain a hash tag ({{...}}, as \
+                 headcount's own keys hc:{{group}}: do), so that all its keys share one slot; \
+                 {prefix:?} has none"
+            ))),
+        }
+    }
+
+    /// Runs `call` on a clone of the connection within the deadline, mapping errors.
+    async fn run<T, F, Fut>(&self, op: &'static str, key: Option<&str>, call: F) -> Result<T>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let deadline = self.inner.config.deadline();
+        let work = async {
+            call(self.inner.conn.clone()).await.map_err(|e| match key {
+                Some(key) if errors::is_wrong_type(&e) => Error::foreign(
+                    key,
+                    "a string (the key holds another Redis type)",
+                    "another Redis type",
+                ),
+                _ => errors::classify(e, op, deadline, self.inner.config.password()),
+            })
+        };
+        deadline.run(op, work).await
+    }
+}
+
+impl RedisStore {
+    /// `INCRBY` with the TTL on creation, through the incr script's rules but without the read:
+    /// the Cluster fallback of `incr_and_get` for keys in different slots.
+    async fn incr_by_two_calls(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64> {
+        if by == 1 {
+            return self.incr(key, ttl).await;
+        }
+        let script = &self.inner.scripts.incr_and_get;
+        // Reading the counter itself as the second key keeps the script's single slot.
+        let mut call = script.key(key);
+        call.key(key);
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(by).arg(ttl_arg(ttl)).arg(request);
+        let reply: Value = self
+            .run("incr_and_get", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        match reply {
+            Value::Array(items) => match (items.first(), items.get(1)) {
+                (Some(Value::BulkString(s)), Some(Value::Int(n))) if s == b"ok" => Ok(*n),
+                _ => Err(foreign_reply(
+                    key,
+                    "a decimal integer that stays within an i64",
+                    &items,
+                )),
+            },
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+#[async_trait]
+impl backend::Backend for RedisStore {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new(BACKEND);
+        caps.native_set_max = true;
+        caps.native_incr_and_get = true;
+        caps.native_renew_and_list = true;
+        caps.native_compare_and_delete = true;
+        caps.native_change_version = true;
+        caps.native_renew_and_versions = true;
+        caps
+    }
+
+    async fn renew_and_list_if_changed(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dir: &str,
+        since: Option<&str>,
+    ) -> Result<RenewedListing> {
+        let list_index = self.index_for_prefix(dir)?;
+        let key_index = self.index_for_key(key)?;
+        if key_index.as_ref() != Some(&list_index) {
+            // Not one slot (outside headcount's naming): the provided method's two calls.
+            let renewed =
+                Store::compare_and_set(self, key, Some(holder), holder, Some(ttl)).await?;
+            let entries = direct_entries(dir, Store::list(self, dir).await?);
+            let version = listing_digest(&entries);
+            let listing = (since != Some(version.as_str())).then_some(entries);
+            return Ok(RenewedListing::new(renewed, version, listing));
+        }
+        // A heartbeat's sweep sets a quiet marker that lives until the earliest expiry score, but
+        // at least this long, so a busy index is swept at most this often (see index.lua).
+        let period = sweep_period(ttl);
+        let mut call = self.inner.scripts.renew_check.key(key);
+        list_index.add_to(&mut call);
+        call.arg(dir)
+            .arg(holder)
+            .arg(ttl_millis(ttl))
+            .arg(since.unwrap_or_default())
+            .arg(ttl_millis(period));
+        let reply: Value = self
+            .run("renew_and_list_if_changed", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        let Value::Array(mut items) = reply else {
+            return Err(unexpected(reply));
+        };
+        match (items.first(), items.get(1)) {
+            (Some(Value::Int(n)), Some(Value::BulkString(v))) => {
+                let renewed = *n == 1;
+                let version = String::from_utf8_lossy(v).into_owned();
+                let listing = if items.len() > 2 {
+                    let listed = list_reply(Value::Array(items.split_off(2)))?;
+                    Some(direct_entries(dir, listed))
+                } else {
+                    None
+                };
+                Ok(RenewedListing::new(renewed, version, listing))
+            }
+            // `{'foreign', key, type}`, from the renewal or the listing.
+            _ => Err(list_reply(Value::Array(items)).err().unwrap_or_else(|| {
+                unexpected(Value::SimpleString(
+                    "a version check without a version".into(),
+                ))
+            })),
+        }
+    }
+
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> Result<(bool, Vec<String>)> {
+        let key_index = self.index_for_key(key)?;
+        let mut index = None;
+        for (dir, _) in dirs {
+            let dir_index = self.index_for_prefix(dir)?;
+            if key_index.as_ref() != Some(&dir_index) {
+                index = None;
+                break;
+            }
+            index = Some(dir_index);
+        }
+        let Some(index) = index else {
+            // Not one slot (outside headcount's naming): one call per directory.
+            return versions_one_by_one(self, key, holder, ttl, dirs).await;
+        };
+        let period = sweep_period(ttl);
+        let mut call = self.inner.scripts.renew_versions.key(key);
+        index.add_to(&mut call);
+        call.arg(holder)
+            .arg(ttl_millis(ttl))
+            .arg(ttl_millis(period));
+        for (dir, _) in dirs {
+            call.arg(*dir);
+        }
+        let reply: Value = self
+            .run("renew_and_versions", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        let Value::Array(items) = reply else {
+            return Err(unexpected(reply));
+        };
+        match items.first() {
+            Some(Value::Int(n)) if items.len() == dirs.len() + 1 => {
+                let versions = items[1..]
+                    .iter()
+                    .map(|v| match v {
+                        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+                        other => Err(unexpected(other.clone())),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((*n == 1, versions))
+            }
+            // `{'foreign', key, type}`, from the renewal.
+            _ => Err(list_reply(Value::Array(items)).err().unwrap_or_else(|| {
+                unexpected(Value::SimpleString(
+                    "a renewal without one version per directory".into(),
+                ))
+            })),
+        }
+    }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        // Both checked before anything is renewed: a prefix Cluster cannot list, an index name.
+        let list_index = self.index_for_prefix(prefix)?;
+        let key_index = self.index_for_key(key)?;
+        if key_index.as_ref() != Some(&list_index) {
+            // A script may only touch one hash slot on Cluster. A group's slot keys and its
+            // prefix share the `{group}` tag, so this only happens outside headcount's naming:
+            // two calls, the renewal and then the listing, not atomic together.
+            let renewed =
+                Store::compare_and_set(self, key, Some(holder), holder, Some(ttl)).await?;
+            return Ok((renewed, Store::list(self, prefix).await?));
+        }
+        let script = &self.inner.scripts.renew_and_list;
+        let mut call = script.key(key);
+        list_index.add_to(&mut call);
+        call.arg(prefix).arg(holder).arg(ttl_millis(ttl));
+        let reply: Value = self
+            .run("renew_and_list", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        let Value::Array(mut items) = reply else {
+            return Err(unexpected(reply));
+        };
+        match items.first() {
+            Some(Value::Int(n)) => {
+                let renewed = *n == 1;
+                items.remove(0);
+                Ok((renewed, list_reply(Value::Array(items))?))
+            }
+            // `{'foreign', key, type}`, from the renewal or the listing.
+            _ => Err(list_reply(Value::Array(items)).err().unwrap_or_else(|| {
+                unexpected(Value::SimpleString("a listing without renewal flag".into()))
+            })),
+        }
+    }
+
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        if self.is_cluster() && hash_tag(incr_key) != hash_tag(get_key) {
+            // A script may only touch one hash slot on Cluster. Keys of one group share their
+            // `{group}` tag, so this only happens for keys outside headcount's naming: two calls,
+            // not atomic together.
+            let n = self.incr_by_two_calls(incr_key, by, ttl).await?;
+            return Ok((n, Store::get(self, get_key).await?));
+        }
+        let script = &self.inner.scripts.incr_and_get;
+        let mut call = script.key(incr_key);
+        call.key(get_key);
+        let request = self.index_and_request(&mut call, incr_key)?;
+        call.arg(by).arg(ttl_arg(ttl)).arg(request);
+        let reply: Value = self
+            .run("incr_and_get", Some(incr_key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        let Value::Array(items) = reply else {
+            return Err(unexpected(reply));
+        };
+        match (items.first(), items.get(1)) {
+            (Some(Value::BulkString(s)), Some(Value::Int(n))) if s == b"ok" => {
+                let read = match items.get(2) {
+                    None | Some(Value::Nil) => None,
+                    Some(Value::BulkString(b)) => {
+                        Some(String::from_utf8(b.clone()).map_err(|_| {
+                            Error::foreign(get_key, "a UTF-8 value", "bytes that are not UTF-8")
+                        })?)
+                    }
+                    Some(other) => return Err(unexpected(other.clone())),
+                };
+                Ok((*n, read))
+            }
+            (Some(Value::BulkString(s)), Some(_)) if s == b"foreign" => Err(foreign_reply(
+                incr_key,
+                "a decimal integer that stays within an i64",
+                &items,
+            )),
+            (Some(Value::BulkString(s)), Some(_)) if s == b"foreign-read" => Err(foreign_reply(
+                get_key,
+                "a string (the key holds another Redis type)",
+                &items,
+            )),
+            _ => Err(unexpected(Value::Array(items))),
+        }
+    }
+
+    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
+        let mut call = self.inner.scripts.incr.key(key);
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(ttl_arg(ttl)).arg(request);
+        let reply: Value = self
+            .run("incr", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        let Value::Array(items) = reply else {
+            return Err(unexpected(reply));
+        };
+        match (items.first(), items.get(1)) {
+            (Some(Value::BulkString(s)), Some(Value::Int(n))) if s == b"ok" => Ok(*n),
+            (Some(Value::BulkString(s)), Some(_)) if s == b"foreign" => Err(foreign_reply(
+                key,
+                "a decimal integer that fits (and, for incr, stays within) an i64",
+                &items,
+            )),
+            _ => Err(unexpected(Value::Array(items))),
+        }
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<String>> {
+        let bytes: Option<Vec<u8>> = self
+            .run("get", Some(key), |mut c| async move {
+                redis::cmd("GET").arg(key).query_async(&mut c).await
+            })
+            .await?;
+        bytes
+            .map(|b| {
+                String::from_utf8(b)
+                    .map_err(|_| Error::foreign(key, "a UTF-8 value", "bytes that are not UTF-8"))
+            })
+            .transpose()
+    }
+
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
+        let mut call = self.inner.scripts.expire.key(key);
+        if let Some(index) = self.index_for_key(key)? {
+            index.add_to(&mut call);
+        }
+        call.arg(ttl_millis(ttl));
+        let n: i64 = self
+            .run("expire", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn compare_and_set(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+        ttl: Option<Duration>,
+    ) -> Result<bool> {
+        let mut call = self.inner.scripts.cas.key(key);
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(expected.unwrap_or_default())
+            .arg(new)
+            .arg(ttl_arg(ttl))
+            .arg(if expected.is_none() { "1" } else { "0" })
+            .arg(request);
+        let reply: Value = self
+            .run("compare_and_set", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        written_or_foreign(key, "a string (the key holds another Redis type)", reply)
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool> {
+        let mut call = self.inner.scripts.delete.key(key);
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(request);
+        let n: i64 = self
+            .run("delete", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        let mut call = self.inner.scripts.compare_and_delete.key(key);
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(expected).arg(request);
+        let reply: Value = self
+            .run("compare_and_delete", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        written_or_foreign(key, "a string (the key holds another Redis type)", reply)
+    }
+
+    /// Reads the prefix's range of the key index (see the crate README): O(log N + M) for M keys
+    /// under the prefix, whatever else the database holds. Lists the keys written through
+    /// headcount only.
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        let index = self.index_for_prefix(prefix)?;
+        // The index keys are the script's KEYS: on Cluster they route it to the prefix's slot.
+        let mut call = self.inner.scripts.list.key(&index.index);
+        call.key(&index.expiry).arg(prefix);
+        let reply: Value = self
+            .run("list", None, |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        list_reply(reply)
+    }
+
+    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
+        let mut call = self.inner.scripts.set_max.key(key);
+        let request = self.index_and_request(&mut call, key)?;
+        call.arg(value).arg(ttl_arg(ttl)).arg(request);
+        let reply: Value = self
+            .run("set_max", Some(key), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        written_or_foreign(key, "a decimal integer", reply)
+    }
+
+    /// Durable only with `appendonly yes` and `appendfsync always` (on every primary of a
+    /// Cluster): then Redis fsyncs the AOF before it replies. A server that refuses `CONFIG GET`
+    /// (disabled or renamed, an ACL without `+config`) cannot tell, and answers not durable.
+    async fn durability(&self) -> Result<Durability> {
+        let mut config = redis::cmd("CONFIG");
+        config.arg("GET").arg("append*").arg("maxmemory-policy");
+        let settings = match self.on_every_primary(config, true).await {
+            Ok(value) => durability_of(&value),
+            Err(e) if e.is_retryable() => return Err(e),
+            Err(e) => Durability::not_durable(format!(
+                "cannot read appendonly/appendfsync with CONFIG GET (disabled, renamed or not permitted?): {e}"
+            )),
+        };
+        // Read even when the settings already fail: it also names the data set
+        // (`master_replid`), which majority IDs compare across stores.
+        let mut info = redis::cmd("INFO");
+        info.arg("replication");
+        match self.on_every_primary(info, false).await {
+            Ok(value) => {
+                let servers = replication_ids(&value);
+                let d = if settings.durable {
+                    replication_of(&value, settings)
+                } else {
+                    settings
+                };
+                Ok(d.with_servers(servers))
+            }
+            Err(e) if e.is_retryable() => Err(e),
+            Err(_) if !settings.durable => Ok(settings),
+            Err(e) => Ok(Durability::not_durable(format!(
+                "cannot read INFO replication (disabled, renamed or not permitted?): {e}"
+            ))),
+        }
+    }
+}
+
+impl RedisStore {
+    /// Runs `cmd` on the server, or on every primary of a Cluster (their replies combined into
+    /// one array when `arrays`, else as the client returns them).
+    async fn on_every_primary(&self, cmd: redis::Cmd, arrays: bool) -> Result<Value> {
+        self.run("durability", None, |c| async move {
+            match c {
+                Conn::Cluster(mut c) => {
+                    let policy = arrays.then_some(ResponsePolicy::CombineArrays);
+                    c.route_command(
+                        &cmd,
+                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, policy)),
+                    )
+                    .await
+                }
+                Conn::Single(mut c) => cmd.query_async(&mut c).await,
+            }
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn the_defaults_of_stores_over_a_client_parse() {
+        assert!(RedisConfig::from_url(SINGLE_DEFAULTS).is_ok());
+        assert!(RedisConfig::from_url(CLUSTER_DEFAULTS).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_server_of_another_protocol_is_rejected_quickly() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        // Answers like an HTTP server (etcd's port does): a status line, then closes.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let serve = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut buf = [0u8; 256];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let started = std::time::Instant::now();
+        let err = RedisStore::connect(&format!("redis://127.0.0.1:{port}?timeout=3s"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Rejected { .. }),
+            "expected Rejected, got {err:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+        serve.abort();
+    }
+}

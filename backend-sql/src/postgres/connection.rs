@@ -1,0 +1,280 @@
+//! The pool of connections: building it, checking a connection out for one operation (and
+//! dropping it when that broke or timed out), creating the table, running statements within the
+//! deadline, and collecting expired rows now and then.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use headcount_core::{Error, Result};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use super::config::PostgresConfig;
+use super::errors::{self, BACKEND};
+use super::sql::Statements;
+use super::tls;
+
+/// Expired rows are deleted after every this many writes through one store handle.
+const GC_EVERY: u64 = 1000;
+
+/// Builds the pool of connections `config` names (connecting lazily).
+pub(crate) async fn pool(config: &PostgresConfig) -> Result<Pool> {
+    // Building the connector may read `sslrootcert` from disk: keep that off the runtime's
+    // worker threads.
+    let tls = match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let config = config.clone();
+            runtime
+                .spawn_blocking(move || tls::connector(&config))
+                .await
+                .map_err(|e| Error::unavailable(BACKEND, "cannot set up TLS", e))??
+        }
+        Err(_) => tls::connector(config)?,
+    };
+    let manager = Manager::from_config(
+        config.pg.clone(),
+        tls,
+        // Fast: a checkout only checks `is_closed`; Verified would add a round trip to every
+        // operation. Connections that broke or timed out are discarded by `Conn` instead.
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(config.pool_size())
+        .build()
+        .map_err(|e| Error::config(format!("cannot build the PostgreSQL pool: {e}")))?;
+    Ok(pool)
+}
+
+/// A store's pool, its statements and what it knows of the table.
+pub(crate) struct Connections {
+    pub(crate) pool: Pool,
+    pub(crate) config: PostgresConfig,
+    pub(crate) sql: Statements,
+    password: Option<String>,
+    schema_ready: AtomicBool,
+    writes: AtomicU64,
+    gc_running: AtomicBool,
+}
+
+/// A pooled connection checked out for one operation. Unless [`Conn::reuse`] is called, it is
+/// dropped from the pool instead of returned: a connection whose operation timed out or broke may
+/// still have a reply in flight or be dead, and must not be handed to the next caller.
+struct Conn {
+    obj: Option<Object>,
+    reuse: bool,
+}
+
+impl Conn {
+    fn client(&mut self) -> Result<&mut ClientWrapper> {
+        self.obj.as_deref_mut().ok_or_else(|| Error::Unavailable {
+            backend: BACKEND,
+            message: "connection already released".into(),
+            source: None,
+        })
+    }
+
+    fn reuse(&mut self) {
+        self.reuse = true;
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(obj) = self.obj.take() {
+            if !self.reuse {
+                // Detach from the pool; dropping the client closes the connection.
+                drop(Object::take(obj));
+            }
+        }
+    }
+}
+
+impl Connections {
+    /// The connections of `pool`, with the table and deadline of `config`; nothing is checked
+    /// yet (see [`Connections::prepare`]).
+    pub(crate) fn new(pool: Pool, config: PostgresConfig) -> Self {
+        Connections {
+            pool,
+            password: config.password(),
+            sql: Statements::new(config.table()),
+            config,
+            schema_ready: AtomicBool::new(false),
+            writes: AtomicU64::new(0),
+            gc_running: AtomicBool::new(false),
+        }
+    }
+
+    /// Counts a write, and every [`GC_EVERY`] writes deletes expired rows in the background.
+    pub(crate) fn note_write(self: &Arc<Self>) {
+        let n = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
+        if !n.is_multiple_of(GC_EVERY) || self.gc_running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let inner = self.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    inner.collect_garbage().await;
+                    inner.gc_running.store(false, Ordering::Release);
+                });
+            }
+            Err(_) => inner.gc_running.store(false, Ordering::Release),
+        }
+    }
+
+    fn classify(&self, e: tokio_postgres::Error) -> Error {
+        errors::classify(e, self.password.as_deref())
+    }
+
+    async fn checkout(&self) -> Result<Conn> {
+        let obj = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| errors::classify_pool(e, self.password.as_deref()))?;
+        Ok(Conn {
+            obj: Some(obj),
+            reuse: false,
+        })
+    }
+
+    /// Checks out a connection and makes sure the table exists, within the deadline.
+    pub(crate) async fn prepare(&self) -> Result<()> {
+        let work = async {
+            let mut conn = self.checkout().await?;
+            self.ensure_schema(&mut conn).await?;
+            conn.reuse();
+            Ok(())
+        };
+        self.config.deadline().run("connect", work).await
+    }
+
+    /// Creates the table and its index when missing. Several processes may start at once, and
+    /// concurrent `CREATE TABLE IF NOT EXISTS` can still fail on a catalog unique index, so
+    /// creation is serialised with a transaction-scoped advisory lock. An existing table is only
+    /// looked up, so a role that may use but not create it works.
+    async fn ensure_schema(&self, conn: &mut Conn) -> Result<()> {
+        let client = conn.client()?;
+        let exists: bool = client
+            .query_one(&self.sql.exists, &[&self.sql.quoted_table])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| self.classify(e))?;
+        if !exists {
+            let created = async {
+                let tx = client.transaction().await?;
+                tx.batch_execute(&self.sql.create).await?;
+                tx.commit().await
+            }
+            .await;
+            if let Err(e) = created {
+                if errors::breaks_connection(&e) {
+                    return Err(self.classify(e));
+                }
+                conn.reuse();
+                return Err(self.classify(e));
+            }
+            tracing::info!(table = self.config.table(), "created the headcount table");
+        }
+        self.schema_ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Runs one prepared statement and returns its rows, within the deadline. `counter` names the
+    /// key whose stored value is cast to a number, so a failed cast becomes
+    /// [`Error::ForeignValue`] for it.
+    pub(crate) async fn query(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        counter: Option<&str>,
+    ) -> Result<Vec<Row>> {
+        let work = async {
+            let mut conn = self.checkout().await?;
+            if !self.schema_ready.load(Ordering::Acquire) {
+                self.ensure_schema(&mut conn).await?;
+            }
+            let mut result = run(conn.client()?, sql, params).await;
+            if matches!(&result, Err(e) if errors::is_undefined_table(e)) {
+                // The table was dropped or the server re-initialised: create it again, once.
+                self.schema_ready.store(false, Ordering::Release);
+                self.ensure_schema(&mut conn).await?;
+                result = run(conn.client()?, sql, params).await;
+            }
+            match result {
+                Ok(rows) => {
+                    conn.reuse();
+                    Ok(rows)
+                }
+                Err(e) => {
+                    if !errors::breaks_connection(&e) {
+                        conn.reuse();
+                    }
+                    match counter {
+                        Some(key) if errors::is_bad_counter(&e) => {
+                            let expected = if errors::is_out_of_range(&e) {
+                                "a decimal integer that fits (and, for incr, stays within) an i64"
+                            } else {
+                                "a decimal integer"
+                            };
+                            let found = self.raw_value(&mut conn, key).await;
+                            Err(Error::foreign(key, expected, &found))
+                        }
+                        _ => Err(self.classify(e)),
+                    }
+                }
+            }
+        };
+        self.config.deadline().run(op, work).await
+    }
+
+    /// The stored value at `key`, live or not, for a foreign-value report.
+    async fn raw_value(&self, conn: &mut Conn, key: &str) -> String {
+        let fetched = match conn.client() {
+            Ok(client) => run(client, &self.sql.raw_value, &[&key]).await.ok(),
+            Err(_) => None,
+        };
+        fetched
+            .and_then(|rows| rows.first().and_then(|r| r.try_get::<_, String>(0).ok()))
+            .unwrap_or_else(|| "(unreadable)".into())
+    }
+
+    async fn collect_garbage(&self) {
+        let work = async {
+            let mut conn = self.checkout().await?;
+            match run(conn.client()?, &self.sql.gc, &[]).await {
+                Ok(rows) => {
+                    conn.reuse();
+                    Ok(rows.len())
+                }
+                Err(e) => {
+                    if !errors::breaks_connection(&e) {
+                        conn.reuse();
+                    }
+                    Err(self.classify(e))
+                }
+            }
+        };
+        match self.config.deadline().run("gc", work).await {
+            Ok(n) => tracing::debug!(rows = n, "deleted expired PostgreSQL rows"),
+            Err(Error::Timeout { .. }) => {
+                tracing::debug!("PostgreSQL garbage collection timed out")
+            }
+            Err(e) => tracing::debug!(error = %e, "skipped PostgreSQL garbage collection"),
+        }
+    }
+}
+
+/// Prepares (once per connection, cached) and runs `sql`: one round trip once prepared.
+async fn run(
+    client: &ClientWrapper,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+    let statement = client.prepare_cached(sql).await?;
+    client.query(&statement, params).await
+}

@@ -1,0 +1,230 @@
+//! The SQL of every primitive, with the table name filled in: one statement each, with expiry
+//! judged by the server's `now()`.
+
+/// How many leading characters of a key the prefix index holds. 512 characters are at most 2 KiB
+/// of UTF-8, safely under the ~2.7 KB limit of a btree entry, while keys may be 4 KiB.
+pub(crate) const KEY_HEAD_CHARS: usize = 512;
+
+/// The most expired rows one garbage collection deletes, to keep its locks short.
+const GC_BATCH: u32 = 1000;
+
+/// The SQL of every statement, with the table name filled in.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    /// The quoted table name, for `to_regclass`.
+    pub(crate) quoted_table: String,
+    pub(crate) exists: String,
+    pub(crate) create: String,
+    pub(crate) incr: String,
+    pub(crate) incr_and_get: String,
+    pub(crate) get: String,
+    pub(crate) expire: String,
+    pub(crate) cas_update: String,
+    pub(crate) cas_insert: String,
+    pub(crate) delete: String,
+    pub(crate) compare_and_delete: String,
+    pub(crate) list: String,
+    pub(crate) renew_and_list: String,
+    pub(crate) renew_if_changed: String,
+    pub(crate) set_max: String,
+    pub(crate) raw_value: String,
+    pub(crate) gc: String,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &str) -> Self {
+        // `table` is a validated identifier ([a-z0-9_]); quoting it lets reserved words through.
+        let t = format!("\"{table}\"");
+        let live = "(cur.expires_at IS NULL OR cur.expires_at > now())";
+        let expired = "(cur.expires_at IS NOT NULL AND cur.expires_at <= now())";
+        // `::bigint` alone would accept " 7", "+7" or "007" where core's parse_counter (and
+        // Redis's INCR) refuse them; anything but canonical decimal is cast from 'x' instead,
+        // which raises 22P02 and so reports the same ForeignValue as every other backend.
+        let stored_int =
+            "(CASE WHEN cur.value ~ '^(0|-?[1-9][0-9]*)$' THEN cur.value ELSE 'x' END)::bigint";
+        // sha256 of the key's bytes. `convert_to` would say it more plainly but is only STABLE,
+        // which a generated column refuses; doubling backslashes makes the IMMUTABLE text->bytea
+        // cast take every byte literally (its escape syntax is just `\\` and `\ooo`, and `\x`
+        // only counts at the very start).
+        let hash = |k: &str| format!(r"sha256(replace({k}, E'\\', E'\\\\')::bytea)");
+        let by_key = format!("cur.key_hash = {}", hash("$1::text"));
+        let key_hash = hash("key");
+        let new_expiry = "now() + $2::bigint * interval '1 millisecond'";
+        // The live keys under a prefix, given as the two LIKE patterns of `prefix_patterns`.
+        let listing = |head: &str, whole: &str| {
+            format!(
+                "SELECT cur.key, cur.value FROM {t} AS cur
+                 WHERE left(cur.key, {KEY_HEAD_CHARS}) LIKE {head} AND cur.key LIKE {whole}
+                   AND {live}"
+            )
+        };
+        Statements {
+            quoted_table: t.clone(),
+            exists: "SELECT to_regclass($1::text) IS NOT NULL".into(),
+            create: format!(
+                r#"SELECT pg_advisory_xact_lock(hashtext('headcount schema {table}'));
+CREATE TABLE IF NOT EXISTS {t} (
+    key text COLLATE "C" NOT NULL,
+    key_hash bytea GENERATED ALWAYS AS ({key_hash}) STORED,
+    value text NOT NULL,
+    expires_at timestamptz,
+    CONSTRAINT "{table}_pkey" PRIMARY KEY (key_hash)
+);
+CREATE INDEX IF NOT EXISTS "{table}_key_head" ON {t} (left(key, {KEY_HEAD_CHARS}));
+COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in decimal), expires_at NULL means never; a row whose expires_at has passed is absent.';"#
+            ),
+            incr: format!(
+                "INSERT INTO {t} AS cur (key, value, expires_at) VALUES ($1, '1', {new_expiry})
+                 ON CONFLICT (key_hash) DO UPDATE SET
+                   value = CASE WHEN {live} THEN ({stored_int} + 1)::text ELSE '1' END,
+                   expires_at = CASE WHEN {live} THEN cur.expires_at ELSE EXCLUDED.expires_at END
+                 RETURNING cur.value::bigint"
+            ),
+            // One statement: the CTE increments, the outer query reads the other key. The read
+            // sees the snapshot the statement started with (READ COMMITTED), which is a point
+            // between sending the request and its reply.
+            incr_and_get: format!(
+                "WITH i AS (
+                   INSERT INTO {t} AS cur (key, value, expires_at) VALUES ($1, $3::bigint::text, {new_expiry})
+                   ON CONFLICT (key_hash) DO UPDATE SET
+                     value = CASE WHEN {live} THEN ({stored_int} + $3::bigint)::text ELSE EXCLUDED.value END,
+                     expires_at = CASE WHEN {live} THEN cur.expires_at ELSE EXCLUDED.expires_at END
+                   RETURNING cur.value::bigint AS v
+                 )
+                 SELECT i.v, (SELECT g.value FROM {t} AS g
+                              WHERE g.key_hash = {get_hash}
+                                AND (g.expires_at IS NULL OR g.expires_at > now()))
+                 FROM i",
+                get_hash = hash("$4::text"),
+            ),
+            get: format!("SELECT cur.value FROM {t} AS cur WHERE {by_key} AND {live}"),
+            expire: format!(
+                "UPDATE {t} AS cur SET expires_at = {new_expiry} WHERE {by_key} AND {live} RETURNING 1"
+            ),
+            cas_update: format!(
+                "UPDATE {t} AS cur SET value = $3, expires_at = {new_expiry}
+                 WHERE {by_key} AND cur.value = $4 AND {live} RETURNING 1"
+            ),
+            cas_insert: format!(
+                "INSERT INTO {t} AS cur (key, value, expires_at) VALUES ($1, $3, {new_expiry})
+                 ON CONFLICT (key_hash) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
+                 WHERE {expired} RETURNING 1"
+            ),
+            delete: format!(
+                "DELETE FROM {t} AS cur WHERE {by_key} RETURNING {live}"
+            ),
+            compare_and_delete: format!(
+                "DELETE FROM {t} AS cur WHERE {by_key} AND cur.value = $2 AND {live} RETURNING 1"
+            ),
+            list: format!("{} ORDER BY cur.key", listing("$1", "$2")),
+            // One statement: the CTE renews, the outer query lists. The listing reads the
+            // snapshot the statement started with, so it does not see the new expiry, but the
+            // renewal never changes a value, and `now()` is the same instant for both parts: a
+            // key the CTE found live (and renewed) is live in the listing too. The LEFT JOIN
+            // gives one row (with NULL key) when nothing is listed, so the flag always comes
+            // back; the CTE runs to completion whether or not anything reads it.
+            renew_and_list: format!(
+                "WITH r AS (
+                   UPDATE {t} AS cur SET expires_at = {new_expiry}
+                   WHERE {by_key} AND cur.value = $3 AND {live} RETURNING 1
+                 )
+                 SELECT EXISTS (SELECT 1 FROM r), l.key, l.value
+                 FROM (VALUES (1)) AS one (x)
+                 LEFT JOIN ({listing}) AS l ON true
+                 ORDER BY l.key",
+                listing = listing("$4", "$5"),
+            ),
+            // The renewal, then the keys directly under the directory ($4, $5: its LIKE patterns;
+            // $6: the directory, measured by the server in its own encoding's characters, as
+            // `substr` counts them) and a SHA-256 of them computed by the server (not md5, which
+            // FIPS-mode servers refuse): the rows
+            // come back only when that digest differs from $7 (the caller's version), else one
+            // row with the digest and no key. Like `renew_and_list`, the listing reads the
+            // statement's snapshot, which the renewal (a TTL of a live row) does not change.
+            // Each entry is length-prefixed, so the digest is of an unambiguous encoding.
+            renew_if_changed: format!(
+                "WITH r AS (
+                   UPDATE {t} AS cur SET expires_at = {new_expiry}
+                   WHERE {by_key} AND cur.value = $3 AND {live} RETURNING 1
+                 ),
+                 l AS (
+                   SELECT d.key, d.value FROM ({listing}) AS d
+                   WHERE strpos(substr(d.key, length($6::text) + 1), ':') = 0
+                 ),
+                 v AS (
+                   SELECT 'p' || encode(sha256(convert_to(coalesce(string_agg(
+                     length(l.key)::text || ':' || l.key || length(l.value)::text || ':' || l.value,
+                     '' ORDER BY l.key), ''), 'UTF8')), 'hex') AS version
+                   FROM l
+                 )
+                 SELECT EXISTS (SELECT 1 FROM r), v.version, l.key, l.value
+                 FROM v LEFT JOIN l ON v.version IS DISTINCT FROM $7::text
+                 ORDER BY l.key",
+                listing = listing("$4", "$5"),
+            ),
+            // CASE, not OR: PostgreSQL does not promise to evaluate OR left to right, and the cast
+            // must never run on an expired row (it may hold anything).
+            set_max: format!(
+                "INSERT INTO {t} AS cur (key, value, expires_at) VALUES ($1, $3::bigint::text, {new_expiry})
+                 ON CONFLICT (key_hash) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
+                 WHERE CASE WHEN {expired} THEN true ELSE {stored_int} < $3::bigint END
+                 RETURNING 1"
+            ),
+            raw_value: format!("SELECT cur.value FROM {t} AS cur WHERE {by_key}"),
+            // The outer predicate is re-checked on the latest row version under READ COMMITTED,
+            // so a row renewed after the inner scan saw it expired is left alone.
+            gc: format!(
+                "DELETE FROM {t} AS cur WHERE cur.key_hash IN (
+                     SELECT key_hash FROM {t} WHERE expires_at <= now()
+                     LIMIT {GC_BATCH} FOR UPDATE SKIP LOCKED)
+                 AND {expired}"
+            ),
+        }
+    }
+}
+
+/// Escapes `%`, `_` and `\` for a LIKE pattern (backslash is the default escape character).
+fn like_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 1);
+    for c in s.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The two LIKE patterns of `list`: one for the indexed head of the key, one for the whole key.
+pub(crate) fn prefix_patterns(prefix: &str) -> (String, String) {
+    let head: String = prefix.chars().take(KEY_HEAD_CHARS).collect();
+    (
+        format!("{}%", like_escape(&head)),
+        format!("{}%", like_escape(prefix)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn like_patterns_escape_wildcards() {
+        assert_eq!(like_escape(r"a%b_c\d"), r"a\%b\_c\\d");
+        let (head, whole) = prefix_patterns("hc:{g}:");
+        assert_eq!(head, "hc:{g}:%");
+        assert_eq!(whole, "hc:{g}:%");
+        let long = "é".repeat(600);
+        let (head, whole) = prefix_patterns(&long);
+        assert_eq!(head.chars().count(), KEY_HEAD_CHARS + 1);
+        assert_eq!(whole.chars().count(), 601);
+    }
+
+    #[test]
+    fn statements_quote_the_table() {
+        let sql = Statements::new("user");
+        assert!(sql.create.contains("CREATE TABLE IF NOT EXISTS \"user\""));
+        assert!(sql.incr.contains("INSERT INTO \"user\" AS cur"));
+        assert_eq!(sql.quoted_table, "\"user\"");
+    }
+}

@@ -1,0 +1,231 @@
+//! The store's one connection, owned by a worker thread so that rusqlite's blocking calls never
+//! run on the async runtime's workers: opening it, running operations on it within their
+//! deadline, and collecting garbage between them.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use headcount_core::{Error, Result};
+use rusqlite::{params, Connection, ErrorCode, OpenFlags};
+use tokio::sync::oneshot;
+
+use super::config::{Location, SqliteConfig, SqliteOptions};
+use super::errors::{open_error, worker_gone, BACKEND};
+use super::sql::{now_ms, TABLE};
+
+/// Expired rows are deleted after every this many operations of one store handle.
+const GC_EVERY: u32 = 1000;
+
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// The worker thread of one store and the way to it; the thread stops when this is dropped.
+pub(crate) struct Worker {
+    jobs: mpsc::Sender<Job>,
+    config: SqliteConfig,
+}
+
+impl Worker {
+    /// Starts the worker thread and opens the database on it, within the deadline.
+    pub(crate) async fn start(config: SqliteConfig) -> Result<Self> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let worker_location = config.location().clone();
+        let worker_options = config.options().clone();
+        std::thread::Builder::new()
+            .name("headcount-sqlite".into())
+            .spawn(move || {
+                match open_connection(&worker_location, &worker_options) {
+                    Ok(conn) => {
+                        // The opener gave up (deadline): nobody will ever send us work.
+                        if ready_tx.send(Ok(())).is_ok() {
+                            serve(conn, &queue, worker_options.effective_busy_timeout());
+                        }
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| Error::unavailable(BACKEND, "cannot start the SQLite worker thread", e))?;
+
+        let ready = async { ready_rx.await.unwrap_or_else(|_| Err(worker_gone())) };
+        config.deadline().run("open", ready).await?;
+        Ok(Worker { jobs, config })
+    }
+
+    /// The configuration the database was opened with.
+    pub(crate) fn config(&self) -> &SqliteConfig {
+        &self.config
+    }
+
+    /// Runs `f` on the worker thread within the operation deadline.
+    pub(crate) async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        let deadline = self.config.deadline();
+        let started = Instant::now();
+        let (reply, answer) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            // A caller that already gave up must not have its write applied later by surprise;
+            // work still queued at its deadline is dropped instead.
+            if reply.is_closed() {
+                return;
+            }
+            if started.elapsed() >= deadline.after() {
+                let _ = reply.send(Err(deadline.timed_out(op)));
+                return;
+            }
+            let _ = reply.send(f(conn));
+        });
+        self.jobs.send(job).map_err(|_| worker_gone())?;
+        let answer = async { answer.await.unwrap_or_else(|_| Err(worker_gone())) };
+        deadline.run_from(op, started.into(), answer).await
+    }
+}
+
+/// Creating directories is the caller's business; saying which one is missing is ours, since
+/// SQLite only reports "unable to open database file".
+fn check_directory(path: &Path) -> Result<()> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(Error::config(format!(
+            "cannot open SQLite database `{}`: directory `{}` does not exist",
+            path.display(),
+            dir.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn open_connection(location: &Location, options: &SqliteOptions) -> Result<Connection> {
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if options.create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    let opening = |e: rusqlite::Error| open_error(location, e);
+    let conn = match location {
+        Location::Memory => {
+            Connection::open_in_memory_with_flags(flags | OpenFlags::SQLITE_OPEN_CREATE)
+        }
+        Location::File(path) => {
+            check_directory(path)?;
+            if !options.create && !path.exists() {
+                return Err(Error::config(format!(
+                    "SQLite database `{}` does not exist (mode=rw: not creating it)",
+                    path.display()
+                )));
+            }
+            Connection::open_with_flags(path, flags)
+        }
+    }
+    .map_err(opening)?;
+    conn.busy_timeout(options.effective_busy_timeout())
+        .map_err(opening)?;
+    // WAL lets readers proceed while a writer commits, and makes `synchronous=NORMAL` safe from
+    // corruption. The first statement is also where SQLite notices a file that is not a database.
+    // Several processes opening a fresh file at once race to switch it to WAL, and SQLite does
+    // not call the busy handler for that switch: retry it until the deadline.
+    let deadline = std::time::Instant::now() + options.timeout;
+    let mode: String = loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)) {
+            Ok(mode) => break mode,
+            Err(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(opening(e)),
+        }
+    };
+    if matches!(location, Location::File(_)) && !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(
+            database = %location,
+            journal_mode = %mode,
+            "SQLite did not switch to WAL mode; concurrent access will block more"
+        );
+    }
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous = {}",
+        options.synchronous.as_str()
+    ))
+    .map_err(opening)?;
+    // The key is the primary key of a WITHOUT ROWID table: lookups and prefix ranges use it
+    // directly, and SQLite has no index-entry size limit that long keys could hit. BINARY
+    // collation compares UTF-8 bytes, so ORDER BY key is bytewise. `expires_at` is Unix time in
+    // milliseconds on this host's clock, NULL for never.
+    conn.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS {TABLE} (
+            key TEXT NOT NULL PRIMARY KEY,
+            value TEXT NOT NULL,
+            expires_at INTEGER
+        ) WITHOUT ROWID"
+    ))
+    .map_err(opening)?;
+    check_schema(&conn, location)?;
+    Ok(conn)
+}
+
+/// Refuses a table of our name that someone else created (other columns): every statement on
+/// it would fail with raw SQL in the message.
+fn check_schema(conn: &Connection, location: &Location) -> Result<()> {
+    let columns = conn
+        .prepare(&format!(
+            "SELECT name FROM pragma_table_info('{TABLE}') ORDER BY cid"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_map([], |row| row.get::<_, String>(0))?
+                .collect::<std::result::Result<Vec<String>, _>>()
+        })
+        .map_err(|e| open_error(location, e))?;
+    if columns != ["key", "value", "expires_at"] {
+        return Err(Error::config(format!(
+            "`{location}` has a table `{TABLE}` that headcount did not create (columns {}): use another database file",
+            columns.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// The worker thread's loop: run jobs until every store handle is gone.
+fn serve(mut conn: Connection, queue: &mpsc::Receiver<Job>, busy_timeout: Duration) {
+    let mut since_gc = 0u32;
+    while let Ok(job) = queue.recv() {
+        // A panic in one job must not take every later operation down with the thread; the
+        // transaction it held rolls back as it unwinds.
+        if catch_unwind(AssertUnwindSafe(|| job(&mut conn))).is_err() {
+            tracing::error!("a SQLite job panicked; the worker carries on");
+        }
+        since_gc += 1;
+        if since_gc >= GC_EVERY {
+            since_gc = 0;
+            collect_garbage(&conn, busy_timeout);
+        }
+    }
+}
+
+/// Deletes expired rows. Invisible to readers (expired rows are already absent), and safe against
+/// a concurrent revival: the predicate is evaluated under SQLite's write lock, so a row renewed
+/// before it runs is no longer expired. It does not wait for locks: a busy database just means
+/// another round later.
+fn collect_garbage(conn: &Connection, busy_timeout: Duration) {
+    let busy = conn.busy_timeout(Duration::ZERO);
+    let deleted = conn.execute(
+        &format!("DELETE FROM {TABLE} WHERE expires_at <= ?1"),
+        params![now_ms()],
+    );
+    match deleted {
+        Ok(n) if n > 0 => tracing::debug!(rows = n, "deleted expired SQLite rows"),
+        Ok(_) => {}
+        Err(e) => tracing::debug!(error = %e, "skipped SQLite garbage collection"),
+    }
+    if busy.is_ok() {
+        // Restoring can only fail if the connection is unusable, which the next job reports.
+        let _ = conn.busy_timeout(busy_timeout);
+    }
+}

@@ -1,0 +1,231 @@
+//! [`SqliteStore`]: opening a store and its [`Backend`](backend::Backend) implementation, each
+//! primitive one call of [`sql`](super::sql) on the worker thread.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use headcount_core::backend::{self, ttl_millis};
+use headcount_core::{Capabilities, Durability, Result};
+
+use super::config::{Location, SqliteConfig};
+use super::connection::Worker;
+use super::errors::{Sql, BACKEND};
+use super::sql::{
+    compare_and_delete, compare_and_set, delete, expire, incr, incr_and_get, list, live_value,
+    now_ms, renew_and_list, set_max,
+};
+
+/// A [`Store`](headcount_core::Store) in an SQLite database file (or in memory), shared safely by every process that
+/// opens the same file on one machine.
+///
+/// Cloning is cheap and shares the connection and its worker thread, which stops when the last
+/// clone is dropped.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Worker>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("config", self.config())
+            .finish()
+    }
+}
+
+impl SqliteStore {
+    /// Opens the store named by a URL: `sqlite://relative/path.db`, `sqlite:///absolute/path.db`
+    /// or `sqlite::memory:`, with the query options `timeout`, `busy_timeout` and `synchronous`
+    /// (see the crate README). The file is created when missing; its directory must exist.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(SqliteConfig::from_url(url)?).await
+    }
+
+    /// Like [`connect`](Self::connect) with an already built configuration, such as
+    /// [`SqliteConfig::new`]`(path, options)` (`":memory:"` for a private in-memory database).
+    /// The file is created when missing; its directory must exist.
+    pub async fn connect_with(config: SqliteConfig) -> Result<Self> {
+        Ok(SqliteStore {
+            inner: Arc::new(Worker::start(config).await?),
+        })
+    }
+
+    /// The configuration this store was opened with.
+    pub fn config(&self) -> &SqliteConfig {
+        self.inner.config()
+    }
+
+    /// Runs `f` on the worker thread within the operation deadline.
+    pub(crate) async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut rusqlite::Connection) -> Result<T> + Send + 'static,
+    {
+        self.inner.call(op, f).await
+    }
+
+    fn is_memory(&self) -> bool {
+        *self.config().location() == Location::Memory
+    }
+}
+
+#[async_trait]
+impl backend::Backend for SqliteStore {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new(BACKEND);
+        caps.native_set_max = true;
+        caps.native_incr_and_get = true;
+        caps.native_renew_and_list = true;
+        caps.native_compare_and_delete = true;
+        caps.shared = !self.is_memory();
+        caps
+    }
+
+    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
+        let key = key.to_owned();
+        let ttl_ms = ttl.map(ttl_millis);
+        self.call("incr", move |conn| incr(conn, &key, ttl_ms))
+            .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<String>> {
+        let key = key.to_owned();
+        self.call("get", move |conn| live_value(conn, &key, now_ms()))
+            .await
+    }
+
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
+        let key = key.to_owned();
+        let ttl_ms = ttl_millis(ttl);
+        self.call("expire", move |conn| expire(conn, &key, ttl_ms))
+            .await
+    }
+
+    async fn compare_and_set(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+        ttl: Option<Duration>,
+    ) -> Result<bool> {
+        let key = key.to_owned();
+        let expected = expected.map(str::to_owned);
+        let new = new.to_owned();
+        let ttl_ms = ttl.map(ttl_millis);
+        self.call("compare_and_set", move |conn| {
+            compare_and_set(conn, &key, expected.as_deref(), &new, ttl_ms)
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool> {
+        let key = key.to_owned();
+        self.call("delete", move |conn| delete(conn, &key)).await
+    }
+
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        let (key, expected) = (key.to_owned(), expected.to_owned());
+        self.call("compare_and_delete", move |conn| {
+            compare_and_delete(conn, &key, &expected)
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        let prefix = prefix.to_owned();
+        self.call("list", move |conn| list(conn, &prefix, now_ms()))
+            .await
+    }
+
+    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
+        let key = key.to_owned();
+        let ttl_ms = ttl.map(ttl_millis);
+        self.call("set_max", move |conn| set_max(conn, &key, value, ttl_ms))
+            .await
+    }
+
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        let key = incr_key.to_owned();
+        let get_key = get_key.to_owned();
+        let ttl_ms = ttl.map(ttl_millis);
+        self.call("incr_and_get", move |conn| {
+            incr_and_get(conn, &key, by, ttl_ms, &get_key)
+        })
+        .await
+    }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        let key = key.to_owned();
+        let holder = holder.to_owned();
+        let prefix = prefix.to_owned();
+        let ttl_ms = ttl_millis(ttl);
+        self.call("renew_and_list", move |conn| {
+            renew_and_list(conn, &key, &holder, ttl_ms, &prefix)
+        })
+        .await
+    }
+
+    /// Durable when the connection's `PRAGMA synchronous` is FULL or EXTRA and the journal is
+    /// WAL or DELETE (or TRUNCATE/PERSIST): then every commit is synced before it returns. An
+    /// in-memory database is never durable.
+    async fn durability(&self) -> Result<Durability> {
+        if self.is_memory() {
+            return Ok(Durability::not_durable(
+                "an in-memory SQLite database is gone when its process exits",
+            ));
+        }
+        let (synchronous, journal, file) = self
+            .call("durability", |conn| {
+                let synchronous: i64 = conn
+                    .query_row("PRAGMA synchronous", [], |row| row.get(0))
+                    .sql()?;
+                let journal: String = conn
+                    .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+                    .sql()?;
+                Ok((synchronous, journal, conn.path().map(str::to_owned)))
+            })
+            .await?;
+        // The file, as SQLite opened it, made canonical: two URLs for one file are one store.
+        let servers = file
+            .filter(|f| !f.is_empty())
+            .map(|f| std::fs::canonicalize(&f).map_or(f, |p| p.display().to_string()))
+            .map(|f| vec![format!("sqlite file {f}")])
+            .unwrap_or_default();
+        Ok(sqlite_durability(synchronous, &journal).with_servers(servers))
+    }
+}
+
+/// Judges `PRAGMA synchronous` (0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA) and `PRAGMA journal_mode`.
+pub(crate) fn sqlite_durability(synchronous: i64, journal: &str) -> Durability {
+    let name = match synchronous {
+        0 => "OFF",
+        1 => "NORMAL",
+        2 => "FULL",
+        3 => "EXTRA",
+        _ => "unknown",
+    };
+    let journal = journal.to_ascii_lowercase();
+    let detail = format!("synchronous {name}, journal_mode {journal}");
+    let synced_journal = matches!(journal.as_str(), "wal" | "delete" | "truncate" | "persist");
+    if matches!(synchronous, 2 | 3) && synced_journal {
+        Durability::durable(detail)
+    } else {
+        Durability::not_durable(format!(
+            "{detail} (durable needs synchronous FULL or EXTRA, e.g. ?synchronous=full, and an on-disk journal)"
+        ))
+    }
+}
