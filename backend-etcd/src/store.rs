@@ -463,11 +463,10 @@ impl EtcdStore {
             known = nth_get(&resp, 0);
             *seen = None;
         }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: format!("{op} on `{key}` lost {INCR_ATTEMPTS} races in a row"),
-            source: None,
-        })
+        Err(Error::contended(
+            key,
+            format!("{op} lost {INCR_ATTEMPTS} races in a row"),
+        ))
     }
 }
 

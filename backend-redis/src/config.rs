@@ -18,7 +18,7 @@ pub const DEFAULT_PORT: u16 = 6379;
 /// Single server or Cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Topology {
+pub enum Deployment {
     /// One server (or a primary behind a proxy): `redis://`, `rediss://`.
     Single,
     /// Redis Cluster, discovered from one or more seed nodes: `redis+cluster://`,
@@ -29,7 +29,7 @@ pub enum Topology {
 /// A parsed Redis store configuration. Its `Debug` never shows the password.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    topology: Topology,
+    deployment: Deployment,
     tls: bool,
     insecure: bool,
     endpoints: Vec<(String, u16)>,
@@ -52,8 +52,8 @@ impl RedisConfig {
     }
 
     /// Single server or Cluster.
-    pub fn topology(&self) -> Topology {
-        self.topology
+    pub fn deployment(&self) -> Deployment {
+        self.deployment
     }
 
     /// Whether connections use TLS (`rediss`).
@@ -122,11 +122,11 @@ fn parse(url: &str) -> Result<RedisConfig> {
         &["redis", "rediss", "redis+cluster", "rediss+cluster"],
         USAGE,
     )?;
-    let (topology, tls) = match url.scheme.as_str() {
-        "redis" => (Topology::Single, false),
-        "rediss" => (Topology::Single, true),
-        "redis+cluster" => (Topology::Cluster, false),
-        _ => (Topology::Cluster, true),
+    let (deployment, tls) = match url.scheme.as_str() {
+        "redis" => (Deployment::Single, false),
+        "rediss" => (Deployment::Single, true),
+        "redis+cluster" => (Deployment::Cluster, false),
+        _ => (Deployment::Cluster, true),
     };
 
     // `:password@` logs in as the default user.
@@ -141,7 +141,7 @@ fn parse(url: &str) -> Result<RedisConfig> {
         DEFAULT_PORT,
         "redis://host:6379 (or a comma list of host:port for Cluster)",
     )?;
-    if topology == Topology::Single && endpoints.len() > 1 {
+    if deployment == Deployment::Single && endpoints.len() > 1 {
         return Err(url.invalid(format!(
             "{} hosts for a single server: use redis+cluster:// for Redis Cluster",
             endpoints.len()
@@ -155,7 +155,7 @@ fn parse(url: &str) -> Result<RedisConfig> {
             _ => return Err(url.invalid("the path must be a database number such as /0")),
         },
     };
-    if topology == Topology::Cluster && db != 0 {
+    if deployment == Deployment::Cluster && db != 0 {
         return Err(url.invalid("Redis Cluster has only database 0"));
     }
 
@@ -175,7 +175,7 @@ fn parse(url: &str) -> Result<RedisConfig> {
     }
 
     Ok(RedisConfig {
-        topology,
+        deployment,
         tls,
         insecure,
         endpoints,
@@ -209,7 +209,7 @@ mod tests {
     #[test]
     fn single_server_urls() {
         let c = ok("redis://alice:s3cr3t%40x@cache.example.com:6380/3?timeout=500ms");
-        assert_eq!(c.topology(), Topology::Single);
+        assert_eq!(c.deployment(), Deployment::Single);
         assert!(!c.tls());
         assert_eq!(c.endpoints(), &[("cache.example.com".to_owned(), 6380)]);
         assert_eq!(c.db(), 3);
@@ -248,7 +248,7 @@ mod tests {
     #[test]
     fn cluster_urls() {
         let c = ok("redis+cluster://u:s3cr3t@a:7000,b:7001,c?timeout=2s");
-        assert_eq!(c.topology(), Topology::Cluster);
+        assert_eq!(c.deployment(), Deployment::Cluster);
         assert_eq!(
             c.endpoints(),
             &[
@@ -260,7 +260,7 @@ mod tests {
         assert_eq!(c.timeout(), Duration::from_secs(2));
         let c = ok("rediss+cluster://a:7000/0");
         assert!(c.tls());
-        assert_eq!(c.topology(), Topology::Cluster);
+        assert_eq!(c.deployment(), Deployment::Cluster);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
-use crate::config::{RedisConfig, Topology};
+use crate::config::{Deployment, RedisConfig};
 use crate::errors::{self, BACKEND};
 
 /// The placeholder URLs of the stores over an application's client: only their default
@@ -73,8 +73,8 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Conn> {
     let password = config.password().map(str::to_owned);
     let classify = |e: RedisError| errors::classify(e, "connect", deadline, password.as_deref());
     let work = async {
-        let conn = match config.topology() {
-            Topology::Single => {
+        let conn = match config.deployment() {
+            Deployment::Single => {
                 let (host, port) = config
                     .endpoints()
                     .first()
@@ -117,7 +117,7 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Conn> {
                 };
                 Conn::Single(manager)
             }
-            Topology::Cluster => {
+            Deployment::Cluster => {
                 let nodes: Vec<_> = config
                     .endpoints()
                     .iter()

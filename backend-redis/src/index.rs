@@ -54,7 +54,7 @@ pub(crate) fn sweep_period(ttl: Duration) -> Duration {
     (ttl / 12).clamp(Duration::from_millis(10), Duration::from_millis(500))
 }
 
-/// Whether `key` is the name of an index (of either topology): headcount never writes there
+/// Whether `key` is the name of an index (of either deployment): headcount never writes there
 /// through the `Store` API, or the index would be overwritten.
 pub(crate) fn is_index_name(key: &str) -> bool {
     // The index, the expiry index, the quiet marker (and the sweep marker of earlier versions)

@@ -10,7 +10,7 @@ mod replies;
 mod scripts;
 mod store;
 
-pub use config::{RedisConfig, Topology, DEFAULT_PORT};
+pub use config::{Deployment, RedisConfig, DEFAULT_PORT};
 pub use fence::RedisFence;
 /// The client crate of [`RedisStore::from_client`] and [`RedisStore::from_manager`],
 /// re-exported so an application names the same version.

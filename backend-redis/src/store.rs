@@ -189,11 +189,14 @@ impl RedisStore {
         match (self.is_cluster(), tag_of(prefix)) {
             (false, _) => Ok(IndexKeys::database()),
             (true, Some(tag)) => Ok(IndexKeys::of_tag(tag)),
-            (true, None) => Err(Error::invalid(format!(
-                "on Redis Cluster a listing prefix must contain a hash tag ({{...}}, as \
-                 headcount's own keys hc:{{group}}: do), so that all its keys share one slot; \
-                 {prefix:?} has none"
-            ))),
+            (true, None) => Err(Error::Unsupported {
+                backend: BACKEND,
+                what: format!(
+                    "listing a prefix without a hash tag on Redis Cluster: a listing prefix \
+                     must contain one ({{...}}, as headcount's own keys hc:{{group}}: do), so \
+                     that all its keys share one slot; {prefix:?} has none"
+                ),
+            }),
         }
     }
 

@@ -152,7 +152,7 @@ pub trait Store: Send + Sync + Debug + 'static + sealed::Sealed {
     /// database shared with millions of other keys. A key another client created under the
     /// prefix (`redis-cli SET`) is not listed until headcount writes it, and on Redis Cluster
     /// the prefix must contain a hash tag (`hc:{group}:`), else the listing is
-    /// [`Error::InvalidArgument`]. The other backends list whatever the store holds.
+    /// [`Error::Unsupported`]. The other backends list whatever the store holds.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>>;
 
     /// Sets the counter at `key` to `value` if it is absent, expired, or holds a smaller number
