@@ -78,14 +78,16 @@ impl Background {
     }
 
     /// Waits for the task to end on its own, as [`Background::stop`] does after asking.
+    ///
+    /// The handle is taken out before the wait, so a caller that gives up waiting (a timeout
+    /// around `leave`) leaves the task running to its end instead of aborting it half way.
     pub(crate) async fn wait(&self) -> Result<()> {
+        // Held until the task ended, so a second waiter waits for the first.
         let mut task = self.task.lock().await;
-        let Some(handle) = task.as_mut() else {
+        let Some(handle) = task.take() else {
             return Ok(());
         };
-        let ended = handle.await;
-        *task = None;
-        ended.unwrap_or_else(|e| Err(died(&self.what, &e)))
+        handle.await.unwrap_or_else(|e| Err(died(&self.what, &e)))
     }
 }
 

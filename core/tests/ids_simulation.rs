@@ -101,9 +101,11 @@ async fn run_seed(seed: u64) -> Result<(usize, usize), String> {
             )));
             faults.push(f);
         }
+        // Deadlines and backoff pauses on the simulated clock, like the stores' TTLs.
         let config = IdsConfig::new("sim")
             .with_deadline(Duration::from_secs(2))
-            .with_durability(DurabilityPolicy::AllowNonDurable);
+            .with_durability(DurabilityPolicy::AllowNonDurable)
+            .with_clock(clock.clone());
         let ids = MajorityIds::new(handles, config)
             .await
             .map_err(|e| format!("seed {seed}: generator {c}: {e}"))?;
@@ -291,7 +293,9 @@ fn group_commit_serves_the_waiting_callers_with_one_round() {
                 )) as DynStore
             })
             .collect();
-        let config = IdsConfig::new("batch").with_durability(DurabilityPolicy::AllowNonDurable);
+        let config = IdsConfig::new("batch")
+            .with_durability(DurabilityPolicy::AllowNonDurable)
+            .with_clock(clock.clone());
         let ids = Arc::new(MediatedIds::new(
             MajorityIds::new(stores, config).await.expect("generator"),
         ));
@@ -356,7 +360,8 @@ async fn stores_holding(name: &str, values: &[Option<i64>]) -> (Vec<MemoryStore>
         .collect();
     let config = IdsConfig::new(name)
         .with_deadline(Duration::from_millis(300))
-        .with_durability(DurabilityPolicy::AllowNonDurable);
+        .with_durability(DurabilityPolicy::AllowNonDurable)
+        .with_clock(Arc::new(SimClock::new(std::time::SystemTime::UNIX_EPOCH)));
     let ids = MajorityIds::new(handles, config).await.expect("generator");
     (stores, ids)
 }
@@ -465,7 +470,8 @@ fn stores_far_ahead_are_left_out_even_in_pairs_and_never_remembered() {
             .collect();
         let config = IdsConfig::new("down")
             .with_deadline(Duration::from_millis(300))
-            .with_durability(DurabilityPolicy::AllowNonDurable);
+            .with_durability(DurabilityPolicy::AllowNonDurable)
+            .with_clock(clock.clone());
         let ids = MajorityIds::new(handles, config).await.expect("generator");
         faults[1].set_down(true);
         ids.next_block(2)

@@ -105,12 +105,11 @@ pub fn watch_assignment_with_clock(
     let (tx, rx) = watch::channel(Assignment::default());
     let what = format!("the assignment watch of service {service}");
     let task = Background::spawn(what, OnDrop::Abort, |_| async move {
-        let mut first = true;
+        // A read at once, then one every `every` from the last start.
+        let mut next = clock.monotonic();
         loop {
-            if !first {
-                clock.sleep(every).await;
-            }
-            first = false;
+            clock.sleep_until(next).await;
+            next = (next + every).max(clock.monotonic());
             let read = read_assignment(&store, &distribution, &service).await;
             let last = tx.borrow().clone();
             let next = match read {

@@ -375,8 +375,9 @@ impl Distributor {
                     Err(e) => tracing::warn!(error = %e, "poll failed; the last table stays"),
                 },
             }
-            // Every poll interval from the last start; a poll that overran delays the next by
-            // a whole interval instead of starting a burst.
+            // Every poll interval from the last start; after a poll that overran, the next
+            // starts at once and the ones after keep the interval from it (no burst of polls
+            // to catch up), as tokio's `MissedTickBehavior::Delay` did.
             next = (next + self.poll_interval).max(clock.monotonic());
         }
     }

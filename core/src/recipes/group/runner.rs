@@ -249,10 +249,9 @@ impl Runner {
             }
             table = self.list().await?;
         }
-        Err(Error::unavailable(
-            self.store.capabilities().backend,
+        Err(Error::contended(
+            &self.listing,
             format!("lost the race for a free slot {CLAIM_ATTEMPTS} times in a row"),
-            "contention",
         ))
     }
 
