@@ -58,6 +58,39 @@ pub async fn timeout<F: Future>(clock: &dyn Clock, after: Duration, work: F) -> 
     }
 }
 
+/// A fixed period on a clock, for a task that works every `period`: each [`Pace::tick`] waits
+/// until one period after the previous tick's start, or returns at once when the work since then
+/// took longer (no burst of ticks to catch up: the ones after keep the period from the late one,
+/// as tokio's `interval` with `MissedTickBehavior::Delay`).
+#[derive(Debug, Clone)]
+pub(crate) struct Pace {
+    period: Duration,
+    last: Option<Duration>,
+}
+
+impl Pace {
+    /// The first tick returns at once.
+    pub(crate) fn new(period: Duration) -> Self {
+        Pace { period, last: None }
+    }
+
+    /// The first tick returns one period from now (the work was just done).
+    pub(crate) fn after_now(clock: &dyn Clock, period: Duration) -> Self {
+        Pace {
+            period,
+            last: Some(clock.monotonic()),
+        }
+    }
+
+    /// Waits for the next tick.
+    pub(crate) async fn tick(&mut self, clock: &dyn Clock) {
+        let now = clock.monotonic();
+        let at = self.last.map_or(now, |last| (last + self.period).max(now));
+        clock.sleep_until(at).await;
+        self.last = Some(at);
+    }
+}
+
 /// The real clocks: [`SystemTime::now`] for the wall clock and, for
 /// [`monotonic`](Clock::monotonic), a clock that **keeps counting while the host is suspended**
 /// (`CLOCK_BOOTTIME` on Linux and Android; `std::time::Instant` elsewhere, which may stop during
@@ -327,6 +360,50 @@ mod tests {
         assert_eq!(
             timeout(&clock, Duration::from_secs(1), async { 7 }).await,
             Some(7)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pace_keeps_its_period_and_never_bursts() {
+        let clock = ManualClock::at_unix_secs(1_000);
+        let period = Duration::from_secs(10);
+        let mut pace = Pace::new(period);
+        pace.tick(&clock).await;
+        assert_eq!(
+            clock.monotonic(),
+            Duration::ZERO,
+            "the first tick is at once"
+        );
+        // Work of 4 s, then the tick waits out the rest of the period.
+        clock.advance(Duration::from_secs(4));
+        let ticking = {
+            let clock = clock.clone();
+            let mut pace = pace.clone();
+            tokio::spawn(async move {
+                pace.tick(&clock).await;
+                pace
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!ticking.is_finished());
+        clock.advance(Duration::from_secs(6));
+        let mut pace = ticking.await.expect("no panic");
+        // Work of 25 s, longer than two periods: the next tick is at once, and the one after a
+        // whole period after it, not at once again.
+        clock.advance(Duration::from_secs(25));
+        pace.tick(&clock).await;
+        assert_eq!(clock.monotonic(), Duration::from_secs(35));
+        let ticking = {
+            let clock = clock.clone();
+            tokio::spawn(async move { pace.tick(&clock).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!ticking.is_finished(), "no burst after a late tick");
+        clock.advance(period);
+        ticking.await.expect("no panic");
+        assert_eq!(
+            Pace::after_now(&clock, period).last,
+            Some(Duration::from_secs(45))
         );
     }
 

@@ -105,11 +105,10 @@ pub fn watch_assignment_with_clock(
     let (tx, rx) = watch::channel(Assignment::default());
     let what = format!("the assignment watch of service {service}");
     let task = Background::spawn(what, OnDrop::Abort, |_| async move {
-        // A read at once, then one every `every` from the last start.
-        let mut next = clock.monotonic();
+        // A read at once, then one every `every`.
+        let mut pace = Pace::new(every);
         loop {
-            clock.sleep_until(next).await;
-            next = (next + every).max(clock.monotonic());
+            pace.tick(clock.as_ref()).await;
             let read = read_assignment(&store, &distribution, &service).await;
             let last = tx.borrow().clone();
             let next = match read {

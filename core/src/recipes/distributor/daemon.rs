@@ -362,11 +362,11 @@ impl Distributor {
     pub async fn run(&self, stop: impl Future<Output = ()>) {
         let mut stop = std::pin::pin!(stop);
         let clock = self.clock.as_ref();
-        let mut next = clock.monotonic();
+        let mut pace = Pace::new(self.poll_interval);
         loop {
             tokio::select! {
                 _ = &mut stop => return,
-                () = clock.sleep_until(next) => {}
+                () = pace.tick(clock) => {}
             }
             tokio::select! {
                 _ = &mut stop => return,
@@ -375,10 +375,6 @@ impl Distributor {
                     Err(e) => tracing::warn!(error = %e, "poll failed; the last table stays"),
                 },
             }
-            // Every poll interval from the last start; after a poll that overran, the next
-            // starts at once and the ones after keep the interval from it (no burst of polls
-            // to catch up), as tokio's `MissedTickBehavior::Delay` did.
-            next = (next + self.poll_interval).max(clock.monotonic());
         }
     }
 

@@ -80,7 +80,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::assign::match_work_units;
-use crate::clock::{timeout, Clock, SystemClock};
+use crate::clock::{timeout, Clock, Pace, SystemClock};
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, DEFAULT_PREFIX};
 use crate::metrics as m;

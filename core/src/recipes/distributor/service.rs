@@ -144,12 +144,10 @@ pub async fn spawn_heartbeat_with_clock(
     let period = (ttl / 3).max(Duration::from_millis(1));
     let what = format!("the heartbeat of service {name}");
     let task = Background::spawn(what, OnDrop::Abort, |_| async move {
-        // One beat every period from the last start, however long a beat took (a slow one is
-        // followed at once by the next, not a whole period later).
-        let mut next = clock.monotonic();
+        // The first beat was above.
+        let mut pace = Pace::after_now(clock.as_ref(), period);
         loop {
-            next = (next + period).max(clock.monotonic());
-            clock.sleep_until(next).await;
+            pace.tick(clock.as_ref()).await;
             if let Err(e) = beat(&store, &services, &name, ttl).await {
                 tracing::warn!(service = %name, error = %e, "heartbeat failed");
             }
