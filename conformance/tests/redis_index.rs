@@ -448,3 +448,113 @@ async fn a_listing_during_a_slot_migration_is_whole_or_retryable() {
     )
     .await;
 }
+
+async fn pttl(conn: &mut impl ConnectionLike, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
+/// Whether both index keys outlive `key` by the 6 s margin the listing relies on (a key without
+/// TTL needs them persistent, or the expiry set empty).
+async fn index_outlives(conn: &mut impl ConnectionLike, key: &str) -> Result<(), String> {
+    let k = pttl(conn, key).await;
+    for index in ["headcount:index", "headcount:expiry"] {
+        let i = pttl(conn, index).await;
+        let ok = match k {
+            // The expiry set is gone when it holds no name.
+            -1 => i == -1 || (index == "headcount:expiry" && i == -2),
+            k if k >= 0 => i == -1 || i >= k + 6_000 - 50,
+            _ => true,
+        };
+        if !ok {
+            return Err(format!("{index} has PTTL {i} ms, {key} has {k} ms"));
+        }
+    }
+    Ok(())
+}
+
+/// A write of a key the index already holds updates the index only as far as it must (the name,
+/// and when the expiry moved its score and the index keys' own expiry): each kind of write that
+/// moves an expiry must still keep the index keys alive past the key, else a listing would miss
+/// a live key once they expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_outlives_every_key_it_holds() {
+    let Some(server) = start(Backend::Redis, || KvStore::redis(None)) else {
+        return;
+    };
+    let url = server.url();
+    let conn = raw(&url).await;
+    let store = headcount::connect(&url).await.unwrap();
+    let ms = Duration::from_millis;
+    let index_pttl = || {
+        let mut conn = conn.clone();
+        async move { pttl(&mut conn, "headcount:index").await }
+    };
+    let check = |what: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            if let Err(e) = index_outlives(&mut conn, "hc:k").await {
+                panic!("after {what}: {e}");
+            }
+        }
+    };
+
+    // Created with a short TTL, then extended by each primitive that can.
+    store.incr("hc:k", Some(ms(200))).await.unwrap();
+    check("incr creating the key").await;
+    assert!(store.expire("hc:k", ms(60_000)).await.unwrap());
+    check("expire extending it").await;
+    assert!(store
+        .compare_and_set("hc:k", Some("1"), "1", Some(ms(120_000)))
+        .await
+        .unwrap());
+    check("compare_and_set extending it").await;
+    assert!(store.set_max("hc:k", 5, Some(ms(240_000))).await.unwrap());
+    check("set_max extending it").await;
+    assert_eq!(store.incr("hc:k", Some(ms(1))).await.unwrap(), 6);
+    check("incr leaving its expiry").await;
+    // Without TTL the index keys must not expire; with one again they may.
+    assert!(store
+        .compare_and_set("hc:k", Some("6"), "7", None)
+        .await
+        .unwrap());
+    check("compare_and_set removing the TTL").await;
+    assert_eq!(index_pttl().await, -1);
+    assert!(store.expire("hc:k", ms(30_000)).await.unwrap());
+    check("expire giving a TTL back").await;
+    assert!(index_pttl().await > 0);
+    // Shortened: the index may expire sooner, never before the key.
+    assert!(store.expire("hc:k", ms(300)).await.unwrap());
+    check("expire shortening it").await;
+    assert_eq!(
+        store.list("hc:").await.unwrap(),
+        vec![("hc:k".to_owned(), "7".to_owned())]
+    );
+
+    // Deleting what is not there changes no directory: a group member's heartbeat would
+    // otherwise read its slot table again for nothing.
+    store.incr("hc:d:a", None).await.unwrap();
+    let version = || {
+        let mut conn = conn.clone();
+        async move {
+            let v: Option<String> = redis::cmd("GET")
+                .arg("headcount:version:hc:d:")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            v.expect("the directory has a version")
+        }
+    };
+    let v1 = version().await;
+    assert!(!store.delete("hc:d:absent").await.unwrap());
+    assert_eq!(
+        version().await,
+        v1,
+        "a delete of nothing changed the version"
+    );
+    assert!(store.delete("hc:d:a").await.unwrap());
+    let v2 = version().await;
+    assert!(
+        v2.parse::<u64>().unwrap() > v1.parse::<u64>().unwrap(),
+        "{v2} after {v1}"
+    );
+}

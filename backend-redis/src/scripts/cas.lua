@@ -13,7 +13,7 @@ local function write()
   -- A write of the value the key already held (a renewal through compare-and-set) changes no
   -- listing.
   if ARGV[4] == '1' or ARGV[1] ~= ARGV[2] then changed(k) end
-  done(k)
+  track(k, ARGV[3] == '' and -1 or tonumber(ARGV[3]), true)
   return 1
 end
 if ARGV[4] == '1' then
@@ -21,12 +21,9 @@ if ARGV[4] == '1' then
   if redis.call('EXISTS', k) == 1 then return 0 end
   return write()
 end
-local t = redis.call('TYPE', k)['ok']
-if t ~= 'string' then
-  if t == 'none' then return 0 end
-  return {'foreign', 'a Redis ' .. t}
-end
-if redis.call('GET', k) ~= ARGV[1] then
+local cur, refused = read_string(k)
+if refused then return refused end
+if cur ~= ARGV[1] then
   return 0
 end
 return write()

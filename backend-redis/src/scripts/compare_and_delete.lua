@@ -2,15 +2,11 @@
 -- ARGV[1] = the value the key must hold. Returns 1 when it deleted, 0 when the key is absent or
 -- holds something else; a key of another Redis type is reported as {'foreign', type}.
 local k = KEYS[1]
-local t = redis.call('TYPE', k)['ok']
-if t ~= 'string' then
-  if t == 'none' then return 0 end
-  return {'foreign', 'a Redis ' .. t}
-end
-if redis.call('GET', k) ~= ARGV[1] then
+local cur, refused = read_string(k)
+if refused then return refused end
+if cur ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', k)
-untrack(k)
-done(nil)
+if not untrack(k) then changed(k) end
 return 1

@@ -1,6 +1,6 @@
 -- headcount delete: KEYS[1] = key, then the index keys (index.lua).
--- Returns the number of keys removed (0 or 1); the key leaves the index either way.
+-- Returns the number of keys removed (0 or 1); the key leaves the index either way, and the
+-- directory's version changes when there was something to remove.
 local n = redis.call('DEL', KEYS[1])
-untrack(KEYS[1])
-done(nil)
+if not untrack(KEYS[1]) and n == 1 then changed(KEYS[1]) end
 return n

@@ -2,6 +2,6 @@
 -- Returns 1 when the key was live and got the TTL, else 0 (nothing created).
 local n = redis.call('PEXPIRE', KEYS[1], ARGV[1])
 if n == 1 then
-  done(KEYS[1])
+  track(KEYS[1], tonumber(ARGV[1]), true)
 end
 return n

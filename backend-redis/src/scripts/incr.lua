@@ -1,8 +1,9 @@
 -- headcount incr: KEYS[1] = key, then the index keys (index.lua); ARGV[1] = TTL in
 -- milliseconds, or '' for none.
 -- Returns {'ok', n}, or {'foreign', value-or-type} (nothing written).
--- EXISTS first: the TTL applies only when this call creates the key, even if a live key held "0".
-local created = redis.call('EXISTS', KEYS[1]) == 0
+-- The TTL applies only when this call creates the key, even if a live key held "0": PTTL first
+-- (-2: absent) tells a call that creates it, and a live key's expiry stays as it was.
+local before = redis.call('PTTL', KEYS[1])
 local ok, n = pcall(redis.call, 'INCR', KEYS[1])
 if not ok then
   -- Only a value INCR cannot count (not an integer, out of range, another type) is foreign; a
@@ -20,9 +21,5 @@ if not ok then
   end
   return {'foreign', 'a Redis ' .. t}
 end
-if created and ARGV[1] ~= '' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-end
-changed(KEYS[1])
-done(KEYS[1])
+counted(KEYS[1], before, ARGV[1])
 return {'ok', n}

@@ -3,7 +3,8 @@
 -- ARGV[2] = TTL in milliseconds, or '' for none.
 -- Returns {'ok', n, value-or-nil}, {'foreign', value-or-type} for the counter (nothing written),
 -- or {'foreign-read', type} when the key to read is not a string.
-local created = redis.call('EXISTS', KEYS[1]) == 0
+-- PTTL first (-2: absent) tells a call that creates the counter; a live one's expiry stays.
+local before = redis.call('PTTL', KEYS[1])
 local ok, n = pcall(redis.call, 'INCRBY', KEYS[1], ARGV[1])
 if not ok then
   -- Only a value INCR cannot count (not an integer, out of range, another type) is foreign; a
@@ -20,11 +21,7 @@ if not ok then
   end
   return {'foreign', 'a Redis ' .. t}
 end
-if created and ARGV[2] ~= '' then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-changed(KEYS[1])
-done(KEYS[1])
+counted(KEYS[1], before, ARGV[2])
 local t = redis.call('TYPE', KEYS[2])['ok']
 if t == 'none' then
   return {'ok', n}

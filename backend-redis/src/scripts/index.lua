@@ -71,13 +71,24 @@ local VERSION_TTL_MS = 3600000
 -- The versions this script set, by version key.
 local bumped = {}
 
--- Sets version key vk to a new version, above its last and the clock.
+-- Sets version key vk to a new version, above its last and the clock: one SET ... GET (Redis 6.2
+-- and later), and a second SET only in the rare call whose clock reads at or below the last
+-- version (a clock stepped back, or a second change in one microsecond).
 local function bump(vk)
   now()
-  local v = (tonumber(redis.call('GET', vk)) or 0) + 1
-  if now_us > v then v = now_us end
+  local v = now_us
+  local ok, old = pcall(redis.call, 'SET', vk, ms(v), 'PX', VERSION_TTL_MS, 'GET')
+  if not ok then
+    -- A server before 6.2 (no GET option) or another Redis type at vk: SET wrote nothing.
+    old = redis.pcall('GET', vk)
+    if type(old) ~= 'string' then old = nil end
+  end
+  local last = tonumber(old)
+  if last and last >= v then v = last + 1 end
   bumped[vk] = ms(v)
-  redis.call('SET', vk, bumped[vk], 'PX', VERSION_TTL_MS)
+  if not ok or v ~= now_us then
+    redis.call('SET', vk, bumped[vk], 'PX', VERSION_TTL_MS)
+  end
 end
 
 -- Ends the quiet marker by `at` (server ms), a new expiry score: a key due before the marker
@@ -104,32 +115,57 @@ local function due_by(at, mark)
   end
 end
 
+-- The string at `k`, or false when absent; on another Redis type (GET refuses it) the reply to
+-- return instead: one GET on the common path, TYPE only for a refusal.
+local function read_string(k)
+  local ok, v = pcall(redis.call, 'GET', k)
+  if ok then return v end
+  local t = redis.call('TYPE', k)['ok']
+  if t ~= 'string' and t ~= 'none' then return nil, {'foreign', 'a Redis ' .. t} end
+  return nil, redis.error_reply(type(v) == 'table' and v.err or tostring(v))
+end
+
 -- Records that key k's directory changed.
 local function changed(k)
   local vk = version_key(k)
   if vk then bump(vk) end
 end
 
--- Records key k, which this script just wrote, with its current expiry (or none).
-local function track(k)
+-- Gives the index keys the expiry of the last key they hold when every one of those keys has a
+-- TTL, so the index of a prefix nobody writes any more disappears with its keys; else none.
+local function settle()
   if not IDX then return end
-  redis.call('ZADD', IDX, 0, k)
-  local p = redis.call('PTTL', k)
-  if p >= 0 then
-    redis.call('ZADD', EXP, ms(now() + p), k)
-    -- Only a key with a shorter TTL than a marker may live can come due before it ends.
-    if p < MAX_QUIET_MS then due_by(now() + p) end
+  local n = redis.call('ZCARD', IDX)
+  if n == 0 then return end
+  if redis.call('ZCARD', EXP) < n then
+    redis.call('PERSIST', IDX)
+    redis.call('PERSIST', EXP)
   else
-    redis.call('ZREM', EXP, k)
+    local last = redis.call('ZRANGE', EXP, -1, -1, 'WITHSCORES')
+    local at = ms(tonumber(last[2]) + MARGIN_MS)
+    redis.call('PEXPIREAT', IDX, at)
+    redis.call('PEXPIREAT', EXP, at)
   end
 end
 
--- Forgets key k (deleted, or found gone): its directory changed.
+-- Scores key k, which lives `p` more ms, in the expiry index. Returns whether it had no score.
+local function score(k, p)
+  local added = redis.call('ZADD', EXP, ms(now() + p), k) == 1
+  -- Only a key with a shorter TTL than a marker may live can come due before it ends.
+  if p < MAX_QUIET_MS then due_by(now() + p) end
+  return added
+end
+
+-- Forgets key k (deleted, or found gone). Returns whether the index held it: its directory
+-- changed then.
 local function untrack(k)
-  if not IDX then return end
-  redis.call('ZREM', IDX, k)
-  redis.call('ZREM', EXP, k)
-  changed(k)
+  if not IDX then return false end
+  local held = redis.call('ZREM', IDX, k) == 1
+  local scored = redis.call('ZREM', EXP, k) == 1
+  if held or scored then changed(k) end
+  -- A key without TTL kept the index keys from expiring: perhaps none is left.
+  if held and not scored then settle() end
+  return held or scored
 end
 
 -- Removes up to `limit` (default SWEEP) names whose expiry has passed and whose key is gone. A
@@ -155,28 +191,62 @@ local function sweep(limit)
   return #due
 end
 
--- Gives the index keys the expiry of the last key they hold when every one of those keys has a
--- TTL, so the index of a prefix nobody writes any more disappears with its keys; else none.
-local function settle()
-  if not IDX then return end
-  local n = redis.call('ZCARD', IDX)
-  if n == 0 then return end
-  if redis.call('ZCARD', EXP) < n then
+-- Makes the index keys outlive, by MARGIN_MS, a key just given a TTL of `p` ms (-1: none, so
+-- they must not expire at all). They are extended by more than needed, so that most writes
+-- only read their PTTL.
+local function cover(p)
+  local pi = redis.call('PTTL', IDX)
+  if pi == -1 then return end
+  if p < 0 then
     redis.call('PERSIST', IDX)
     redis.call('PERSIST', EXP)
-  else
-    local last = redis.call('ZRANGE', EXP, -1, -1, 'WITHSCORES')
-    local at = ms(tonumber(last[2]) + MARGIN_MS)
-    redis.call('PEXPIREAT', IDX, at)
-    redis.call('PEXPIREAT', EXP, at)
+  elseif pi < p + MARGIN_MS then
+    local keep = ms(p + MARGIN_MS + math.max(MAX_QUIET_MS, math.floor(p / 2)))
+    redis.call('PEXPIRE', IDX, keep)
+    redis.call('PEXPIRE', EXP, keep)
   end
 end
 
--- Every write ends with this: a bounded sweep, then the index keys' own expiry.
-local function done(k)
-  if k then track(k) end
+-- Records key k, which this script just wrote and which now has a TTL of `p` ms (-1: none),
+-- then sweeps. `moved` is false when the write left the key's expiry as it was (an increment of
+-- a live key): only the name is checked then. So a write of a key already recorded costs a
+-- ZADD of its name, and when its expiry moved a ZADD of its score and a PTTL of the index;
+-- only a key new to the index (or one that gains or loses a TTL) settles the index's expiry.
+local function track(k, p, moved)
+  if not IDX then return end
+  local fresh = redis.call('ZADD', IDX, 0, k) == 1
+  if fresh then
+    -- Created, or written before by a client that keeps no index; the index keys may be new
+    -- too, so their expiry is set from what they hold.
+    if p >= 0 then score(k, p) else redis.call('ZREM', EXP, k) end
+    settle()
+  elseif moved then
+    if p < 0 then
+      if redis.call('ZREM', EXP, k) == 1 then cover(-1) end
+    elseif score(k, p) then
+      -- It had no TTL, which kept the index keys from expiring: perhaps none is left.
+      settle()
+    else
+      cover(p)
+    end
+  end
   sweep()
-  settle()
+end
+
+-- After an increment of counter k whose PTTL was `before` (-2: absent): gives the key it created
+-- the TTL `ttl` (ms as text, '' for none; a live key's expiry stays), and records the change.
+local function counted(k, before, ttl)
+  local created = before == -2
+  local p = before
+  if created then
+    p = -1
+    if ttl ~= '' then
+      redis.call('PEXPIRE', k, ttl)
+      p = tonumber(ttl)
+    end
+  end
+  changed(k)
+  track(k, p, created)
 end
 
 -- Keeps the index keys at least MARGIN_MS past the latest expiry score (every live key expires

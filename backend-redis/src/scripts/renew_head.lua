@@ -12,6 +12,6 @@ if kt ~= 'string' and kt ~= 'none' then
 end
 if kt == 'string' and redis.call('GET', KEYS[1]) == ARGV[2] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  track(KEYS[1])
+  track(KEYS[1], tonumber(ARGV[3]), true)
   renewed = 1
 end

@@ -31,10 +31,9 @@ local function less(an, ad, bn, bd)
   return smaller_magnitude
 end
 
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t ~= 'none' then
-  if t ~= 'string' then return {'foreign', 'a Redis ' .. t} end
-  local cur = redis.call('GET', KEYS[1])
+local cur, refused = read_string(KEYS[1])
+if refused then return refused end
+if cur then
   local cn, cd = parse(cur)
   if cn == nil then return {'foreign', cur} end
   local nn, nd = parse(ARGV[1])
@@ -46,5 +45,5 @@ else
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
 changed(KEYS[1])
-done(KEYS[1])
+track(KEYS[1], ARGV[2] == '' and -1 or tonumber(ARGV[2]), true)
 return 1
