@@ -886,3 +886,43 @@ async fn an_acknowledgement_of_a_twin_breaks_the_token_run() {
     store.delete("hc:{g}:slot:9").await.expect("delete");
     a.leave().await.expect("leave");
 }
+
+/// A hook that panics in every call once armed: the heartbeat task's next store call panics.
+#[derive(Debug, Default)]
+struct PanicWhenArmed(std::sync::atomic::AtomicBool);
+
+#[async_trait::async_trait]
+impl headcount_core::decorated::Hooks for PanicWhenArmed {
+    async fn before(&self, op: &'static str) -> headcount_core::Result<()> {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("a store call ({op}) panicked, as this test wants");
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_heartbeat_task_that_panics_fails_the_member_instead_of_hanging_its_waiters() {
+    let decorated = Arc::new(headcount_core::decorated::Decorated::with(
+        Arc::new(MemoryStore::new()),
+        PanicWhenArmed::default(),
+    ));
+    let m = Group::join(decorated.clone(), GroupConfig::new("g", TTL))
+        .await
+        .expect("joins");
+    tokio::time::timeout(Duration::from_secs(5), m.active(0))
+        .await
+        .expect("active in time")
+        .expect("active");
+    decorated
+        .hooks()
+        .0
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // An epoch no view reaches: only the end of the task can answer.
+    let err = tokio::time::timeout(Duration::from_secs(5), m.active(u64::MAX))
+        .await
+        .expect("answers once the task panicked")
+        .expect_err("never active");
+    assert_eq!(err.kind(), ErrorKind::Stopped, "{err}");
+    assert!(err.to_string().contains("panicked"), "{err}");
+}

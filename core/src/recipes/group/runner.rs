@@ -367,6 +367,9 @@ impl Runner {
     }
 
     pub(super) async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<()> {
+        // However this task ends, a caller waiting on the assignment (`Member::active`) hears
+        // of it: a panic (a store or hook that panicked) or an abort publishes `Failed`.
+        let _ended = Ended(self.shared.clone());
         let mut next = self.clock.monotonic() + self.heartbeat;
         loop {
             let fast = self.pending_since.is_some()
@@ -1570,5 +1573,26 @@ impl Runner {
             a.phase = GroupPhase::Stopped;
         });
         result
+    }
+}
+
+/// Publishes `Failed` when the heartbeat task ends without having published `Stopped` or
+/// `Failed` itself: it panicked, or it was aborted (every handle dropped). The assignment's
+/// sender lives in the member's shared state, so its receivers would otherwise wait forever.
+struct Ended(Arc<Shared>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let why = if std::thread::panicking() {
+            "its heartbeat task panicked"
+        } else {
+            "its heartbeat task ended"
+        };
+        self.0.publish(|a| {
+            if !matches!(a.phase, GroupPhase::Stopped | GroupPhase::Failed) {
+                a.phase = GroupPhase::Failed;
+                a.last_error = Some(why.to_owned());
+            }
+        });
     }
 }
