@@ -1,6 +1,6 @@
 //! Group rules checked on the in-memory store: what a member refuses, and what it never shows.
 // Tests fail by panicking.
-#![allow(clippy::expect_used)]
+#![allow(clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 use std::time::Duration;
