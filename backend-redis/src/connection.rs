@@ -55,11 +55,13 @@ impl ConnectionLike for Conn {
 }
 
 /// The connection manager's settings: one retry with short waits, since the manager reconnects on
-/// the next call anyway, and a call must not wait out a long backoff.
+/// the next call anyway, and a call must not wait out a long backoff. No response timeout: every
+/// call already runs within the store's deadline (`RedisStore::run`), so a second timer per call
+/// would only add work (and a timed-out request is no reason for the manager to reconnect
+/// either way).
 fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(timeout)
-        .set_response_timeout(timeout)
         .set_number_of_retries(1)
         .set_factor(10)
         .set_max_delay(100)
