@@ -15,9 +15,11 @@
 //!
 //! The raw side does what the adapter does, by hand: on Redis the same commands or the same Lua
 //! scripts (`INCR` + `PEXPIRE NX` in one `MULTI` for incr), on etcd the same `Txn`s (with one
-//! lease granted up front), on PostgreSQL the same SQL over one connection per task, on SQLite
-//! the same SQL on a dedicated thread. The adapter adds argument checks, a deadline, error
-//! mapping and, for etcd, lease sharing and per-key turn-taking.
+//! lease granted up front), on PostgreSQL the adapter's statements (the same checks and
+//! `RETURNING` clauses, so the server does the same work; before 25 November raw skipped the
+//! canonical-counter check and the `RETURNING`s) prepared up front on one connection per task, on
+//! SQLite the same SQL through `spawn_blocking`. The adapter adds argument checks, a deadline,
+//! a pool checkout, error mapping and, for etcd, lease sharing and per-key turn-taking.
 
 #![allow(
     missing_docs,
@@ -302,24 +304,30 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
     })
 }
 
-/// The SQL of the raw PostgreSQL side (`$1` the key, `$2` the TTL in ms or the number).
+/// The SQL of the raw PostgreSQL side (`$1` the key, `$2` the TTL in ms or the number): the
+/// adapter's statements, with what they check and return (a stored counter must be canonical
+/// decimal; `expire`, `compare_and_set`, `delete` and `set_max` return whether they applied), so
+/// the server does the same work on both sides.
 fn pg_sql(primitive: &str) -> String {
     let hash = r"sha256(replace($1::text, E'\\', E'\\\\')::bytea)";
     let live = "(cur.expires_at IS NULL OR cur.expires_at > now())";
+    let expired = "(cur.expires_at IS NOT NULL AND cur.expires_at <= now())";
+    let stored_int =
+        "(CASE WHEN cur.value ~ '^(0|-?[1-9][0-9]*)$' THEN cur.value ELSE 'x' END)::bigint";
     match primitive {
                     "incr" => format!(
                         "INSERT INTO headcount_kv AS cur (key, value, expires_at) VALUES ($1, '1', now() + $2::bigint * interval '1 millisecond') \
-                         ON CONFLICT (key_hash) DO UPDATE SET value = CASE WHEN {live} THEN (cur.value::bigint + 1)::text ELSE '1' END, \
+                         ON CONFLICT (key_hash) DO UPDATE SET value = CASE WHEN {live} THEN ({stored_int} + 1)::text ELSE '1' END, \
                          expires_at = CASE WHEN {live} THEN cur.expires_at ELSE EXCLUDED.expires_at END RETURNING cur.value::bigint"
                     ),
                     "get" => format!("SELECT cur.value FROM headcount_kv AS cur WHERE cur.key_hash = {hash} AND {live} AND $2::bigint IS NOT NULL"),
-                    "expire" => format!("UPDATE headcount_kv AS cur SET expires_at = now() + $2::bigint * interval '1 millisecond' WHERE cur.key_hash = {hash} AND {live}"),
-                    "compare_and_set" => format!("UPDATE headcount_kv AS cur SET value = 'x', expires_at = now() + $2::bigint * interval '1 millisecond' WHERE cur.key_hash = {hash} AND cur.value = 'x' AND {live}"),
-                    "delete" => format!("DELETE FROM headcount_kv AS cur WHERE cur.key_hash = {hash} AND $2::bigint IS NOT NULL"),
-                    "list" => "SELECT cur.key, cur.value FROM headcount_kv AS cur WHERE left(cur.key, 512) LIKE $1 || '%' AND $2::bigint IS NOT NULL ORDER BY cur.key".to_owned(),
-                    "set_max" => "INSERT INTO headcount_kv AS cur (key, value, expires_at) VALUES ($1, $2::bigint::text, now() + interval '60 seconds') \
-                         ON CONFLICT (key_hash) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at WHERE cur.value::bigint < $2::bigint"
-                        .to_owned(),
+                    "expire" => format!("UPDATE headcount_kv AS cur SET expires_at = now() + $2::bigint * interval '1 millisecond' WHERE cur.key_hash = {hash} AND {live} RETURNING 1"),
+                    "compare_and_set" => format!("UPDATE headcount_kv AS cur SET value = 'x', expires_at = now() + $2::bigint * interval '1 millisecond' WHERE cur.key_hash = {hash} AND cur.value = 'x' AND {live} RETURNING 1"),
+                    "delete" => format!("DELETE FROM headcount_kv AS cur WHERE cur.key_hash = {hash} AND $2::bigint IS NOT NULL RETURNING {live}"),
+                    "list" => format!("SELECT cur.key, cur.value FROM headcount_kv AS cur WHERE left(cur.key, 512) LIKE $1 || '%' AND cur.key LIKE $1 || '%' AND {live} AND $2::bigint IS NOT NULL ORDER BY cur.key"),
+                    "set_max" => format!("INSERT INTO headcount_kv AS cur (key, value, expires_at) VALUES ($1, $2::bigint::text, now() + interval '60 seconds') \
+                         ON CONFLICT (key_hash) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at \
+                         WHERE CASE WHEN {expired} THEN true ELSE {stored_int} < $2::bigint END RETURNING 1"),
                     other => panic!("{other}"),
     }
 }

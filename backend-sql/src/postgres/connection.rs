@@ -5,7 +5,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use deadpool_postgres::{
+    ClientWrapper, Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod,
+};
 use headcount_core::{Error, Result};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -41,8 +43,14 @@ pub(crate) async fn pool(config: &PostgresConfig) -> Result<Pool> {
             recycling_method: RecyclingMethod::Fast,
         },
     );
+    // LIFO: a caller gets the connection returned last, so a light load keeps reusing the few
+    // connections whose server processes are awake and whose cache is warm. The default FIFO
+    // hands each call the connection idle longest, spreading sequential calls over every
+    // connection the pool ever grew to, which cost about 90 µs per call on a ~100 µs round trip
+    // (a raw client cycling over 16 connections pays the same).
     let pool = Pool::builder(manager)
         .max_size(config.pool_size())
+        .queue_mode(QueueMode::Lifo)
         .build()
         .map_err(|e| Error::config(format!("cannot build the PostgreSQL pool: {e}")))?;
     Ok(pool)
