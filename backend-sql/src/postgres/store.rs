@@ -53,7 +53,7 @@ impl PostgresStore {
     }
 
     /// A store over a `deadpool-postgres` pool the application already has (re-exported as
-    /// [`deadpool_postgres`]), with the default table (`headcount`) and operation timeout.
+    /// [`deadpool_postgres`]), with the default table (`headcount_kv`) and operation timeout.
     /// Creates the table if it is missing. Connections that break or time out are dropped
     /// from the pool, as with [`connect`](Self::connect). [`connect`](Self::connect) builds its
     /// pool with `QueueMode::Lifo`, which keeps a light load on a few warm connections; a pool
