@@ -558,3 +558,67 @@ async fn the_index_outlives_every_key_it_holds() {
         "{v2} after {v1}"
     );
 }
+
+/// What other clients do to headcount's keys (a longer TTL, a `PERSIST`) and a lost expiry set
+/// must not let the index keys expire before a live key they hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_outlives_keys_other_clients_changed() {
+    let Some(server) = start(Backend::Redis, || KvStore::redis(None)) else {
+        return;
+    };
+    let url = server.url();
+    let conn = raw(&url).await;
+    let store = headcount::connect(&url).await.unwrap();
+    let ms = Duration::from_millis;
+    let raw_cmd = |args: &'static [&'static str]| {
+        let mut conn = conn.clone();
+        async move {
+            let mut cmd = redis::cmd(args[0]);
+            for a in &args[1..] {
+                cmd.arg(*a);
+            }
+            let _: redis::Value = cmd.query_async(&mut conn).await.unwrap();
+        }
+    };
+    let check = |key: &'static str, what: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            if let Err(e) = index_outlives(&mut conn, key).await {
+                panic!("after {what}: {e}");
+            }
+        }
+    };
+
+    // Another client extends a key's TTL; a later write's sweep re-scores it, and the index
+    // keys must follow.
+    store.incr("hc:a", Some(ms(300))).await.unwrap();
+    store.incr("hc:b", Some(ms(60_000))).await.unwrap();
+    raw_cmd(&["PEXPIRE", "hc:a", "120000"]).await;
+    tokio::time::sleep(ms(400)).await;
+    store.incr("hc:b", Some(ms(60_000))).await.unwrap();
+    check("hc:a", "a sweep re-scoring a key another client extended").await;
+
+    // Another client persists a counter; the next increment keeps the index persistent.
+    raw_cmd(&["PERSIST", "hc:b"]).await;
+    store.incr("hc:b", None).await.unwrap();
+    check("hc:b", "an increment of a counter another client persisted").await;
+
+    // The expiry set is lost while the index keeps an expiry; a write that removes a TTL must
+    // still make the index persistent.
+    raw_cmd(&["DEL", "hc:b"]).await;
+    store.delete("hc:b").await.unwrap();
+    store
+        .compare_and_set("hc:c", None, "x", Some(ms(60_000)))
+        .await
+        .unwrap();
+    raw_cmd(&["DEL", "headcount:expiry"]).await;
+    assert!(store
+        .compare_and_set("hc:c", Some("x"), "y", None)
+        .await
+        .unwrap());
+    check(
+        "hc:c",
+        "a write removing a TTL after the expiry set was lost",
+    )
+    .await;
+}

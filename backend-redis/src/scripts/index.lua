@@ -209,7 +209,8 @@ end
 
 -- Records key k, which this script just wrote and which now has a TTL of `p` ms (-1: none),
 -- then sweeps. `moved` is false when the write left the key's expiry as it was (an increment of
--- a live key): only the name is checked then. So a write of a key already recorded costs a
+-- a live key with a TTL): only the name is checked then, so a TTL another client gave the key
+-- meanwhile is noticed by the next write that moves its expiry, or by a sweep. So a write of a key already recorded costs a
 -- ZADD of its name, and when its expiry moved a ZADD of its score and a PTTL of the index;
 -- only a key new to the index (or one that gains or loses a TTL) settles the index's expiry.
 local function track(k, p, moved)
@@ -222,7 +223,10 @@ local function track(k, p, moved)
     settle()
   elseif moved then
     if p < 0 then
-      if redis.call('ZREM', EXP, k) == 1 then cover(-1) end
+      -- Unconditionally: the expiry set may have been lost (evicted, deleted) while the index
+      -- kept an expiry, which this key no longer bounds.
+      redis.call('ZREM', EXP, k)
+      cover(-1)
     elseif score(k, p) then
       -- It had no TTL, which kept the index keys from expiring: perhaps none is left.
       settle()
@@ -230,7 +234,9 @@ local function track(k, p, moved)
       cover(p)
     end
   end
-  sweep()
+  -- A sweep may re-score a key another client gave a longer TTL: the index keys must then
+  -- outlive it too.
+  if sweep() > 0 then settle() end
 end
 
 -- After an increment of counter k whose PTTL was `before` (-2: absent): gives the key it created
@@ -246,7 +252,9 @@ local function counted(k, before, ttl)
     end
   end
   changed(k)
-  track(k, p, created)
+  -- A live key without TTL is checked as if moved: cheap (a ZREM, and a PTTL of an index that
+  -- is persistent then), and it keeps the index persistent after another client's PERSIST.
+  track(k, p, created or before == -1)
 end
 
 -- Keeps the index keys at least MARGIN_MS past the latest expiry score (every live key expires
