@@ -13,8 +13,9 @@
 //! latency of single calls, and the adapter's throughput as a fraction of the raw client's.
 //! `docs/benchmarks.md` holds a run of it.
 //!
-//! The raw side does what the adapter does, by hand: on Redis the same commands or the same Lua
-//! scripts (`INCR` + `PEXPIRE NX` in one `MULTI` for incr), on etcd the same `Txn`s (with one
+//! The raw side does what the adapter does, by hand: on Redis the same commands, or the shortest
+//! Lua script that does the same (`INCR` + `PEXPIRE NX` in one `MULTI` for incr, a `SCAN` of the
+//! prefix for list; no key index), on etcd the same `Txn`s (with one
 //! lease granted up front), on PostgreSQL the adapter's statements (the same checks and
 //! `RETURNING` clauses, so the server does the same work; before 25 November raw skipped the
 //! canonical-counter check and the `RETURNING`s) prepared up front on one connection per task, on
