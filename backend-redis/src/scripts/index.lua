@@ -210,9 +210,11 @@ end
 -- Records key k, which this script just wrote and which now has a TTL of `p` ms (-1: none),
 -- then sweeps. `moved` is false when the write left the key's expiry as it was (an increment of
 -- a live key with a TTL): only the name is checked then, so a TTL another client gave the key
--- meanwhile is noticed by the next write that moves its expiry, or by a sweep. So a write of a key already recorded costs a
--- ZADD of its name, and when its expiry moved a ZADD of its score and a PTTL of the index;
--- only a key new to the index (or one that gains or loses a TTL) settles the index's expiry.
+-- meanwhile is noticed by the next write that moves its expiry, or by a sweep. So a write of a
+-- key already recorded costs a ZADD of its name and the sweep's ZRANGEBYSCORE, and when its
+-- expiry moved a ZADD of its score and a PTTL of the index; only a key new to the index, one
+-- that gains a TTL, or a sweep that re-scored a name settles the index's expiry (a key that
+-- loses its TTL makes the index persistent).
 local function track(k, p, moved)
   if not IDX then return end
   local fresh = redis.call('ZADD', IDX, 0, k) == 1
