@@ -12,6 +12,19 @@ use headcount_core::{DynStore, ErrorKind};
 
 const TTL: Duration = Duration::from_millis(300);
 
+/// A member of the group `config` names, joined on `store` and active within 5 s.
+async fn join_active(
+    store: DynStore,
+    config: GroupConfig,
+) -> headcount_core::recipes::group::Member {
+    let m = Group::join(store, config).await.expect("joins");
+    tokio::time::timeout(Duration::from_secs(5), m.active(0))
+        .await
+        .expect("active in time")
+        .expect("active");
+    m
+}
+
 /// A lone active member of group `g` on an in-memory store behind a fault layer, and the layer's
 /// controls.
 #[allow(clippy::expect_used)]
@@ -28,29 +41,18 @@ async fn faulty_lone_member() -> (
         faults.clone(),
         Arc::new(SystemClock::new()),
     ));
-    let m = Group::join(store, GroupConfig::new("g", TTL))
-        .await
-        .expect("joins");
-    tokio::time::timeout(Duration::from_secs(5), m.active(0))
-        .await
-        .expect("active in time")
-        .expect("active");
+    let m = join_active(store, GroupConfig::new("g", TTL)).await;
     (m, faults)
 }
 
 #[tokio::test]
 async fn a_member_with_another_assignor_is_refused() {
     let store: DynStore = Arc::new(MemoryStore::new());
-    let a = Group::join(
+    let a = join_active(
         store.clone(),
         GroupConfig::new("g", TTL).with_assignor(AssignorKind::JumpFailover),
     )
-    .await
-    .expect("first member joins");
-    tokio::time::timeout(Duration::from_secs(5), a.active(0))
-        .await
-        .expect("active in time")
-        .expect("active");
+    .await;
     let err = Group::join(
         store.clone(),
         GroupConfig::new("g", TTL).with_assignor(AssignorKind::JumpBackFailover),
@@ -280,13 +282,7 @@ async fn a_grant_from_before_a_lapse_says_so_after_the_member_is_active_again() 
 async fn a_slot_record_without_expiry_does_not_stall_the_group() {
     use headcount_core::recipes::group::{GroupPhase, SlotRecord};
     let store: DynStore = Arc::new(MemoryStore::new());
-    let m = Group::join(store.clone(), GroupConfig::new("g", TTL))
-        .await
-        .expect("joins");
-    tokio::time::timeout(Duration::from_secs(5), m.active(0))
-        .await
-        .expect("active in time")
-        .expect("active");
+    let m = join_active(store.clone(), GroupConfig::new("g", TTL)).await;
     // Written by hand: fields in another order and an unpadded nonce, which parse to a claim
     // but are not the text the member would write for it.
     let ghost = format!(
@@ -624,13 +620,7 @@ async fn a_burst_that_fills_the_group_is_not_refused_as_full() {
 async fn a_member_of_an_older_version_in_the_group_stops_this_one() {
     use headcount_core::recipes::group::GroupPhase;
     let store: DynStore = Arc::new(MemoryStore::new());
-    let a = Group::join(store.clone(), GroupConfig::new("g", TTL))
-        .await
-        .expect("joins");
-    tokio::time::timeout(Duration::from_secs(5), a.active(0))
-        .await
-        .expect("active in time")
-        .expect("active");
+    let a = join_active(store.clone(), GroupConfig::new("g", TTL)).await;
     let record = store
         .get("hc:{g}:slot:0")
         .await
@@ -659,13 +649,7 @@ async fn a_member_of_an_older_version_in_the_group_stops_this_one() {
     assert!(why.contains("earlier version"), "{why}");
     // The failed member left its slot; an old view naming no live claim is left from before an
     // upgrade and does not stop anyone.
-    let b = Group::join(store.clone(), GroupConfig::new("g", TTL))
-        .await
-        .expect("joins beside a view from before the upgrade");
-    tokio::time::timeout(Duration::from_secs(5), b.active(0))
-        .await
-        .expect("active in time")
-        .expect("active");
+    let b = join_active(store.clone(), GroupConfig::new("g", TTL)).await;
     let slot = b.assignment().slot.expect("a slot");
     let record = store
         .get(&format!("hc:{{g}}:slot:{slot}"))
@@ -907,13 +891,7 @@ async fn a_heartbeat_task_that_panics_fails_the_member_instead_of_hanging_its_wa
         Arc::new(MemoryStore::new()),
         PanicWhenArmed::default(),
     ));
-    let m = Group::join(decorated.clone(), GroupConfig::new("g", TTL))
-        .await
-        .expect("joins");
-    tokio::time::timeout(Duration::from_secs(5), m.active(0))
-        .await
-        .expect("active in time")
-        .expect("active");
+    let m = join_active(decorated.clone(), GroupConfig::new("g", TTL)).await;
     decorated
         .hooks()
         .0
