@@ -10,7 +10,7 @@ use std::time::Duration;
 use headcount::ErrorKind;
 use headcount_conformance::harness::{skip_unless_required, Backend, KvStore, Unavailable};
 use headcount_conformance::wait::{eventually, EVERY};
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 
 /// How long the index and the keys get to expire, and the listing to catch up.
 const TEN_S: Duration = Duration::from_secs(10);
@@ -20,7 +20,7 @@ fn start(backend: Backend, f: impl FnOnce() -> Result<KvStore, Unavailable>) -> 
     skip_unless_required(backend, "redis_index", f())
 }
 
-async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+async fn raw(url: &str) -> MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()
@@ -453,23 +453,24 @@ async fn pttl(conn: &mut impl ConnectionLike, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
 }
 
-/// Whether both index keys outlive `key` by the 6 s margin the listing relies on (a key without
-/// TTL needs them persistent, or the expiry set empty).
-async fn index_outlives(conn: &mut impl ConnectionLike, key: &str) -> Result<(), String> {
-    let k = pttl(conn, key).await;
+/// Asserts that both index keys outlive `key` by the 6 s margin the listing relies on (a key
+/// without TTL needs them persistent, or the expiry set empty), `after` the write named.
+async fn assert_index_outlives(conn: &MultiplexedConnection, key: &str, after: &str) {
+    let mut conn = conn.clone();
+    let k = pttl(&mut conn, key).await;
     for index in ["headcount:index", "headcount:expiry"] {
-        let i = pttl(conn, index).await;
+        let i = pttl(&mut conn, index).await;
         let ok = match k {
             // The expiry set is gone when it holds no name.
             -1 => i == -1 || (index == "headcount:expiry" && i == -2),
             k if k >= 0 => i == -1 || i >= k + 6_000 - 50,
             _ => true,
         };
-        if !ok {
-            return Err(format!("{index} has PTTL {i} ms, {key} has {k} ms"));
-        }
+        assert!(
+            ok,
+            "after {after}: {index} has PTTL {i} ms, {key} has {k} ms"
+        );
     }
-    Ok(())
 }
 
 /// A write of a key the index already holds updates the index only as far as it must (the name,
@@ -489,14 +490,7 @@ async fn the_index_outlives_every_key_it_holds() {
         let mut conn = conn.clone();
         async move { pttl(&mut conn, "headcount:index").await }
     };
-    let check = |what: &'static str| {
-        let mut conn = conn.clone();
-        async move {
-            if let Err(e) = index_outlives(&mut conn, "hc:k").await {
-                panic!("after {what}: {e}");
-            }
-        }
-    };
+    let check = |what: &'static str| assert_index_outlives(&conn, "hc:k", what);
 
     // Created with a short TTL, then extended by each primitive that can.
     store.incr("hc:k", Some(ms(200))).await.unwrap();
@@ -580,14 +574,7 @@ async fn the_index_outlives_keys_other_clients_changed() {
             let _: redis::Value = cmd.query_async(&mut conn).await.unwrap();
         }
     };
-    let check = |key: &'static str, what: &'static str| {
-        let mut conn = conn.clone();
-        async move {
-            if let Err(e) = index_outlives(&mut conn, key).await {
-                panic!("after {what}: {e}");
-            }
-        }
-    };
+    let check = |key: &'static str, what: &'static str| assert_index_outlives(&conn, key, what);
 
     // Another client extends a key's TTL; a later write's sweep re-scores it, and the index
     // keys must follow.
