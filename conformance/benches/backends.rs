@@ -97,11 +97,15 @@ fn key(t: &Target, what: &str, task: usize) -> String {
 /// the kernel a timer arm and cancel per wake-up (10–18 µs per PostgreSQL call, measured on the
 /// test machine on 25 November), so a
 /// raw side without one measures less than any real client does.
+/// Read once: the environment is not consulted per call.
 fn raw_deadline() -> Option<Duration> {
-    match std::env::var("HEADCOUNT_BENCH_RAW_DEADLINE").as_deref() {
-        Ok("none") => None,
-        _ => Some(Duration::from_secs(5)),
-    }
+    static DEADLINE: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *DEADLINE.get_or_init(
+        || match std::env::var("HEADCOUNT_BENCH_RAW_DEADLINE").as_deref() {
+            Ok("none") => None,
+            _ => Some(Duration::from_secs(5)),
+        },
+    )
 }
 
 /// One call of `primitive` through the adapter, by task `task` (its own keys), round `n`.
