@@ -10,8 +10,13 @@
 //! `HEADCOUNT_TEST_<BACKEND>_URL` stores). Criterion prints its usual estimates per benchmark
 //! (one iteration = one round of `concurrency` calls at once); at the end a Markdown table gives,
 //! per primitive, backend and concurrency, the throughput in calls per second, the p50 and p99
-//! latency of single calls, and the adapter's throughput as a fraction of the raw client's.
+//! latency of single calls, and the adapter's throughput as a fraction of the raw client's; for
+//! the Redis writes also the floor of any design that keeps a key index (`raw+name-index`: the
+//! raw commands plus one `ZADD` of the name, in one script) as a fraction of raw.
 //! `docs/benchmarks.md` holds a run of it.
+//!
+//! Before measuring, 100,000 unrelated keys are written beside the benchmark's (see
+//! `fill_unrelated`), as a store shared with other data holds them.
 //!
 //! The raw side does what the adapter does, by hand: on Redis the same commands, or the shortest
 //! Lua script that does the same (`INCR` + `PEXPIRE NX` in one `MULTI` for incr, a `SCAN` of the
@@ -324,6 +329,66 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
     })
 }
 
+/// The floor of any design that keeps a key index on Redis: the raw side's commands plus one
+/// `ZADD` (or `ZREM` for `delete`) of the key's name in a sorted set, in one script, which is the
+/// least a write can do to stay listable without a `SCAN` (headcount's index also scores
+/// expiries and versions directories). Measured for the write primitives on Redis only.
+const FLOOR_INCR_LUA: &str = "local n = redis.call('INCR', KEYS[1]) \
+     redis.call('PEXPIRE', KEYS[1], ARGV[1], 'NX') redis.call('ZADD', KEYS[2], 0, KEYS[1]) return n";
+const FLOOR_EXPIRE_LUA: &str = "local r = redis.call('PEXPIRE', KEYS[1], ARGV[1]) \
+     redis.call('ZADD', KEYS[2], 0, KEYS[1]) return r";
+const FLOOR_CAS_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) redis.call('ZADD', KEYS[2], 0, KEYS[1]) \
+     return 1 end return 0";
+const FLOOR_DELETE_LUA: &str = "local r = redis.call('DEL', KEYS[1]) \
+     redis.call('ZREM', KEYS[2], KEYS[1]) return r";
+const FLOOR_SET_MAX_LUA: &str = "local cur = redis.call('GET', KEYS[1]) \
+     if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end \
+     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('ZADD', KEYS[2], 0, KEYS[1]) return 1";
+
+/// Whether the floor is measured for `primitive` on `backend`.
+fn has_floor(backend: &str, primitive: &str) -> bool {
+    backend == "redis" && !matches!(primitive, "get" | "list")
+}
+
+/// One call of the floor (see [`FLOOR_INCR_LUA`]).
+fn floor_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFut<'a> {
+    Box::pin(async move {
+        let Raw::Redis(conn) = &t.raw else {
+            panic!("the floor is measured on Redis only")
+        };
+        let mut c = conn.clone();
+        let ttl_ms = TTL.as_millis() as i64;
+        let index = format!("{}floor-index", t.prefix);
+        let k = |w: &str| key(t, w, task);
+        // The script, its key and its arguments after the index, as the raw side sends them
+        // (its scripts are built per call too).
+        let (src, key, args): (&str, String, Vec<String>) = match primitive {
+            "incr" => (FLOOR_INCR_LUA, k("fn"), vec![ttl_ms.to_string()]),
+            "expire" => (FLOOR_EXPIRE_LUA, k("n"), vec![ttl_ms.to_string()]),
+            "compare_and_set" => (
+                FLOOR_CAS_LUA,
+                k("c"),
+                vec!["x".into(), "x".into(), ttl_ms.to_string()],
+            ),
+            "delete" => (FLOOR_DELETE_LUA, k("absent"), vec![]),
+            "set_max" => (
+                FLOOR_SET_MAX_LUA,
+                k("fm"),
+                vec![n.to_string(), ttl_ms.to_string()],
+            ),
+            other => panic!("no floor for {other}"),
+        };
+        let script = redis::Script::new(src);
+        let mut call = script.key(key);
+        call.key(&index);
+        for a in args {
+            call.arg(a);
+        }
+        let _: redis::Value = call.invoke_async(&mut c).await.unwrap();
+    })
+}
+
 /// The SQL of the raw PostgreSQL side (`$1` the key, `$2` the TTL in ms or the number): the
 /// adapter's statements, with what they check and return (a stored counter must be canonical
 /// decimal; `expire`, `compare_and_set`, `delete` and `set_max` return whether they applied), so
@@ -360,7 +425,26 @@ struct Stats {
     elapsed: Duration,
 }
 
-type Results = Arc<Mutex<BTreeMap<(String, &'static str, usize, bool), Stats>>>;
+/// Who makes the calls: headcount's adapter, the raw client, or the raw client keeping the
+/// least key index (Redis writes only, see [`FLOOR_INCR_LUA`]).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Side {
+    Adapter,
+    Raw,
+    Floor,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Adapter => "adapter",
+            Side::Raw => "raw",
+            Side::Floor => "raw+name-index",
+        }
+    }
+}
+
+type Results = Arc<Mutex<BTreeMap<(String, &'static str, usize, Side), Stats>>>;
 
 async fn setup(backend: Backend) -> Option<Target> {
     let url = match backend.shared().await {
@@ -434,7 +518,74 @@ async fn setup(backend: Backend) -> Option<Target> {
             .await
             .unwrap();
     }
+    fill_unrelated(&t).await;
     Some(t)
+}
+
+/// Unrelated keys written before measuring, as a store shared with other data holds them.
+const UNRELATED: usize = 100_000;
+
+/// Writes [`UNRELATED`] keys beside the benchmark's, with the raw client, under a name of their
+/// own: plain strings another application keeps in Redis, keys of another application in etcd,
+/// and rows of another prefix in headcount's own table on PostgreSQL and SQLite (the only
+/// keyspace the adapter's statements touch there). Both sides then run on the same store: the
+/// raw Redis `list`, a `SCAN` of the whole keyspace, pays for them, the adapter's key index
+/// does not.
+async fn fill_unrelated(t: &Target) {
+    let base = format!("hcb-unrelated:{}", t.prefix);
+    let name = |i: usize| format!("{base}{i}");
+    match &t.raw {
+        Raw::Redis(conn) => {
+            let mut c = conn.clone();
+            for chunk in (0..UNRELATED).collect::<Vec<_>>().chunks(1000) {
+                let mut mset = redis::cmd("MSET");
+                for &i in chunk {
+                    mset.arg(name(i)).arg("unrelated value");
+                }
+                let () = mset.query_async(&mut c).await.unwrap();
+            }
+        }
+        Raw::Etcd(kv, _) => {
+            use etcd_client::{Txn, TxnOp};
+            let mut kv = kv.clone();
+            // etcd allows 128 operations per transaction by default.
+            for chunk in (0..UNRELATED).collect::<Vec<_>>().chunks(128) {
+                let puts: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|&i| TxnOp::put(name(i), "unrelated value", None))
+                    .collect();
+                kv.txn(Txn::new().and_then(puts)).await.unwrap();
+            }
+        }
+        Raw::Postgres(clients) => {
+            clients[0]
+                .0
+                .execute(
+                    "INSERT INTO headcount_kv (key, value) \
+                     SELECT $1 || i, 'unrelated value' FROM generate_series(0, $2::bigint - 1) AS i \
+                     ON CONFLICT DO NOTHING",
+                    &[&base, &(UNRELATED as i64)],
+                )
+                .await
+                .unwrap();
+        }
+        Raw::Sqlite(conn) => {
+            let conn = conn.clone();
+            let base = base.clone();
+            tokio::task::spawn_blocking(move || {
+                conn.lock()
+                    .unwrap()
+                    .execute(
+                        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?2) \
+                         INSERT OR IGNORE INTO headcount_kv (key, value) SELECT ?1 || i, 'unrelated value' FROM n",
+                        rusqlite::params![base, UNRELATED as i64],
+                    )
+                    .unwrap();
+            })
+            .await
+            .unwrap();
+        }
+    }
 }
 
 fn bench(c: &mut Criterion) {
@@ -459,9 +610,17 @@ fn bench(c: &mut Criterion) {
     for t in &targets {
         for primitive in PRIMITIVES {
             let mut group = c.benchmark_group(format!("{}/{primitive}", t.backend));
+            if t.backend == "redis" && primitive == "list" {
+                // The raw listing scans the unrelated keys too: ~0.1 s a call, so the fewest
+                // samples criterion takes, not its usual 100.
+                group.sample_size(10);
+            }
             for concurrency in CONCURRENCY {
-                for raw in [false, true] {
-                    let id = format!("{}/c{concurrency}", if raw { "raw" } else { "adapter" });
+                for side in [Side::Adapter, Side::Raw, Side::Floor] {
+                    if side == Side::Floor && !has_floor(t.backend, primitive) {
+                        continue;
+                    }
+                    let id = format!("{}/c{concurrency}", side.name());
                     let results = results.clone();
                     let counter = counter.clone();
                     let t = t.clone();
@@ -479,18 +638,23 @@ fn bench(c: &mut Criterion) {
                                         let t = &t2;
                                         async move {
                                             let s = Instant::now();
-                                            if raw {
-                                                match raw_deadline() {
-                                                    Some(d) => tokio::time::timeout(
-                                                        d,
-                                                        raw_call(t, primitive, task, n),
-                                                    )
-                                                    .await
-                                                    .expect("a raw call within its deadline"),
-                                                    None => raw_call(t, primitive, task, n).await,
+                                            let call = match side {
+                                                Side::Adapter => {
+                                                    adapter_call(t, primitive, task, n).await;
+                                                    None
                                                 }
-                                            } else {
-                                                adapter_call(t, primitive, task, n).await;
+                                                Side::Raw => Some(raw_call(t, primitive, task, n)),
+                                                Side::Floor => {
+                                                    Some(floor_call(t, primitive, task, n))
+                                                }
+                                            };
+                                            if let Some(call) = call {
+                                                match raw_deadline() {
+                                                    Some(d) => tokio::time::timeout(d, call)
+                                                        .await
+                                                        .expect("a raw call within its deadline"),
+                                                    None => call.await,
+                                                }
                                             }
                                             s.elapsed()
                                         }
@@ -501,7 +665,7 @@ fn bench(c: &mut Criterion) {
                             });
                             let mut r = results.lock().unwrap();
                             let s = r
-                                .entry((t.backend.to_owned(), primitive, concurrency, raw))
+                                .entry((t.backend.to_owned(), primitive, concurrency, side))
                                 .or_default();
                             s.ops += lat.len() as u64;
                             s.elapsed += elapsed;
@@ -517,26 +681,29 @@ fn bench(c: &mut Criterion) {
     print_table(&results.lock().unwrap());
 }
 
-fn print_table(results: &BTreeMap<(String, &'static str, usize, bool), Stats>) {
+fn print_table(results: &BTreeMap<(String, &'static str, usize, Side), Stats>) {
     println!();
-    println!("| backend | primitive | conc. | adapter ops/s | p50 | p99 | raw ops/s | p50 | p99 | adapter/raw |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| backend | primitive | conc. | adapter ops/s | p50 | p99 | raw ops/s | p50 | p99 | adapter/raw | raw+name-index/raw |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
+    let rate = |s: &Stats| s.ops as f64 / s.elapsed.as_secs_f64().max(1e-9);
     for backend in ["redis", "etcd", "postgres", "sqlite"] {
         for primitive in PRIMITIVES {
             for concurrency in CONCURRENCY {
-                let get = |raw| results.get(&(backend.to_owned(), primitive, concurrency, raw));
-                let (Some(a), Some(r)) = (get(false), get(true)) else {
+                let get = |side| results.get(&(backend.to_owned(), primitive, concurrency, side));
+                let (Some(a), Some(r)) = (get(Side::Adapter), get(Side::Raw)) else {
                     continue;
                 };
-                let rate = |s: &Stats| s.ops as f64 / s.elapsed.as_secs_f64().max(1e-9);
                 let mut al = a.latencies.clone();
                 al.sort_unstable();
                 let mut rl = r.latencies.clone();
                 rl.sort_unstable();
                 let ratio = rate(a) / rate(r).max(1e-9);
+                let floor = get(Side::Floor)
+                    .map(|f| format!("{:.2}", rate(f) / rate(r).max(1e-9)))
+                    .unwrap_or_default();
                 println!(
-                    "| {backend} | {primitive} | {concurrency} | {:.0} | {} | {} | {:.0} | {} | {} | {:.2}{} |",
+                    "| {backend} | {primitive} | {concurrency} | {:.0} | {} | {} | {:.0} | {} | {} | {:.2}{} | {floor} |",
                     rate(a),
                     ms(percentile(&al, 50)),
                     ms(percentile(&al, 99)),
