@@ -19,3 +19,5 @@ pub use store::SqliteStore;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_tests;
