@@ -10,8 +10,8 @@ use rusqlite::types::{ToSql, Value};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::sql::{
-    canonical_counter, clock_statements, incr_in_one_statement, now_ms, set_max_in_one_statement,
-    NOW_MS, TABLE,
+    canonical_counter, clock_statements, compare_and_delete, compare_and_set, delete, expire,
+    incr_in_one_statement, now_ms, set_max_in_one_statement, NOW_MS, TABLE,
 };
 use super::SqliteStore;
 
@@ -363,6 +363,77 @@ async fn the_one_statement_paths_apply_exactly_where_they_should() {
         );
         assert_eq!(row(&conn, "s"), Some((text(value), later)), "{value}");
     }
+}
+
+/// A row is expired from the millisecond its `expires_at` names (`expires_at <= now`), for every
+/// statement that reads the clock. The row is written with the current millisecond and the
+/// statement runs microseconds later, usually in the same millisecond, which is the case a
+/// `>=` for `>` would get wrong; a later one is expired all the more.
+#[tokio::test]
+async fn a_row_is_expired_from_its_expiry_millisecond() {
+    let dir = tempfile::tempdir().unwrap();
+    let _store = file_store(&dir).await;
+    let conn = raw(&dir);
+    for _ in 0..20 {
+        let at = |conn: &Connection| put(conn, "k", &"5", Some(now_ms()));
+        at(&conn);
+        assert!(!expire(&conn, "k", 60_000).unwrap(), "expire");
+        at(&conn);
+        assert!(
+            !compare_and_set(&conn, "k", Some("5"), "6", None).unwrap(),
+            "replace"
+        );
+        at(&conn);
+        assert!(
+            compare_and_set(&conn, "k", None, "6", None).unwrap(),
+            "create"
+        );
+        at(&conn);
+        assert!(
+            !compare_and_delete(&conn, "k", "5").unwrap(),
+            "compare_and_delete"
+        );
+        at(&conn);
+        assert!(!delete(&conn, "k").unwrap(), "delete");
+        at(&conn);
+        assert_eq!(
+            incr_in_one_statement(&conn, "k", None).unwrap(),
+            Some(1),
+            "incr"
+        );
+        at(&conn);
+        assert!(
+            set_max_in_one_statement(&conn, "k", 1, None).unwrap(),
+            "set_max"
+        );
+    }
+}
+
+/// In a hand-made table whose `expires_at` has no INTEGER affinity, a text expiry compares as
+/// text (greater than any number, so live), as it does for `get`, which binds the clock as a
+/// parameter: the writes, which compute it in SQL, agree.
+#[tokio::test]
+async fn writes_and_reads_agree_on_a_hand_made_text_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    raw(&dir)
+        .execute_batch(&format!(
+            "CREATE TABLE {TABLE} (key TEXT NOT NULL PRIMARY KEY, value TEXT NOT NULL, expires_at) WITHOUT ROWID"
+        ))
+        .unwrap();
+    let store = file_store(&dir).await;
+    let conn = raw(&dir);
+    put(&conn, "k", &"5", Some(0));
+    conn.execute(&format!("UPDATE {TABLE} SET expires_at = '1'"), [])
+        .unwrap();
+    assert_eq!(store.get("k").await.unwrap().as_deref(), Some("5"));
+    assert!(!store.compare_and_set("k", None, "x", None).await.unwrap());
+    assert_eq!(store.incr("k", None).await.unwrap(), 6);
+    assert!(store.set_max("k", 9, None).await.unwrap());
+    assert_eq!(store.get("k").await.unwrap().as_deref(), Some("9"));
+    put(&conn, "k", &"5", Some(0));
+    conn.execute(&format!("UPDATE {TABLE} SET expires_at = '1'"), [])
+        .unwrap();
+    assert!(store.expire("k", Duration::from_secs(60)).await.unwrap());
 }
 
 /// Text that is not a canonical counter, live: `incr` and `set_max` report it and write nothing,
