@@ -3,9 +3,11 @@
 //!
 //! Every store owns one connection on a dedicated worker thread, so rusqlite's blocking calls never
 //! run on the async runtime's workers; operations reach it as boxed closures over a channel and
-//! come back on a oneshot. Read-modify-write primitives run in `BEGIN IMMEDIATE` transactions, so
-//! they are atomic across connections and processes, not just within this handle. See the crate
-//! README for URLs, options and the schema.
+//! come back on a oneshot. A write is one autocommit statement that reads the clock in SQL under
+//! the write lock it takes; `incr_and_get`, `renew_and_list`, and `incr` or `set_max` over a value
+//! that is not a plain counter, run in `BEGIN IMMEDIATE` transactions. Either way a write is atomic
+//! across connections and processes, not just within this handle. See the crate README for URLs,
+//! options and the schema.
 
 mod config;
 mod connection;
@@ -19,3 +21,5 @@ pub use store::SqliteStore;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_tests;

@@ -1,12 +1,18 @@
-//! The SQL of every primitive, run on the worker thread: one statement, or a `BEGIN IMMEDIATE`
-//! transaction for read-modify-write, with liveness judged on this host's clock.
+//! The SQL of every primitive, run on the worker thread, with liveness judged on this host's clock.
+//!
+//! A write is one autocommit statement that reads the clock itself ([`NOW_MS`]), after SQLite has
+//! taken the write lock for it. `incr` and `set_max` try one upsert that applies only over a
+//! canonical counter (or an absent or expired row); when it does not apply they fall back to a
+//! `BEGIN IMMEDIATE` transaction ([`locked_write`]) that reads the row and gives the exact answer
+//! or error. `incr_and_get` and `renew_and_list`, two statements that must see one instant, always
+//! run in such a transaction. Reads are one statement.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use headcount_core::backend::parse_counter;
 use headcount_core::{Error, Result};
-use rusqlite::types::ValueRef;
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::types::{FromSql, ValueRef};
+use rusqlite::{params, Connection, Params, Statement, TransactionBehavior};
 
 use super::errors::Sql;
 
@@ -22,9 +28,35 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// [`now_ms`] read by SQLite inside a statement, so that a single autocommit statement reads the
+/// clock under the write lock it takes.
+///
+/// - Why under the lock: in autocommit mode a statement's program starts with `OP_Init`, which
+///   jumps straight to the prologue at its end, whose first instruction is `OP_Transaction`; for a
+///   write that takes the write lock, waiting in the busy handler. Only then does the prologue
+///   compute any constants factored out of the body and jump back to the body, where these
+///   statements call `unixepoch` (behind `OP_Once`). So the clock is read under the lock wherever
+///   the planner puts the call (`sqlite3FinishCoding` emits the prologue in that order;
+///   `the_clock_is_read_under_the_write_lock` checks every statement's bytecode). If the wait
+///   times out, the statement fails with `SQLITE_BUSY` having read and written nothing.
+/// - One instant: SQLite caches `'now'` per `sqlite3_step` (`Vdbe::iCurrentTime`, cleared at the
+///   start of each step). These statements do all their work in their first step (`RETURNING`
+///   rows are buffered), so every use in one statement sees the same value, and a cached
+///   statement reads the clock afresh on each execution.
+/// - Same value as [`now_ms`]: the unix VFS reads `gettimeofday` truncated to the millisecond
+///   (the same `CLOCK_REALTIME` as `SystemTime`; it cannot fail, so the value is never NULL),
+///   and `unixepoch('subsec')` returns it as `ms / 1000.0`. Multiplying back can land a hair
+///   below `ms` (1001 ms gives 1000.999…), so `ROUND`, not truncation, recovers it exactly (the
+///   error is below 0.06 ms up to year 9999).
+/// - `+ 0` drops the `CAST`'s INTEGER affinity, so comparisons with `expires_at` convert exactly
+///   as they did with a bound parameter (it matters only in a hand-made table whose `expires_at`
+///   column lacks INTEGER affinity).
+pub(crate) const NOW_MS: &str = "(CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + 0)";
+
 /// The expiry of a key written at `now` (whole milliseconds, truncated) with `ttl_ms`. The write
 /// really happened somewhere in `[now, now + 1)`, so one millisecond is added: a key may outlive its
-/// TTL by up to 1 ms, never fall short of it.
+/// TTL by up to 1 ms, never fall short of it. The statements that read [`NOW_MS`] compute the same
+/// `now + ttl + 1` in SQL (NULL for no TTL); a TTL is at most `MAX_TTL`, so neither can overflow.
 fn expiry(now: i64, ttl_ms: Option<i64>) -> Option<i64> {
     ttl_ms.map(|t| now.saturating_add(t).saturating_add(1))
 }
@@ -86,8 +118,77 @@ fn locked_write<T>(
     Ok(out)
 }
 
+/// `{TABLE}`'s row is live at [`NOW_MS`]. Qualified, for an upsert's `DO UPDATE`, where
+/// `excluded` is in scope too; in `NOT` it is exactly "expired": `expires_at > now` is never NULL
+/// when `expires_at` is not.
+fn live_now() -> String {
+    format!("({TABLE}.expires_at IS NULL OR {TABLE}.expires_at > {NOW_MS})")
+}
+
+/// `{TABLE}.value` is a counter: exactly the text [`parse_counter`] accepts. The canonical
+/// decimal spellings of the i64s are exactly the texts that survive a round trip through
+/// SQLite's integer `CAST` unchanged: it reads an optional sign, digits and stops at anything
+/// else (so `"007"`, `"+1"`, `" 1"`, `"1.0"`, `"-0"`, `""` come back different), clamps beyond
+/// the i64 range (so a too-long number comes back different), and prints `%lld`. Text only: an
+/// INTEGER or REAL cell (a hand-made table without TEXT affinity) is left to the slow path,
+/// which reads it as [`text_of`] does.
+pub(crate) fn canonical_counter() -> String {
+    format!(
+        "(typeof({TABLE}.value) = 'text'
+          AND CAST(CAST({TABLE}.value AS INTEGER) AS TEXT) = {TABLE}.value)"
+    )
+}
+
+/// Runs `stmt` to completion and returns the first column of its first row, if any. Stepping to
+/// the end matters in autocommit mode: a statement with `RETURNING` commits only when it
+/// finishes, and an error from that commit would be lost in the reset that drops it half-way.
+fn returning<T: FromSql>(stmt: &mut Statement<'_>, params: impl Params) -> Result<Option<T>> {
+    let mut rows = stmt.query(params).sql()?;
+    let mut first = None;
+    while let Some(row) = rows.next().sql()? {
+        if first.is_none() {
+            first = Some(row.get(0).sql()?);
+        }
+    }
+    Ok(first)
+}
+
 pub(crate) fn incr(conn: &mut Connection, key: &str, ttl_ms: Option<i64>) -> Result<i64> {
-    locked_write(conn, |tx, now| add_to_counter(tx, key, 1, ttl_ms, now))
+    match incr_in_one_statement(conn, key, ttl_ms)? {
+        Some(n) => Ok(n),
+        // The transaction reads the value and reports it precisely.
+        None => locked_write(conn, |tx, now| add_to_counter(tx, key, 1, ttl_ms, now)),
+    }
+}
+
+/// `incr` as one autocommit statement, for the common case: a live canonical counter below
+/// i64::MAX is incremented (its expiry kept), an absent or expired row becomes 1 with a fresh
+/// expiry. Over anything else (a foreign value, or i64::MAX, whose sum SQLite would turn into a
+/// REAL) it writes nothing and returns `None`.
+pub(crate) fn incr_in_one_statement(
+    conn: &Connection,
+    key: &str,
+    ttl_ms: Option<i64>,
+) -> Result<Option<i64>> {
+    let mut stmt = conn.prepare_cached(&incr_sql()).sql()?;
+    returning(&mut stmt, params![key, ttl_ms])
+}
+
+/// `incr`'s one statement: binds the key and the TTL.
+fn incr_sql() -> String {
+    let live = live_now();
+    let counter = canonical_counter();
+    format!(
+        "INSERT INTO {TABLE} (key, value, expires_at) VALUES (?1, '1', {NOW_MS} + ?2 + 1)
+         ON CONFLICT (key) DO UPDATE SET
+             value = CASE WHEN {live}
+                          THEN CAST(CAST({TABLE}.value AS INTEGER) + 1 AS TEXT)
+                          ELSE excluded.value END,
+             expires_at = CASE WHEN {live} THEN {TABLE}.expires_at ELSE excluded.expires_at END
+         WHERE NOT {live}
+            OR ({counter} AND CAST({TABLE}.value AS INTEGER) < 9223372036854775807)
+         RETURNING CAST(value AS INTEGER)"
+    )
 }
 
 /// Adds `by` to the counter at `key` inside the caller's write transaction, judging liveness at
@@ -138,6 +239,13 @@ pub(crate) fn set_max(
     value: i64,
     ttl_ms: Option<i64>,
 ) -> Result<bool> {
+    if set_max_in_one_statement(conn, key, value, ttl_ms)? {
+        return Ok(true);
+    }
+    // The statement wrote nothing: the transaction decides between "not greater" (a normal
+    // `false`) and a foreign value (an error). The statement cannot tell them apart without
+    // touching the row, since `RETURNING` reports only rows it wrote; so a `set_max` that does
+    // not raise the value costs the statement and then the transaction.
     locked_write(conn, |tx, now| {
         if let Some(text) = live_value(tx, key, now)? {
             if parse_counter(key, &text)? >= value {
@@ -149,92 +257,140 @@ pub(crate) fn set_max(
     })
 }
 
-pub(crate) fn compare_and_set(
-    conn: &mut Connection,
+/// `set_max` as one autocommit statement when it writes: over an absent or expired row, or a
+/// live canonical counter below `value`, it writes `value` with a fresh expiry and returns
+/// `true`. Otherwise it writes nothing and returns `false`.
+pub(crate) fn set_max_in_one_statement(
+    conn: &Connection,
     key: &str,
-    expected: Option<&str>,
-    new: &str,
+    value: i64,
     ttl_ms: Option<i64>,
 ) -> Result<bool> {
-    locked_write(conn, |conn, now| {
-        compare_and_set_at(conn, now, key, expected, new, ttl_ms)
-    })
+    let changed = conn
+        .prepare_cached(&set_max_sql())
+        .sql()?
+        .execute(params![key, value, ttl_ms])
+        .sql()?;
+    Ok(changed == 1)
 }
 
-fn compare_and_set_at(
+/// `set_max`'s one statement: binds the key, the value and the TTL.
+fn set_max_sql() -> String {
+    let live = live_now();
+    let counter = canonical_counter();
+    format!(
+        "INSERT INTO {TABLE} (key, value, expires_at)
+         VALUES (?1, CAST(?2 AS TEXT), {NOW_MS} + ?3 + 1)
+         ON CONFLICT (key) DO UPDATE SET
+             value = excluded.value, expires_at = excluded.expires_at
+         WHERE NOT {live} OR ({counter} AND CAST({TABLE}.value AS INTEGER) < ?2)"
+    )
+}
+
+// The primitives below are one autocommit statement each, atomic under SQLite's write lock and
+// reading the clock under it ([`NOW_MS`]).
+
+pub(crate) fn compare_and_set(
     conn: &Connection,
-    now: i64,
     key: &str,
     expected: Option<&str>,
     new: &str,
     ttl_ms: Option<i64>,
 ) -> Result<bool> {
-    let expires_at = expiry(now, ttl_ms);
-    // Each branch is one statement, which SQLite runs atomically under its write lock.
     let changed = match expected {
         Some(expected) => conn
-            .prepare_cached(&format!(
-                "UPDATE {TABLE} SET value = ?3, expires_at = ?4
-                 WHERE key = ?1 AND value = ?5 AND (expires_at IS NULL OR expires_at > ?2)"
-            ))
+            .prepare_cached(&replace_sql())
             .sql()?
-            .execute(params![key, now, new, expires_at, expected])
+            .execute(params![key, new, ttl_ms, expected])
             .sql()?,
         None => conn
-            .prepare_cached(&format!(
-                "INSERT INTO {TABLE} (key, value, expires_at) VALUES (?1, ?3, ?4)
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
-                 WHERE {TABLE}.expires_at IS NOT NULL AND {TABLE}.expires_at <= ?2"
-            ))
+            .prepare_cached(&create_sql())
             .sql()?
-            .execute(params![key, now, new, expires_at])
+            .execute(params![key, new, ttl_ms])
             .sql()?,
     };
     Ok(changed == 1)
 }
 
-pub(crate) fn expire(conn: &mut Connection, key: &str, ttl_ms: i64) -> Result<bool> {
-    locked_write(conn, |conn, now| {
-        let changed = conn
-            .prepare_cached(&format!(
-                "UPDATE {TABLE} SET expires_at = ?3
-                 WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)"
-            ))
-            .sql()?
-            .execute(params![key, now, expiry(now, Some(ttl_ms))])
-            .sql()?;
-        Ok(changed == 1)
-    })
+/// `compare_and_set` over a live expected value: binds the key, the new value, the TTL and the
+/// expected value.
+fn replace_sql() -> String {
+    format!(
+        "UPDATE {TABLE} SET value = ?2, expires_at = {NOW_MS} + ?3 + 1
+         WHERE key = ?1 AND value = ?4 AND (expires_at IS NULL OR expires_at > {NOW_MS})"
+    )
 }
 
-pub(crate) fn compare_and_delete(conn: &mut Connection, key: &str, expected: &str) -> Result<bool> {
-    locked_write(conn, |conn, now| {
-        let n = conn
-            .prepare_cached(&format!(
-                "DELETE FROM {TABLE} WHERE key = ?1 AND value = ?2
-                 AND (expires_at IS NULL OR expires_at > ?3)"
-            ))
-            .sql()?
-            .execute(params![key, expected, now])
-            .sql()?;
-        Ok(n > 0)
-    })
+/// `compare_and_set` over an absent or expired key: binds the key, the value and the TTL.
+fn create_sql() -> String {
+    format!(
+        "INSERT INTO {TABLE} (key, value, expires_at) VALUES (?1, ?2, {NOW_MS} + ?3 + 1)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
+         WHERE {TABLE}.expires_at IS NOT NULL AND {TABLE}.expires_at <= {NOW_MS}"
+    )
 }
 
-pub(crate) fn delete(conn: &mut Connection, key: &str) -> Result<bool> {
-    locked_write(conn, |conn, now| {
-        // An expired row is removed too (it is garbage anyway), but only a live one counts.
-        let live: Option<bool> = conn
-            .prepare_cached(&format!(
-                "DELETE FROM {TABLE} WHERE key = ?1
-                 RETURNING (expires_at IS NULL OR expires_at > ?2)"
-            ))
-            .sql()?
-            .query_row(params![key, now], |row| row.get(0))
-            .optional()
-            .sql()?;
-        Ok(live.unwrap_or(false))
-    })
+pub(crate) fn expire(conn: &Connection, key: &str, ttl_ms: i64) -> Result<bool> {
+    let changed = conn
+        .prepare_cached(&expire_sql())
+        .sql()?
+        .execute(params![key, ttl_ms])
+        .sql()?;
+    Ok(changed == 1)
+}
+
+/// Binds the key and the TTL.
+fn expire_sql() -> String {
+    format!(
+        "UPDATE {TABLE} SET expires_at = {NOW_MS} + ?2 + 1
+         WHERE key = ?1 AND (expires_at IS NULL OR expires_at > {NOW_MS})"
+    )
+}
+
+pub(crate) fn compare_and_delete(conn: &Connection, key: &str, expected: &str) -> Result<bool> {
+    let n = conn
+        .prepare_cached(&compare_and_delete_sql())
+        .sql()?
+        .execute(params![key, expected])
+        .sql()?;
+    Ok(n > 0)
+}
+
+/// Binds the key and the expected value.
+fn compare_and_delete_sql() -> String {
+    format!(
+        "DELETE FROM {TABLE} WHERE key = ?1 AND value = ?2
+         AND (expires_at IS NULL OR expires_at > {NOW_MS})"
+    )
+}
+
+pub(crate) fn delete(conn: &Connection, key: &str) -> Result<bool> {
+    let mut stmt = conn.prepare_cached(&delete_sql()).sql()?;
+    let live: Option<bool> = returning(&mut stmt, params![key])?;
+    Ok(live.unwrap_or(false))
+}
+
+/// Binds the key. An expired row is removed too (it is garbage anyway), but only a live one
+/// counts.
+fn delete_sql() -> String {
+    format!(
+        "DELETE FROM {TABLE} WHERE key = ?1
+         RETURNING (expires_at IS NULL OR expires_at > {NOW_MS})"
+    )
+}
+
+/// Every statement that reads [`NOW_MS`], by primitive, for tests that look at their bytecode.
+#[cfg(test)]
+pub(crate) fn clock_statements() -> [(&'static str, String); 7] {
+    [
+        ("incr", incr_sql()),
+        ("set_max", set_max_sql()),
+        ("compare_and_set (replace)", replace_sql()),
+        ("compare_and_set (create)", create_sql()),
+        ("expire", expire_sql()),
+        ("compare_and_delete", compare_and_delete_sql()),
+        ("delete", delete_sql()),
+    ]
 }
 
 /// [`Store::renew_and_list`] in one `BEGIN IMMEDIATE` transaction: the renewal and the listing
