@@ -7,6 +7,7 @@
 //! or error. `incr_and_get` and `renew_and_list`, two statements that must see one instant, always
 //! run in such a transaction. Reads are one statement.
 
+use std::sync::LazyLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use headcount_core::backend::parse_counter;
@@ -78,11 +79,13 @@ fn text_of(key: &str, value: ValueRef<'_>) -> Result<String> {
 }
 
 pub(crate) fn live_value(conn: &Connection, key: &str, now: i64) -> Result<Option<String>> {
-    let mut stmt = conn
-        .prepare_cached(&format!(
+    // Built once: formatting it per call would cost the hot path an allocation.
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
             "SELECT value FROM {TABLE} WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)"
-        ))
-        .sql()?;
+        )
+    });
+    let mut stmt = conn.prepare_cached(&SQL).sql()?;
     let mut rows = stmt.query(params![key, now]).sql()?;
     match rows.next().sql()? {
         Some(row) => Ok(Some(text_of(key, row.get_ref(0).sql()?)?)),
@@ -170,25 +173,28 @@ pub(crate) fn incr_in_one_statement(
     key: &str,
     ttl_ms: Option<i64>,
 ) -> Result<Option<i64>> {
-    let mut stmt = conn.prepare_cached(&incr_sql()).sql()?;
+    let mut stmt = conn.prepare_cached(incr_sql()).sql()?;
     returning(&mut stmt, params![key, ttl_ms])
 }
 
 /// `incr`'s one statement: binds the key and the TTL.
-fn incr_sql() -> String {
-    let live = live_now();
-    let counter = canonical_counter();
-    format!(
-        "INSERT INTO {TABLE} (key, value, expires_at) VALUES (?1, '1', {NOW_MS} + ?2 + 1)
-         ON CONFLICT (key) DO UPDATE SET
-             value = CASE WHEN {live}
-                          THEN CAST(CAST({TABLE}.value AS INTEGER) + 1 AS TEXT)
-                          ELSE excluded.value END,
-             expires_at = CASE WHEN {live} THEN {TABLE}.expires_at ELSE excluded.expires_at END
-         WHERE NOT {live}
-            OR ({counter} AND CAST({TABLE}.value AS INTEGER) < 9223372036854775807)
-         RETURNING CAST(value AS INTEGER)"
-    )
+fn incr_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        let live = live_now();
+        let counter = canonical_counter();
+        format!(
+            "INSERT INTO {TABLE} (key, value, expires_at) VALUES (?1, '1', {NOW_MS} + ?2 + 1)
+             ON CONFLICT (key) DO UPDATE SET
+                 value = CASE WHEN {live}
+                              THEN CAST(CAST({TABLE}.value AS INTEGER) + 1 AS TEXT)
+                              ELSE excluded.value END,
+                 expires_at = CASE WHEN {live} THEN {TABLE}.expires_at ELSE excluded.expires_at END
+             WHERE NOT {live}
+                OR ({counter} AND CAST({TABLE}.value AS INTEGER) < 9223372036854775807)
+             RETURNING CAST(value AS INTEGER)"
+        )
+    });
+    &SQL
 }
 
 /// Adds `by` to the counter at `key` inside the caller's write transaction, judging liveness at
@@ -267,7 +273,7 @@ pub(crate) fn set_max_in_one_statement(
     ttl_ms: Option<i64>,
 ) -> Result<bool> {
     let changed = conn
-        .prepare_cached(&set_max_sql())
+        .prepare_cached(set_max_sql())
         .sql()?
         .execute(params![key, value, ttl_ms])
         .sql()?;
@@ -275,16 +281,19 @@ pub(crate) fn set_max_in_one_statement(
 }
 
 /// `set_max`'s one statement: binds the key, the value and the TTL.
-fn set_max_sql() -> String {
-    let live = live_now();
-    let counter = canonical_counter();
-    format!(
-        "INSERT INTO {TABLE} (key, value, expires_at)
-         VALUES (?1, CAST(?2 AS TEXT), {NOW_MS} + ?3 + 1)
-         ON CONFLICT (key) DO UPDATE SET
-             value = excluded.value, expires_at = excluded.expires_at
-         WHERE NOT {live} OR ({counter} AND CAST({TABLE}.value AS INTEGER) < ?2)"
-    )
+fn set_max_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        let live = live_now();
+        let counter = canonical_counter();
+        format!(
+            "INSERT INTO {TABLE} (key, value, expires_at)
+             VALUES (?1, CAST(?2 AS TEXT), {NOW_MS} + ?3 + 1)
+             ON CONFLICT (key) DO UPDATE SET
+                 value = excluded.value, expires_at = excluded.expires_at
+             WHERE NOT {live} OR ({counter} AND CAST({TABLE}.value AS INTEGER) < ?2)"
+        )
+    });
+    &SQL
 }
 
 // The primitives below are one autocommit statement each, atomic under SQLite's write lock and
@@ -299,12 +308,12 @@ pub(crate) fn compare_and_set(
 ) -> Result<bool> {
     let changed = match expected {
         Some(expected) => conn
-            .prepare_cached(&replace_sql())
+            .prepare_cached(replace_sql())
             .sql()?
             .execute(params![key, new, ttl_ms, expected])
             .sql()?,
         None => conn
-            .prepare_cached(&create_sql())
+            .prepare_cached(create_sql())
             .sql()?
             .execute(params![key, new, ttl_ms])
             .sql()?,
@@ -314,25 +323,31 @@ pub(crate) fn compare_and_set(
 
 /// `compare_and_set` over a live expected value: binds the key, the new value, the TTL and the
 /// expected value.
-fn replace_sql() -> String {
-    format!(
-        "UPDATE {TABLE} SET value = ?2, expires_at = {NOW_MS} + ?3 + 1
-         WHERE key = ?1 AND value = ?4 AND (expires_at IS NULL OR expires_at > {NOW_MS})"
-    )
+fn replace_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE {TABLE} SET value = ?2, expires_at = {NOW_MS} + ?3 + 1
+             WHERE key = ?1 AND value = ?4 AND (expires_at IS NULL OR expires_at > {NOW_MS})"
+        )
+    });
+    &SQL
 }
 
 /// `compare_and_set` over an absent or expired key: binds the key, the value and the TTL.
-fn create_sql() -> String {
-    format!(
-        "INSERT INTO {TABLE} (key, value, expires_at) VALUES (?1, ?2, {NOW_MS} + ?3 + 1)
-         ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
-         WHERE {TABLE}.expires_at IS NOT NULL AND {TABLE}.expires_at <= {NOW_MS}"
-    )
+fn create_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "INSERT INTO {TABLE} (key, value, expires_at) VALUES (?1, ?2, {NOW_MS} + ?3 + 1)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
+             WHERE {TABLE}.expires_at IS NOT NULL AND {TABLE}.expires_at <= {NOW_MS}"
+        )
+    });
+    &SQL
 }
 
 pub(crate) fn expire(conn: &Connection, key: &str, ttl_ms: i64) -> Result<bool> {
     let changed = conn
-        .prepare_cached(&expire_sql())
+        .prepare_cached(expire_sql())
         .sql()?
         .execute(params![key, ttl_ms])
         .sql()?;
@@ -340,16 +355,19 @@ pub(crate) fn expire(conn: &Connection, key: &str, ttl_ms: i64) -> Result<bool> 
 }
 
 /// Binds the key and the TTL.
-fn expire_sql() -> String {
-    format!(
-        "UPDATE {TABLE} SET expires_at = {NOW_MS} + ?2 + 1
-         WHERE key = ?1 AND (expires_at IS NULL OR expires_at > {NOW_MS})"
-    )
+fn expire_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE {TABLE} SET expires_at = {NOW_MS} + ?2 + 1
+             WHERE key = ?1 AND (expires_at IS NULL OR expires_at > {NOW_MS})"
+        )
+    });
+    &SQL
 }
 
 pub(crate) fn compare_and_delete(conn: &Connection, key: &str, expected: &str) -> Result<bool> {
     let n = conn
-        .prepare_cached(&compare_and_delete_sql())
+        .prepare_cached(compare_and_delete_sql())
         .sql()?
         .execute(params![key, expected])
         .sql()?;
@@ -357,31 +375,37 @@ pub(crate) fn compare_and_delete(conn: &Connection, key: &str, expected: &str) -
 }
 
 /// Binds the key and the expected value.
-fn compare_and_delete_sql() -> String {
-    format!(
-        "DELETE FROM {TABLE} WHERE key = ?1 AND value = ?2
-         AND (expires_at IS NULL OR expires_at > {NOW_MS})"
-    )
+fn compare_and_delete_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "DELETE FROM {TABLE} WHERE key = ?1 AND value = ?2
+             AND (expires_at IS NULL OR expires_at > {NOW_MS})"
+        )
+    });
+    &SQL
 }
 
 pub(crate) fn delete(conn: &Connection, key: &str) -> Result<bool> {
-    let mut stmt = conn.prepare_cached(&delete_sql()).sql()?;
+    let mut stmt = conn.prepare_cached(delete_sql()).sql()?;
     let live: Option<bool> = returning(&mut stmt, params![key])?;
     Ok(live.unwrap_or(false))
 }
 
 /// Binds the key. An expired row is removed too (it is garbage anyway), but only a live one
 /// counts.
-fn delete_sql() -> String {
-    format!(
-        "DELETE FROM {TABLE} WHERE key = ?1
-         RETURNING (expires_at IS NULL OR expires_at > {NOW_MS})"
-    )
+fn delete_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "DELETE FROM {TABLE} WHERE key = ?1
+             RETURNING (expires_at IS NULL OR expires_at > {NOW_MS})"
+        )
+    });
+    &SQL
 }
 
 /// Every statement that reads [`NOW_MS`], by primitive, for tests that look at their bytecode.
 #[cfg(test)]
-pub(crate) fn clock_statements() -> [(&'static str, String); 7] {
+pub(crate) fn clock_statements() -> [(&'static str, &'static str); 7] {
     [
         ("incr", incr_sql()),
         ("set_max", set_max_sql()),
@@ -420,14 +444,19 @@ pub(crate) fn list(conn: &Connection, prefix: &str, now: i64) -> Result<Vec<(Str
     // (= code point) order, and is a range scan of the primary key.
     // Two statements rather than `(?3 IS NULL OR key < ?3)`, which would hide the upper bound
     // from the planner.
+    static SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
+        ["", "AND key < ?3"].map(|bound| {
+            format!(
+                "SELECT key, value FROM {TABLE}
+                 WHERE key >= ?1 {bound} AND (expires_at IS NULL OR expires_at > ?2)
+                 ORDER BY key"
+            )
+        })
+    });
     let upper = prefix_successor(prefix);
-    let bound = if upper.is_some() { "AND key < ?3" } else { "" };
-    let sql = format!(
-        "SELECT key, value FROM {TABLE}
-         WHERE key >= ?1 {bound} AND (expires_at IS NULL OR expires_at > ?2)
-         ORDER BY key"
-    );
-    let mut stmt = conn.prepare_cached(&sql).sql()?;
+    let mut stmt = conn
+        .prepare_cached(&SQL[usize::from(upper.is_some())])
+        .sql()?;
     let mut rows = match &upper {
         Some(upper) => stmt.query(params![prefix, now, upper]),
         None => stmt.query(params![prefix, now]),

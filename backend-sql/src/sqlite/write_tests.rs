@@ -106,7 +106,7 @@ async fn the_clock_is_read_under_the_write_lock() {
     let _store = file_store(&dir).await; // creates the table as the store does
     let conn = raw(&dir);
     for (name, sql) in clock_statements() {
-        let ops = explain(&conn, &sql);
+        let ops = explain(&conn, sql);
         assert_eq!(ops[0].opcode, "Init", "{name}");
         let entry = usize::try_from(ops[0].p2).unwrap();
         assert!(entry > 0, "{name}");
