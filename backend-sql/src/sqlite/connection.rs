@@ -8,12 +8,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use headcount_core::{Error, Result};
-use rusqlite::{params, Connection, ErrorCode, OpenFlags};
+use rusqlite::{Connection, ErrorCode, OpenFlags};
 use tokio::sync::oneshot;
 
 use super::config::{Location, SqliteConfig, SqliteOptions};
 use super::errors::{open_error, worker_gone, BACKEND};
-use super::sql::{now_ms, TABLE};
+use super::sql::{gc_slice, TABLE};
 
 /// Expired rows are deleted after every this many operations of one store handle.
 const GC_EVERY: u32 = 1000;
@@ -195,6 +195,8 @@ fn check_schema(conn: &Connection, location: &Location) -> Result<()> {
 /// The worker thread's loop: run jobs until every store handle is gone.
 fn serve(mut conn: Connection, queue: &mpsc::Receiver<Job>, busy_timeout: Duration) {
     let mut since_gc = 0u32;
+    // Where the next collection's slice of the key range starts.
+    let mut gc_after = String::new();
     while let Ok(job) = queue.recv() {
         // A panic in one job must not take every later operation down with the thread; the
         // transaction it held rolls back as it unwinds.
@@ -204,24 +206,23 @@ fn serve(mut conn: Connection, queue: &mpsc::Receiver<Job>, busy_timeout: Durati
         since_gc += 1;
         if since_gc >= GC_EVERY {
             since_gc = 0;
-            collect_garbage(&conn, busy_timeout);
+            collect_garbage(&conn, busy_timeout, &mut gc_after);
         }
     }
 }
 
-/// Deletes expired rows. Invisible to readers (expired rows are already absent), and safe against
-/// a concurrent revival: the predicate is evaluated under SQLite's write lock, so a row renewed
-/// before it runs is no longer expired. It does not wait for locks: a busy database just means
-/// another round later.
-fn collect_garbage(conn: &Connection, busy_timeout: Duration) {
+/// Deletes the expired rows of the next slice of the key range (see [`gc_slice`]) and moves
+/// `after` past it. Invisible to readers (expired rows are already absent). It does not wait for
+/// locks: a busy database just means another round later.
+fn collect_garbage(conn: &Connection, busy_timeout: Duration, after: &mut String) {
     let busy = conn.busy_timeout(Duration::ZERO);
-    let deleted = conn.execute(
-        &format!("DELETE FROM {TABLE} WHERE expires_at <= ?1"),
-        params![now_ms()],
-    );
-    match deleted {
-        Ok(n) if n > 0 => tracing::debug!(rows = n, "deleted expired SQLite rows"),
-        Ok(_) => {}
+    match gc_slice(conn, after) {
+        Ok((deleted, next)) => {
+            if deleted > 0 {
+                tracing::debug!(rows = deleted, "deleted expired SQLite rows");
+            }
+            *after = next.unwrap_or_default();
+        }
         Err(e) => tracing::debug!(error = %e, "skipped SQLite garbage collection"),
     }
     if busy.is_ok() {

@@ -719,3 +719,58 @@ async fn a_write_that_waits_for_the_lock_judges_liveness_when_it_gets_it() {
         );
     }
 }
+
+/// Garbage collection examines a bounded slice of the key range per call, whatever the table
+/// holds, and over successive calls (wrapping around) deletes every expired row and nothing
+/// else. A collection that scanned the whole table deletes all 1,000 expired rows at once.
+#[tokio::test]
+async fn garbage_collection_examines_a_bounded_slice_and_covers_the_table() {
+    use super::sql::{gc_slice, GC_SLICE};
+    let dir = tempfile::tempdir().unwrap();
+    drop(file_store(&dir).await);
+    let raw = raw(&dir);
+    let now = now_ms();
+    // Interleaved: an expired row, a live one, one without expiry, 1,000 of each.
+    for i in 0..1000 {
+        put(&raw, &format!("k:{i:04}:a"), &"v", Some(now - 1000));
+        put(&raw, &format!("k:{i:04}:b"), &"v", Some(now + HOUR_MS));
+        put(&raw, &format!("k:{i:04}:c"), &"v", None);
+    }
+    let count = |raw: &Connection| -> i64 {
+        raw.query_row(&format!("SELECT count(*) FROM {TABLE}"), [], |r| r.get(0))
+            .unwrap()
+    };
+    let (deleted, next) = gc_slice(&raw, "").unwrap();
+    assert!(
+        deleted <= GC_SLICE / 3 + 1,
+        "one collection deleted {deleted} rows; its slice is {GC_SLICE} keys"
+    );
+    assert!(deleted > 0);
+    let mut after = next.expect("the slice did not reach the end of 3,000 keys");
+    let mut calls = 1;
+    loop {
+        let (_, next) = gc_slice(&raw, &after).unwrap();
+        calls += 1;
+        match next {
+            Some(next) => {
+                assert!(next > after, "the cursor moves forward");
+                after = next;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(
+        calls,
+        3000_usize.div_ceil(GC_SLICE) + usize::from(3000 % GC_SLICE == 0)
+    );
+    assert_eq!(
+        count(&raw),
+        2000,
+        "every expired row deleted, every other row kept"
+    );
+    for i in [0, 499, 999] {
+        assert!(row(&raw, &format!("k:{i:04}:a")).is_none());
+        assert!(row(&raw, &format!("k:{i:04}:b")).is_some());
+        assert!(row(&raw, &format!("k:{i:04}:c")).is_some());
+    }
+}
