@@ -522,22 +522,29 @@ async fn setup(backend: Backend) -> Option<Target> {
     Some(t)
 }
 
-/// Unrelated keys written before measuring, as a store shared with other data holds them.
-const UNRELATED: usize = 100_000;
+/// Unrelated keys written before measuring, as a store shared with other data holds them:
+/// 100,000, or `HEADCOUNT_BENCH_UNRELATED`.
+fn unrelated() -> usize {
+    std::env::var("HEADCOUNT_BENCH_UNRELATED")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100_000)
+}
 
-/// Writes [`UNRELATED`] keys beside the benchmark's, with the raw client, under a name of their
+/// Writes [`unrelated`] keys beside the benchmark's, with the raw client, under a name of their
 /// own: plain strings another application keeps in Redis, keys of another application in etcd,
 /// and rows of another prefix in headcount's own table on PostgreSQL and SQLite (the only
 /// keyspace the adapter's statements touch there). Both sides then run on the same store: the
 /// raw Redis `list`, a `SCAN` of the whole keyspace, pays for them, the adapter's key index
 /// does not.
 async fn fill_unrelated(t: &Target) {
+    let count = unrelated();
     let base = format!("hcb-unrelated:{}", t.prefix);
     let name = |i: usize| format!("{base}{i}");
     match &t.raw {
         Raw::Redis(conn) => {
             let mut c = conn.clone();
-            for chunk in (0..UNRELATED).collect::<Vec<_>>().chunks(1000) {
+            for chunk in (0..count).collect::<Vec<_>>().chunks(1000) {
                 let mut mset = redis::cmd("MSET");
                 for &i in chunk {
                     mset.arg(name(i)).arg("unrelated value");
@@ -549,7 +556,7 @@ async fn fill_unrelated(t: &Target) {
             use etcd_client::{Txn, TxnOp};
             let mut kv = kv.clone();
             // etcd allows 128 operations per transaction by default.
-            for chunk in (0..UNRELATED).collect::<Vec<_>>().chunks(128) {
+            for chunk in (0..count).collect::<Vec<_>>().chunks(128) {
                 let puts: Vec<TxnOp> = chunk
                     .iter()
                     .map(|&i| TxnOp::put(name(i), "unrelated value", None))
@@ -564,7 +571,7 @@ async fn fill_unrelated(t: &Target) {
                     "INSERT INTO headcount_kv (key, value) \
                      SELECT $1 || i, 'unrelated value' FROM generate_series(0, $2::bigint - 1) AS i \
                      ON CONFLICT DO NOTHING",
-                    &[&base, &(UNRELATED as i64)],
+                    &[&base, &(count as i64)],
                 )
                 .await
                 .unwrap();
@@ -578,7 +585,7 @@ async fn fill_unrelated(t: &Target) {
                     .execute(
                         "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?2) \
                          INSERT OR IGNORE INTO headcount_kv (key, value) SELECT ?1 || i, 'unrelated value' FROM n",
-                        rusqlite::params![base, UNRELATED as i64],
+                        rusqlite::params![base, count as i64],
                     )
                     .unwrap();
             })
