@@ -24,7 +24,8 @@
 //! lease granted up front), on PostgreSQL the adapter's statements (the same checks and
 //! `RETURNING` clauses, so the server does the same work; before 25 November raw skipped the
 //! canonical-counter check and the `RETURNING`s) prepared up front on one connection per task, on
-//! SQLite the same SQL through `spawn_blocking`; on every backend each raw call runs within a
+//! SQLite the adapter's statements (since 26 November; before, simpler SQL without the liveness
+//! and counter checks) through `spawn_blocking`; on every backend each raw call runs within a
 //! 5 s deadline, as the adapter's do (see `raw_deadline`). The adapter adds argument checks, a
 //! pool checkout, error mapping and, for etcd, lease sharing and per-key turn-taking; on Redis its
 //! scripts also keep the key index (see backend-redis/README.md).
@@ -305,17 +306,21 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
             Raw::Sqlite(conn) => {
                 let conn = conn.clone();
                 let k = |w: &str| key(t, w, task);
-                let (sql, key, arg): (&str, String, i64) = match primitive {
-                    "incr" => ("INSERT INTO headcount_kv (key, value, expires_at) VALUES (?1, '1', CAST(unixepoch('subsec') * 1000 AS INTEGER) + ?2) \
-                                ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)", k("rn"), ttl_ms),
-                    "get" => ("SELECT value FROM headcount_kv WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)", k("n"), 0),
-                    "expire" => ("UPDATE headcount_kv SET expires_at = ?2 WHERE key = ?1 AND expires_at IS NOT NULL", k("n"), ttl_ms),
-                    "compare_and_set" => ("UPDATE headcount_kv SET value = 'x', expires_at = ?2 WHERE key = ?1 AND value = 'x'", k("c"), ttl_ms),
-                    "delete" => ("DELETE FROM headcount_kv WHERE key = ?1 AND ?2 IS NOT NULL", k("absent"), 0),
-                    "list" => ("SELECT key, value FROM headcount_kv WHERE key >= ?1 AND key < ?1 || x'ff' AND ?2 IS NOT NULL ORDER BY key", format!("{}l:", t.prefix), 0),
-                    _ => ("INSERT INTO headcount_kv (key, value, expires_at) VALUES (?1, CAST(?2 AS TEXT), NULL) \
-                           ON CONFLICT (key) DO UPDATE SET value = excluded.value WHERE CAST(value AS INTEGER) < ?2", k("rm"), n as i64),
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as i64;
+                let (key, arg): (String, i64) = match primitive {
+                    "incr" => (k("rn"), ttl_ms),
+                    "get" => (k("n"), now_ms),
+                    "expire" | "compare_and_set" => {
+                        (k(if primitive == "expire" { "n" } else { "c" }), ttl_ms)
+                    }
+                    "delete" => (k("absent"), 0),
+                    "list" => (format!("{}l:", t.prefix), now_ms),
+                    _ => (k("rm"), n as i64),
                 };
+                let sql = sqlite_sql(primitive);
                 tokio::task::spawn_blocking(move || {
                     let conn = conn.lock().unwrap();
                     let mut st = conn.prepare_cached(sql).unwrap();
@@ -387,6 +392,49 @@ fn floor_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> Box
         }
         let _: redis::Value = call.invoke_async(&mut c).await.unwrap();
     })
+}
+
+/// The SQL of the raw SQLite side (`?1` the key or prefix, `?2` the TTL in ms, the number, or
+/// the time for a read): the adapter's statements, with its checks (liveness on the store's
+/// clock, read by SQLite inside the statement; a stored counter must be canonical decimal), so
+/// SQLite does the same work on both sides and the rows compare the clients.
+fn sqlite_sql(primitive: &str) -> &'static str {
+    static SQL: std::sync::OnceLock<BTreeMap<&'static str, String>> = std::sync::OnceLock::new();
+    let all = SQL.get_or_init(|| {
+        let now = "(CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + 0)";
+        let live = format!("(headcount_kv.expires_at IS NULL OR headcount_kv.expires_at > {now})");
+        let counter = "(typeof(headcount_kv.value) = 'text' \
+             AND CAST(CAST(headcount_kv.value AS INTEGER) AS TEXT) = headcount_kv.value)";
+        BTreeMap::from([
+            ("incr", format!(
+                "INSERT INTO headcount_kv (key, value, expires_at) VALUES (?1, '1', {now} + ?2 + 1) \
+                 ON CONFLICT (key) DO UPDATE SET \
+                 value = CASE WHEN {live} THEN CAST(CAST(headcount_kv.value AS INTEGER) + 1 AS TEXT) ELSE excluded.value END, \
+                 expires_at = CASE WHEN {live} THEN headcount_kv.expires_at ELSE excluded.expires_at END \
+                 WHERE NOT {live} OR ({counter} AND CAST(headcount_kv.value AS INTEGER) < 9223372036854775807) \
+                 RETURNING CAST(value AS INTEGER)"
+            )),
+            ("get", "SELECT value FROM headcount_kv WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)".to_owned()),
+            ("expire", format!(
+                "UPDATE headcount_kv SET expires_at = {now} + ?2 + 1 WHERE key = ?1 AND {live}"
+            )),
+            ("compare_and_set", format!(
+                "UPDATE headcount_kv SET value = 'x', expires_at = {now} + ?2 + 1 \
+                 WHERE key = ?1 AND value = 'x' AND {live}"
+            )),
+            ("delete", format!(
+                "DELETE FROM headcount_kv WHERE key = ?1 AND ?2 IS NOT NULL RETURNING {live}"
+            )),
+            ("list", "SELECT key, value FROM headcount_kv WHERE key >= ?1 AND key < ?1 || x'ff' \
+                 AND (expires_at IS NULL OR expires_at > ?2) ORDER BY key".to_owned()),
+            ("set_max", format!(
+                "INSERT INTO headcount_kv (key, value, expires_at) VALUES (?1, CAST(?2 AS TEXT), {now} + 60000 + 1) \
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at \
+                 WHERE NOT {live} OR ({counter} AND CAST(headcount_kv.value AS INTEGER) < ?2)"
+            )),
+        ])
+    });
+    &all[primitive]
 }
 
 /// The SQL of the raw PostgreSQL side (`$1` the key, `$2` the TTL in ms or the number): the
