@@ -12,6 +12,8 @@ mod store;
 mod tls;
 
 pub use config::{PostgresConfig, SslMode, DEFAULT_POOL_SIZE, DEFAULT_PORT, DEFAULT_TABLE};
+#[doc(hidden)]
+pub use connection::GarbageCollection;
 /// The pool crate [`PostgresStore::from_pool`] takes, re-exported so an application names the
 /// same version.
 pub use deadpool_postgres;

@@ -3,7 +3,7 @@
 //! deadline, and collecting expired rows now and then.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use deadpool_postgres::{
     ClientWrapper, Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod,
@@ -14,7 +14,7 @@ use tokio_postgres::Row;
 
 use super::config::PostgresConfig;
 use super::errors::{self, BACKEND};
-use super::sql::Statements;
+use super::sql::{Statements, GC_BATCH};
 use super::tls;
 
 /// Expired rows are deleted after every this many writes through one store handle.
@@ -65,6 +65,21 @@ pub(crate) struct Connections {
     schema_ready: AtomicBool,
     writes: AtomicU64,
     gc_running: AtomicBool,
+    /// The last primary key (`key_hash`) the previous garbage collection examined; empty to start
+    /// from the beginning of the table.
+    gc_cursor: Mutex<Vec<u8>>,
+}
+
+/// What one garbage collection did. For tests; not part of the public API.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GarbageCollection {
+    /// The rows of the slice it examined, expired or not (at most the batch size, 1000).
+    pub examined: u64,
+    /// The expired rows it deleted.
+    pub deleted: u64,
+    /// Whether the slice reached the end of the table, so the next collection starts over.
+    pub wrapped: bool,
 }
 
 /// A pooled connection checked out for one operation. Unless [`Conn::reuse`] is called, it is
@@ -112,10 +127,12 @@ impl Connections {
             schema_ready: AtomicBool::new(false),
             writes: AtomicU64::new(0),
             gc_running: AtomicBool::new(false),
+            gc_cursor: Mutex::new(Vec::new()),
         }
     }
 
-    /// Counts a write, and every [`GC_EVERY`] writes deletes expired rows in the background.
+    /// Counts a write, and every [`GC_EVERY`] writes runs one garbage collection (see
+    /// [`Connections::collect_garbage`]) in the background.
     pub(crate) fn note_write(self: &Arc<Self>) {
         let n = self.writes.fetch_add(1, Ordering::Relaxed) + 1;
         if !n.is_multiple_of(GC_EVERY) || self.gc_running.swap(true, Ordering::AcqRel) {
@@ -125,7 +142,19 @@ impl Connections {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    inner.collect_garbage().await;
+                    match inner.collect_garbage().await {
+                        Ok(gc) => tracing::debug!(
+                            examined = gc.examined,
+                            deleted = gc.deleted,
+                            "deleted expired PostgreSQL rows"
+                        ),
+                        Err(Error::Timeout { .. }) => {
+                            tracing::debug!("PostgreSQL garbage collection timed out")
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "skipped PostgreSQL garbage collection")
+                        }
+                    }
                     inner.gc_running.store(false, Ordering::Release);
                 });
             }
@@ -251,13 +280,27 @@ impl Connections {
             .unwrap_or_else(|| "(unreadable)".into())
     }
 
-    async fn collect_garbage(&self) {
+    /// Deletes the expired rows among the next [`GC_BATCH`] rows of the table in primary key
+    /// order, after the cursor left by the previous collection, and moves the cursor past them
+    /// (back to the start once a slice reaches the end of the table). Each collection's work is
+    /// bounded by the slice, not by the table, which other deployments may share; a full pass
+    /// over a table of `n` rows takes `n / GC_BATCH + 1` collections. Rows a caller has locked
+    /// are skipped, and a row renewed concurrently is not deleted (see `sql.gc`).
+    ///
+    /// Two collections running at once (a test's and the background one) may examine the same
+    /// slice; that only repeats work.
+    pub(crate) async fn collect_garbage(&self) -> Result<GarbageCollection> {
+        let after = self
+            .gc_cursor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let work = async {
             let mut conn = self.checkout().await?;
-            match run(conn.client()?, &self.sql.gc, &[]).await {
+            match run(conn.client()?, &self.sql.gc, &[&after]).await {
                 Ok(rows) => {
                     conn.reuse();
-                    Ok(rows.len())
+                    Ok(rows)
                 }
                 Err(e) => {
                     if !errors::breaks_connection(&e) {
@@ -267,13 +310,33 @@ impl Connections {
                 }
             }
         };
-        match self.config.deadline().run("gc", work).await {
-            Ok(n) => tracing::debug!(rows = n, "deleted expired PostgreSQL rows"),
-            Err(Error::Timeout { .. }) => {
-                tracing::debug!("PostgreSQL garbage collection timed out")
-            }
-            Err(e) => tracing::debug!(error = %e, "skipped PostgreSQL garbage collection"),
-        }
+        let rows = self.config.deadline().run("gc", work).await?;
+        let row = rows.first().ok_or_else(|| Error::Rejected {
+            backend: BACKEND,
+            message: "garbage collection returned no row".into(),
+            source: None,
+        })?;
+        let unexpected = |e: tokio_postgres::Error| {
+            Error::rejected(BACKEND, format!("unexpected result column: {e}"), e)
+        };
+        let last: Option<Vec<u8>> = row.try_get(0).map_err(unexpected)?;
+        let examined: i64 = row.try_get(1).map_err(unexpected)?;
+        let deleted: i64 = row.try_get(2).map_err(unexpected)?;
+        let examined = u64::try_from(examined).unwrap_or(0);
+        let wrapped = examined < u64::from(GC_BATCH);
+        let next = match last {
+            Some(last) if !wrapped => last,
+            _ => Vec::new(),
+        };
+        *self
+            .gc_cursor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = next;
+        Ok(GarbageCollection {
+            examined,
+            deleted: u64::try_from(deleted).unwrap_or(0),
+            wrapped,
+        })
     }
 }
 

@@ -5,8 +5,10 @@
 /// of UTF-8, safely under the ~2.7 KB limit of a btree entry, while keys may be 4 KiB.
 pub(crate) const KEY_HEAD_CHARS: usize = 512;
 
-/// The most expired rows one garbage collection deletes, to keep its locks short.
-const GC_BATCH: u32 = 1000;
+/// The most rows one garbage collection examines (a slice of the primary key after a cursor), and
+/// so also the most it deletes: its work and its locks stay bounded however large the table is
+/// (which may hold other deployments' rows).
+pub(crate) const GC_BATCH: u32 = 1000;
 
 /// The SQL of every statement, with the table name filled in.
 #[derive(Debug)]
@@ -171,13 +173,29 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                  RETURNING 1"
             ),
             raw_value: format!("SELECT cur.value FROM {t} AS cur WHERE {by_key}"),
-            // The outer predicate is re-checked on the latest row version under READ COMMITTED,
-            // so a row renewed after the inner scan saw it expired is left alone.
+            // Garbage collection over the slice of at most GC_BATCH rows after the cursor $1 in
+            // primary key order: an index range scan, never a scan of the whole table (there is
+            // no index on `expires_at`). Of those, the rows expired in the statement's snapshot
+            // are locked, skipping any a caller holds (a collection never waits), and deleted if
+            // still expired: DELETE re-checks its predicate on the latest row version under READ
+            // COMMITTED, so a row renewed after the slice saw it expired is left alone. Returns
+            // the slice's last key (bytea has no max()), its size and the rows deleted.
             gc: format!(
-                "DELETE FROM {t} AS cur WHERE cur.key_hash IN (
-                     SELECT key_hash FROM {t} WHERE expires_at <= now()
-                     LIMIT {GC_BATCH} FOR UPDATE SKIP LOCKED)
-                 AND {expired}"
+                "WITH slice AS (
+                   SELECT key_hash, expires_at FROM {t} WHERE key_hash > $1::bytea
+                   ORDER BY key_hash LIMIT {GC_BATCH}
+                 ),
+                 due AS (
+                   SELECT key_hash FROM {t} WHERE key_hash IN (
+                     SELECT key_hash FROM slice WHERE expires_at <= now())
+                   FOR UPDATE SKIP LOCKED
+                 ),
+                 gone AS (
+                   DELETE FROM {t} AS cur WHERE cur.key_hash IN (SELECT key_hash FROM due)
+                   AND {expired} RETURNING 1
+                 )
+                 SELECT (SELECT key_hash FROM slice ORDER BY key_hash DESC LIMIT 1),
+                        (SELECT count(*) FROM slice), (SELECT count(*) FROM gone)"
             ),
         }
     }

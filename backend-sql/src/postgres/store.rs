@@ -88,6 +88,14 @@ impl PostgresStore {
     fn note_write(&self) {
         self.inner.note_write();
     }
+
+    /// Runs one garbage collection now, as the store does in the background every 1000 writes:
+    /// deletes the expired rows among the next 1000 rows of the table (in primary key order)
+    /// after where the previous one stopped. For tests; not part of the public API.
+    #[doc(hidden)]
+    pub async fn collect_garbage_now(&self) -> Result<super::GarbageCollection> {
+        self.inner.collect_garbage().await
+    }
 }
 
 /// The options of a store over an application's pool: the defaults (its connection parts, a

@@ -1,0 +1,392 @@
+//! The PostgreSQL store's garbage collection on a real server (the harness's, or
+//! `HEADCOUNT_TEST_POSTGRES_URL`): each collection examines one bounded slice of the primary key
+//! after a cursor, never the whole table (which other deployments may share), deletes only the
+//! rows of that slice that are still expired, and covers the whole table, wrapping around, over
+//! repeated collections.
+//!
+//! A test whose server is missing prints `SKIP` and passes, unless `HEADCOUNT_REQUIRE_BACKENDS`
+//! requires PostgreSQL: then it fails.
+#![cfg(feature = "postgres")]
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use headcount::postgres::PostgresStore;
+use headcount::Store;
+use headcount_conformance::harness::Backend;
+use tokio_postgres::Client;
+
+/// The most rows one collection examines (the store's `GC_BATCH`).
+const SLICE: i64 = 1000;
+
+/// A fresh table name, so each test sees only its own rows.
+fn table(stem: &str) -> String {
+    format!("hc_gc_{stem}_{:016x}", rand::random::<u64>())
+}
+
+async fn store(url: &str, table: &str) -> PostgresStore {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    PostgresStore::connect(&format!("{url}{sep}table={table}&timeout=10s"))
+        .await
+        .unwrap()
+}
+
+async fn connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// Inserts `n` rows named `{stem}{i}` expiring `expiry` from now (an SQL interval, or `NULL`).
+async fn insert(client: &Client, table: &str, stem: &str, n: i64, expiry: &str) {
+    let expires_at = if expiry == "NULL" {
+        "NULL".to_owned()
+    } else {
+        format!("now() + interval '{expiry}'")
+    };
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {table} (key, value, expires_at)
+                 SELECT $1 || i, '1', {expires_at} FROM generate_series(1, $2::bigint) AS i"
+            ),
+            &[&stem, &n],
+        )
+        .await
+        .unwrap();
+}
+
+/// How many rows of `table` have a key starting with `stem`.
+async fn count(client: &Client, table: &str, stem: &str) -> i64 {
+    client
+        .query_one(
+            &format!("SELECT count(*) FROM {table} WHERE starts_with(key, $1)"),
+            &[&stem],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// One collection deletes exactly the expired rows among the first `SLICE` rows in primary key
+/// order and leaves every other expired row; repeated collections then cover the rest of the
+/// table, report the wrap-around at its end, and start over from the beginning.
+#[tokio::test]
+async fn postgres_gc_examines_one_slice_per_collection_and_wraps_around() {
+    let Some(url) = Backend::Postgres
+        .shared_or_skip(
+            "postgres_gc::postgres_gc_examines_one_slice_per_collection_and_wraps_around",
+        )
+        .await
+    else {
+        return;
+    };
+    let table = table("slice");
+    let store = store(&url, &table).await;
+    let client = connect(&url).await;
+    // 1500 expired rows among 5500: more expired rows than one collection may delete, and a
+    // table four slices and a half long.
+    insert(&client, &table, "hc:{gc}:dead", 1500, "-1 minute").await;
+    insert(&client, &table, "hc:{gc}:live", 3500, "1 hour").await;
+    insert(&client, &table, "hc:{gc}:forever", 500, "NULL").await;
+    let total = 5500;
+
+    // What the first slice holds: the first SLICE rows by key_hash (a hash: expired and live
+    // rows are interleaved).
+    let first: Vec<(Vec<u8>, bool)> = client
+        .query(
+            &format!(
+                "SELECT key_hash, coalesce(expires_at <= now(), false) FROM {table}
+                 ORDER BY key_hash LIMIT {SLICE}"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let expired_in_first = first.iter().filter(|(_, expired)| *expired).count() as u64;
+    let last = first.last().unwrap().0.clone();
+    assert!(
+        expired_in_first > 0 && expired_in_first < 1000,
+        "{expired_in_first}"
+    );
+
+    let gc = store.collect_garbage_now().await.unwrap();
+    assert_eq!(gc.examined, SLICE as u64, "{gc:?}");
+    assert!(!gc.wrapped, "{gc:?}");
+    // Exactly the slice's expired rows: a larger or unbounded scan deletes more (up to 1000).
+    assert_eq!(gc.deleted, expired_in_first, "{gc:?}");
+    let left = |cmp: &'static str| {
+        let client = &client;
+        let table = &table;
+        let last = &last;
+        async move {
+            client
+                .query_one(
+                    &format!(
+                        "SELECT count(*) FROM {table}
+                         WHERE expires_at <= now() AND key_hash {cmp} $1"
+                    ),
+                    &[last],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    assert_eq!(left("<=").await, 0, "an expired row of the slice was left");
+    assert_eq!(
+        left(">").await,
+        1500 - expired_in_first as i64,
+        "an expired row beyond the slice was deleted"
+    );
+
+    // The rest of the table: 4500 rows after the cursor, four full slices then one of 500 that
+    // reaches the end.
+    let mut calls = 0;
+    loop {
+        calls += 1;
+        let gc = store.collect_garbage_now().await.unwrap();
+        assert!(gc.examined <= SLICE as u64, "{gc:?}");
+        if gc.wrapped {
+            assert_eq!(gc.examined, 500, "{gc:?}");
+            break;
+        }
+        assert_eq!(gc.examined, SLICE as u64, "{gc:?}");
+        assert!(calls < 10, "no wrap-around after {calls} collections");
+    }
+    assert_eq!(calls, 5);
+    assert_eq!(count(&client, &table, "hc:{gc}:dead").await, 0);
+    assert_eq!(count(&client, &table, "hc:{gc}:live").await, 3500);
+    assert_eq!(count(&client, &table, "hc:{gc}:forever").await, 500);
+
+    // After the wrap-around the next collection starts at the beginning again: rows expiring now
+    // anywhere in the table are found within one more pass.
+    insert(&client, &table, "hc:{gc}:later", 300, "-1 second").await;
+    let remaining = total - 1500 + 300;
+    let gc = store.collect_garbage_now().await.unwrap();
+    assert_eq!(gc.examined, SLICE as u64, "did not start over: {gc:?}");
+    let mut deleted = gc.deleted;
+    let mut calls = 1;
+    while !store
+        .collect_garbage_now()
+        .await
+        .map(|gc| {
+            deleted += gc.deleted;
+            gc.wrapped
+        })
+        .unwrap()
+    {
+        calls += 1;
+        assert!(calls < 10, "no wrap-around after {calls} collections");
+    }
+    assert_eq!(calls, remaining / SLICE);
+    assert_eq!(deleted, 300);
+    assert_eq!(count(&client, &table, "hc:{gc}:later").await, 0);
+    assert_eq!(count(&client, &table, "hc:{gc}:live").await, 3500);
+
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
+
+/// A full pass of collections deletes every expired row and nothing else: rows still live, rows
+/// without expiry and rows a caller has locked stay.
+#[tokio::test]
+async fn postgres_gc_keeps_live_rows_rows_without_expiry_and_locked_rows() {
+    let Some(url) = Backend::Postgres
+        .shared_or_skip(
+            "postgres_gc::postgres_gc_keeps_live_rows_rows_without_expiry_and_locked_rows",
+        )
+        .await
+    else {
+        return;
+    };
+    let table = table("keep");
+    let store = store(&url, &table).await;
+    let client = connect(&url).await;
+    // Through the store: a lease with a TTL and a counter without one.
+    assert_eq!(
+        store
+            .incr("hc:{gc}:lease", Some(Duration::from_secs(3600)))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(store.incr("hc:{gc}:counter", None).await.unwrap(), 1);
+    insert(&client, &table, "hc:{gc}:live", 700, "1 hour").await;
+    insert(&client, &table, "hc:{gc}:forever", 700, "NULL").await;
+    insert(&client, &table, "hc:{gc}:dead", 700, "-1 minute").await;
+    insert(&client, &table, "hc:{gc}:held", 1, "-1 minute").await;
+
+    // A caller holds the lock of one expired row (as a writer about to revive it would): the
+    // collection skips it rather than wait.
+    let holder = connect(&url).await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            &format!("SELECT 1 FROM {table} WHERE key = 'hc:{{gc}}:held1' FOR UPDATE"),
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let mut deleted = 0;
+    for _ in 0..10 {
+        let gc = store.collect_garbage_now().await.unwrap();
+        deleted += gc.deleted;
+        if gc.wrapped {
+            break;
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a collection waited for a lock"
+    );
+    assert_eq!(deleted, 700);
+    assert_eq!(count(&client, &table, "hc:{gc}:dead").await, 0);
+    assert_eq!(count(&client, &table, "hc:{gc}:held").await, 1);
+    assert_eq!(count(&client, &table, "hc:{gc}:live").await, 700);
+    assert_eq!(count(&client, &table, "hc:{gc}:forever").await, 700);
+    assert_eq!(
+        store.get("hc:{gc}:lease").await.unwrap().as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        store.get("hc:{gc}:counter").await.unwrap().as_deref(),
+        Some("1")
+    );
+
+    // Released, the expired row goes in the next pass.
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let mut deleted = 0;
+    for _ in 0..10 {
+        let gc = store.collect_garbage_now().await.unwrap();
+        deleted += gc.deleted;
+        if gc.wrapped {
+            break;
+        }
+    }
+    assert_eq!(deleted, 1);
+    assert_eq!(count(&client, &table, "hc:{gc}:held").await, 0);
+
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
+
+/// A row renewed after the collection's statement read it as expired (between its snapshot and
+/// its delete) is not deleted: the delete re-checks expiry on the newest row version.
+///
+/// Deterministic: the store runs over a view of the real table whose filter calls a function
+/// that waits for an advisory lock the test holds, so the collection's statement stops inside its
+/// slice scan (after taking its snapshot, before locking any row). The test renews the row then,
+/// and only then lets the collection go on.
+#[tokio::test]
+async fn postgres_gc_spares_a_row_renewed_after_the_slice_read_it() {
+    let Some(url) = Backend::Postgres
+        .shared_or_skip("postgres_gc::postgres_gc_spares_a_row_renewed_after_the_slice_read_it")
+        .await
+    else {
+        return;
+    };
+    let base = table("renew");
+    let view = format!("{base}_v");
+    let gate = format!("{base}_gate");
+    let lock_id = i64::from(rand::random::<u32>());
+    // Creates the real table.
+    drop(store(&url, &base).await);
+    let client = connect(&url).await;
+    client
+        .batch_execute(&format!(
+            "CREATE FUNCTION {gate}() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+             BEGIN
+               PERFORM pg_advisory_lock_shared({lock_id});
+               PERFORM pg_advisory_unlock_shared({lock_id});
+               RETURN true;
+             END $$;
+             CREATE VIEW {view} AS SELECT * FROM {base} WHERE {gate}();"
+        ))
+        .await
+        .unwrap();
+    // The view exists, so this store uses it as its table.
+    let store = store(&url, &view).await;
+    insert(&client, &base, "hc:{gc}:renewed", 1, "-1 minute").await;
+    insert(&client, &base, "hc:{gc}:dead", 1, "-1 minute").await;
+
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&lock_id])
+        .await
+        .unwrap();
+    let collection = tokio::spawn({
+        let store = store.clone();
+        async move { store.collect_garbage_now().await }
+    });
+    // Wait until the collection's statement is stopped at the gate.
+    let started = Instant::now();
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'
+                   AND strpos(query, $1) > 0 AND strpos(query, 'slice') > 0",
+                &[&view],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the collection never reached the gate"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Its snapshot saw both rows expired. Renew one (committed at once), then let it go on.
+    let renewed = client
+        .execute(
+            &format!(
+                "UPDATE {base} SET expires_at = now() + interval '1 hour'
+                 WHERE key = 'hc:{{gc}}:renewed1'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(renewed, 1);
+    client
+        .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
+        .await
+        .unwrap();
+    let gc = tokio::time::timeout(Duration::from_secs(10), collection)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    assert_eq!(gc.examined, 2, "{gc:?}");
+    assert_eq!(gc.deleted, 1, "{gc:?}");
+    assert_eq!(count(&client, &base, "hc:{gc}:dead").await, 0);
+    assert_eq!(
+        count(&client, &base, "hc:{gc}:renewed").await,
+        1,
+        "the renewed row was deleted"
+    );
+
+    client
+        .batch_execute(&format!(
+            "DROP VIEW {view}; DROP FUNCTION {gate}(); DROP TABLE {base}"
+        ))
+        .await
+        .unwrap();
+}
