@@ -24,9 +24,9 @@
 //! lease granted up front), on PostgreSQL the adapter's statements (the same checks and
 //! `RETURNING` clauses, so the server does the same work; before 25 November raw skipped the
 //! canonical-counter check and the `RETURNING`s) prepared up front on one connection per task, on
-//! SQLite the adapter's statements (from the last run of 25 November; before, simpler SQL without the liveness
-//! and counter checks) through `spawn_blocking`; on every backend each raw call runs within a
-//! 5 s deadline, as the adapter's do (see `raw_deadline`). The adapter adds argument checks, a
+//! SQLite the adapter's statements (from the last runs of 25 November; before, simpler SQL
+//! without the liveness and counter checks) through `spawn_blocking`; on every backend each raw
+//! call runs within a 5 s deadline, as the adapter's do (see `raw_deadline`). The adapter adds argument checks, a
 //! pool checkout, error mapping and, for etcd, lease sharing and per-key turn-taking; on Redis its
 //! scripts also keep the key index (see backend-redis/README.md).
 
