@@ -390,3 +390,47 @@ async fn postgres_gc_spares_a_row_renewed_after_the_slice_read_it() {
         .await
         .unwrap();
 }
+
+/// The collection that every 1000th write starts goes on, slice after slice (up to four), while
+/// most of each slice was expired: a workload that leaves expired rows behind faster than one
+/// per write is kept up with. One slice alone would delete about 800 of these 3,500 rows.
+#[tokio::test]
+async fn postgres_gc_started_by_writes_goes_on_while_most_of_a_slice_was_expired() {
+    let Some(url) = Backend::Postgres
+        .shared_or_skip(
+            "postgres_gc::postgres_gc_started_by_writes_goes_on_while_most_of_a_slice_was_expired",
+        )
+        .await
+    else {
+        return;
+    };
+    let table = table("repeat");
+    let store = store(&url, &table).await;
+    let client = connect(&url).await;
+    insert(&client, &table, "hc:{gc}:dead", 3500, "-1 minute").await;
+    // 1000 writes start one collection in the background; they leave 1000 live rows.
+    for i in 0..SLICE {
+        store
+            .compare_and_set(
+                &format!("hc:{{gc}}:w{i}"),
+                None,
+                "v",
+                Some(Duration::from_secs(3600)),
+            )
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = count(&client, &table, "hc:{gc}:dead").await;
+        if left < 3500 - 2 * SLICE {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} of 3500 expired rows still there 20 s after the 1000th write"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(count(&client, &table, "hc:{gc}:w").await, SLICE);
+}

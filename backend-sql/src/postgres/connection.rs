@@ -17,8 +17,15 @@ use super::errors::{self, BACKEND};
 use super::sql::{Statements, GC_BATCH};
 use super::tls;
 
-/// Expired rows are deleted after every this many writes through one store handle.
-const GC_EVERY: u64 = 1000;
+/// Garbage is collected after every this many writes through one store handle: one slice of
+/// [`GC_BATCH`] rows, or up to [`GC_SLICES`] slices one after the other while more than half of
+/// each was expired. So it examines at least one row per write, and up to four while expired
+/// rows abound: a workload that leaves an expired key behind on most of its writes cannot outrun
+/// it.
+const GC_EVERY: u64 = GC_BATCH as u64;
+
+/// The most slices one garbage collection examines.
+const GC_SLICES: usize = 4;
 
 /// Builds the pool of connections `config` names (connecting lazily).
 pub(crate) async fn pool(config: &PostgresConfig) -> Result<Pool> {
@@ -142,17 +149,29 @@ impl Connections {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    match inner.collect_garbage().await {
-                        Ok(gc) => tracing::debug!(
-                            examined = gc.examined,
-                            deleted = gc.deleted,
-                            "deleted expired PostgreSQL rows"
-                        ),
-                        Err(Error::Timeout { .. }) => {
-                            tracing::debug!("PostgreSQL garbage collection timed out")
-                        }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "skipped PostgreSQL garbage collection")
+                    for _ in 0..GC_SLICES {
+                        match inner.collect_garbage().await {
+                            Ok(gc) => {
+                                tracing::debug!(
+                                    examined = gc.examined,
+                                    deleted = gc.deleted,
+                                    "deleted expired PostgreSQL rows"
+                                );
+                                if gc.wrapped || gc.deleted * 2 <= gc.examined {
+                                    break;
+                                }
+                            }
+                            Err(Error::Timeout { .. }) => {
+                                tracing::debug!("PostgreSQL garbage collection timed out");
+                                break;
+                            }
+                            Err(e) => {
+                                tracing::debug!(
+                                    error = %e,
+                                    "skipped PostgreSQL garbage collection"
+                                );
+                                break;
+                            }
                         }
                     }
                     inner.gc_running.store(false, Ordering::Release);

@@ -8,15 +8,23 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use headcount_core::{Error, Result};
+use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 use tokio::sync::oneshot;
 
 use super::config::{Location, SqliteConfig, SqliteOptions};
 use super::errors::{open_error, worker_gone, BACKEND};
-use super::sql::{gc_slice, TABLE};
+use super::sql::{gc_slice, GC_SLICE, TABLE};
 
-/// Expired rows are deleted after every this many operations of one store handle.
-const GC_EVERY: u32 = 1000;
+/// A garbage collection runs after every this many operations of one store handle: it examines
+/// one slice of [`GC_SLICE`] keys, or up to [`GC_SLICES`] while more than half of each slice was
+/// expired, so it examines at least one row per operation, and up to four while expired rows
+/// abound: a workload that leaves an expired key behind on most of its operations cannot outrun
+/// it.
+const GC_EVERY: u32 = GC_SLICE as u32;
+
+/// The most slices one garbage collection examines.
+const GC_SLICES: usize = 4;
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
@@ -168,6 +176,18 @@ fn open_connection(location: &Location, options: &SqliteOptions) -> Result<Conne
     ))
     .map_err(opening)?;
     check_schema(&conn, location)?;
+    // Writes read the clock in SQL with `unixepoch(…, 'subsec')` (SQLite 3.42 and later; the
+    // bundled library is newer). An older library linked in instead would answer NULL, and every
+    // TTL would silently be none.
+    let clock: Option<f64> = conn
+        .query_row("SELECT unixepoch('now', 'subsec')", [], |row| row.get(0))
+        .map_err(opening)?;
+    if clock.is_none() {
+        return Err(Error::config(format!(
+            "SQLite {} is too old for headcount: it needs 3.42 or later (unixepoch with 'subsec')",
+            rusqlite::version()
+        )));
+    }
     Ok(conn)
 }
 
@@ -195,8 +215,8 @@ fn check_schema(conn: &Connection, location: &Location) -> Result<()> {
 /// The worker thread's loop: run jobs until every store handle is gone.
 fn serve(mut conn: Connection, queue: &mpsc::Receiver<Job>, busy_timeout: Duration) {
     let mut since_gc = 0u32;
-    // Where the next collection's slice of the key range starts.
-    let mut gc_after = String::new();
+    // The last key the previous collection examined (None: start from the first key).
+    let mut gc_after: Option<Value> = None;
     while let Ok(job) = queue.recv() {
         // A panic in one job must not take every later operation down with the thread; the
         // transaction it held rolls back as it unwinds.
@@ -211,19 +231,32 @@ fn serve(mut conn: Connection, queue: &mpsc::Receiver<Job>, busy_timeout: Durati
     }
 }
 
-/// Deletes the expired rows of the next slice of the key range (see [`gc_slice`]) and moves
-/// `after` past it. Invisible to readers (expired rows are already absent). It does not wait for
-/// locks: a busy database just means another round later.
-fn collect_garbage(conn: &Connection, busy_timeout: Duration, after: &mut String) {
+/// Deletes the expired rows of the next slice of the key range (see [`gc_slice`]), and of up to
+/// [`GC_SLICES`] slices while more than half of each was expired, and moves `after` past them.
+/// Invisible to readers (expired rows are already absent). It does not wait for locks: a busy
+/// database just means another round later, from the same place.
+pub(crate) fn collect_garbage(
+    conn: &Connection,
+    busy_timeout: Duration,
+    after: &mut Option<Value>,
+) {
     let busy = conn.busy_timeout(Duration::ZERO);
-    match gc_slice(conn, after) {
-        Ok((deleted, next)) => {
-            if deleted > 0 {
-                tracing::debug!(rows = deleted, "deleted expired SQLite rows");
+    for _ in 0..GC_SLICES {
+        match gc_slice(conn, after.as_ref()) {
+            Ok((deleted, next)) => {
+                if deleted > 0 {
+                    tracing::debug!(rows = deleted, "deleted expired SQLite rows");
+                }
+                *after = next;
+                if after.is_none() || deleted * 2 <= GC_SLICE {
+                    break;
+                }
             }
-            *after = next.unwrap_or_default();
+            Err(e) => {
+                tracing::debug!(error = %e, "skipped SQLite garbage collection");
+                break;
+            }
         }
-        Err(e) => tracing::debug!(error = %e, "skipped SQLite garbage collection"),
     }
     if busy.is_ok() {
         // Restoring can only fail if the connection is unusable, which the next job reports.

@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use headcount_core::backend::parse_counter;
 use headcount_core::{Error, Result};
-use rusqlite::types::{FromSql, ValueRef};
+use rusqlite::types::{FromSql, Value, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension, Params, Statement, TransactionBehavior};
 
 use super::errors::Sql;
@@ -407,35 +407,46 @@ fn delete_sql() -> &'static str {
 pub(crate) const GC_SLICE: usize = 256;
 
 /// One garbage collection: deletes the expired rows among the (at most [`GC_SLICE`]) keys after
-/// `after` in key order, and returns how many it deleted and where the next one starts (`None`:
-/// the slice reached the end, so the next starts over). Its work is bounded however many rows
-/// the table holds (there is no index on `expires_at`, and a scan of the whole table would cost
-/// in proportion to every deployment sharing the file), and every row is examined once per
-/// rows / [`GC_SLICE`] collections. The delete reads the clock under its write lock
-/// ([`NOW_MS`]), so a row renewed before it runs is no longer expired.
-pub(crate) fn gc_slice(conn: &Connection, after: &str) -> Result<(usize, Option<String>)> {
-    static SQL: LazyLock<[String; 3]> = LazyLock::new(|| {
+/// `after` in key order (`None`: from the first key), and returns how many it deleted and where
+/// the next one starts (`None`: the slice reached the end, so the next starts over). Its work is
+/// bounded however many rows the table holds (there is no index on `expires_at`, and a scan of
+/// the whole table would cost in proportion to every deployment sharing the file), and every row
+/// is examined once per rows / [`GC_SLICE`] collections. The cursor is the stored key as it is
+/// (any storage class, any bytes), so a hand-made row cannot stop it. The delete reads the clock
+/// under its write lock ([`NOW_MS`]), so a row renewed before it runs is no longer expired.
+pub(crate) fn gc_slice(conn: &Connection, after: Option<&Value>) -> Result<(usize, Option<Value>)> {
+    static SQL: LazyLock<[String; 6]> = LazyLock::new(|| {
+        let skip = GC_SLICE - 1;
         [
-            format!(
-                "SELECT key FROM {TABLE} WHERE key > ?1 ORDER BY key LIMIT 1 OFFSET {}",
-                GC_SLICE - 1
-            ),
+            format!("SELECT key FROM {TABLE} ORDER BY key LIMIT 1 OFFSET {skip}"),
+            format!("SELECT key FROM {TABLE} WHERE key > ?1 ORDER BY key LIMIT 1 OFFSET {skip}"),
+            format!("DELETE FROM {TABLE} WHERE key <= ?1 AND expires_at <= {NOW_MS}"),
             format!("DELETE FROM {TABLE} WHERE key > ?1 AND key <= ?2 AND expires_at <= {NOW_MS}"),
+            // Fewer than GC_SLICE keys in the whole table.
+            format!("DELETE FROM {TABLE} WHERE expires_at <= {NOW_MS}"),
             format!("DELETE FROM {TABLE} WHERE key > ?1 AND expires_at <= {NOW_MS}"),
         ]
     });
-    let last: Option<String> = conn
-        .prepare_cached(&SQL[0])
-        .sql()?
-        .query_row(params![after], |row| row.get(0))
-        .optional()
-        .sql()?;
-    let deleted = match &last {
-        Some(last) => conn
+    let last: Option<Value> = match after {
+        None => conn
+            .prepare_cached(&SQL[0])
+            .sql()?
+            .query_row([], |row| row.get(0)),
+        Some(after) => conn
             .prepare_cached(&SQL[1])
             .sql()?
+            .query_row([after], |row| row.get(0)),
+    }
+    .optional()
+    .sql()?;
+    let deleted = match (after, &last) {
+        (None, Some(last)) => conn.prepare_cached(&SQL[2]).sql()?.execute([last]),
+        (Some(after), Some(last)) => conn
+            .prepare_cached(&SQL[3])
+            .sql()?
             .execute(params![after, last]),
-        None => conn.prepare_cached(&SQL[2]).sql()?.execute(params![after]),
+        (None, None) => conn.prepare_cached(&SQL[4]).sql()?.execute([]),
+        (Some(after), None) => conn.prepare_cached(&SQL[5]).sql()?.execute([after]),
     }
     .sql()?;
     Ok((deleted, last))
