@@ -433,4 +433,9 @@ async fn postgres_gc_started_by_writes_goes_on_while_most_of_a_slice_was_expired
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(count(&client, &table, "hc:{gc}:w").await, SLICE);
+
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
 }
