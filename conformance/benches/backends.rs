@@ -643,6 +643,54 @@ async fn fill_unrelated(t: &Target) {
     }
 }
 
+/// Removes what [`fill_unrelated`] wrote, so a store named by `HEADCOUNT_TEST_<BACKEND>_URL`
+/// (someone's server, not the harness's throwaway one) is left as the bench found it.
+async fn drop_unrelated(t: &Target) {
+    let base = format!("hcb-unrelated:{}", t.prefix);
+    match &t.raw {
+        Raw::Redis(conn) => {
+            let mut c = conn.clone();
+            for chunk in (0..unrelated()).collect::<Vec<_>>().chunks(1000) {
+                let mut del = redis::cmd("DEL");
+                for &i in chunk {
+                    del.arg(format!("{base}{i}"));
+                }
+                let _: i64 = del.query_async(&mut c).await.unwrap();
+            }
+        }
+        Raw::Etcd(kv, _) => {
+            let mut kv = kv.clone();
+            kv.delete(base, Some(etcd_client::DeleteOptions::new().with_prefix()))
+                .await
+                .unwrap();
+        }
+        Raw::Postgres(clients) => {
+            clients[0]
+                .0
+                .execute(
+                    "DELETE FROM headcount_kv WHERE starts_with(key, $1)",
+                    &[&base],
+                )
+                .await
+                .unwrap();
+        }
+        Raw::Sqlite(conn) => {
+            let conn = conn.clone();
+            tokio::task::spawn_blocking(move || {
+                conn.lock()
+                    .unwrap()
+                    .execute(
+                        "DELETE FROM headcount_kv WHERE key >= ?1 AND key < ?1 || x'ff'",
+                        [base],
+                    )
+                    .unwrap();
+            })
+            .await
+            .unwrap();
+        }
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -734,6 +782,9 @@ fn bench(c: &mut Criterion) {
         }
     }
     print_table(&results.lock().unwrap());
+    for t in &targets {
+        runtime.block_on(drop_unrelated(t));
+    }
 }
 
 fn print_table(results: &BTreeMap<(String, &'static str, usize, Side), Stats>) {
