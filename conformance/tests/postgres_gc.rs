@@ -40,6 +40,25 @@ async fn connect(url: &str) -> Client {
     client
 }
 
+/// The harness's PostgreSQL for test `test` (or a skip): its URL, a fresh table named after
+/// `stem`, a store on it and a plain client.
+async fn setup(test: &str, stem: &str) -> Option<(String, String, PostgresStore, Client)> {
+    let url = Backend::Postgres
+        .shared_or_skip(&format!("postgres_gc::{test}"))
+        .await?;
+    let table = table(stem);
+    let store = store(&url, &table).await;
+    let client = connect(&url).await;
+    Some((url, table, store, client))
+}
+
+async fn drop_table(client: &Client, table: &str) {
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
+
 /// Inserts `n` rows named `{stem}{i}` expiring `expiry` from now (an SQL interval, or `NULL`).
 async fn insert(client: &Client, table: &str, stem: &str, n: i64, expiry: &str) {
     let expires_at = if expiry == "NULL" {
@@ -76,17 +95,14 @@ async fn count(client: &Client, table: &str, stem: &str) -> i64 {
 /// table, report the wrap-around at its end, and start over from the beginning.
 #[tokio::test]
 async fn postgres_gc_examines_one_slice_per_collection_and_wraps_around() {
-    let Some(url) = Backend::Postgres
-        .shared_or_skip(
-            "postgres_gc::postgres_gc_examines_one_slice_per_collection_and_wraps_around",
-        )
-        .await
+    let Some((_, table, store, client)) = setup(
+        "postgres_gc_examines_one_slice_per_collection_and_wraps_around",
+        "slice",
+    )
+    .await
     else {
         return;
     };
-    let table = table("slice");
-    let store = store(&url, &table).await;
-    let client = connect(&url).await;
     // 1500 expired rows among 5500: more expired rows than one collection may delete, and a
     // table four slices and a half long.
     insert(&client, &table, "hc:{gc}:dead", 1500, "-1 minute").await;
@@ -190,27 +206,21 @@ async fn postgres_gc_examines_one_slice_per_collection_and_wraps_around() {
     assert_eq!(count(&client, &table, "hc:{gc}:later").await, 0);
     assert_eq!(count(&client, &table, "hc:{gc}:live").await, 3500);
 
-    client
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    drop_table(&client, &table).await;
 }
 
 /// A full pass of collections deletes every expired row and nothing else: rows still live, rows
 /// without expiry and rows a caller has locked stay.
 #[tokio::test]
 async fn postgres_gc_keeps_live_rows_rows_without_expiry_and_locked_rows() {
-    let Some(url) = Backend::Postgres
-        .shared_or_skip(
-            "postgres_gc::postgres_gc_keeps_live_rows_rows_without_expiry_and_locked_rows",
-        )
-        .await
+    let Some((url, table, store, client)) = setup(
+        "postgres_gc_keeps_live_rows_rows_without_expiry_and_locked_rows",
+        "keep",
+    )
+    .await
     else {
         return;
     };
-    let table = table("keep");
-    let store = store(&url, &table).await;
-    let client = connect(&url).await;
     // Through the store: a lease with a TTL and a counter without one.
     assert_eq!(
         store
@@ -277,10 +287,7 @@ async fn postgres_gc_keeps_live_rows_rows_without_expiry_and_locked_rows() {
     assert_eq!(deleted, 1);
     assert_eq!(count(&client, &table, "hc:{gc}:held").await, 0);
 
-    client
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    drop_table(&client, &table).await;
 }
 
 /// A row renewed after the collection's statement read it as expired (between its snapshot and
@@ -396,17 +403,14 @@ async fn postgres_gc_spares_a_row_renewed_after_the_slice_read_it() {
 /// per write is kept up with. One slice alone would delete about 800 of these 3,500 rows.
 #[tokio::test]
 async fn postgres_gc_started_by_writes_goes_on_while_most_of_a_slice_was_expired() {
-    let Some(url) = Backend::Postgres
-        .shared_or_skip(
-            "postgres_gc::postgres_gc_started_by_writes_goes_on_while_most_of_a_slice_was_expired",
-        )
-        .await
+    let Some((_, table, store, client)) = setup(
+        "postgres_gc_started_by_writes_goes_on_while_most_of_a_slice_was_expired",
+        "repeat",
+    )
+    .await
     else {
         return;
     };
-    let table = table("repeat");
-    let store = store(&url, &table).await;
-    let client = connect(&url).await;
     insert(&client, &table, "hc:{gc}:dead", 3500, "-1 minute").await;
     // 1000 writes start one collection in the background; they leave 1000 live rows.
     for i in 0..SLICE {
@@ -434,8 +438,5 @@ async fn postgres_gc_started_by_writes_goes_on_while_most_of_a_slice_was_expired
     }
     assert_eq!(count(&client, &table, "hc:{gc}:w").await, SLICE);
 
-    client
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    drop_table(&client, &table).await;
 }

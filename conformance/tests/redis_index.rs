@@ -28,6 +28,15 @@ async fn raw(url: &str) -> MultiplexedConnection {
         .unwrap()
 }
 
+/// A single Redis started from its binary (or a skip), a raw connection to it and a store on it.
+async fn redis_with_store() -> Option<(KvStore, MultiplexedConnection, headcount::DynStore)> {
+    let server = start(Backend::Redis, || KvStore::redis(None))?;
+    let url = server.url();
+    let conn = raw(&url).await;
+    let store = headcount::connect(&url).await.unwrap();
+    Some((server, conn, store))
+}
+
 async fn zcard(conn: &mut impl ConnectionLike, key: &str) -> u64 {
     redis::cmd("ZCARD")
         .arg(key)
@@ -108,12 +117,9 @@ async fn listing_ignores_a_large_unrelated_keyspace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn index_stays_bounded_for_a_prefix_never_listed() {
-    let Some(server) = start(Backend::Redis, || KvStore::redis(None)) else {
+    let Some((_server, mut conn, store)) = redis_with_store().await else {
         return;
     };
-    let url = server.url();
-    let mut conn = raw(&url).await;
-    let store = headcount::connect(&url).await.unwrap();
     // Long enough that none of the 1,000 keys expires while they are still being written on a
     // loaded machine (the counts below would then come up short), short enough to wait for.
     let ttl = Duration::from_secs(2);
@@ -479,12 +485,9 @@ async fn assert_index_outlives(conn: &MultiplexedConnection, key: &str, after: &
 /// a live key once they expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_outlives_every_key_it_holds() {
-    let Some(server) = start(Backend::Redis, || KvStore::redis(None)) else {
+    let Some((_server, conn, store)) = redis_with_store().await else {
         return;
     };
-    let url = server.url();
-    let conn = raw(&url).await;
-    let store = headcount::connect(&url).await.unwrap();
     let ms = Duration::from_millis;
     let index_pttl = || {
         let mut conn = conn.clone();
@@ -557,12 +560,9 @@ async fn the_index_outlives_every_key_it_holds() {
 /// must not let the index keys expire before a live key they hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_index_outlives_keys_other_clients_changed() {
-    let Some(server) = start(Backend::Redis, || KvStore::redis(None)) else {
+    let Some((_server, conn, store)) = redis_with_store().await else {
         return;
     };
-    let url = server.url();
-    let conn = raw(&url).await;
-    let store = headcount::connect(&url).await.unwrap();
     let ms = Duration::from_millis;
     let raw_cmd = |args: &'static [&'static str]| {
         let mut conn = conn.clone();
