@@ -15,6 +15,9 @@
 //! raw commands plus one `ZADD` of the name, in one script) as a fraction of raw.
 //! `docs/benchmarks.md` holds a run of it.
 //!
+//! Each side of a row is measured in 3 alternating rounds (`HEADCOUNT_BENCH_ROUNDS`; see
+//! `rounds`), and `--measurement-time` is per round.
+//!
 //! Before measuring, 100,000 unrelated keys are written beside the benchmark's (see
 //! `fill_unrelated`), as a store shared with other data holds them.
 //!
@@ -112,6 +115,19 @@ fn raw_deadline() -> Option<Duration> {
             _ => Some(Duration::from_secs(5)),
         },
     )
+}
+
+/// How many times each side of a row is measured, alternating (adapter, raw, floor, then floor,
+/// raw, adapter, ...): 3, or `HEADCOUNT_BENCH_ROUNDS`. A row's figures sum its rounds, so each
+/// side is measured as often early as late: a store that slows or speeds up over a row (a
+/// checkpoint, a vacuum, a table growing) no longer always favours whichever side runs second.
+/// `--measurement-time` is per round.
+fn rounds() -> usize {
+    std::env::var("HEADCOUNT_BENCH_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(3)
 }
 
 /// One call of `primitive` through the adapter, by task `task` (its own keys), round `n`.
@@ -471,6 +487,8 @@ struct Stats {
     latencies: Vec<Duration>,
     ops: u64,
     elapsed: Duration,
+    /// Calls and time of each round (see [`rounds`]).
+    rounds: BTreeMap<usize, (u64, Duration)>,
 }
 
 /// Who makes the calls: headcount's adapter, the raw client, or the raw client keeping the
@@ -718,12 +736,24 @@ fn bench(c: &mut Criterion) {
                 // samples criterion takes, not its usual 100.
                 group.sample_size(10);
             }
+            let rounds = rounds();
             for concurrency in CONCURRENCY {
-                for side in [Side::Adapter, Side::Raw, Side::Floor] {
+                let sides = (0..rounds).flat_map(|round| {
+                    let mut sides = [Side::Adapter, Side::Raw, Side::Floor];
+                    if round % 2 == 1 {
+                        sides.reverse();
+                    }
+                    sides.map(|side| (round, side))
+                });
+                for (round, side) in sides {
                     if side == Side::Floor && !has_floor(t.backend, primitive) {
                         continue;
                     }
-                    let id = format!("{}/c{concurrency}", side.name());
+                    let id = if rounds == 1 {
+                        format!("{}/c{concurrency}", side.name())
+                    } else {
+                        format!("{}/c{concurrency}/round{}", side.name(), round + 1)
+                    };
                     let results = results.clone();
                     let counter = counter.clone();
                     let t = t.clone();
@@ -772,6 +802,9 @@ fn bench(c: &mut Criterion) {
                                 .or_default();
                             s.ops += lat.len() as u64;
                             s.elapsed += elapsed;
+                            let r = s.rounds.entry(round).or_default();
+                            r.0 += lat.len() as u64;
+                            r.1 += elapsed;
                             s.latencies.extend(lat);
                             elapsed
                         });
@@ -789,10 +822,12 @@ fn bench(c: &mut Criterion) {
 
 fn print_table(results: &BTreeMap<(String, &'static str, usize, Side), Stats>) {
     println!();
-    println!("| backend | primitive | conc. | adapter ops/s | p50 | p99 | raw ops/s | p50 | p99 | adapter/raw | raw+name-index/raw |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| backend | primitive | conc. | adapter ops/s | p50 | p99 | raw ops/s | p50 | p99 | adapter/raw | per round | raw, slowest/fastest round | raw+name-index/raw |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
     let rate = |s: &Stats| s.ops as f64 / s.elapsed.as_secs_f64().max(1e-9);
+    let round_rate =
+        |&(ops, elapsed): &(u64, Duration)| ops as f64 / elapsed.as_secs_f64().max(1e-9);
     for backend in ["redis", "etcd", "postgres", "sqlite"] {
         for primitive in PRIMITIVES {
             for concurrency in CONCURRENCY {
@@ -805,11 +840,25 @@ fn print_table(results: &BTreeMap<(String, &'static str, usize, Side), Stats>) {
                 let mut rl = r.latencies.clone();
                 rl.sort_unstable();
                 let ratio = rate(a) / rate(r).max(1e-9);
+                // The adapter against raw within each round (measured next to each other), and
+                // how far raw's own rounds differ: a gap smaller than that is noise.
+                let per_round = a
+                    .rounds
+                    .iter()
+                    .filter_map(|(round, ar)| {
+                        let rr = r.rounds.get(round)?;
+                        Some(format!("{:.2}", round_rate(ar) / round_rate(rr).max(1e-9)))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let raw_rates = r.rounds.values().map(round_rate);
+                let spread = raw_rates.clone().fold(f64::INFINITY, f64::min)
+                    / raw_rates.fold(0.0, f64::max).max(1e-9);
                 let floor = get(Side::Floor)
                     .map(|f| format!("{:.2}", rate(f) / rate(r).max(1e-9)))
                     .unwrap_or_default();
                 println!(
-                    "| {backend} | {primitive} | {concurrency} | {:.0} | {} | {} | {:.0} | {} | {} | {:.2}{} | {floor} |",
+                    "| {backend} | {primitive} | {concurrency} | {:.0} | {} | {} | {:.0} | {} | {} | {:.2}{} | {per_round} | {spread:.2} | {floor} |",
                     rate(a),
                     ms(percentile(&al, 50)),
                     ms(percentile(&al, 99)),
