@@ -468,6 +468,78 @@ impl EtcdStore {
             format!("{op} lost {INCR_ATTEMPTS} races in a row"),
         ))
     }
+
+    /// [`Store::set_max`](headcount_core::Store::set_max) as a compare-and-set loop over the
+    /// revision of the value last seen, like [`incr_by`](Self::incr_by): the write of a value
+    /// above the one this handle last wrote is one transaction (compared on the revision of that
+    /// write, reading the key instead when another client wrote it since), where the provided
+    /// method reads first. A value at or above `value` is only believed when read by this call:
+    /// another client may have lowered or removed the key since this handle wrote it.
+    async fn raise_to(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
+        const OP: &str = "set_max";
+        let slot = self.inner.counters.slot(key);
+        let mut seen = slot.lock().await;
+        // What the key holds at which revision (None: absent), and whether this call read it
+        // (else it is what this handle last wrote, perhaps stale).
+        let mut known: Option<(Vec<u8>, i64)> = seen.map(|(v, r)| (v.to_string().into_bytes(), r));
+        let mut read = false;
+        let new = value.to_string();
+        for _ in 0..INCR_ATTEMPTS {
+            let compare = match &known {
+                None => Compare::version(key, CompareOp::Equal, 0),
+                Some((current, revision)) => {
+                    let text = utf8(key, current.clone())?;
+                    let current = match parse_counter(key, &text) {
+                        Ok(n) => n,
+                        Err(e) => {
+                            *seen = None;
+                            return Err(e);
+                        }
+                    };
+                    if current >= value {
+                        if read {
+                            return Ok(false);
+                        }
+                        let resp = retry_unsent(|| {
+                            let mut kv = self.inner.kv.clone();
+                            async move { kv.get(key, None).await }
+                        })
+                        .await
+                        .map_err(|e| self.classify(e, OP))?;
+                        known = resp
+                            .kvs()
+                            .first()
+                            .map(|kv| (kv.value().to_vec(), kv.mod_revision()));
+                        read = true;
+                        *seen = None;
+                        continue;
+                    }
+                    Compare::mod_revision(key, CompareOp::Equal, *revision)
+                }
+            };
+            let resp = self
+                .txn_with_lease(OP, ttl, |lease| {
+                    Txn::new()
+                        .when([compare.clone()])
+                        .and_then([TxnOp::put(key, new.as_str(), Some(put_options(lease)))])
+                        .or_else([TxnOp::get(key, None)])
+                })
+                .await?;
+            if resp.succeeded() {
+                let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+                *seen = Some((value, rev));
+                return Ok(true);
+            }
+            // The comparison failed: the else branch read the key; go again from it.
+            known = nth_get(&resp, 0);
+            read = true;
+            *seen = None;
+        }
+        Err(Error::contended(
+            key,
+            format!("{OP} lost {INCR_ATTEMPTS} races in a row"),
+        ))
+    }
 }
 
 /// The key-value of the `index`-th `Get` of a transaction's executed branch, if it found one.
@@ -544,6 +616,11 @@ impl backend::Backend for EtcdStore {
             self.incr_by("incr_and_get", incr_key, by, ttl, Some(get_key)),
         )
         .await
+    }
+
+    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
+        self.deadline("set_max", self.raise_to(key, value, ttl))
+            .await
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {

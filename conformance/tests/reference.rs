@@ -35,6 +35,8 @@ enum Bug {
     RacyCas,
     /// set_max writes whatever it is given.
     SetMaxOverwrites,
+    /// set_max believes the number it wrote last is still there, and writes nothing below it.
+    SetMaxTrustsItsLastWrite,
     /// expire returns true on an absent key.
     ExpireAbsentTrue,
     /// delete returns true for an expired key.
@@ -55,6 +57,8 @@ struct Memory {
     bug: Bug,
     map: Mutex<BTreeMap<String, Entry>>,
     seq: Mutex<u64>,
+    /// What set_max wrote last, per key (for [`Bug::SetMaxTrustsItsLastWrite`]).
+    set_max_wrote: Mutex<BTreeMap<String, i64>>,
 }
 
 impl Memory {
@@ -63,6 +67,7 @@ impl Memory {
             bug,
             map: Mutex::default(),
             seq: Mutex::default(),
+            set_max_wrote: Mutex::default(),
         })
     }
 
@@ -209,6 +214,16 @@ impl headcount::backend::Backend for Memory {
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
+        if self.bug == Bug::SetMaxTrustsItsLastWrite {
+            let wrote = self.set_max_wrote.lock().unwrap().get(key).copied();
+            if wrote.is_some_and(|w| w >= value) {
+                return Ok(false);
+            }
+            self.set_max_wrote
+                .lock()
+                .unwrap()
+                .insert(key.to_owned(), value);
+        }
         if self.bug != Bug::SetMaxOverwrites {
             // The provided CAS loop, as a backend without a native one would use.
             let new = value.to_string();
@@ -343,6 +358,7 @@ async fn planted_bugs_are_caught() {
         (Bug::RacyCas, "cas_32_concurrent_one_winner"),
         (Bug::SetMaxOverwrites, "set_max_smaller_equal_larger"),
         (Bug::SetMaxOverwrites, "set_max_concurrent_monotonic"),
+        (Bug::SetMaxTrustsItsLastWrite, "set_max_after_other_writes"),
         (Bug::ExpireAbsentTrue, "expire_absent"),
         (Bug::DeleteExpiredTrue, "delete_live_absent_expired"),
         (Bug::RenewAnyHolder, "renew_and_list_refuses_others"),

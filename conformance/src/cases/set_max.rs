@@ -76,6 +76,63 @@ pub async fn set_max_smaller_equal_larger(ctx: &Ctx) -> CaseResult {
     Ok(())
 }
 
+/// `set_max` judges the value the key holds now, whatever wrote it since the last `set_max`
+/// (a backend may remember what it wrote, as etcd's does to save a read): after another write
+/// lowered the key it still raises it, after one raised it past the proposal it writes nothing,
+/// and after a delete it creates the key.
+pub async fn set_max_after_other_writes(ctx: &Ctx) -> CaseResult {
+    let store = &ctx.store;
+    let k = &ctx.key("k");
+    let set_max = |value: i64| async move {
+        store
+            .set_max(k, value, None)
+            .await
+            .during(format!("set_max({value})"))
+    };
+    let cas = |from: &'static str, to: &'static str| async move {
+        store
+            .compare_and_set(k, Some(from), to, None)
+            .await
+            .during(format!("compare_and_set({from:?} -> {to:?})"))
+    };
+    let value = || async { store.get(k).await.during("get") };
+    ensure_eq!(set_max(10).await?, true, "set_max(10) on an absent key");
+    ensure_eq!(cas("10", "3").await?, true, "lowering 10 to 3");
+    ensure_eq!(
+        set_max(5).await?,
+        true,
+        "set_max(5) after 10 was lowered to 3"
+    );
+    ensure_eq!(value().await?, Some("5".into()), "after set_max(5) over 3");
+    ensure_eq!(cas("5", "50").await?, true, "raising 5 to 50");
+    ensure_eq!(
+        set_max(20).await?,
+        false,
+        "set_max(20) after 5 was raised to 50"
+    );
+    ensure_eq!(
+        value().await?,
+        Some("50".into()),
+        "after set_max(20) over 50"
+    );
+    ensure_eq!(set_max(60).await?, true, "set_max(60) over 50");
+    ensure_eq!(store.delete(k).await.during("delete")?, true, "delete");
+    ensure_eq!(set_max(1).await?, true, "set_max(1) after 60 was deleted");
+    ensure_eq!(
+        value().await?,
+        Some("1".into()),
+        "after set_max(1) over nothing"
+    );
+    ensure_eq!(store.delete(k).await.during("delete")?, true, "delete");
+    ensure_eq!(set_max(70).await?, true, "set_max(70) after 1 was deleted");
+    ensure_eq!(
+        value().await?,
+        Some("70".into()),
+        "after set_max(70) over nothing"
+    );
+    Ok(())
+}
+
 /// Under many tasks proposing random numbers with `set_max`, the stored number never goes
 /// backwards (each task's reads, and a watcher's, are non-decreasing and at least what the task
 /// proposed last) and ends at the largest proposal.
