@@ -440,3 +440,75 @@ async fn postgres_gc_started_by_writes_goes_on_while_most_of_a_slice_was_expired
 
     drop_table(&client, &table).await;
 }
+
+/// A collection runs on a connection of its own: while one is stopped (here by a lock that its
+/// `DELETE` waits for), the callers' pool, of a single connection, still serves them. Taking the
+/// collection's connection from the callers' pool made every call queue behind it.
+#[tokio::test]
+async fn postgres_gc_leaves_the_callers_pool_to_the_callers() {
+    let Some(url) = Backend::Postgres
+        .shared_or_skip("postgres_gc::postgres_gc_leaves_the_callers_pool_to_the_callers")
+        .await
+    else {
+        return;
+    };
+    let table = table("own");
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let store = PostgresStore::connect(&format!("{url}{sep}table={table}&timeout=10s&pool_size=1"))
+        .await
+        .unwrap();
+    let client = connect(&url).await;
+    insert(&client, &table, "hc:{gc}:dead", 10, "-1 minute").await;
+    store
+        .compare_and_set("hc:{gc}:live", None, "v", None)
+        .await
+        .unwrap();
+
+    // SHARE mode lets reads through and stops every write, the collection's `DELETE` among them.
+    let mut locker = connect(&url).await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute(&format!("LOCK TABLE {table} IN SHARE MODE"))
+        .await
+        .unwrap();
+    let collection = tokio::spawn({
+        let store = store.clone();
+        async move { store.collect_garbage_now().await }
+    });
+    let started = Instant::now();
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0
+                   AND strpos(query, 'slice') > 0",
+                &[&table],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the collection never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let read = tokio::time::timeout(Duration::from_secs(3), store.get("hc:{gc}:live")).await;
+    assert!(
+        matches!(&read, Ok(Ok(Some(v))) if v == "v"),
+        "a read while the collection waited: {read:?}"
+    );
+    assert!(!collection.is_finished(), "the collection did not wait");
+
+    lock.commit().await.unwrap();
+    let gc = tokio::time::timeout(Duration::from_secs(10), collection)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(gc.deleted, 10, "{gc:?}");
+    drop(locker);
+    drop_table(&client, &table).await;
+}

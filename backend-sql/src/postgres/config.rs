@@ -174,7 +174,8 @@ impl PostgresConfig {
         Deadline::new(BACKEND, self.timeout)
     }
 
-    /// The most connections the store keeps open (`pool_size`).
+    /// The most connections the store keeps open for calls (`pool_size`); garbage collection
+    /// keeps one more of its own.
     pub fn pool_size(&self) -> usize {
         self.pool_size
     }

@@ -48,8 +48,8 @@ impl PostgresStore {
 
     /// Like [`connect`](Self::connect) with an already parsed configuration.
     pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
-        let pool = connection::pool(&config).await?;
-        Self::from_pool_with(pool, config).await
+        let (pool, gc_pool) = connection::pools(&config).await?;
+        Self::over(pool, Some(gc_pool), config).await
     }
 
     /// A store over a `deadpool-postgres` pool the application already has (re-exported as
@@ -58,7 +58,9 @@ impl PostgresStore {
     /// from the pool, as with [`connect`](Self::connect). [`connect`](Self::connect) builds its
     /// pool with `QueueMode::Lifo`, which keeps a light load on a few warm connections; a pool
     /// left at deadpool's default FIFO spreads calls over all its connections, which on a fast
-    /// network can nearly double each call's latency.
+    /// network can nearly double each call's latency. Garbage collection, every 1000 writes,
+    /// takes one of the pool's connections for a few milliseconds (a store from
+    /// [`connect`](Self::connect) keeps a connection of its own for it).
     pub async fn from_pool(pool: Pool) -> Result<Self> {
         Self::from_pool_with(pool, pool_defaults()?).await
     }
@@ -66,8 +68,13 @@ impl PostgresStore {
     /// [`from_pool`](Self::from_pool) with the table and timeout of `config` (its host, user,
     /// password and TLS settings are not used: the pool's are).
     pub async fn from_pool_with(pool: Pool, config: PostgresConfig) -> Result<Self> {
+        Self::over(pool, None, config).await
+    }
+
+    /// A store over `pool`, collecting garbage over `gc_pool` (else `pool`).
+    async fn over(pool: Pool, gc_pool: Option<Pool>, config: PostgresConfig) -> Result<Self> {
         let store = PostgresStore {
-            inner: Arc::new(Connections::new(pool, config)),
+            inner: Arc::new(Connections::new(pool, gc_pool, config)),
         };
         // Connecting eagerly reports bad credentials or an unreachable server now, not at the
         // first operation.
@@ -82,7 +89,7 @@ impl PostgresStore {
 
     /// Closes the pool: later operations fail with [`Error::Unavailable`].
     pub fn close(&self) {
-        self.inner.pool.close();
+        self.inner.close();
     }
 
     fn note_write(&self) {
