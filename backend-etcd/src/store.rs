@@ -411,8 +411,7 @@ impl EtcdStore {
                     };
                     let resp = self.txn_with_lease(op, ttl, create).await?;
                     if resp.succeeded() {
-                        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
-                        *seen = Some((by, rev));
+                        *seen = resp.header().map(|h| (by, h.revision()));
                         // op 0 is the put, op 1 the read.
                         return Ok((by, read_also(&resp, 0)?));
                     }
@@ -452,8 +451,7 @@ impl EtcdStore {
                     .await
                     .map_err(|e| self.classify(e, op))?;
                     if resp.succeeded() {
-                        let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
-                        *seen = Some((next, rev));
+                        *seen = resp.header().map(|h| (next, h.revision()));
                         return Ok((next, read_also(&resp, 0)?));
                     }
                     resp
@@ -526,8 +524,8 @@ impl EtcdStore {
                 })
                 .await?;
             if resp.succeeded() {
-                let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
-                *seen = Some((value, rev));
+                // Without a header (etcd always sends one) the revision is unknown: remember nothing.
+                *seen = resp.header().map(|h| (value, h.revision()));
                 return Ok(true);
             }
             // The comparison failed: the else branch read the key; go again from it.

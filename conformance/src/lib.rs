@@ -99,7 +99,7 @@ macro_rules! for_each_case {
             { compare_and_delete_32_concurrent_one_winner, Store, "of 32 concurrent compare_and_delete calls with the current value exactly one deletes" },
             { set_max_from_absent, Store, "set_max on an absent or expired key writes" },
             { set_max_smaller_equal_larger, Store, "set_max writes only a larger number, and applies its TTL when it writes" },
-            { set_max_after_other_writes, Store, "set_max judges the value held now: it raises a key another write lowered, leaves one another write raised past it, and creates a deleted one" },
+            { set_max_after_other_writes, Store, "set_max judges the value held now: it raises a key another write lowered, leaves one another write raised past it, and creates a deleted one; a raise with a TTL applies it" },
             { set_max_concurrent_monotonic, Store, "under concurrent set_max of random values the stored number never goes backwards and ends at the maximum proposed" },
             { list_live_under_prefix, Store, "list returns exactly the live keys under the prefix with their values, sorted bytewise; expired keys and keys outside are excluded" },
             { list_prefix_is_literal, Store, "list treats % _ \\ and other pattern characters in the prefix literally" },

@@ -24,7 +24,8 @@ pub const DEFAULT_TABLE: &str = "headcount_kv";
 /// The port used when a URL names none.
 pub const DEFAULT_PORT: u16 = 5432;
 
-/// The default number of pooled connections per store.
+/// The default number of pooled connections per store for calls (garbage collection keeps one
+/// more).
 pub const DEFAULT_POOL_SIZE: usize = 16;
 
 const MAX_POOL_SIZE: usize = 1000;

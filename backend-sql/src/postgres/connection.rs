@@ -42,9 +42,21 @@ pub(crate) async fn pools(config: &PostgresConfig) -> Result<(Pool, Pool)> {
         }
         Err(_) => tls::connector(config)?,
     };
-    let pool = |size: usize| {
+    // A collection that waits for a table lock (a caller's `LOCK TABLE`, a migration) gives up
+    // at its deadline; `lock_timeout` makes the server give up too, instead of keeping the
+    // abandoned statement queued for the lock.
+    let mut gc_pg = config.pg.clone();
+    let lock_timeout = format!(
+        "-c lock_timeout={}",
+        config.deadline().after().as_millis().max(1)
+    );
+    match config.pg.get_options() {
+        Some(options) if !options.is_empty() => gc_pg.options(format!("{options} {lock_timeout}")),
+        _ => gc_pg.options(lock_timeout),
+    };
+    let pool = |pg: &tokio_postgres::Config, size: usize| {
         let manager = Manager::from_config(
-            config.pg.clone(),
+            pg.clone(),
             tls.clone(),
             // Fast: a checkout only checks `is_closed`; Verified would add a round trip to every
             // operation. Connections that broke or timed out are discarded by `Conn` instead.
@@ -63,7 +75,7 @@ pub(crate) async fn pools(config: &PostgresConfig) -> Result<(Pool, Pool)> {
             .build()
             .map_err(|e| Error::config(format!("cannot build the PostgreSQL pool: {e}")))
     };
-    Ok((pool(config.pool_size())?, pool(1)?))
+    Ok((pool(&config.pg, config.pool_size())?, pool(&gc_pg, 1)?))
 }
 
 /// A store's pool, its statements and what it knows of the table.
@@ -201,6 +213,12 @@ impl Connections {
         if let Some(gc) = &self.gc_pool {
             gc.close();
         }
+    }
+
+    /// The connections garbage collection has open on a pool of its own (0 or 1; 0 over an
+    /// application's pool, whose connections it borrows).
+    pub(crate) fn gc_connections(&self) -> usize {
+        self.gc_pool.as_ref().map_or(0, |p| p.status().size)
     }
 
     async fn checkout(&self) -> Result<Conn> {

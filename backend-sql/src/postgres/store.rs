@@ -20,7 +20,7 @@ use super::sql::prefix_patterns;
 
 /// A [`Store`](headcount_core::Store) in a PostgreSQL table, shared by any number of processes and machines.
 ///
-/// Cloning is cheap and shares the connection pool.
+/// Cloning is cheap and shares the connection pools (the callers' and garbage collection's).
 #[derive(Clone)]
 pub struct PostgresStore {
     inner: Arc<Connections>,
@@ -29,10 +29,12 @@ pub struct PostgresStore {
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let status = self.inner.pool.status();
+        let gc = self.inner.gc_connections();
         f.debug_struct("PostgresStore")
             .field("config", &self.inner.config)
             .field("connections", &status.size)
             .field("idle", &status.available)
+            .field("gc_connections", &gc)
             .finish()
     }
 }
@@ -87,7 +89,7 @@ impl PostgresStore {
         &self.inner.config
     }
 
-    /// Closes the pool: later operations fail with [`Error::Unavailable`].
+    /// Closes the pools: later operations fail with [`Error::Unavailable`].
     pub fn close(&self) {
         self.inner.close();
     }

@@ -79,7 +79,7 @@ pub async fn set_max_smaller_equal_larger(ctx: &Ctx) -> CaseResult {
 /// `set_max` judges the value the key holds now, whatever wrote it since the last `set_max`
 /// (a backend may remember what it wrote, as etcd's does to save a read): after another write
 /// lowered the key it still raises it, after one raised it past the proposal it writes nothing,
-/// and after a delete it creates the key.
+/// and after a delete it creates the key; raising its own last write, it applies its TTL.
 pub async fn set_max_after_other_writes(ctx: &Ctx) -> CaseResult {
     let store = &ctx.store;
     let k = &ctx.key("k");
@@ -130,6 +130,18 @@ pub async fn set_max_after_other_writes(ctx: &Ctx) -> CaseResult {
         Some("70".into()),
         "after set_max(70) over nothing"
     );
+    // Raising its own last write again, with a TTL this time: the TTL applies.
+    let sent = Instant::now();
+    ensure_eq!(
+        store
+            .set_max(k, 80, Some(SHORT_TTL))
+            .await
+            .during("set_max(80, with a TTL)")?,
+        true,
+        "set_max(80, with a TTL) over 70"
+    );
+    let done = Instant::now();
+    expect_expiry(ctx, k, "80", sent, done, SHORT_TTL).await?;
     Ok(())
 }
 
