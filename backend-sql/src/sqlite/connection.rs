@@ -217,7 +217,7 @@ fn serve(mut conn: Connection, queue: &mpsc::Receiver<Job>, busy_timeout: Durati
     let mut since_gc = 0u32;
     // The last key the previous collection examined (None: start from the first key).
     let mut gc_after: Option<Value> = None;
-    while let Ok(job) = queue.recv() {
+    while let Some(job) = next_job(queue) {
         // A panic in one job must not take every later operation down with the thread; the
         // transaction it held rolls back as it unwinds.
         if catch_unwind(AssertUnwindSafe(|| job(&mut conn))).is_err() {
@@ -227,6 +227,33 @@ fn serve(mut conn: Connection, queue: &mpsc::Receiver<Job>, busy_timeout: Durati
         if since_gc >= GC_EVERY {
             since_gc = 0;
             collect_garbage(&conn, busy_timeout, &mut gc_after);
+        }
+    }
+}
+
+/// How long the worker polls for the next job before it sleeps: a caller that sends its next
+/// call as soon as the last one is answered finds the worker awake, instead of paying a
+/// wake-up of a sleeping thread on every call (on the test machine that wake-up made sequential
+/// calls 10–20% slower than `spawn_blocking`'s; with the poll they are 1.1–1.4 times as fast).
+/// At most 50 µs of one core after each burst of calls, and none on a machine with one core,
+/// where polling would keep the caller from running.
+const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(50);
+
+/// The next job: polled for [`POLL_BEFORE_SLEEP`] (with more than one core), then waited for.
+/// None once every store handle is gone.
+fn next_job(queue: &mpsc::Receiver<Job>) -> Option<Job> {
+    static POLL: std::sync::LazyLock<Duration> =
+        std::sync::LazyLock::new(|| match std::thread::available_parallelism() {
+            Ok(n) if n.get() > 1 => POLL_BEFORE_SLEEP,
+            _ => Duration::ZERO,
+        });
+    let until = Instant::now() + *POLL;
+    loop {
+        match queue.try_recv() {
+            Ok(job) => return Some(job),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) if Instant::now() < until => std::hint::spin_loop(),
+            Err(mpsc::TryRecvError::Empty) => return queue.recv().ok(),
         }
     }
 }
