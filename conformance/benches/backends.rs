@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! HEADCOUNT_REQUIRE_BACKENDS=all cargo bench -p headcount-conformance --bench backends -- \
-//!     --warm-up-time 1 --measurement-time 3
+//!     --warm-up-time 1 --measurement-time 1
 //! ```
 //!
 //! Servers come from the conformance harness (started from their binaries on loopback, or the
