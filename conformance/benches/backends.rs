@@ -11,8 +11,10 @@
 //! (one iteration = one round of `concurrency` calls at once); at the end a Markdown table gives,
 //! per primitive, backend and concurrency, the throughput in calls per second, the p50 and p99
 //! latency of single calls, and the adapter's throughput as a fraction of the raw client's; for
-//! the Redis writes also the floor of any design that keeps a key index (`raw+name-index`: the
-//! raw commands plus one `ZADD` of the name, in one script) as a fraction of raw.
+//! the Redis writes also two floors as fractions of raw: that of any design that keeps a key index
+//! (`raw+name-index`: the raw commands plus one `ZADD` of the name, in one script), and that of
+//! headcount's index design (`raw+records`: the raw commands plus every record the index keeps,
+//! name, expiry score and directory version, and nothing else; see [`RECORDS_INCR_LUA`]).
 //! `docs/benchmarks.md` holds a run of it.
 //!
 //! Each side of a row is measured in 3 alternating rounds (`HEADCOUNT_BENCH_ROUNDS`; see
@@ -117,7 +119,7 @@ fn raw_deadline() -> Option<Duration> {
     )
 }
 
-/// How many times each side of a row is measured, alternating (adapter, raw, floor, then floor,
+/// How many times each side of a row is measured, alternating (adapter, raw, floors, then floors,
 /// raw, adapter, ...): 3, or `HEADCOUNT_BENCH_ROUNDS`. A row's figures sum its rounds, so each
 /// side is measured as often early as late: a store that slows or speeds up over a row (a
 /// checkpoint, a vacuum, a table growing) no longer always favours whichever side runs second.
@@ -367,42 +369,110 @@ const FLOOR_SET_MAX_LUA: &str = "local cur = redis.call('GET', KEYS[1]) \
      if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end \
      redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('ZADD', KEYS[2], 0, KEYS[1]) return 1";
 
-/// Whether the floor is measured for `primitive` on `backend`.
+/// The floor of headcount's own index design on Redis: the raw side's commands plus each record
+/// its index keeps (see backend-redis/README.md, "Data layout"), each written the cheapest way
+/// and nothing else (no sweep, no check of the index's own expiry, no script prelude): the
+/// key's name (`ZADD` of score 0, so a listing is O(keys under the prefix)), the key's expiry
+/// score when the write sets a TTL (`TIME` and a `ZADD`, so expired names are found without a
+/// scan and the index stays bounded), and its directory's version when the write changes what a
+/// listing shows (`TIME` and `SET … GET`, so a group member learns in O(1) per heartbeat that
+/// nothing changed). `KEYS[2]`, `KEYS[3]` and `KEYS[4]` are the name index, the expiry index and
+/// the version key. As the adapter does, a compare-and-set that writes the value the key held
+/// and a delete of an absent key change no version, and an increment of a live key moves no
+/// expiry.
+const RECORDS_INCR_LUA: &str = "local n = redis.call('INCR', KEYS[1]) \
+     redis.call('PEXPIRE', KEYS[1], ARGV[1], 'NX') redis.call('ZADD', KEYS[2], 0, KEYS[1]) \
+     local t = redis.call('TIME') redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') \
+     return n";
+const RECORDS_EXPIRE_LUA: &str = "local r = redis.call('PEXPIRE', KEYS[1], ARGV[1]) \
+     if r == 1 then redis.call('ZADD', KEYS[2], 0, KEYS[1]) local t = redis.call('TIME') \
+     redis.call('ZADD', KEYS[3], t[1] * 1000 + ARGV[1], KEYS[1]) end return r";
+const RECORDS_CAS_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) redis.call('ZADD', KEYS[2], 0, KEYS[1]) \
+     local t = redis.call('TIME') redis.call('ZADD', KEYS[3], t[1] * 1000 + ARGV[3], KEYS[1]) \
+     if ARGV[1] ~= ARGV[2] then redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') end \
+     return 1 end return 0";
+const RECORDS_DELETE_LUA: &str = "local r = redis.call('DEL', KEYS[1]) \
+     redis.call('ZREM', KEYS[2], KEYS[1]) redis.call('ZREM', KEYS[3], KEYS[1]) \
+     if r == 1 then local t = redis.call('TIME') \
+     redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') end return r";
+const RECORDS_SET_MAX_LUA: &str = "local cur = redis.call('GET', KEYS[1]) \
+     if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end \
+     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('ZADD', KEYS[2], 0, KEYS[1]) \
+     local t = redis.call('TIME') redis.call('ZADD', KEYS[3], t[1] * 1000 + ARGV[2], KEYS[1]) \
+     redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') return 1";
+
+/// Whether the floors are measured for `primitive` on `backend`.
 fn has_floor(backend: &str, primitive: &str) -> bool {
     backend == "redis" && !matches!(primitive, "get" | "list")
 }
 
-/// One call of the floor (see [`FLOOR_INCR_LUA`]).
-fn floor_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFut<'a> {
+/// One call of a floor: the name index alone ([`FLOOR_INCR_LUA`]) or every record of
+/// headcount's index ([`RECORDS_INCR_LUA`]), `side` says which.
+fn floor_call<'a>(
+    t: &'a Target,
+    side: Side,
+    primitive: &'a str,
+    task: usize,
+    n: u64,
+) -> BoxFut<'a> {
     Box::pin(async move {
         let Raw::Redis(conn) = &t.raw else {
-            panic!("the floor is measured on Redis only")
+            panic!("the floors are measured on Redis only")
         };
         let mut c = conn.clone();
         let ttl_ms = TTL.as_millis() as i64;
-        let index = format!("{}floor-index", t.prefix);
+        let records = side == Side::Records;
+        let pick = |floor: &'static str, all: &'static str| if records { all } else { floor };
         let k = |w: &str| key(t, w, task);
-        // The script, its key and its arguments after the index, as the raw side sends them
-        // (its scripts are built per call too).
+        // The script, its key and its arguments after the index keys, as the raw side sends
+        // them (its scripts are built per call too). The keys written are the floor's own
+        // (`fn`, `fm`: each floor starts where the other left them), the others are the keys
+        // the adapter and raw read or write too.
         let (src, key, args): (&str, String, Vec<String>) = match primitive {
-            "incr" => (FLOOR_INCR_LUA, k("fn"), vec![ttl_ms.to_string()]),
-            "expire" => (FLOOR_EXPIRE_LUA, k("n"), vec![ttl_ms.to_string()]),
+            "incr" => (
+                pick(FLOOR_INCR_LUA, RECORDS_INCR_LUA),
+                k("fn"),
+                vec![ttl_ms.to_string()],
+            ),
+            "expire" => (
+                pick(FLOOR_EXPIRE_LUA, RECORDS_EXPIRE_LUA),
+                k("n"),
+                vec![ttl_ms.to_string()],
+            ),
             "compare_and_set" => (
-                FLOOR_CAS_LUA,
+                pick(FLOOR_CAS_LUA, RECORDS_CAS_LUA),
                 k("c"),
                 vec!["x".into(), "x".into(), ttl_ms.to_string()],
             ),
-            "delete" => (FLOOR_DELETE_LUA, k("absent"), vec![]),
+            "delete" => (
+                pick(FLOOR_DELETE_LUA, RECORDS_DELETE_LUA),
+                k("absent"),
+                vec![],
+            ),
             "set_max" => (
-                FLOOR_SET_MAX_LUA,
+                pick(FLOOR_SET_MAX_LUA, RECORDS_SET_MAX_LUA),
                 k("fm"),
                 vec![n.to_string(), ttl_ms.to_string()],
             ),
             other => panic!("no floor for {other}"),
         };
+        // As the adapter's, one version per directory (the key up to its last `:`), shared by
+        // the tasks.
+        let version = format!(
+            "{}records-version:{}",
+            t.prefix,
+            &key[..key.rfind(':').map_or(0, |i| i + 1)]
+        );
         let script = redis::Script::new(src);
         let mut call = script.key(key);
-        call.key(&index);
+        if records {
+            call.key(format!("{}records-index", t.prefix))
+                .key(format!("{}records-expiry", t.prefix))
+                .key(version);
+        } else {
+            call.key(format!("{}floor-index", t.prefix));
+        }
         for a in args {
             call.arg(a);
         }
@@ -498,6 +568,7 @@ enum Side {
     Adapter,
     Raw,
     Floor,
+    Records,
 }
 
 impl Side {
@@ -506,6 +577,7 @@ impl Side {
             Side::Adapter => "adapter",
             Side::Raw => "raw",
             Side::Floor => "raw+name-index",
+            Side::Records => "raw+records",
         }
     }
 }
@@ -739,14 +811,16 @@ fn bench(c: &mut Criterion) {
             let rounds = rounds();
             for concurrency in CONCURRENCY {
                 let sides = (0..rounds).flat_map(|round| {
-                    let mut sides = [Side::Adapter, Side::Raw, Side::Floor];
+                    let mut sides = [Side::Adapter, Side::Raw, Side::Floor, Side::Records];
                     if round % 2 == 1 {
                         sides.reverse();
                     }
                     sides.map(|side| (round, side))
                 });
                 for (round, side) in sides {
-                    if side == Side::Floor && !has_floor(t.backend, primitive) {
+                    if matches!(side, Side::Floor | Side::Records)
+                        && !has_floor(t.backend, primitive)
+                    {
                         continue;
                     }
                     let id = if rounds == 1 {
@@ -777,8 +851,8 @@ fn bench(c: &mut Criterion) {
                                                     None
                                                 }
                                                 Side::Raw => Some(raw_call(t, primitive, task, n)),
-                                                Side::Floor => {
-                                                    Some(floor_call(t, primitive, task, n))
+                                                Side::Floor | Side::Records => {
+                                                    Some(floor_call(t, side, primitive, task, n))
                                                 }
                                             };
                                             if let Some(call) = call {
@@ -822,8 +896,8 @@ fn bench(c: &mut Criterion) {
 
 fn print_table(results: &BTreeMap<(String, &'static str, usize, Side), Stats>) {
     println!();
-    println!("| backend | primitive | conc. | adapter ops/s | p50 | p99 | raw ops/s | p50 | p99 | adapter/raw | per round | raw, slowest/fastest round | raw+name-index/raw |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| backend | primitive | conc. | adapter ops/s | p50 | p99 | raw ops/s | p50 | p99 | adapter/raw | per round | raw, slowest/fastest round | raw+name-index/raw | raw+records/raw |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
     let rate = |s: &Stats| s.ops as f64 / s.elapsed.as_secs_f64().max(1e-9);
     let round_rate =
@@ -854,11 +928,14 @@ fn print_table(results: &BTreeMap<(String, &'static str, usize, Side), Stats>) {
                 let raw_rates = r.rounds.values().map(round_rate);
                 let spread = raw_rates.clone().fold(f64::INFINITY, f64::min)
                     / raw_rates.fold(0.0, f64::max).max(1e-9);
-                let floor = get(Side::Floor)
-                    .map(|f| format!("{:.2}", rate(f) / rate(r).max(1e-9)))
-                    .unwrap_or_default();
+                let of_raw = |side| {
+                    get(side)
+                        .map(|f| format!("{:.2}", rate(f) / rate(r).max(1e-9)))
+                        .unwrap_or_default()
+                };
+                let (floor, records) = (of_raw(Side::Floor), of_raw(Side::Records));
                 println!(
-                    "| {backend} | {primitive} | {concurrency} | {:.0} | {} | {} | {:.0} | {} | {} | {:.2}{} | {per_round} | {spread:.2} | {floor} |",
+                    "| {backend} | {primitive} | {concurrency} | {:.0} | {} | {} | {:.0} | {} | {} | {:.2}{} | {per_round} | {spread:.2} | {floor} | {records} |",
                     rate(a),
                     ms(percentile(&al, 50)),
                     ms(percentile(&al, 99)),
