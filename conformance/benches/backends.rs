@@ -733,13 +733,24 @@ async fn fill_unrelated(t: &Target) {
     }
 }
 
-/// Removes what [`fill_unrelated`] wrote, so a store named by `HEADCOUNT_TEST_<BACKEND>_URL`
-/// (someone's server, not the harness's throwaway one) is left as the bench found it.
+/// Removes what [`fill_unrelated`] wrote, and on Redis the floors' index keys (which have no
+/// TTL), so a store named by `HEADCOUNT_TEST_<BACKEND>_URL` (someone's server, not the harness's
+/// throwaway one) is left as the bench found it; the benchmark's own keys expire.
 async fn drop_unrelated(t: &Target) {
     let base = format!("hcb-unrelated:{}", t.prefix);
     match &t.raw {
         Raw::Redis(conn) => {
             let mut c = conn.clone();
+            let p = &t.prefix;
+            let mut floors = redis::cmd("DEL");
+            floors
+                .arg(format!("{p}floor-index"))
+                .arg(format!("{p}records-index"))
+                .arg(format!("{p}records-expiry"));
+            for dir in ["fn:", "n:", "c:", "absent:", "fm:"] {
+                floors.arg(format!("{p}records-version:{p}{dir}"));
+            }
+            let _: i64 = floors.query_async(&mut c).await.unwrap();
             for chunk in (0..unrelated()).collect::<Vec<_>>().chunks(1000) {
                 let mut del = redis::cmd("DEL");
                 for &i in chunk {

@@ -84,7 +84,7 @@ impl Worker {
     {
         let deadline = self.config.deadline();
         let started = Instant::now();
-        let (reply, answer) = oneshot::channel();
+        let (reply, mut answer) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
             // A caller that already gave up must not have its write applied later by surprise;
             // work still queued at its deadline is dropped instead.
@@ -99,7 +99,6 @@ impl Worker {
         });
         let in_flight = InFlight::enter(&self.in_flight);
         self.jobs.send(job).map_err(|_| worker_gone())?;
-        let mut answer = answer;
         if in_flight.alone {
             if let Some(answered) = wait_awake(&mut answer) {
                 return answered;
