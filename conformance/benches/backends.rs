@@ -457,16 +457,16 @@ fn floor_call<'a>(
             ),
             other => panic!("no floor for {other}"),
         };
-        // As the adapter's, one version per directory (the key up to its last `:`), shared by
-        // the tasks.
-        let version = format!(
-            "{}records-version:{}",
-            t.prefix,
-            &key[..key.rfind(':').map_or(0, |i| i + 1)]
-        );
         let script = redis::Script::new(src);
-        let mut call = script.key(key);
+        let mut call = script.key(&key);
         if records {
+            // As the adapter's, one version per directory (the key up to its last `:`), shared
+            // by the tasks.
+            let version = format!(
+                "{}records-version:{}",
+                t.prefix,
+                &key[..key.rfind(':').map_or(0, |i| i + 1)]
+            );
             call.key(format!("{}records-index", t.prefix))
                 .key(format!("{}records-expiry", t.prefix))
                 .key(version);
