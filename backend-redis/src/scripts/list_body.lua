@@ -1,4 +1,4 @@
--- headcount list, the shared body of list and renew_and_list (lib.rs appends what each returns
+-- headcount list, the shared body of list and renew_and_list (scripts.rs appends what each returns
 -- with concat!): reads the index (index.lua) of the prefix ARGV[1], never the keyspace, so it
 -- costs O(log N + M) for M keys under the prefix and N in the index.
 -- The index keys are real keys in the prefix's hash slot, passed in KEYS: on Redis Cluster the

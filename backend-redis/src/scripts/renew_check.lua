@@ -1,7 +1,7 @@
 -- headcount renew_and_list_if_changed, the group member's heartbeat: renews KEYS[1] if it holds
 -- the holder, then answers the version of the directory ARGV[1] and, only when that differs
 -- from the caller's, the directory's listing (list_body.lua runs after this part, whose `out`
--- it builds; lib.rs calls this script only when the key and the directory share one index).
+-- it builds; store.rs calls this script only when the key and the directory share one index).
 -- KEYS[1] = the key to renew, then the index keys (index.lua).
 -- ARGV[1] = the directory, ARGV[2] = the holder, ARGV[3] = the TTL in ms, ARGV[4] = the
 -- version the caller has ('' for none), ARGV[5] = the shortest life of the quiet marker in ms (index.lua).

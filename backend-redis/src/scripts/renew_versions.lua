@@ -1,7 +1,7 @@
 -- headcount renew_and_versions: renews KEYS[1] if it holds the holder and answers the version of
 -- each directory in ARGV[4..], with no listing (the caller lists a directory that changed with
 -- renew_check.lua). A heartbeat that watches two directories costs one call instead of two.
--- KEYS[1] = the key to renew, then the index keys (index.lua; lib.rs calls this script only when
+-- KEYS[1] = the key to renew, then the index keys (index.lua; store.rs calls this script only when
 -- the key and every directory share one index).
 -- ARGV[1] = the holder, ARGV[2] = the TTL in ms, ARGV[3] = the shortest life of the quiet
 -- marker in ms (index.lua), ARGV[4..] = the directories.

@@ -1,5 +1,5 @@
 end
--- Replay protection, after the script's body (lib.rs wraps the body in `local function body()`
+-- Replay protection, after the script's body (scripts.rs wraps the body in `local function body()`
 -- ... `end`). The Redis Cluster client sends a request again on a new connection when the old
 -- one failed, also when the first attempt ran and only its answer was lost; for a write that is
 -- not idempotent (an increment, or an answer that depends on the state before: a
