@@ -76,7 +76,7 @@ local function heartbeat(key, renewed, ttl, period, mark, vks, got)
     t = tonumber(at)
     if renewed then
       local score = t + ttl
-      redis.call('ZADD', EXP, ms(score), key)
+      redis.call('ZADD', EXP, score, key)
       due_by(score, mark)
     end
   else
@@ -86,7 +86,7 @@ local function heartbeat(key, renewed, ttl, period, mark, vks, got)
     sweeping = false
     t = now()
     if renewed then
-      redis.call('ZADD', EXP, ms(t + ttl), key)
+      redis.call('ZADD', EXP, t + ttl, key)
       -- Back into the index if it was lost (deleted, evicted): nothing else writes a renewed key.
       if redis.call('ZADD', IDX, 0, key) == 1 then settle() end
     end

@@ -53,7 +53,11 @@ local function now()
   return now_ms
 end
 
--- Integer milliseconds as the text Redis expects (Lua numbers print as %.14g otherwise).
+-- Integer milliseconds as the text Redis expects (Lua numbers print as %.14g otherwise), for a
+-- value stored, compared or returned as text, or given to a command that wants an integer
+-- (PEXPIRE, PEXPIREAT). A sorted-set score or range bound is passed as a number instead:
+-- redis.call sends it exactly (integers below 2^53 are exact doubles) and parses it back as a
+-- double, without the 0.3 µs string.format costs per call in a script.
 local function ms(x)
   return string.format('%.0f', x)
 end
@@ -79,15 +83,19 @@ local bumped = {}
 local function bump(vk)
   now()
   local v = now_us
-  local ok, old = pcall(redis.call, 'SET', vk, ms(v), 'PX', VERSION_TTL_MS, 'GET')
+  local text = ms(v)
+  local ok, old = pcall(redis.call, 'SET', vk, text, 'PX', VERSION_TTL_MS, 'GET')
   if not ok then
     -- A server before 6.2 (no GET option) or another Redis type at vk: SET wrote nothing.
     old = redis.pcall('GET', vk)
     if type(old) ~= 'string' then old = nil end
   end
   local last = tonumber(old)
-  if last and last >= v then v = last + 1 end
-  bumped[vk] = ms(v)
+  if last and last >= v then
+    v = last + 1
+    text = ms(v)
+  end
+  bumped[vk] = text
   if not ok or v ~= now_us then
     redis.call('SET', vk, bumped[vk], 'PX', VERSION_TTL_MS)
   end
@@ -152,7 +160,7 @@ end
 
 -- Scores key k, which lives `p` more ms, in the expiry index. Returns whether it had no score.
 local function score(k, p)
-  local added = redis.call('ZADD', EXP, ms(now() + p), k) == 1
+  local added = redis.call('ZADD', EXP, now() + p, k) == 1
   -- Only a key with a shorter TTL than a marker may live can come due before it ends.
   if p < MAX_QUIET_MS then due_by(now() + p) end
   return added
@@ -175,7 +183,7 @@ end
 -- life: see heartbeat) or given another expiry by another client: it is re-scored instead.
 local function sweep(limit)
   if not IDX then return 0 end
-  local due = redis.call('ZRANGEBYSCORE', EXP, '-inf', ms(now()), 'LIMIT', 0, limit or SWEEP)
+  local due = redis.call('ZRANGEBYSCORE', EXP, '-inf', now(), 'LIMIT', 0, limit or SWEEP)
   for _, k in ipairs(due) do
     local p = redis.call('PTTL', k)
     if p == -2 then
@@ -186,7 +194,7 @@ local function sweep(limit)
       redis.call('PERSIST', IDX)
       redis.call('PERSIST', EXP)
     else
-      redis.call('ZADD', EXP, ms(now() + p), k)
+      redis.call('ZADD', EXP, now() + p, k)
       if p < MAX_QUIET_MS then due_by(now() + p) end
     end
   end
