@@ -264,6 +264,20 @@ impl Error {
     }
 }
 
+/// An error and its causes, `a: b: c`, for a message built from another library's error
+/// (tonic's own message alone is often just "transport error").
+#[cfg(feature = "grpc")]
+pub(crate) fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

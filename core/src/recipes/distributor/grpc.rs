@@ -14,7 +14,7 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use super::Health;
-use crate::error::{Error, Result};
+use crate::error::{with_sources, Error, Result};
 use crate::task::{stop_requested, Background, OnDrop};
 
 /// One health check of the whole server (service name `""`) at `address`, connection included,
@@ -49,19 +49,6 @@ pub async fn check(address: &str, timeout: Duration) -> Health {
         Ok(Err(why)) => Health::Down(why),
         Err(_) => Health::Down(format!("no answer within {timeout:?}")),
     }
-}
-
-/// An error and its causes, `a: b: c`: tonic's own message alone is often just
-/// "transport error".
-fn with_sources(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 /// A running `grpc.health.v1.Health` server; see [`serve_health`]. Dropping it shuts the server

@@ -36,7 +36,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 
 use super::{check_block, MediatedIds, RECIPE};
-use crate::error::{Error, Result};
+use crate::error::{with_sources, Error, Result};
 use crate::task::{stop_requested, Background, OnDrop};
 
 /// The gRPC service's full name.
@@ -264,7 +264,7 @@ pub async fn serve(listener: TcpListener, service: IdsService) -> Result<Running
                     .await;
             })
             .await
-            .map_err(|e| Error::stopped(failed, format!("it failed: {e}")))
+            .map_err(|e| Error::stopped(failed, format!("it failed: {}", with_sources(&e))))
     });
     Ok(RunningIdsServer { addr, task })
 }
@@ -343,9 +343,9 @@ impl IdsClient {
             let left = left / tries_left.max(1);
             let call = async {
                 let mut grpc = tonic::client::Grpc::new(channel.clone());
-                grpc.ready()
-                    .await
-                    .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
+                grpc.ready().await.map_err(|e| {
+                    tonic::Status::unavailable(format!("cannot connect: {}", with_sources(&e)))
+                })?;
                 let mut request = tonic::Request::new(proto::NextRequest {
                     key: key.to_owned(),
                     count,
