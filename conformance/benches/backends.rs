@@ -713,10 +713,10 @@ fn unrelated() -> usize {
 /// Makes sure the keys `primitive`'s row reads are there, each with a whole [`TTL`] to live, as
 /// the row's calls expect: the counters `get` and `expire` find, the value "x" every
 /// compare-and-set expects (each side writes it back), the 10 keys `list` lists. Called at setup
-/// and before each side's measurement: a row comes minutes after setup, longer than the TTL, and
-/// until 26 November the bench did not call it, so in a full run the keys had expired by then and
-/// the `compare_and_set` rows measured a compare that found no key, the `list` rows an empty
-/// prefix.
+/// and before each side's measurement: a row comes minutes after setup, longer than the TTL.
+/// Before the last run of 25 November the bench called it only at setup, so in a full run the
+/// keys had expired by then and the `compare_and_set` rows measured a compare that found no key,
+/// the `list` rows an empty prefix.
 async fn keep_alive(t: &Target, primitive: &str) {
     let s = &t.adapter;
     let refreshed = |k: String, v: &'static str| async move {

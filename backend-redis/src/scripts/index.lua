@@ -57,7 +57,7 @@ end
 -- value stored, compared or returned as text, or given to a command that wants an integer
 -- (PEXPIRE, PEXPIREAT). A sorted-set score or range bound is passed as a number instead:
 -- redis.call sends it exactly (integers below 2^53 are exact doubles) and parses it back as a
--- double, without the 0.3 µs string.format costs per call in a script.
+-- double, without the 0.3 µs that string.format costs in a script.
 local function ms(x)
   return string.format('%.0f', x)
 end
