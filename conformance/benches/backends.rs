@@ -405,6 +405,22 @@ const RECORDS_SET_MAX_LUA: &str = "local cur = redis.call('GET', KEYS[1]) \
      local t = redis.call('TIME') redis.call('ZADD', KEYS[3], t[1] * 1000 + ARGV[2], KEYS[1]) \
      redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') return 1";
 
+/// The upkeep floor's look for expired names (with `t`, the reply of `TIME`), shared by its
+/// scripts: up to 8 names whose score has passed, removed.
+macro_rules! upkeep_sweep {
+    () => {
+        "local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', t[1] * 1000, 'LIMIT', 0, 8) \
+         if #due > 0 then redis.call('ZREM', KEYS[3], unpack(due)) end "
+    };
+}
+/// The upkeep floor's read of the index's own expiry after a write that gave its key `p` ms to
+/// live, and the extension of both index keys in the rare call that finds it too short.
+macro_rules! upkeep_cover {
+    () => {
+        "local pi = redis.call('PTTL', KEYS[2]) if pi >= 0 and pi < p + 6000 then \
+         redis.call('PEXPIRE', KEYS[2], p + 36000) redis.call('PEXPIRE', KEYS[3], p + 36000) end "
+    };
+}
 /// The floor of headcount's index design with the upkeep each of its writes does, beside the
 /// records ([`RECORDS_INCR_LUA`]): so the index stays bounded, every write that records a name
 /// looks for names whose expiry has passed (`ZRANGEBYSCORE … LIMIT 0 8` on the expiry index,
@@ -414,39 +430,42 @@ const RECORDS_SET_MAX_LUA: &str = "local cur = redis.call('GET', KEYS[1]) \
 /// moves no expiry, so its upkeep floor is its records floor. Still no script prelude and no
 /// other logic: what is left between this and the adapter is the cost of running headcount's
 /// scripts as they are written (see docs/benchmarks.md).
-const UPKEEP_INCR_LUA: &str = "local n = redis.call('INCR', KEYS[1]) \
+const UPKEEP_INCR_LUA: &str = concat!(
+    "local n = redis.call('INCR', KEYS[1]) \
      redis.call('PEXPIRE', KEYS[1], ARGV[1], 'NX') redis.call('ZADD', KEYS[2], 0, KEYS[1]) \
-     local t = redis.call('TIME') redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') \
-     local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', t[1] * 1000, 'LIMIT', 0, 8) \
-     if #due > 0 then redis.call('ZREM', KEYS[3], unpack(due)) end \
-     return n";
-const UPKEEP_EXPIRE_LUA: &str = "local r = redis.call('PEXPIRE', KEYS[1], ARGV[1]) \
+     local t = redis.call('TIME') redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') ",
+    upkeep_sweep!(),
+    "return n"
+);
+const UPKEEP_EXPIRE_LUA: &str = concat!(
+    "local r = redis.call('PEXPIRE', KEYS[1], ARGV[1]) \
      if r == 1 then redis.call('ZADD', KEYS[2], 0, KEYS[1]) local t = redis.call('TIME') \
-     local p = tonumber(ARGV[1]) redis.call('ZADD', KEYS[3], t[1] * 1000 + p, KEYS[1]) \
-     local pi = redis.call('PTTL', KEYS[2]) if pi >= 0 and pi < p + 6000 then \
-     redis.call('PEXPIRE', KEYS[2], p + 36000) redis.call('PEXPIRE', KEYS[3], p + 36000) end \
-     local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', t[1] * 1000, 'LIMIT', 0, 8) \
-     if #due > 0 then redis.call('ZREM', KEYS[3], unpack(due)) end end return r";
-const UPKEEP_CAS_LUA: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+     local p = tonumber(ARGV[1]) redis.call('ZADD', KEYS[3], t[1] * 1000 + p, KEYS[1]) ",
+    upkeep_cover!(),
+    upkeep_sweep!(),
+    "end return r"
+);
+const UPKEEP_CAS_LUA: &str = concat!(
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then \
      redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) redis.call('ZADD', KEYS[2], 0, KEYS[1]) \
      local t = redis.call('TIME') local p = tonumber(ARGV[3]) \
      redis.call('ZADD', KEYS[3], t[1] * 1000 + p, KEYS[1]) \
-     if ARGV[1] ~= ARGV[2] then redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') end \
-     local pi = redis.call('PTTL', KEYS[2]) if pi >= 0 and pi < p + 6000 then \
-     redis.call('PEXPIRE', KEYS[2], p + 36000) redis.call('PEXPIRE', KEYS[3], p + 36000) end \
-     local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', t[1] * 1000, 'LIMIT', 0, 8) \
-     if #due > 0 then redis.call('ZREM', KEYS[3], unpack(due)) end \
-     return 1 end return 0";
-const UPKEEP_SET_MAX_LUA: &str = "local cur = redis.call('GET', KEYS[1]) \
+     if ARGV[1] ~= ARGV[2] then redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') end ",
+    upkeep_cover!(),
+    upkeep_sweep!(),
+    "return 1 end return 0"
+);
+const UPKEEP_SET_MAX_LUA: &str = concat!(
+    "local cur = redis.call('GET', KEYS[1]) \
      if cur and tonumber(cur) >= tonumber(ARGV[1]) then return 0 end \
      redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) redis.call('ZADD', KEYS[2], 0, KEYS[1]) \
      local t = redis.call('TIME') local p = tonumber(ARGV[2]) \
      redis.call('ZADD', KEYS[3], t[1] * 1000 + p, KEYS[1]) \
-     redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') \
-     local pi = redis.call('PTTL', KEYS[2]) if pi >= 0 and pi < p + 6000 then \
-     redis.call('PEXPIRE', KEYS[2], p + 36000) redis.call('PEXPIRE', KEYS[3], p + 36000) end \
-     local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', t[1] * 1000, 'LIMIT', 0, 8) \
-     if #due > 0 then redis.call('ZREM', KEYS[3], unpack(due)) end return 1";
+     redis.call('SET', KEYS[4], t[1] .. t[2], 'PX', 3600000, 'GET') ",
+    upkeep_cover!(),
+    upkeep_sweep!(),
+    "return 1"
+);
 
 /// Whether the floors are measured for `primitive` on `backend`.
 fn has_floor(backend: &str, primitive: &str) -> bool {
