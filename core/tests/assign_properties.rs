@@ -439,7 +439,7 @@ proptest! {
     }
 }
 
-/// The invariant of DESIGN.md: on one join or leave, the minimal assignors move within 5% of the
+/// The invariant of docs/design.md: on one join or leave, the minimal assignors move within 5% of the
 /// optimum (1/(n+1) of the keys on a join, 1/n on a death), and nothing beyond the changed slot's
 /// keys. Exact counts over a fixed sample, so this never flakes.
 #[test]
