@@ -57,14 +57,12 @@ pub(crate) fn sweep_period(ttl: Duration) -> Duration {
 /// Whether `key` is the name of an index (of either deployment): headcount never writes there
 /// through the `Store` API, or the index would be overwritten.
 pub(crate) fn is_index_name(key: &str) -> bool {
-    // The index, the expiry index, the quiet marker (and the sweep marker of earlier versions)
-    // and the directory versions (index.lua), and the answers recorded against repeated
-    // requests (replay.lua).
+    // The index, the expiry index, the quiet marker and the directory versions (index.lua), and
+    // the answers recorded against repeated requests (replay.lua).
     let reserved = |rest: &str| {
         rest == "index"
             || rest == "expiry"
             || rest == "quiet"
-            || rest == "swept"
             || rest.starts_with("version:")
             || rest.starts_with("req:")
     };
@@ -125,8 +123,6 @@ mod tests {
             "headcount:expiry",
             "{g}:headcount:index",
             "{g}:headcount:expiry",
-            "headcount:swept",
-            "{g}:headcount:swept",
             "headcount:quiet",
             "{g}:headcount:quiet",
             "headcount:version:hc:{g}:slot:",

@@ -587,9 +587,8 @@ mod tests {
             ),
             ("postgres://u:s3cr3t@[::1/db", "IPv6"),
             ("postgres://u:s3cr3t%zz@h/db", "percent-escape"),
-            // A raw `#` starts a fragment, wherever it stands: `%23` in a password. (It used to
-            // be kept as part of the password here, and cut the URL short for the other
-            // schemes.)
+            // A raw `#` starts a fragment, wherever it stands, here as for the other schemes:
+            // a password holding one writes it `%23`.
             ("postgres://u:s3cr#3t@h/db", "%23"),
             ("postgres://u:s3cr3t@h/db#x", "fragment"),
             ("postgres://u:s3cr3t@h/db%", "percent-escape"),
