@@ -166,11 +166,11 @@ fn round(x: f64, digits: i32) -> f64 {
 
 /// Runs the demo on `url` (or a fresh SQLite file in a temp dir).
 pub async fn demo(url: Option<&str>, args: DemoArgs) -> Result<ExitCode, CliError> {
-    use headcount::recipes::group::{MAX_TTL, MIN_TTL};
+    use headcount::recipes::group::{MAX_LEASE_TTL, MIN_LEASE_TTL};
     // Everything the scenario would refuse is refused here, before the banner.
-    if !(MIN_TTL..=MAX_TTL).contains(&args.ttl) {
+    if !(MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&args.ttl) {
         return Err(Error::invalid(format!(
-            "--ttl {:?} is outside {MIN_TTL:?}..={MAX_TTL:?}",
+            "--ttl {:?} is outside {MIN_LEASE_TTL:?}..={MAX_LEASE_TTL:?}",
             args.ttl
         ))
         .into());

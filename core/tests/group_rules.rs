@@ -612,66 +612,6 @@ async fn a_burst_that_fills_the_group_is_not_refused_as_full() {
     );
 }
 
-/// Earlier versions published the view at `slot:view`. A view there that names a live claim
-/// was published after that claim, by an older member running in the group: the two versions
-/// read views in different places and would grant the same keys, so a member of this version
-/// stops, and a new one refuses to join.
-#[tokio::test]
-async fn a_member_of_an_older_version_in_the_group_stops_this_one() {
-    use headcount_core::recipes::group::GroupPhase;
-    let store: DynStore = Arc::new(MemoryStore::new());
-    let a = join_active(store.clone(), GroupConfig::new("g", TTL)).await;
-    let record = store
-        .get("hc:{g}:slot:0")
-        .await
-        .expect("get")
-        .expect("slot 0 held");
-    let nonce = record
-        .split(' ')
-        .find_map(|f| f.strip_prefix("nonce="))
-        .expect("a nonce");
-    // What an older member would have published, naming the live claim.
-    let legacy = format!("v1 epoch=40 slots=0@{nonce}");
-    assert!(store
-        .compare_and_set("hc:{g}:slot:view", None, &legacy, None)
-        .await
-        .expect("write"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while a.assignment().phase != GroupPhase::Failed {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still {:?}",
-            a.assignment()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let why = a.assignment().last_error.unwrap_or_default();
-    assert!(why.contains("earlier version"), "{why}");
-    // The failed member left its slot; an old view naming no live claim is left from before an
-    // upgrade and does not stop anyone.
-    let b = join_active(store.clone(), GroupConfig::new("g", TTL)).await;
-    let slot = b.assignment().slot.expect("a slot");
-    let record = store
-        .get(&format!("hc:{{g}}:slot:{slot}"))
-        .await
-        .expect("get")
-        .expect("held");
-    let nonce = record
-        .split(' ')
-        .find_map(|f| f.strip_prefix("nonce="))
-        .expect("a nonce");
-    let legacy2 = format!("v1 epoch=41 slots={slot}@{nonce}");
-    assert!(store
-        .compare_and_set("hc:{g}:slot:view", Some(&legacy), &legacy2, None)
-        .await
-        .expect("write"));
-    let refused = Group::join(store.clone(), GroupConfig::new("g", TTL)).await;
-    assert_eq!(
-        refused.map(|_| ()).expect_err("refused").kind(),
-        ErrorKind::Rejected
-    );
-}
-
 /// A key that stays a member's across a view change keeps one fencing token: the epoch since
 /// which the member has owned it without a break. So a grant taken before the change and still
 /// valid is admitted by a fence after a grant taken since wrote (the false fencing that Kafka's

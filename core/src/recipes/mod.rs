@@ -28,8 +28,6 @@ pub use interval::{
     PeerHealth, TaskGuard,
 };
 
-/// The group lease TTL the `headcount` CLI uses when `--ttl` is not given, a sensible default
-/// for an application too: a member renews every 2 s, and a crashed member's keys move after at
-/// most 6 s plus one heartbeat. Pass it to
-/// [`GroupConfig::new`](group::GroupConfig::new).
-pub const DEFAULT_GROUP_TTL: std::time::Duration = std::time::Duration::from_secs(6);
+/// The group lease TTL the `headcount` CLI uses when `--ttl` is not given (defined with the
+/// group recipe, re-exported here where it was first published).
+pub use group::DEFAULT_GROUP_TTL;

@@ -1,6 +1,13 @@
 //! The group's configuration: [`GroupConfig`].
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{DEFAULT_MAX_SLOTS, MAX_LEASE_TTL, MIN_LEASE_TTL};
+use crate::assign::AssignorKind;
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::keys::{Keyspace, DEFAULT_PREFIX};
 
 /// How to join a group.
 #[derive(Debug, Clone)]
@@ -118,9 +125,9 @@ impl GroupConfig {
 
     pub(super) fn check(&self) -> Result<Keyspace> {
         let keys = Keyspace::with_prefix(&self.prefix, &self.group)?;
-        if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
+        if self.ttl < MIN_LEASE_TTL || self.ttl > MAX_LEASE_TTL {
             return Err(Error::invalid(format!(
-                "lease TTL {:?} is outside {MIN_TTL:?}..={MAX_TTL:?}",
+                "lease TTL {:?} is outside {MIN_LEASE_TTL:?}..={MAX_LEASE_TTL:?}",
                 self.ttl
             )));
         }
@@ -132,9 +139,9 @@ impl GroupConfig {
             )));
         }
         if let Some(d) = self.drain_timeout {
-            if d.is_zero() || d > MAX_TTL {
+            if d.is_zero() || d > MAX_LEASE_TTL {
                 return Err(Error::invalid(format!(
-                    "drain timeout {d:?} is outside (0, {MAX_TTL:?}]"
+                    "drain timeout {d:?} is outside (0, {MAX_LEASE_TTL:?}]"
                 )));
             }
         }

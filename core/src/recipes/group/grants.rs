@@ -1,6 +1,15 @@
 //! Grants: the member's shared state, what a [`Grant`] covers, and when it is valid.
 
-use super::*;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{broadcast, watch, Notify};
+
+use super::records::Holder;
+use super::view::{Assignment, Change, ViewState};
+use crate::clock::Clock;
 
 /// What a grant covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -9,6 +18,22 @@ pub(super) enum Scope {
     Key(u64),
     /// The member's whole share: valid while its `(index, replicas)` pair stays the same.
     Share,
+}
+
+/// The key grants in flight for one key: how many, and the fencing token of the first of them
+/// since the count was last zero.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct InFlight {
+    pub(super) count: usize,
+    pub(super) token: u64,
+}
+
+/// What a grant taken now would carry.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Grantable {
+    pub(super) slot: u32,
+    pub(super) epoch: u64,
+    pub(super) token: u64,
 }
 
 #[derive(Default)]
@@ -29,11 +54,11 @@ pub(super) struct State {
     /// The views adopted since the member's claim (oldest first, at most
     /// [`State::HISTORY`]): a key's fencing token is the first epoch of the unbroken run of
     /// consecutive epochs, up to the newest, in which the key was the member's.
-    pub(super) history: std::collections::VecDeque<Arc<ViewState>>,
+    pub(super) history: VecDeque<Arc<ViewState>>,
     /// Key grants in flight, by key hash: how many, and the token of the first of them since
     /// the count was last zero (a key with a grant in flight all along stayed the member's: a
     /// hand-off that moves it waits for the count to drop to zero).
-    pub(super) in_flight: HashMap<u64, (usize, u64)>,
+    pub(super) in_flight: HashMap<u64, InFlight>,
     /// The lowest epoch a fencing token may come from once a run is in question: one above
     /// an epoch this member saw minted twice (a store that lost writes published the member's
     /// epoch again for other holders, whose grants carry it too). Runs never reach below it,
@@ -60,6 +85,17 @@ impl State {
         self.history.clear();
     }
 
+    /// Stops granting: every grant taken so far turns invalid, the views are dropped and the
+    /// lease deadline forgotten. What a revocation and a leave have in common.
+    pub(super) fn stop_granting(&mut self) {
+        self.generation += 1;
+        self.active = None;
+        self.pending = None;
+        self.skipped.clear();
+        self.forget_history();
+        self.deadline = None;
+    }
+
     /// Records that `epoch` was minted twice: no fencing token of a later grant comes from it
     /// or from before it, since another member's grants may carry it.
     pub(super) fn break_runs_at(&mut self, epoch: u64) {
@@ -79,9 +115,9 @@ impl State {
     /// became active), so a new grant takes the token of the first grant in flight when that is
     /// older.
     fn key_token(&self, h: u64, holder: Holder, target: &ViewState) -> u64 {
-        if let Some(&(n, first)) = self.in_flight.get(&h) {
-            if n > 0 && first >= self.run_floor {
-                return first.min(self.run_start(h, holder, target));
+        if let Some(&InFlight { count, token }) = self.in_flight.get(&h) {
+            if count > 0 && token >= self.run_floor {
+                return token.min(self.run_start(h, holder, target));
             }
         }
         self.run_start(h, holder, target)
@@ -139,7 +175,7 @@ impl State {
         let keys_ok = self
             .in_flight
             .iter()
-            .all(|(&h, &(n, _))| n == 0 || pending.owned_by(h, holder));
+            .all(|(&h, f)| f.count == 0 || pending.owned_by(h, holder));
         let share_ok = self.share_in_flight == 0
             || self.pair_in(self.active.as_ref()) == self.pair_in(Some(pending));
         keys_ok && share_ok
@@ -163,9 +199,14 @@ impl Shared {
     pub(super) fn grant(self: &Arc<Self>, scope: Scope) -> Option<Grant> {
         let now = self.clock.monotonic();
         let mut st = self.lock();
-        let (slot, epoch, token) = st.grantable(scope, now)?;
+        let Grantable { slot, epoch, token } = st.grantable(scope, now)?;
         match scope {
-            Scope::Key(h) => st.in_flight.entry(h).or_insert((0, token)).0 += 1,
+            Scope::Key(h) => {
+                st.in_flight
+                    .entry(h)
+                    .or_insert(InFlight { count: 0, token })
+                    .count += 1
+            }
             Scope::Share => st.share_in_flight += 1,
         }
         Some(Grant {
@@ -190,7 +231,7 @@ impl Shared {
 impl State {
     /// The slot, epoch and fencing token a grant of `scope` would carry now, or `None` when it
     /// may not be granted.
-    pub(super) fn grantable(&self, scope: Scope, now: Duration) -> Option<(u32, u64, u64)> {
+    pub(super) fn grantable(&self, scope: Scope, now: Duration) -> Option<Grantable> {
         if !self.valid(scope, self.generation, now) {
             return None;
         }
@@ -205,7 +246,11 @@ impl State {
             (Scope::Key(h), Some(holder)) => self.key_token(h, holder, target),
             _ => target.epoch(),
         };
-        Some((slot, target.epoch(), token))
+        Some(Grantable {
+            slot,
+            epoch: target.epoch(),
+            token,
+        })
     }
 
     /// Whether `scope` was granted by the active view and stayed the member's in every view
@@ -313,9 +358,9 @@ impl Drop for Grant {
             if st.generation == self.generation {
                 match self.scope {
                     Scope::Key(h) => {
-                        if let Some((n, _)) = st.in_flight.get_mut(&h) {
-                            *n = n.saturating_sub(1);
-                            if *n == 0 {
+                        if let Some(f) = st.in_flight.get_mut(&h) {
+                            f.count = f.count.saturating_sub(1);
+                            if f.count == 0 {
                                 st.in_flight.remove(&h);
                             }
                         }

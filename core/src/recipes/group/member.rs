@@ -1,6 +1,18 @@
 //! Joining: [`Group::join`], and the [`Member`] handle with its heartbeat task.
 
-use super::*;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{broadcast, watch, Notify};
+
+use super::config::GroupConfig;
+use super::grants::{Grant, Scope, Shared, State};
+use super::runner::Runner;
+use super::view::{Assignment, Change, GroupPhase};
+use crate::assign::hash_bytes;
+use crate::error::{Error, Result};
+use crate::task::{Background, OnDrop};
+use crate::DynStore;
 
 /// Joins groups.
 #[derive(Debug, Clone, Copy)]
@@ -46,50 +58,7 @@ impl Group {
             assignment,
             changes,
         });
-        let heartbeat = config.ttl / 3;
-        let mut runner = Runner {
-            metrics: crate::metrics::GroupMetrics::new(keys.group()),
-            store,
-            shared: shared.clone(),
-            clock: config.clock.clone(),
-            listing: keys.key("slot:"),
-            view_listing: keys.key("view:"),
-            view_key: keys.key("view:current"),
-            ack_listing: keys.key("ack:"),
-            settled_key: keys.key("view:settled"),
-            keys,
-            member: member.clone(),
-            ttl: config.ttl,
-            effective_ttl: caps.effective_ttl(config.ttl),
-            heartbeat,
-            assignor: config.assignor,
-            max_slots: config.max_slots,
-            drain_timeout: config.drain_timeout.unwrap_or(config.ttl),
-            change_checks: config.change_checks,
-            one_call_versions: caps.native_renew_and_versions && config.one_call_versions,
-            record: None,
-            preferred: None,
-            highest: 0,
-            last_discrepancy: None,
-            pending_since: None,
-            adopted_at: None,
-            last_beat: None,
-            abandoned: false,
-            own_nonces: Vec::new(),
-            nudged: Vec::new(),
-            stalled_since: None,
-            seen: None,
-            view_seen: None,
-            beats: 0,
-            need_slots: false,
-            unseen_change: false,
-            unsettled: false,
-            ack: None,
-            settled: None,
-            settling: false,
-            published: None,
-            acks_read: None,
-        };
+        let mut runner = Runner::new(store, &config, keys, member.clone(), shared.clone());
         runner.first_claim().await?;
         // Every handle dropped without leave(): the heartbeat is cancelled and the slot expires
         // after the TTL.
@@ -139,10 +108,7 @@ impl Member {
     pub fn would_grant(&self, key: impl AsRef<[u8]>) -> Option<u64> {
         let now = self.shared.clock.monotonic();
         let scope = Scope::Key(hash_bytes(key.as_ref()));
-        self.shared
-            .lock()
-            .grantable(scope, now)
-            .map(|(_, _, token)| token)
+        self.shared.lock().grantable(scope, now).map(|g| g.token)
     }
 
     /// [`Member::owns`] for a key that is already a hash (see [`crate::assign::hash_u64`]).

@@ -11,12 +11,6 @@ use crate::assign::AssignorKind;
 /// The format tag every record starts with, so a later format can be told apart.
 const TAG: &str = "v1";
 
-/// The format tag of an [`AckRecord`]. Earlier versions wrote acknowledgements tagged `v1` and
-/// counted one for every older view as well; tagging this version's records `v2` keeps an older
-/// member that shares a group by mistake from counting a newer member's acknowledgement of a
-/// later view for its own (it reads `v2` as foreign, so it waits instead of settling).
-const ACK_TAG: &str = "v2";
-
 /// The most slots a view may name: a view of this many slots is about 24 bytes each.
 pub(crate) const MAX_VIEW_SLOTS: usize = 1 << 16;
 
@@ -39,9 +33,9 @@ pub struct SlotRecord {
     /// The lease TTL the holder renews with, in milliseconds.
     pub ttl_ms: u64,
     /// An epoch whose hand-off this holder completed: it holds no grant for a key it does not
-    /// own in that view, and will never again start a key under an older one. This version
-    /// writes the highest epoch it had seen when it claimed (holding nothing) and acknowledges
-    /// later views in an [`AckRecord`]; earlier versions rewrote it at every acknowledgement.
+    /// own in that view, and will never again start a key under an older one. A claim writes
+    /// the highest epoch it had seen when it claimed (holding nothing) and acknowledges later
+    /// views in an [`AckRecord`].
     pub acked: u64,
     /// The [digest](ViewRecord::digest) of the view acknowledged under `acked`, or 0 when the
     /// holder acknowledged every view up to `acked` at once (a fresh claim holds nothing). A
@@ -132,7 +126,7 @@ pub struct Holder {
 /// A slot holder's acknowledgement, kept outside the slot directory (`hc:{group}:ack:{i}`) so
 /// that acknowledging does not change the slot table every member reads.
 ///
-/// `v2 nonce=<16 hex> acked=<epoch> view=<16 hex>`: the claim it belongs to (an acknowledgement
+/// `v1 nonce=<16 hex> acked=<epoch> view=<16 hex>`: the claim it belongs to (an acknowledgement
 /// whose nonce is not the live claim's counts for nothing), the epoch and the
 /// [digest](ViewRecord::digest) of the view whose hand-off the holder completed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,11 +147,10 @@ impl AckRecord {
         self.acked == epoch && self.view == digest
     }
 
-    /// Parses an acknowledgement; `None` for anything else, including an earlier version's
-    /// `v1` acknowledgement (it meant every older view as well).
+    /// Parses an acknowledgement; `None` for anything else.
     pub fn parse(text: &str) -> Option<AckRecord> {
         let mut parts = text.split(' ');
-        if parts.next()? != ACK_TAG {
+        if parts.next()? != TAG {
             return None;
         }
         let fields = fields(parts)?;
@@ -174,7 +167,7 @@ impl fmt::Display for AckRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{ACK_TAG} nonce={:016x} acked={} view={:016x}",
+            "{TAG} nonce={:016x} acked={} view={:016x}",
             self.nonce, self.acked, self.view
         )
     }
@@ -329,153 +322,11 @@ impl fmt::Display for ViewRecord {
     }
 }
 
-/// What the listings of `hc:{group}:view:` and `hc:{group}:slot:` hold, parsed.
-#[derive(Debug, Clone, Default)]
-pub struct Table {
-    /// Live slots whose record parses, by slot.
-    pub slots: BTreeMap<u32, SlotRecord>,
-    /// Slot keys holding something that is not a slot record (written by hand, or by another
-    /// program): occupied, so nobody claims them, but not members.
-    pub foreign: BTreeMap<u32, String>,
-    /// The published view as stored (for a compare-and-set), when there is one.
-    pub view_text: Option<String>,
-    /// The published view, when there is one and it parses.
-    pub view: Option<ViewRecord>,
-    /// The settled mark as stored (for a compare-and-set), when there is one.
-    pub settled_text: Option<String>,
-    /// The settled mark, when there is one and it parses.
-    pub settled: Option<SettledRecord>,
-    /// A view at `hc:{group}:slot:view`, where earlier versions published it, when it parses.
-    /// One that names a live claim was published after that claim: an older version of
-    /// headcount is running in the group.
-    pub legacy_view: Option<ViewRecord>,
-}
-
-impl Table {
-    /// Parses the listing of the slot directory `prefix` (which ends in `slot:`), with no view.
-    pub fn parse(prefix: &str, listing: Vec<(String, String)>) -> Table {
-        let mut table = Table::default();
-        for (key, value) in listing {
-            let Some(suffix) = key.strip_prefix(prefix) else {
-                continue;
-            };
-            if suffix == "view" {
-                table.legacy_view = ViewRecord::parse(&value);
-                continue;
-            }
-            if suffix == "settled" {
-                continue;
-            }
-            // Only canonical numbers: `007` is not slot 7.
-            let Ok(slot) = suffix.parse::<u32>() else {
-                continue;
-            };
-            if slot.to_string() != suffix {
-                continue;
-            }
-            // A slot no assignor can address is not a member: nobody can claim it either.
-            if slot >= crate::assign::MAX_SLOTS {
-                table.foreign.insert(slot, value);
-                continue;
-            }
-            match SlotRecord::parse(&value) {
-                Some(record) => {
-                    table.slots.insert(slot, record);
-                }
-                None => {
-                    table.foreign.insert(slot, value);
-                }
-            }
-        }
-        table
-    }
-
-    /// Takes the view and the settled mark from the listing of the view directory `prefix`
-    /// (which ends in `view:`), replacing those it had.
-    pub fn set_view(&mut self, prefix: &str, listing: Vec<(String, String)>) {
-        (self.view, self.view_text, self.settled, self.settled_text) = (None, None, None, None);
-        for (key, value) in listing {
-            match key.strip_prefix(prefix) {
-                Some("current") => {
-                    self.view = ViewRecord::parse(&value);
-                    self.view_text = Some(value);
-                }
-                Some("settled") => {
-                    self.settled = SettledRecord::parse(&value);
-                    self.settled_text = Some(value);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Takes the view and the settled mark of `other`.
-    pub fn take_view(&mut self, other: &Table) {
-        self.view.clone_from(&other.view);
-        self.view_text.clone_from(&other.view_text);
-        self.settled = other.settled;
-        self.settled_text.clone_from(&other.settled_text);
-    }
-
-    /// Whether a view at the place where earlier versions published it names a live claim:
-    /// an older version of headcount published it after that claim, and is running in the group.
-    pub fn legacy_member(&self) -> bool {
-        self.legacy_view.as_ref().is_some_and(|v| {
-            v.holders
-                .iter()
-                .any(|h| self.slots.get(&h.slot).is_some_and(|r| r.nonce == h.nonce))
-        })
-    }
-
-    /// The highest epoch this listing shows: the view's, the settled mark's, or any member's
-    /// acknowledgement in its slot record.
-    pub fn highest_epoch(&self) -> u64 {
-        let acked = self.slots.values().map(|r| r.acked).max().unwrap_or(0);
-        let settled = self.settled.map_or(0, |s| s.epoch);
-        self.view
-            .as_ref()
-            .map_or(0, |v| v.epoch)
-            .max(acked)
-            .max(settled)
-    }
-
-    /// Whether the holder of `slot` acknowledged the view of `epoch` with `digest`, in its slot
-    /// record or in an acknowledgement of `acks` that belongs to its claim.
-    pub fn slot_acked(
-        &self,
-        slot: u32,
-        acks: &BTreeMap<u32, AckRecord>,
-        epoch: u64,
-        digest: u64,
-    ) -> bool {
-        self.slots.get(&slot).is_some_and(|r| {
-            r.has_acked_digest(epoch, digest)
-                || acks
-                    .get(&slot)
-                    .is_some_and(|a| a.nonce == r.nonce && a.has_acked_digest(epoch, digest))
-        })
-    }
-
-    /// The live holders, ascending by slot: the view this listing calls for.
-    pub fn live(&self) -> Vec<Holder> {
-        self.slots.iter().map(|(&s, r)| r.holder(s)).collect()
-    }
-
-    /// The lowest slot number at or above `from` that holds no key (neither a member nor a
-    /// foreign value).
-    pub fn lowest_free(&self, from: u32) -> u32 {
-        let mut i = from;
-        while self.slots.contains_key(&i) || self.foreign.contains_key(&i) {
-            i += 1;
-        }
-        i
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::*;
+    use super::{parse_acks, AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
+    use crate::assign::AssignorKind;
 
     #[test]
     fn slot_records_round_trip_and_reject_garbage() {
@@ -568,18 +419,9 @@ mod tests {
         };
         assert_eq!(
             a.to_string(),
-            "v2 nonce=0000000000000abc acked=7 view=000000000000001f"
+            "v1 nonce=0000000000000abc acked=7 view=000000000000001f"
         );
         assert_eq!(AckRecord::parse(&a.to_string()), Some(a));
-        // Earlier versions parsed only `v1` acknowledgements and counted one for every older view
-        // too: an older member sharing the group must read this version's as foreign, or it would
-        // settle its own view on a newer member's acknowledgement of a later one.
-        assert!(!a.to_string().starts_with("v1 "));
-        // And an earlier version's acknowledgement means something else: not counted here.
-        assert_eq!(
-            AckRecord::parse("v1 nonce=0000000000000abc acked=7 view=000000000000001f"),
-            None
-        );
         assert!(a.has_acked_digest(7, 0x1f));
         assert!(!a.has_acked_digest(7, 0x20) && !a.has_acked_digest(8, 0x1f));
         // A member that skipped view 6 and acknowledged 7 may hold a key it lost in 6 and got
@@ -594,11 +436,11 @@ mod tests {
         assert!(s.settles(9, 0x2b) && !s.settles(9, 0x2c) && !s.settles(8, 0x2b));
         for bad in [
             "",
-            "v2 nonce=1 acked=1",
-            "v2 nonce=1 acked=1 view=1 x=1",
-            "v2 nonce=1 acked=-1 view=1",
-            "v2 nonce=1 acked=9223372036854775807 view=1",
-            "v3 nonce=1 acked=1 view=1",
+            "v1 nonce=1 acked=1",
+            "v1 nonce=1 acked=1 view=1 x=1",
+            "v1 nonce=1 acked=-1 view=1",
+            "v1 nonce=1 acked=9223372036854775807 view=1",
+            "v2 nonce=1 acked=1 view=1",
         ] {
             assert_eq!(AckRecord::parse(bad), None, "{bad:?}");
         }
@@ -616,58 +458,5 @@ mod tests {
             ],
         );
         assert_eq!(acks.into_iter().collect::<Vec<_>>(), [(0, a)]);
-    }
-
-    #[test]
-    fn tables_sort_members_foreign_values_and_the_view() {
-        let p = "hc:{g}:slot:";
-        let rec = |m: &str, n: u64| {
-            SlotRecord {
-                member: m.into(),
-                nonce: n,
-                since_ms: 0,
-                ttl_ms: 1000,
-                acked: 0,
-                view: 0,
-            }
-            .to_string()
-        };
-        let mut table = Table::parse(
-            p,
-            vec![
-                (format!("{p}0"), rec("a", 1)),
-                (format!("{p}1"), "garbage".into()),
-                (format!("{p}007"), rec("x", 9)),
-                (format!("{p}3"), rec("c", 3)),
-                (format!("{p}view"), "v1 epoch=4 slots=3@3".into()),
-                (format!("{p}other"), "ignored".into()),
-            ],
-        );
-        assert_eq!(table.slots.keys().copied().collect::<Vec<_>>(), [0, 3]);
-        assert_eq!(table.foreign.keys().copied().collect::<Vec<_>>(), [1]);
-        assert_eq!(table.view, None);
-        // A view where earlier versions published it, naming a live claim.
-        assert!(table.legacy_member());
-        let v = "hc:{g}:view:";
-        table.set_view(
-            v,
-            vec![
-                (format!("{v}current"), "not a view".into()),
-                (
-                    format!("{v}settled"),
-                    "v1 epoch=2 view=000000000000000a".into(),
-                ),
-            ],
-        );
-        assert_eq!(table.view, None);
-        assert_eq!(table.view_text.as_deref(), Some("not a view"));
-        assert_eq!(table.settled.map(|m| m.epoch), Some(2));
-        assert_eq!(table.highest_epoch(), 2);
-        assert_eq!(table.lowest_free(0), 2);
-        assert_eq!(table.lowest_free(3), 4);
-        assert_eq!(
-            table.live(),
-            [Holder { slot: 0, nonce: 1 }, Holder { slot: 3, nonce: 3 }]
-        );
     }
 }

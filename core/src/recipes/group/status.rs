@@ -1,6 +1,15 @@
 //! What `headcount status` shows: [`status`] and [`GroupStatus`].
 
-use super::*;
+use std::collections::BTreeMap;
+
+use super::keys::GroupKeys;
+use super::records::{parse_acks, AckRecord};
+use super::table::Table;
+use super::view::ViewState;
+use crate::assign::{hash_bytes, AssignorKind};
+use crate::error::Result;
+use crate::keys::Keyspace;
+use crate::DynStore;
 
 /// What `headcount status` shows: the slot table, the published view and ownership of a
 /// sample of keys.
@@ -18,7 +27,7 @@ pub struct GroupStatus {
 
 impl GroupStatus {
     /// The newest epoch the holder of `slot` acknowledged: in its acknowledgement, or in its
-    /// slot record (the epoch it claimed at, or an earlier version's acknowledgement).
+    /// slot record (the epoch it claimed at).
     pub fn acked(&self, slot: u32) -> Option<u64> {
         let record = self.table.slots.get(&slot)?;
         Some(
@@ -39,14 +48,9 @@ pub async fn status(
     assignor: AssignorKind,
     sample: u64,
 ) -> Result<GroupStatus> {
-    let keys = Keyspace::with_prefix(prefix, group)?;
-    let view_prefix = keys.key("view:");
-    let views = store.list(&view_prefix).await?;
-    let listing_prefix = keys.key("slot:");
-    let mut table = Table::parse(&listing_prefix, store.list(&listing_prefix).await?);
-    table.set_view(&view_prefix, views);
-    let ack_prefix = keys.key("ack:");
-    let mut acks = parse_acks(&ack_prefix, store.list(&ack_prefix).await?);
+    let keys = GroupKeys::new(Keyspace::with_prefix(prefix, group)?);
+    let table = Table::read(store, &keys).await?;
+    let mut acks = parse_acks(&keys.acks, store.list(&keys.acks).await?);
     acks.retain(|slot, a| table.slots.get(slot).is_some_and(|r| r.nonce == a.nonce));
     let view_current = table
         .view

@@ -1,6 +1,11 @@
 //! Views as members see them: [`ViewState`], the [`Assignment`] a member publishes, its [`GroupPhase`], and the [`Change`] of an activated view.
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+
+use super::records::{Holder, SlotRecord, ViewRecord};
+use crate::assign::{hash_bytes, Assignor, AssignorKind, Topology};
+use crate::error::Result;
 
 /// Where a member stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

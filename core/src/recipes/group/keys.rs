@@ -1,0 +1,54 @@
+//! The keys of one group: its three directories and the two keys of the view directory.
+
+use crate::keys::Keyspace;
+
+/// The keys of one group, built once.
+///
+/// | key | holds |
+/// |---|---|
+/// | `hc:{group}:slot:{i}` | the slot records: one per claim, with the lease TTL |
+/// | `hc:{group}:view:current` | the published view |
+/// | `hc:{group}:view:settled` | the settled mark |
+/// | `hc:{group}:ack:{i}` | each slot's acknowledgement |
+#[derive(Debug, Clone)]
+pub(super) struct GroupKeys {
+    pub(super) space: Keyspace,
+    /// `hc:{group}:slot:`, the directory of the slot records.
+    pub(super) slots: String,
+    /// `hc:{group}:view:`, the directory of the published view and the settled mark.
+    pub(super) views: String,
+    /// `hc:{group}:view:current`.
+    pub(super) view: String,
+    /// `hc:{group}:view:settled`.
+    pub(super) settled: String,
+    /// `hc:{group}:ack:`, the directory of the acknowledgements.
+    pub(super) acks: String,
+}
+
+impl GroupKeys {
+    pub(super) fn new(space: Keyspace) -> GroupKeys {
+        GroupKeys {
+            slots: space.key("slot:"),
+            views: space.key("view:"),
+            view: space.key("view:current"),
+            settled: space.key("view:settled"),
+            acks: space.key("ack:"),
+            space,
+        }
+    }
+
+    /// The group's name.
+    pub(super) fn group(&self) -> &str {
+        self.space.group()
+    }
+
+    /// `hc:{group}:slot:{i}`.
+    pub(super) fn slot(&self, i: u32) -> String {
+        self.space.slot(i)
+    }
+
+    /// `hc:{group}:ack:{i}`.
+    pub(super) fn ack(&self, i: u32) -> String {
+        format!("{}{i}", self.acks)
+    }
+}

@@ -1,0 +1,182 @@
+//! Claims: joining (waiting out a previous incarnation's lease, then claiming a slot), claiming
+//! again after the lease was lost, the check that the group uses this member's assignor, and
+//! twins (another live process with this member id).
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use super::super::records::SlotRecord;
+use super::super::table::Table;
+use super::super::view::GroupPhase;
+use super::super::MIN_LEASE_TTL;
+use super::decide::choose_slot;
+use super::{Claim, Runner, CLAIM_ATTEMPTS};
+use crate::error::{Error, Result};
+
+impl Runner {
+    /// The join: waits out a previous incarnation's lease, then claims.
+    pub(in crate::recipes::group) async fn first_claim(&mut self) -> Result<()> {
+        let mut table = self.list().await?;
+        self.check_assignor(&table)?;
+        let mine =
+            |t: &Table, m: &str| t.slots.iter().find(|(_, r)| r.member == m).map(|(&s, _)| s);
+        if let Some(slot) = mine(&table, &self.cfg.member) {
+            self.claims.preferred = Some(slot);
+            let give_up =
+                self.cfg.clock.monotonic() + self.cfg.effective_ttl + 2 * self.cfg.heartbeat;
+            while mine(&table, &self.cfg.member).is_some() {
+                if self.cfg.clock.monotonic() >= give_up {
+                    return Err(self.rejected(format!(
+                        "member id `{}` holds slot {slot} and kept it past its lease TTL: another live process uses the same member id",
+                        self.cfg.member
+                    )));
+                }
+                self.cfg
+                    .clock
+                    .sleep(self.cfg.heartbeat.min(Duration::from_millis(250)))
+                    .await;
+                table = self.list().await?;
+            }
+        }
+        // Members started together all want the lowest free slot, and only one wins each
+        // round: after a lost race a member picks among the lowest 2, 4, 8, ... free slots at
+        // random, so a burst of n joins settles in about log n rounds instead of n.
+        for attempt in 0..CLAIM_ATTEMPTS {
+            let skip = if attempt == 0 {
+                0
+            } else {
+                rand::random_range(0..1u32 << attempt.min(12))
+            };
+            if self.claim(&table, skip).await? {
+                return Ok(());
+            }
+            table = self.list().await?;
+        }
+        Err(Error::contended(
+            &self.cfg.keys.slots,
+            format!("lost the race for a free slot {CLAIM_ATTEMPTS} times in a row"),
+        ))
+    }
+
+    /// Refuses to join a group whose live members map keys with another assignor: both sides
+    /// would grant the same keys.
+    fn check_assignor(&self, table: &Table) -> Result<()> {
+        let Some(view) = &table.view else {
+            return Ok(());
+        };
+        let Some(theirs) = view.assignor.filter(|&a| a != self.cfg.assignor) else {
+            return Ok(());
+        };
+        let live = table.live();
+        if view.holders.iter().any(|h| live.contains(h)) {
+            return Err(Error::config(format!(
+                "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one",
+                self.cfg.keys.group(),
+                theirs.name(),
+                self.cfg.assignor.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Claims the slot [`choose_slot`] picks; on success publishes the view with this member in
+    /// it. Returns whether it claimed.
+    async fn claim(&mut self, table: &Table, skip: u32) -> Result<bool> {
+        let slot = choose_slot(table, self.claims.preferred, skip, self.cfg.max_slots);
+        if slot >= self.cfg.max_slots {
+            return Err(self.rejected(format!(
+                "group `{}` is full: every slot below {} is held",
+                self.cfg.keys.group(),
+                self.cfg.max_slots
+            )));
+        }
+        self.cache.highest = self.cache.highest.max(table.highest_epoch());
+        let record = SlotRecord {
+            member: self.cfg.member.clone(),
+            nonce: rand::random(),
+            since_ms: self
+                .cfg
+                .clock
+                .now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            ttl_ms: self.cfg.ttl.as_millis() as u64,
+            // Holding nothing, it has let go of everything under any view up to this one.
+            acked: self.cache.highest,
+            view: 0,
+        };
+        self.claims.remember_nonce(record.nonce);
+        let sent = self.cfg.clock.monotonic();
+        let key = self.cfg.keys.slot(slot);
+        if !self
+            .cfg
+            .store
+            .compare_and_set(&key, None, &record.to_string(), Some(self.cfg.ttl))
+            .await?
+        {
+            return Ok(false);
+        }
+        {
+            let mut st = self.shared.lock();
+            st.holder = Some(record.holder(slot));
+            st.deadline = Some(self.deadline(sent));
+        }
+        self.claims.preferred = Some(slot);
+        self.claims.current = Some(Claim {
+            slot,
+            record: record.clone(),
+        });
+        self.claims.ack = None;
+        self.shared.publish(|a| {
+            a.slot = Some(slot);
+            a.phase = GroupPhase::Joining;
+        });
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, "claimed a slot");
+        let mut table = table.clone();
+        table.slots.insert(slot, record);
+        self.on_table(&table, true, true).await;
+        Ok(true)
+    }
+
+    /// Claims again after losing the lease. A full group or a store error is retried at the
+    /// next beat, never fatal: the member was in the group a moment ago.
+    pub(super) async fn reclaim(&mut self, table: &Table) {
+        match self.claim(table, 0).await {
+            Ok(_) => self.set_error(None),
+            Err(e) => self.set_error(Some(&e)),
+        }
+    }
+
+    /// Another live slot with our member id: the holder of the higher slot yields. Claims this
+    /// process made before (a write that timed out but was applied, a lease given up) are ours,
+    /// not a twin's: they are shortened to expire soon instead.
+    pub(super) async fn check_twin(&mut self, table: &Table, slot: u32) -> Result<()> {
+        let Some(mine) = self.claims.current.as_ref().map(|c| c.record.nonce) else {
+            return Ok(());
+        };
+        for (&s, r) in &table.slots {
+            if s != slot && r.member == self.cfg.member && self.claims.own_nonces.contains(&r.nonce)
+            {
+                let short = self.cfg.store.capabilities().min_ttl.max(MIN_LEASE_TTL);
+                let text = r.to_string();
+                let _ = self
+                    .cfg
+                    .store
+                    .compare_and_set(&self.cfg.keys.slot(s), Some(&text), &text, Some(short))
+                    .await;
+            }
+        }
+        match table.slots.iter().find(|(&s, r)| {
+            r.member == self.cfg.member
+                && r.nonce != mine
+                && !self.claims.own_nonces.contains(&r.nonce)
+                && s < slot
+        }) {
+            Some((&other, _)) => Err(self.rejected(format!(
+                "member id `{}` is also held by slot {other}, a live process: this one (slot {slot}) yields",
+                self.cfg.member
+            ))),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The runner's decisions that need no store call: pure functions of its state (borrowed as
+//! [`Facts`]) or of a table, each with its unit tests below. The files around this one do the
+//! store calls these decisions ask for.
+
+use std::time::Duration;
+
+use super::super::records::{Holder, SettledRecord, ViewRecord, MAX_EPOCH};
+use super::super::table::Table;
+use super::{Claim, Discrepancy, Handoff, Settler, TableCache, SLOT_READS};
+use crate::assign::AssignorKind;
+
+/// The part of a runner's state its scheduling decisions read, borrowed at one instant.
+#[derive(Clone, Copy)]
+pub(super) struct Facts<'a> {
+    pub(super) claim: Option<&'a Claim>,
+    pub(super) abandoned: bool,
+    pub(super) cache: &'a TableCache,
+    pub(super) handoff: Option<&'a Handoff>,
+    pub(super) settler: &'a Settler,
+    pub(super) discrepancy: Option<&'a Discrepancy>,
+    /// The member's pending view is one its claim has acknowledged.
+    pub(super) pending_acked: bool,
+    pub(super) change_checks: bool,
+    pub(super) heartbeat: Duration,
+    /// Monotonic.
+    pub(super) now: Duration,
+}
+
+/// What a wake between two heartbeats does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Between {
+    /// A full heartbeat.
+    Beat,
+    /// One `get` of the settled mark: all the member awaits is that mark.
+    PollSettled,
+    /// One renewing call that answers the slot table only if it changed.
+    Watch,
+}
+
+/// When the runner wakes next, and what it does then if that is before the next heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Wake {
+    /// Monotonic.
+    pub(super) at: Duration,
+    pub(super) between: Between,
+}
+
+impl Facts<'_> {
+    /// Whether this member holds one of the two lowest live slots of its copy of the table:
+    /// it watches the table at every heartbeat, and halfway between heartbeats while another
+    /// slot is live, so it sees a slot expire soon after the store does (two members, whatever
+    /// the group's size).
+    pub(super) fn watches_slots(&self) -> bool {
+        match (&self.cache.slots, self.claim) {
+            (Some(seen), Some(claim)) => seen.table.slots.keys().take(2).any(|&s| s == claim.slot),
+            _ => false,
+        }
+    }
+
+    /// Whether a hand-off has waited long enough that this member settles it even though it is
+    /// neither the lowest slot nor the publisher: its pending view was adopted two heartbeats
+    /// ago, and it has not read the acknowledgements within the last heartbeat.
+    pub(super) fn settle_overdue(&self) -> bool {
+        self.handoff
+            .is_some_and(|h| self.now.saturating_sub(h.adopted_at) >= 2 * self.heartbeat)
+            && self
+                .settler
+                .acks_read
+                .is_none_or(|t| self.now.saturating_sub(t) >= self.heartbeat)
+    }
+
+    /// Whether this heartbeat reads the slot table (when its version changed) besides the
+    /// view. Members in a large group mostly do not: the view tells them what they own, and a
+    /// join, a leave or an expiry changes the table without changing the view until a member
+    /// that watches the table publishes one. The two lowest live slots watch it at every
+    /// heartbeat (the lowest publishes and settles; the second takes over when the lowest is the
+    /// one gone), and so does a member that joins, publishes, settles, sees a discrepancy, or
+    /// has waited two heartbeats on one pending view (once a heartbeat); every other member reads
+    /// it at every [`SLOT_READS`]th heartbeat when no hand-off is under way, for a twin with its
+    /// member id and a lowest slot gone too.
+    pub(super) fn reads_slots(&self, slot: u32) -> bool {
+        let Some(seen) = &self.cache.slots else {
+            return true;
+        };
+        self.cache.need_slots
+            || self.discrepancy.is_some()
+            || self.settler.settling
+            || self.claim.is_none()
+            || self.watches_slots()
+            || (self.cache.unsettled
+                && seen
+                    .table
+                    .view
+                    .as_ref()
+                    .is_some_and(|v| self.settler.published == Some(v.epoch)))
+            || self.settle_overdue()
+            // Not in a hand-off: while views keep coming (a burst of joins) the table keeps
+            // changing, and a look by every member would read it n times per change.
+            || (self.handoff.is_none()
+                && self.cache.beats % SLOT_READS == u64::from(slot) % SLOT_READS)
+    }
+
+    /// Whether this member wakes between heartbeats only to watch the slot table (one of the two
+    /// lowest slots, nothing else under way). A member alone in its copy of the table does not:
+    /// there is no other slot whose expiry it must notice, and a join is seen at its next
+    /// heartbeat.
+    pub(super) fn only_watching(&self) -> bool {
+        self.change_checks
+            && self.watches_slots()
+            && self
+                .cache
+                .slots
+                .as_ref()
+                .is_some_and(|seen| seen.table.slots.len() >= 2)
+            && self.handoff.is_none()
+            && !self.cache.need_slots
+            && !self.settler.settling
+            && !self.abandoned
+            && self.discrepancy.is_none()
+    }
+
+    /// Whether all this member awaits between heartbeats is the settled mark of the view it
+    /// acknowledged: then it polls that small key instead of renewing and reading the table, so
+    /// a hand-off costs it a constant number of table reads however many members acknowledge.
+    pub(super) fn only_settling_awaited(&self) -> bool {
+        if self.claim.is_none() || self.abandoned || self.settler.settling {
+            return false;
+        }
+        if self.discrepancy.is_some_and(|d| d.fast) {
+            return false;
+        }
+        self.pending_acked
+    }
+
+    /// When to wake before the heartbeat due at `next`, and for what. Something under way (a
+    /// hand-off, a claim to make, a table to read, a view to settle, a slot of the view gone)
+    /// wakes at a quarter heartbeat, an eighth while settling (one small read each, and the
+    /// last step of every hand-off); the two lowest slots look at the table halfway between
+    /// heartbeats (one small call each, two members whatever the group's size); every other
+    /// member sleeps until the heartbeat.
+    pub(super) fn wake(&self, next: Duration) -> Wake {
+        let settling_awaited = self.only_settling_awaited();
+        let fast = self.handoff.is_some()
+            || self.claim.is_none()
+            || self.cache.need_slots
+            || self.settler.settling
+            || self.discrepancy.is_some_and(|d| d.fast);
+        let step = if self.settler.settling || settling_awaited {
+            self.heartbeat / 8
+        } else {
+            self.heartbeat / 4
+        };
+        let watching = self.only_watching();
+        let at = if fast {
+            next.min(self.now + step)
+        } else if watching {
+            next.min(self.now + self.heartbeat / 2)
+        } else {
+            next
+        };
+        let between = if settling_awaited {
+            Between::PollSettled
+        } else if watching {
+            Between::Watch
+        } else {
+            Between::Beat
+        };
+        Wake { at, between }
+    }
+
+    /// Whether a renewed heartbeat has nothing to decide: the same table as at the last beat, an
+    /// active view (a lapse revokes it: the member adopts the view again), and nothing that
+    /// waits on time. A steady member thus does constant work.
+    pub(super) fn idle(&self, changed: bool, active: bool) -> bool {
+        !changed
+            && active
+            && self.discrepancy.is_none()
+            && self.handoff.is_none()
+            && !self.cache.need_slots
+            && !self.settler.settling
+            && !self.cache.unsettled
+    }
+}
+
+/// The slot a claim tries: the preferred one when it is free and nothing is to be skipped,
+/// else the lowest free one after skipping `skip` free ones. A skip past the last free slot
+/// below `max_slots` wraps around the free slots there are, so a lost race never calls a group
+/// full while it is not. The answer is `max_slots` or more only when the group is full.
+pub(super) fn choose_slot(table: &Table, preferred: Option<u32>, skip: u32, max_slots: u32) -> u32 {
+    if let Some(p) = preferred {
+        if skip == 0 && !table.slots.contains_key(&p) && !table.foreign.contains_key(&p) {
+            return p;
+        }
+    }
+    let first = table.lowest_free(0);
+    let mut free = 1u32;
+    let mut s = first;
+    while free <= skip {
+        s = table.lowest_free(s + 1);
+        if s >= max_slots {
+            break;
+        }
+        free += 1;
+    }
+    let skip = skip % free;
+    (0..skip).fold(first, |s, _| table.lowest_free(s + 1))
+}
+
+/// Whether the published `view` must be replaced: its holders are not the live ones, its epoch
+/// is below one some member already acted on (`floor`), or a store that lost writes minted its
+/// epoch twice (`twin`). No view at all is stale.
+pub(super) fn view_is_stale(
+    view: Option<&ViewRecord>,
+    live: &[Holder],
+    floor: u64,
+    twin: bool,
+) -> bool {
+    match view {
+        Some(v) => v.holders != live || v.epoch < floor || twin,
+        None => true,
+    }
+}
+
+/// Whether a member that did not read the slots in this heartbeat must read them at the next:
+/// the view is missing, went back below `floor`, or took this member's epoch (`twin`), and only
+/// a member that read the slots publishes the view above it.
+pub(super) fn view_needs_slots(view: Option<&ViewRecord>, floor: u64, twin: bool) -> bool {
+    view.is_none_or(|v| v.epoch < floor || twin)
+}
+
+/// Whether a slot of the published view is gone from the table (a crash, a lapse), or there is
+/// no view: then every member watches closely, in case the lowest slot is the one gone.
+pub(super) fn view_slot_gone(table: &Table) -> bool {
+    table.view.as_ref().is_none_or(|v| {
+        v.holders
+            .iter()
+            .any(|h| table.slots.get(&h.slot).is_none_or(|r| r.nonce != h.nonce))
+    })
+}
+
+/// Whether a member that sees the published view stale publishes the next one now: its own
+/// claim or leave changed the table, it holds the lowest live slot, or the same discrepancy has
+/// lasted a heartbeat (the lowest may be the one that died).
+pub(super) fn publishes(
+    own_change: bool,
+    lowest: bool,
+    lasted: Duration,
+    heartbeat: Duration,
+) -> bool {
+    own_change || lowest || lasted >= heartbeat
+}
+
+/// The view to publish over `highest`, the highest epoch seen anywhere, for the `live` holders;
+/// `None` when the next epoch would pass [`MAX_EPOCH`] (a foreign value holds the largest).
+pub(super) fn next_view(
+    highest: u64,
+    live: Vec<Holder>,
+    assignor: AssignorKind,
+) -> Option<ViewRecord> {
+    (highest < MAX_EPOCH).then(|| ViewRecord {
+        epoch: highest.saturating_add(1),
+        holders: live,
+        assignor: Some(assignor),
+    })
+}
+
+/// Whether the published `view` is newer than the newest settled mark. Compared by digest too:
+/// after a rollback one epoch can stand for two views, and a mark for the other one settles
+/// nothing.
+pub(super) fn unsettled(view: Option<&ViewRecord>, settled: Option<SettledRecord>) -> bool {
+    view.is_some_and(|v| {
+        settled.is_none_or(|m| m.epoch < v.epoch || (m.epoch == v.epoch && m.view != v.digest()))
+    })
+}
+
+/// Whether `mark` settles the view of `epoch` and `digest`, or a newer one: nothing is left to
+/// settle or re-acknowledge for it.
+pub(super) fn settled_at_or_past(mark: Option<SettledRecord>, epoch: u64, digest: u64) -> bool {
+    mark.is_some_and(|m| m.epoch > epoch || m.settles(epoch, digest))
+}
+
+/// Whether a hand-off whose grants have not drained has outlasted the drain timeout: the member
+/// then gives its lease up so the others proceed without its acknowledgement.
+pub(super) fn drain_timed_out(since: Duration, now: Duration, drain_timeout: Duration) -> bool {
+    now.saturating_sub(since) > drain_timeout
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,481 @@
+//! Unit tests of the runner's decisions.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    choose_slot, drain_timed_out, next_view, publishes, settled_at_or_past, unsettled,
+    view_is_stale, view_needs_slots, view_slot_gone, Between, Facts,
+};
+use crate::assign::AssignorKind;
+use crate::recipes::group::records::{Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
+use crate::recipes::group::runner::{Claim, Discrepancy, Handoff, Settler, SlotsSeen, TableCache};
+use crate::recipes::group::table::Table;
+
+const HB: Duration = Duration::from_millis(300);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn record(nonce: u64) -> SlotRecord {
+    SlotRecord {
+        member: format!("m{nonce}"),
+        nonce,
+        since_ms: 0,
+        ttl_ms: 900,
+        acked: 0,
+        view: 0,
+    }
+}
+
+/// A table whose live slots are `slots` (nonce = slot + 100), with `view` published.
+fn table(slots: &[u32], view: Option<(u64, &[u32])>) -> Table {
+    let mut t = Table::default();
+    for &s in slots {
+        t.slots.insert(s, record(u64::from(s) + 100));
+    }
+    t.view = view.map(|(epoch, held)| ViewRecord {
+        epoch,
+        holders: held
+            .iter()
+            .map(|&s| Holder {
+                slot: s,
+                nonce: u64::from(s) + 100,
+            })
+            .collect(),
+        assignor: None,
+    });
+    t
+}
+
+fn claim(slot: u32) -> Claim {
+    Claim {
+        slot,
+        record: record(u64::from(slot) + 100),
+    }
+}
+
+fn cache_with(t: Table) -> TableCache {
+    TableCache {
+        slots: Some(SlotsSeen {
+            version: "1".into(),
+            table: Arc::new(t),
+        }),
+        ..TableCache::default()
+    }
+}
+
+/// Facts of a steady member: claimed `slot` of a table with `slots` live, no hand-off.
+struct Fixture {
+    claim: Option<Claim>,
+    cache: TableCache,
+    handoff: Option<Handoff>,
+    settler: Settler,
+    discrepancy: Option<Discrepancy>,
+    abandoned: bool,
+    pending_acked: bool,
+    now: Duration,
+}
+
+impl Fixture {
+    fn steady(slot: u32, slots: &[u32]) -> Fixture {
+        Fixture {
+            claim: Some(claim(slot)),
+            cache: cache_with(table(slots, Some((1, slots)))),
+            handoff: None,
+            settler: Settler::default(),
+            discrepancy: None,
+            abandoned: false,
+            pending_acked: false,
+            now: ms(10_000),
+        }
+    }
+
+    fn facts(&self) -> Facts<'_> {
+        Facts {
+            claim: self.claim.as_ref(),
+            abandoned: self.abandoned,
+            cache: &self.cache,
+            handoff: self.handoff.as_ref(),
+            settler: &self.settler,
+            discrepancy: self.discrepancy.as_ref(),
+            pending_acked: self.pending_acked,
+            change_checks: true,
+            heartbeat: HB,
+            now: self.now,
+        }
+    }
+}
+
+#[test]
+fn the_two_lowest_live_slots_watch_the_table() {
+    let slots = [0, 3, 5, 9];
+    assert!(Fixture::steady(0, &slots).facts().watches_slots());
+    assert!(Fixture::steady(3, &slots).facts().watches_slots());
+    assert!(!Fixture::steady(5, &slots).facts().watches_slots());
+    let mut unclaimed = Fixture::steady(0, &slots);
+    unclaimed.claim = None;
+    assert!(!unclaimed.facts().watches_slots());
+}
+
+#[test]
+fn a_member_in_the_middle_reads_the_slots_one_beat_in_four_when_nothing_is_under_way() {
+    let slots = [0, 1, 2, 3, 4, 5, 6];
+    let mut f = Fixture::steady(6, &slots);
+    let reads: Vec<bool> = (0..8)
+        .map(|beats| {
+            f.cache.beats = beats;
+            f.facts().reads_slots(6)
+        })
+        .collect();
+    // Slot 6 reads at the beats congruent to 6 mod 4.
+    assert_eq!(
+        reads,
+        [false, false, true, false, false, false, true, false]
+    );
+    // During a hand-off it does not (a burst of joins would make everyone read).
+    f.handoff = Some(Handoff {
+        since: f.now,
+        adopted_at: f.now,
+    });
+    f.cache.beats = 2;
+    assert!(!f.facts().reads_slots(6));
+}
+
+#[test]
+fn anything_under_way_makes_a_member_read_the_slots() {
+    let slots = [0, 1, 2, 3, 4, 5, 6];
+    let base = || {
+        let mut f = Fixture::steady(6, &slots);
+        f.cache.beats = 1;
+        f
+    };
+    assert!(!base().facts().reads_slots(6));
+    let mut f = base();
+    f.cache.slots = None;
+    assert!(f.facts().reads_slots(6), "no copy of the table");
+    let mut f = base();
+    f.cache.need_slots = true;
+    assert!(f.facts().reads_slots(6), "the view asks for a look");
+    let mut f = base();
+    f.discrepancy = Some(Discrepancy {
+        live: Vec::new(),
+        since: f.now,
+        fast: false,
+    });
+    assert!(f.facts().reads_slots(6), "a discrepancy");
+    let mut f = base();
+    f.settler.settling = true;
+    assert!(f.facts().reads_slots(6), "settling");
+    let mut f = base();
+    f.claim = None;
+    assert!(f.facts().reads_slots(6), "claiming");
+    let mut f = base();
+    f.settler.published = Some(1);
+    assert!(!f.facts().reads_slots(6), "its own view, settled");
+    f.cache.unsettled = true;
+    assert!(f.facts().reads_slots(6), "its own view unsettled");
+    f.settler.published = Some(0);
+    assert!(!f.facts().reads_slots(6), "someone else's view unsettled");
+    let mut f = base();
+    f.handoff = Some(Handoff {
+        since: f.now - 2 * HB,
+        adopted_at: f.now - 2 * HB,
+    });
+    assert!(f.facts().reads_slots(6), "a hand-off overdue");
+    let mut f = Fixture::steady(1, &slots);
+    f.cache.beats = 2;
+    assert!(f.facts().reads_slots(1), "a watcher");
+}
+
+#[test]
+fn a_hand_off_is_overdue_after_two_heartbeats_once_a_heartbeat() {
+    let mut f = Fixture::steady(6, &[0, 6]);
+    assert!(!f.facts().settle_overdue(), "no hand-off");
+    f.handoff = Some(Handoff {
+        since: f.now - 5 * HB,
+        adopted_at: f.now - 2 * HB + ms(1),
+    });
+    assert!(
+        !f.facts().settle_overdue(),
+        "adopted under two heartbeats ago"
+    );
+    f.handoff = Some(Handoff {
+        since: f.now - 5 * HB,
+        adopted_at: f.now - 2 * HB,
+    });
+    assert!(f.facts().settle_overdue());
+    f.settler.acks_read = Some(f.now - HB + ms(1));
+    assert!(
+        !f.facts().settle_overdue(),
+        "read the acknowledgements lately"
+    );
+    f.settler.acks_read = Some(f.now - HB);
+    assert!(f.facts().settle_overdue());
+}
+
+#[test]
+fn a_steady_member_sleeps_until_the_heartbeat_and_a_watcher_wakes_halfway() {
+    let slots = [0, 1, 2, 3];
+    let next = ms(10_000) + HB;
+    let f = Fixture::steady(3, &slots);
+    let w = f.facts().wake(next);
+    assert_eq!((w.at, w.between), (next, Between::Beat));
+    let f = Fixture::steady(1, &slots);
+    let w = f.facts().wake(next);
+    assert_eq!((w.at, w.between), (f.now + HB / 2, Between::Watch));
+    // Alone in the table: nothing to watch for between heartbeats.
+    let f = Fixture::steady(0, &[0]);
+    assert!(!f.facts().only_watching());
+    assert_eq!(f.facts().wake(next).at, next);
+}
+
+#[test]
+fn a_hand_off_wakes_at_a_quarter_heartbeat_and_settling_at_an_eighth() {
+    let next = ms(10_000) + HB;
+    let mut f = Fixture::steady(3, &[0, 1, 2, 3]);
+    f.handoff = Some(Handoff {
+        since: f.now,
+        adopted_at: f.now,
+    });
+    let w = f.facts().wake(next);
+    assert_eq!((w.at, w.between), (f.now + HB / 4, Between::Beat));
+    f.pending_acked = true;
+    let w = f.facts().wake(next);
+    assert_eq!((w.at, w.between), (f.now + HB / 8, Between::PollSettled));
+    // A settler polls the acknowledgements with full beats, at an eighth.
+    f.settler.settling = true;
+    let w = f.facts().wake(next);
+    assert_eq!((w.at, w.between), (f.now + HB / 8, Between::Beat));
+    // Never past the heartbeat.
+    let w = f.facts().wake(f.now + ms(1));
+    assert_eq!(w.at, f.now + ms(1));
+}
+
+#[test]
+fn a_slot_of_the_view_gone_stops_waiting_on_the_settled_mark() {
+    let mut f = Fixture::steady(3, &[0, 1, 2, 3]);
+    f.pending_acked = true;
+    assert!(f.facts().only_settling_awaited());
+    f.discrepancy = Some(Discrepancy {
+        live: Vec::new(),
+        since: f.now,
+        fast: true,
+    });
+    assert!(!f.facts().only_settling_awaited());
+    f.discrepancy.as_mut().unwrap().fast = false;
+    assert!(f.facts().only_settling_awaited());
+    f.abandoned = true;
+    assert!(!f.facts().only_settling_awaited());
+    f.abandoned = false;
+    f.claim = None;
+    assert!(!f.facts().only_settling_awaited(), "no claim");
+    f.claim = Some(claim(3));
+    f.settler.settling = true;
+    assert!(!f.facts().only_settling_awaited(), "settling itself");
+}
+
+#[test]
+fn only_an_unchanged_table_with_nothing_under_way_is_idle() {
+    let f = Fixture::steady(3, &[0, 1, 2, 3]);
+    assert!(f.facts().idle(false, true));
+    assert!(!f.facts().idle(true, true), "changed");
+    assert!(!f.facts().idle(false, false), "no active view");
+    for (what, change) in under_way() {
+        let mut f = Fixture::steady(3, &[0, 1, 2, 3]);
+        change(&mut f);
+        assert!(!f.facts().idle(false, true), "{what}");
+    }
+}
+
+/// Each thing that can be under way, as a change to a steady fixture.
+fn under_way() -> Vec<(&'static str, fn(&mut Fixture))> {
+    vec![
+        ("unsettled", |f| f.cache.unsettled = true),
+        ("a hand-off", |f| {
+            f.handoff = Some(Handoff {
+                since: f.now,
+                adopted_at: f.now,
+            })
+        }),
+        ("a discrepancy", |f| {
+            f.discrepancy = Some(Discrepancy {
+                live: Vec::new(),
+                since: f.now,
+                fast: false,
+            })
+        }),
+        ("the slots needed", |f| f.cache.need_slots = true),
+        ("settling", |f| f.settler.settling = true),
+    ]
+}
+
+#[test]
+fn a_watcher_stops_only_watching_when_anything_is_under_way() {
+    let slots = [0, 1, 2, 3];
+    assert!(Fixture::steady(1, &slots).facts().only_watching());
+    for (what, change) in under_way() {
+        if what == "unsettled" {
+            continue; // the heartbeat deals with it; between heartbeats a watcher watches
+        }
+        let mut f = Fixture::steady(1, &slots);
+        change(&mut f);
+        assert!(!f.facts().only_watching(), "{what}");
+        assert_ne!(f.facts().wake(f.now + HB).between, Between::Watch, "{what}");
+    }
+    let mut f = Fixture::steady(1, &slots);
+    f.abandoned = true;
+    assert!(!f.facts().only_watching(), "abandoned");
+    let f = Fixture::steady(1, &slots);
+    let mut facts = f.facts();
+    facts.change_checks = false;
+    assert!(
+        !facts.only_watching(),
+        "without change checks every heartbeat reads anyway"
+    );
+}
+
+#[test]
+fn what_is_under_way_wakes_at_a_quarter_heartbeat() {
+    let next = ms(10_000) + HB;
+    for (what, change) in under_way() {
+        if what == "unsettled" {
+            continue; // waits for the heartbeat, which writes the acknowledgement again
+        }
+        let mut f = Fixture::steady(5, &[0, 1, 2, 3, 5]);
+        change(&mut f);
+        let expected = match what {
+            "settling" => f.now + HB / 8,
+            // A new claim publishes its own view: the others need not poll for it.
+            "a discrepancy" => next,
+            _ => f.now + HB / 4,
+        };
+        assert_eq!(f.facts().wake(next).at, expected, "{what}");
+    }
+    let mut f = Fixture::steady(5, &[0, 1, 2, 3, 5]);
+    f.claim = None;
+    assert_eq!(f.facts().wake(next).at, f.now + HB / 4, "claiming");
+    f.claim = Some(claim(5));
+    f.discrepancy = Some(Discrepancy {
+        live: Vec::new(),
+        since: f.now,
+        fast: true,
+    });
+    assert_eq!(
+        f.facts().wake(next).at,
+        f.now + HB / 4,
+        "a slot of the view gone"
+    );
+    let mut f = Fixture::steady(5, &[0, 1, 2, 3, 5]);
+    f.cache.unsettled = true;
+    assert_eq!(f.facts().wake(next).at, next, "unsettled alone");
+}
+
+#[test]
+fn a_claim_prefers_its_old_slot_and_skips_around_the_free_ones() {
+    let t = table(&[0, 1, 3, 6], None);
+    assert_eq!(choose_slot(&t, None, 0, 100), 2);
+    assert_eq!(
+        choose_slot(&t, Some(5), 0, 100),
+        5,
+        "its previous slot is free"
+    );
+    assert_eq!(
+        choose_slot(&t, Some(3), 0, 100),
+        2,
+        "its previous slot is taken"
+    );
+    assert_eq!(choose_slot(&t, Some(5), 1, 100), 4, "a retry skips instead");
+    assert_eq!(choose_slot(&t, None, 2, 100), 5);
+    assert_eq!(choose_slot(&t, None, 3, 100), 7);
+    // Below a limit of 6 the free slots are 2, 4 and 5: a skip of 3 wraps to the first.
+    assert_eq!(choose_slot(&t, None, 3, 6), 2);
+    assert_eq!(choose_slot(&t, None, 4, 6), 4);
+    // Full: every slot below the limit is held.
+    let full = table(&[0, 1], None);
+    assert_eq!(choose_slot(&full, None, 0, 2), 2);
+    assert_eq!(choose_slot(&full, None, 5, 2), 2);
+    // A foreign value occupies its slot.
+    let mut t = table(&[0], None);
+    t.foreign.insert(1, "abc".into());
+    assert_eq!(choose_slot(&t, Some(1), 0, 100), 2);
+}
+
+#[test]
+fn a_view_is_stale_when_its_holders_or_epoch_are_wrong() {
+    let t = table(&[0, 1], Some((5, &[0, 1])));
+    let live = t.live();
+    let view = t.view.as_ref();
+    assert!(!view_is_stale(view, &live, 5, false));
+    assert!(view_is_stale(view, &live, 6, false), "below the floor");
+    assert!(view_is_stale(view, &live, 5, true), "a twin");
+    assert!(view_is_stale(view, &live[..1], 5, false), "other holders");
+    assert!(view_is_stale(None, &live, 0, false), "no view");
+    assert!(!view_needs_slots(view, 5, false));
+    assert!(view_needs_slots(view, 6, false));
+    assert!(view_needs_slots(view, 5, true));
+    assert!(view_needs_slots(None, 0, false));
+}
+
+#[test]
+fn a_gone_slot_of_the_view_is_seen_by_slot_and_nonce() {
+    assert!(!view_slot_gone(&table(&[0, 1], Some((5, &[0, 1])))));
+    assert!(view_slot_gone(&table(&[0], Some((5, &[0, 1])))));
+    assert!(
+        !view_slot_gone(&table(&[0, 1, 2], Some((5, &[0, 1])))),
+        "a join"
+    );
+    let mut t = table(&[0, 1], Some((5, &[0, 1])));
+    t.slots.get_mut(&1).unwrap().nonce = 7;
+    assert!(view_slot_gone(&t), "claimed again");
+    assert!(view_slot_gone(&table(&[0], None)));
+}
+
+#[test]
+fn publishing_waits_a_heartbeat_unless_the_member_is_lowest_or_changed_the_table() {
+    assert!(publishes(true, false, ms(0), HB));
+    assert!(publishes(false, true, ms(0), HB));
+    assert!(!publishes(false, false, HB - ms(1), HB));
+    assert!(publishes(false, false, HB, HB));
+}
+
+#[test]
+fn the_next_view_is_one_above_the_highest_and_never_past_the_largest_epoch() {
+    let live = vec![Holder { slot: 0, nonce: 1 }];
+    let v = next_view(7, live.clone(), AssignorKind::JumpBackFailover).unwrap();
+    assert_eq!((v.epoch, v.holders.clone()), (8, live.clone()));
+    assert_eq!(v.assignor, Some(AssignorKind::JumpBackFailover));
+    assert!(next_view(MAX_EPOCH - 1, live.clone(), AssignorKind::JumpBackFailover).is_some());
+    assert!(next_view(MAX_EPOCH, live, AssignorKind::JumpBackFailover).is_none());
+}
+
+#[test]
+fn a_view_is_unsettled_until_a_mark_for_it_or_a_newer_one() {
+    let t = table(&[0, 1], Some((5, &[0, 1])));
+    let view = t.view.as_ref();
+    let digest = view.unwrap().digest();
+    let mark = |epoch, view| Some(SettledRecord { epoch, view });
+    assert!(unsettled(view, None));
+    assert!(unsettled(view, mark(4, digest)));
+    assert!(!unsettled(view, mark(5, digest)));
+    assert!(unsettled(view, mark(5, digest ^ 2)), "a twin's mark");
+    assert!(!unsettled(view, mark(6, 1)));
+    assert!(!unsettled(None, None));
+    assert!(settled_at_or_past(mark(5, digest), 5, digest));
+    assert!(!settled_at_or_past(mark(5, digest ^ 2), 5, digest));
+    assert!(settled_at_or_past(mark(6, 1), 5, digest));
+    assert!(!settled_at_or_past(None, 5, digest));
+}
+
+#[test]
+fn a_drain_times_out_strictly_after_the_timeout() {
+    assert!(!drain_timed_out(ms(100), ms(1100), ms(1000)));
+    assert!(drain_timed_out(ms(100), ms(1101), ms(1000)));
+    assert!(
+        !drain_timed_out(ms(100), ms(50), ms(1000)),
+        "clock before the start"
+    );
+}

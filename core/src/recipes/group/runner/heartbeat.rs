@@ -1,0 +1,381 @@
+//! A full heartbeat (renew, and read what changed), a watching wake between heartbeats, a poll
+//! of the settled mark, and the table their answers stand for.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use super::super::records::SettledRecord;
+use super::super::table::Table;
+use super::{Claim, Runner, SlotsSeen};
+use crate::error::{Error, Result};
+use crate::store::RenewedListing;
+
+/// What a heartbeat heard from the store.
+pub(super) struct Heard {
+    /// Whether the lease was renewed.
+    renewed: bool,
+    /// The table the answers stand for.
+    table: Arc<Table>,
+    /// Whether it differs from the last one.
+    changed: bool,
+    /// Whether its slots were read in this heartbeat, after its view (not kept from an earlier
+    /// one): only then may the member compare them with the view, publish or settle.
+    fresh: bool,
+}
+
+impl Heard {
+    /// A table read whole in this heartbeat.
+    fn listed(renewed: bool, table: Table) -> Heard {
+        Heard {
+            renewed,
+            table: Arc::new(table),
+            changed: true,
+            fresh: true,
+        }
+    }
+}
+
+impl Runner {
+    /// One heartbeat: renew and read the table, or claim again when the lease is gone.
+    pub(super) async fn beat(&mut self) -> Result<()> {
+        let now = self.cfg.clock.monotonic();
+        let expired = self.shared.lock().deadline.is_some_and(|d| now >= d);
+        if expired {
+            self.revoke("lapsed", "the lease deadline passed without a renewal");
+        }
+        let Some(claim) = self.claims.current.clone() else {
+            let table = match self.list().await {
+                Ok(t) => t,
+                Err(e) => {
+                    self.set_error(Some(&e));
+                    return Ok(());
+                }
+            };
+            self.reclaim(&table).await;
+            return Ok(());
+        };
+        if self.claims.abandoned {
+            if expired {
+                // The lease has run out on our clock: claim afresh.
+                self.claims.abandoned = false;
+                self.claims.current = None;
+            }
+            return Ok(());
+        }
+        let sent = self.cfg.clock.monotonic();
+        self.cache.beats += 1;
+        self.cache.last_beat = Some(sent);
+        let result = if self.cfg.change_checks {
+            self.renew_and_read_changes(claim.slot, &claim.record.to_string())
+                .await
+        } else {
+            self.renew_and_read_all(claim.slot, &claim.record.to_string())
+                .await
+        };
+        self.cfg.metrics.heartbeat(
+            self.cfg.clock.monotonic().saturating_sub(sent),
+            result.as_ref().err(),
+        );
+        let result = match result {
+            // A renewal refused on a copy of the table: read the table itself to decide.
+            Ok(Heard {
+                renewed: false,
+                fresh: false,
+                ..
+            }) => self.list().await.map(|table| Heard::listed(false, table)),
+            other => other,
+        };
+        let heard = match result {
+            Ok(heard) => heard,
+            Err(e) => {
+                self.set_error(Some(&e));
+                return Ok(());
+            }
+        };
+        if !heard.renewed {
+            // A write of ours that reported an error may have been applied after all (an
+            // acknowledgement that timed out): the slot then holds our claim with other
+            // text. It is still ours; take its text and renew at the next beat.
+            if let Some(r) = heard.table.slots.get(&claim.slot) {
+                if r.member == self.cfg.member && r.nonce == claim.record.nonce {
+                    self.claims.current = Some(Claim {
+                        slot: claim.slot,
+                        record: r.clone(),
+                    });
+                    return Ok(());
+                }
+            }
+            self.cfg.metrics.heartbeat_failed("lost");
+            self.revoke("lost", "the slot was no longer ours at renewal");
+            self.claims.current = None;
+            self.claims.preferred = Some(claim.slot);
+            self.reclaim(&heard.table).await;
+            return Ok(());
+        }
+        {
+            let mut st = self.shared.lock();
+            st.deadline = Some(self.deadline(sent));
+            st.holder = Some(claim.holder());
+        }
+        self.set_error(None);
+        let active = self.shared.lock().active.is_some();
+        if self.facts().idle(heard.changed, active) {
+            return Ok(());
+        }
+        if heard.fresh {
+            self.check_twin(&heard.table, claim.slot).await?;
+        }
+        self.on_table(&heard.table, false, heard.fresh).await;
+        Ok(())
+    }
+
+    /// A heartbeat without change checks: the view directory first, then the renewal and the
+    /// slots (see [`Runner::list`]), every listing read whole.
+    async fn renew_and_read_all(&mut self, slot: u32, text: &str) -> Result<Heard> {
+        let (store, key, ttl) = (
+            self.cfg.store.clone(),
+            self.cfg.keys.slot(slot),
+            self.cfg.ttl,
+        );
+        let (views_dir, slots_dir) = (self.cfg.keys.views.clone(), self.cfg.keys.slots.clone());
+        let call = async {
+            let viewed = store.list(&views_dir).await?;
+            let (renewed, listed) = store.renew_and_list(&key, text, ttl, &slots_dir).await?;
+            let mut table = Table::parse(&slots_dir, listed);
+            table.set_view(&views_dir, viewed);
+            Ok::<_, Error>(Heard::listed(renewed, table))
+        };
+        self.before_lapse(call).await
+    }
+
+    /// A heartbeat with change checks: the view directory, then (when this member watches it)
+    /// the slot directory, both renewing the lease and each answering its entries only when
+    /// they changed since the copy held.
+    async fn renew_and_read_changes(&mut self, slot: u32, text: &str) -> Result<Heard> {
+        let reads_slots = self.facts().reads_slots(slot);
+        let store = self.cfg.store.clone();
+        let (key, ttl) = (self.cfg.keys.slot(slot), self.cfg.ttl);
+        let (views_dir, slots_dir) = (self.cfg.keys.views.clone(), self.cfg.keys.slots.clone());
+        let view_since = self.cache.view_version.clone();
+        let slot_since = self.cache.slots.as_ref().map(|s| s.version.clone());
+        // A store that answers both directories' versions in one call: when neither changed
+        // (the steady state), that call is the whole heartbeat.
+        let both = match (&view_since, &slot_since) {
+            (Some(v), Some(s)) if reads_slots && self.cfg.one_call_versions => {
+                Some((v.clone(), s.clone()))
+            }
+            _ => None,
+        };
+        let call = async {
+            if let Some((v, s)) = &both {
+                let dirs = [
+                    (views_dir.as_str(), Some(v.as_str())),
+                    (slots_dir.as_str(), Some(s.as_str())),
+                ];
+                let (renewed, versions) = store.renew_and_versions(&key, text, ttl, &dirs).await?;
+                if renewed && versions.first() == Some(v) && versions.get(1) == Some(s) {
+                    return Ok::<_, Error>((
+                        RenewedListing::new(true, v.clone(), None),
+                        Some(RenewedListing::new(true, s.clone(), None)),
+                    ));
+                }
+            }
+            let viewed = store
+                .renew_and_list_if_changed(&key, text, ttl, &views_dir, view_since.as_deref())
+                .await?;
+            let slots = if reads_slots {
+                Some(
+                    store
+                        .renew_and_list_if_changed(
+                            &key,
+                            text,
+                            ttl,
+                            &slots_dir,
+                            slot_since.as_deref(),
+                        )
+                        .await?,
+                )
+            } else {
+                None
+            };
+            Ok::<_, Error>((viewed, slots))
+        };
+        let (viewed, slots) = self.before_lapse(call).await?;
+        self.table_of(viewed, slots).await
+    }
+
+    /// The table a heartbeat's answers stand for: the listings they carry, or the copies kept
+    /// from the last ones when the store's versions are unchanged.
+    async fn table_of(
+        &mut self,
+        viewed: RenewedListing,
+        slots: Option<RenewedListing>,
+    ) -> Result<Heard> {
+        let dirs = &self.cfg.keys;
+        // The store answered "unchanged" for a version this member does not hold (it asked with
+        // the one it holds, so only a faulty store does): read the directory.
+        let views = match viewed.listing {
+            Some(listing) => Some(listing),
+            None if self.cache.view_version.as_deref() == Some(viewed.version.as_str()) => None,
+            None => Some(self.cfg.store.list(&dirs.views).await?),
+        };
+        let mut renewed = viewed.renewed;
+        let fresh = slots.is_some();
+        let mut slot_version = self.cache.slots.as_ref().map(|s| s.version.clone());
+        let mut rebuilt: Option<Table> = None;
+        if let Some(answer) = slots {
+            renewed = answer.renewed;
+            match answer.listing {
+                Some(listing) => rebuilt = Some(Table::parse(&dirs.slots, listing)),
+                None if slot_version.as_deref() == Some(answer.version.as_str()) => {}
+                None => {
+                    let listing = self.cfg.store.list(&dirs.slots).await?;
+                    rebuilt = Some(Table::parse(&dirs.slots, listing));
+                }
+            }
+            slot_version = Some(answer.version);
+        }
+        // Taken out of the cache, the copy is usually the only reference to the table, so a new
+        // view is set in place instead of on a clone of every slot record.
+        let held = self.cache.slots.take().map(|s| s.table);
+        let (table, changed) = match (rebuilt, held) {
+            (None, Some(held)) => match views {
+                None => (held, std::mem::take(&mut self.cache.unseen_change)),
+                Some(views) => {
+                    let mut table = held;
+                    Arc::make_mut(&mut table).set_view(&dirs.views, views);
+                    (table, true)
+                }
+            },
+            (rebuilt, held) => {
+                // No copy held: `reads_slots` read the slots, unless the store misbehaved.
+                let mut table = match rebuilt {
+                    Some(t) => t,
+                    None => Table::parse(&dirs.slots, self.cfg.store.list(&dirs.slots).await?),
+                };
+                match (views, &held) {
+                    (Some(views), _) => table.set_view(&dirs.views, views),
+                    (None, Some(held)) => table.take_view(held),
+                    (None, None) => {
+                        let views = self.cfg.store.list(&dirs.views).await?;
+                        table.set_view(&dirs.views, views);
+                    }
+                }
+                (Arc::new(table), true)
+            }
+        };
+        self.cache.unseen_change = false;
+        self.cache.view_version = Some(viewed.version);
+        self.cache.slots = slot_version.map(|version| SlotsSeen {
+            version,
+            table: table.clone(),
+        });
+        Ok(Heard {
+            renewed,
+            table,
+            changed,
+            fresh,
+        })
+    }
+
+    /// A watching wake: one call that renews and answers the slot table only if it changed
+    /// since the copy held; a full heartbeat follows only then. Between heartbeats a watcher
+    /// thus costs the store one small call, not the two of a heartbeat.
+    pub(super) async fn watch(&mut self) -> Result<()> {
+        let (Some(claim), Some(seen)) = (self.claims.current.clone(), self.cache.slots.clone())
+        else {
+            return self.beat().await;
+        };
+        let (store, key, text, ttl) = (
+            self.cfg.store.clone(),
+            self.cfg.keys.slot(claim.slot),
+            claim.record.to_string(),
+            self.cfg.ttl,
+        );
+        let slots_dir = self.cfg.keys.slots.clone();
+        let call =
+            store.renew_and_list_if_changed(&key, &text, ttl, &slots_dir, Some(&seen.version));
+        match self.before_lapse(call).await {
+            Ok(answer) if answer.renewed && answer.version == seen.version => Ok(()),
+            Ok(answer) => {
+                // Keep what came: the heartbeat that follows reads the view and then asks the
+                // slot directory again, which answers "unchanged" unless it changed once more.
+                if let (Some(listing), Some(held)) = (answer.listing, &self.cache.slots) {
+                    let mut table = Table::parse(&self.cfg.keys.slots, listing);
+                    table.take_view(&held.table);
+                    self.cache.slots = Some(SlotsSeen {
+                        version: answer.version,
+                        table: Arc::new(table),
+                    });
+                    self.cache.unseen_change = true;
+                }
+                self.beat().await
+            }
+            Err(e) => {
+                self.set_error(Some(&e));
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads the settled mark: activates the pending view once it is settled, and reads the
+    /// table at once when a newer view was settled.
+    pub(super) async fn poll_settled(&mut self) -> Result<()> {
+        // Like a heartbeat, a poll that hangs past the lease deadline stops all work at that
+        // instant, not when the call returns.
+        let (store, key) = (self.cfg.store.clone(), self.cfg.keys.settled.clone());
+        let text = match self.before_lapse(store.get(&key)).await {
+            Ok(text) => text,
+            Err(e) => {
+                self.set_error(Some(&e));
+                return Ok(());
+            }
+        };
+        let Some(mark) = text.as_deref().and_then(SettledRecord::parse) else {
+            return Ok(());
+        };
+        let Some(pending) = self.pending() else {
+            return Ok(());
+        };
+        if mark.settles(pending.epoch(), pending.digest) {
+            self.cache.settled = Some(mark);
+            self.progress(None).await;
+            Ok(())
+        } else if mark.epoch > pending.epoch() {
+            // A newer view was settled: read it, but at most twice a heartbeat, so a burst of
+            // views (joins one after another) does not make every member read each one.
+            let now = self.cfg.clock.monotonic();
+            if self
+                .cache
+                .last_beat
+                .is_some_and(|t| now.saturating_sub(t) < self.cfg.heartbeat)
+            {
+                return Ok(());
+            }
+            self.beat().await
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Awaits a store call; if the lease deadline passes first, stops all work at that instant
+    /// (the assignment turns `rejoining` then, not when the call finally returns) and goes on
+    /// waiting for the call.
+    pub(super) async fn before_lapse<T>(&mut self, call: impl Future<Output = T>) -> T {
+        let deadline = self.shared.lock().deadline;
+        let Some(deadline) = deadline else {
+            return call.await;
+        };
+        tokio::pin!(call);
+        tokio::select! {
+            biased;
+            v = &mut call => return v,
+            _ = self.cfg.clock.sleep_until(deadline) => {}
+        }
+        self.revoke(
+            "lapsed",
+            "the lease deadline passed while a renewal was in flight",
+        );
+        call.await
+    }
+}

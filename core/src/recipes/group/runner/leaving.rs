@@ -1,0 +1,148 @@
+//! Ending work: revoking every grant when the lease is lost, failing for good, and leaving the
+//! group gracefully (drain, delete the claim, publish the view without it).
+
+use std::sync::Arc;
+
+use super::super::grants::Shared;
+use super::super::view::GroupPhase;
+use super::decide::{next_view, view_is_stale};
+use super::Runner;
+use crate::error::{Error, Result};
+
+impl Runner {
+    /// Stops all work at once: every grant turns invalid and the member claims again. `reason`
+    /// is the metric's label (`lapsed`, `lost`), `why` the log's.
+    pub(super) fn revoke(&mut self, reason: &'static str, why: &str) {
+        let had = {
+            let mut st = self.shared.lock();
+            let had = st.active.is_some() || st.pending.is_some() || st.deadline.is_some();
+            st.stop_granting();
+            st.in_flight.clear();
+            st.share_in_flight = 0;
+            had
+        };
+        self.handoff = None;
+        if had {
+            self.cfg.metrics.grants_revoked(reason);
+            tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, "{why}: stopped all work");
+        }
+        self.shared.publish(|a| {
+            a.index = None;
+            a.phase = GroupPhase::Rejoining;
+        });
+    }
+
+    /// Ends with an error: leaves the slot to others and reports.
+    pub(super) async fn fail(&mut self, e: &Error) {
+        tracing::error!(group = self.cfg.keys.group(), member = %self.cfg.member, "{e}");
+        let _ = self.leave().await;
+        let msg = e.to_string();
+        self.shared.publish(|a| {
+            a.phase = GroupPhase::Failed;
+            a.last_error = Some(msg);
+        });
+    }
+
+    /// Waits until no grant is in flight, at most the drain timeout. Returns whether they
+    /// drained.
+    async fn drain(&mut self) -> bool {
+        let give_up = self.cfg.clock.monotonic() + self.cfg.drain_timeout;
+        loop {
+            let busy = {
+                let st = self.shared.lock();
+                st.in_flight.values().any(|f| f.count > 0) || st.share_in_flight > 0
+            };
+            if !busy {
+                return true;
+            }
+            if self.cfg.clock.monotonic() >= give_up {
+                tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, "grants still in flight after the drain timeout: leaving the lease to expire instead of deleting the slot");
+                return false;
+            }
+            tokio::select! {
+                biased;
+                _ = self.shared.released.notified() => {}
+                _ = self.cfg.clock.sleep(self.cfg.heartbeat / 4) => {}
+            }
+        }
+    }
+
+    /// Stops granting, drains, deletes the slot and publishes the view without it.
+    pub(super) async fn leave(&mut self) -> Result<()> {
+        self.shared.lock().leaving = true;
+        let drained = self.drain().await;
+        let mut result = Ok(());
+        if let Some(claim) = self.claims.current.take() {
+            // Delete only our own claim (one atomic compare-and-delete, so a delayed delete
+            // never removes the next holder's claim), and only once nothing is in flight: with
+            // grants still out, the others must wait for the lease to expire, not for a delete.
+            if drained {
+                let key = self.cfg.keys.slot(claim.slot);
+                let text = claim.record.to_string();
+                if let Err(e) = self.cfg.store.compare_and_delete(&key, &text).await {
+                    result = Err(e);
+                }
+            }
+            if result.is_ok() {
+                self.publish_without(claim.slot).await;
+            }
+            tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot = claim.slot, "left the group");
+        }
+        {
+            let mut st = self.shared.lock();
+            st.stop_granting();
+            st.holder = None;
+        }
+        self.cfg.metrics.grants_revoked("left");
+        self.cfg.metrics.members_live(0);
+        self.shared.publish(|a| {
+            a.slot = None;
+            a.index = None;
+            a.phase = GroupPhase::Stopped;
+        });
+        result
+    }
+
+    /// After deleting its claim of `slot`: publishes the view of the live slots when the
+    /// published one still names `slot`, so the others move on at their next heartbeat instead
+    /// of waiting for a member that watches the table. Best effort: a member that reads the
+    /// table publishes it otherwise.
+    async fn publish_without(&mut self, slot: u32) {
+        let Ok(table) = self.list().await else {
+            return;
+        };
+        let live = table.live();
+        let highest = self.cache.highest.max(table.highest_epoch());
+        let names_slot = table
+            .view
+            .as_ref()
+            .is_some_and(|v| v.slots().any(|s| s == slot));
+        if !names_slot || !view_is_stale(table.view.as_ref(), &live, 0, false) {
+            return;
+        }
+        if let Some(next) = next_view(highest, live, self.cfg.assignor) {
+            let _ = self.publish(&table, &next).await;
+        }
+    }
+}
+
+/// Publishes `Failed` when the heartbeat task ends without having published `Stopped` or
+/// `Failed` itself: it panicked, or it was aborted (every handle dropped). The assignment's
+/// sender lives in the member's shared state, so its receivers would otherwise wait forever.
+pub(super) struct Ended(pub(super) Arc<Shared>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let why = if std::thread::panicking() {
+            "its heartbeat task panicked"
+        } else {
+            "its heartbeat task ended"
+        };
+        self.0.publish(|a| {
+            if !matches!(a.phase, GroupPhase::Stopped | GroupPhase::Failed) {
+                a.phase = GroupPhase::Failed;
+                a.last_error = Some(why.to_owned());
+            }
+        });
+    }
+}

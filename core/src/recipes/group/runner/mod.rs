@@ -1,0 +1,335 @@
+//! The heartbeat runner: one background task per member that renews its claim, reads the slot
+//! table and the view, publishes and adopts views, and moves a hand-off along.
+//!
+//! The runner's state is grouped by what it belongs to, so a newcomer can tell the phase of a
+//! member from a few fields instead of a dozen flags:
+//!
+//! * [`Settings`]: what the runner was built with, fixed for its life;
+//! * [`Claims`]: this process's claim on a slot (the record as stored), the nonces of every claim
+//!   it made, whether it gave its lease up, and the acknowledgement it last wrote;
+//! * [`TableCache`]: what the member last read of the slot table and the view directory, and at
+//!   which of the store's versions, so a steady heartbeat reads nothing;
+//! * `handoff`: the hand-off in progress (a view adopted but not yet active), one
+//!   `Option<`[`Handoff`]`>` whose fields vanish together when it ends;
+//! * [`Settler`]: the member's part in settling a view it published or, as the lowest slot, watches;
+//! * `discrepancy`: live slots that disagree with the published view, while they do.
+//!
+//! Each decision that does not touch the store is a pure function of that state in [`decide`],
+//! with its unit tests beside it; the files around it do the store calls:
+//!
+//! | file | holds |
+//! |---|---|
+//! | `driver.rs` | the loop: when to wake, and which kind of call each wake makes |
+//! | `heartbeat.rs` | a full heartbeat, a watching wake, a poll of the settled mark, and the table they stand for |
+//! | `claims.rs` | joining: claiming a slot, claiming again, twins and the assignor check |
+//! | `views.rs` | publishing a view, adopting it, and activating it |
+//! | `handoff.rs` | acknowledging, settling, re-asserting a lost acknowledgement, expiring stalled slots |
+//! | `leaving.rs` | revoking every grant, failing, and leaving the group |
+
+mod claims;
+mod decide;
+mod driver;
+mod handoff;
+mod heartbeat;
+mod leaving;
+mod views;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::assign::AssignorKind;
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::keys::Keyspace;
+use crate::metrics::GroupMetrics;
+use crate::DynStore;
+
+use super::config::GroupConfig;
+use super::grants::Shared;
+use super::keys::GroupKeys;
+use super::records::{AckRecord, Holder, SettledRecord, SlotRecord};
+use super::table::Table;
+use super::view::ViewState;
+
+/// The most stalled slots one beat re-applies a lease TTL to ([`Runner::expire_stalled`]).
+const NUDGES_PER_BEAT: usize = 8;
+
+/// A member that does not watch the slot table (see [`decide::reads_slots`]) reads it at every
+/// this many heartbeats, at a beat set by its slot, so in a large group the reads spread out.
+const SLOT_READS: u64 = 4;
+
+/// How many times a join tries to claim a slot before it reports contention.
+const CLAIM_ATTEMPTS: u32 = 32;
+
+/// How long an acknowledgement lives, in lease TTLs: it matters only until its view is settled,
+/// and a member whose view stays unsettled writes it again every heartbeat.
+const ACK_TTLS: u32 = 4;
+
+/// What the runner was built with: fixed for its life.
+pub(super) struct Settings {
+    store: DynStore,
+    clock: Arc<dyn Clock>,
+    keys: GroupKeys,
+    /// The member's metrics (`docs/observability.md`).
+    metrics: GroupMetrics,
+    member: String,
+    ttl: Duration,
+    /// The TTL the store actually applies (rounded up to its granularity).
+    effective_ttl: Duration,
+    heartbeat: Duration,
+    assignor: AssignorKind,
+    max_slots: u32,
+    drain_timeout: Duration,
+    /// Read the table only when the store reports a change (see
+    /// [`GroupConfig::with_change_checks`]).
+    change_checks: bool,
+    /// The store answers two directories' versions in one call
+    /// ([`Capabilities::native_renew_and_versions`](crate::Capabilities)): a member that reads
+    /// both at a heartbeat asks for both versions first, and reads only what changed.
+    one_call_versions: bool,
+}
+
+/// This process's claim on a slot: the slot and its record as stored.
+#[derive(Clone)]
+struct Claim {
+    slot: u32,
+    record: SlotRecord,
+}
+
+impl Claim {
+    fn holder(&self) -> Holder {
+        self.record.holder(self.slot)
+    }
+}
+
+/// The acknowledgement this member last wrote: the record, its text as stored, and when
+/// (monotonic).
+#[derive(Clone)]
+struct WrittenAck {
+    record: AckRecord,
+    text: String,
+    at: Duration,
+}
+
+/// Everything about this process's claims.
+#[derive(Default)]
+struct Claims {
+    /// The current claim, while it holds one.
+    current: Option<Claim>,
+    /// The slot to claim first: the last one held.
+    preferred: Option<u32>,
+    /// The nonces of every claim this process attempted (the newest 64): a record with one of
+    /// them is this process's, not a twin's.
+    own_nonces: Vec<u64>,
+    /// Gave up renewing (drain timeout): waits for its lease to pass, then claims again.
+    abandoned: bool,
+    /// The acknowledgement this member last wrote.
+    ack: Option<WrittenAck>,
+}
+
+impl Claims {
+    /// The most nonces [`Claims::own_nonces`] keeps.
+    const NONCES: usize = 64;
+
+    fn remember_nonce(&mut self, nonce: u64) {
+        if self.own_nonces.len() >= Self::NONCES {
+            self.own_nonces.remove(0);
+        }
+        self.own_nonces.push(nonce);
+    }
+}
+
+/// The slot table as last read, with the store's version of the slot directory.
+#[derive(Clone)]
+struct SlotsSeen {
+    version: String,
+    table: Arc<Table>,
+}
+
+/// What the member last read of the group's records, and at which versions.
+#[derive(Default)]
+struct TableCache {
+    /// The slot table as last read: a heartbeat whose version is the same reads nothing and
+    /// works from this copy. Its view is the one read at [`TableCache::view_version`].
+    slots: Option<SlotsSeen>,
+    /// The store's version of the view directory the table's view was read at.
+    view_version: Option<String>,
+    /// The copy of the table was replaced outside a heartbeat (see [`Runner::watch`]): the next
+    /// heartbeat counts it as changed.
+    unseen_change: bool,
+    /// Full heartbeats so far: every [`SLOT_READS`]th one reads the slot directory.
+    beats: u64,
+    /// When the last full heartbeat started (monotonic).
+    last_beat: Option<Duration>,
+    /// The view calls for a look at the slot table (it went back, or another view took this
+    /// member's epoch) and the member's copy may be stale: read it at the next beat.
+    need_slots: bool,
+    /// The published view in the last table read is newer than the newest settled mark: a
+    /// heartbeat must look at the table again even when it did not change (to write a lost
+    /// acknowledgement again, see [`Runner::reassert`]).
+    unsettled: bool,
+    /// The newest settled mark read (from the table or a poll).
+    settled: Option<SettledRecord>,
+    /// The highest epoch seen in any view, settled mark, slot record or acknowledgement.
+    highest: u64,
+}
+
+/// The hand-off in progress: a view adopted as pending and not yet active. It ends when the
+/// view is activated or every grant is revoked.
+#[derive(Clone, Copy)]
+struct Handoff {
+    /// When the first view of this hand-off was adopted (monotonic): the hand-off's length.
+    since: Duration,
+    /// When the pending view was adopted (monotonic): unlike `since`, it restarts when a newer
+    /// view replaces the pending one, so a burst of views (joins one after another) does not
+    /// count as one long hand-off.
+    adopted_at: Duration,
+}
+
+/// A slot whose lease TTL this member re-applied while waiting for its acknowledgement of an
+/// epoch (see [`Runner::expire_stalled`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Nudge {
+    slot: u32,
+    nonce: u64,
+    epoch: u64,
+}
+
+/// A hand-off waiting on slots that have not acknowledged its epoch: since when (monotonic).
+#[derive(Clone, Copy)]
+struct Stall {
+    epoch: u64,
+    since: Duration,
+}
+
+/// The member's part in settling views.
+#[derive(Default)]
+struct Settler {
+    /// This member settles: its slot is the lowest live one (or it published the view) and the
+    /// published view is not settled yet, so it polls the acknowledgements at an eighth of a
+    /// heartbeat.
+    settling: bool,
+    /// The epoch of the view this member last published: it settles that view too (without
+    /// waiting for the lowest slot to read the view at its next heartbeat).
+    published: Option<u64>,
+    /// When this member last read the acknowledgements (monotonic).
+    acks_read: Option<Duration>,
+    /// The pending epoch whose hand-off [`Runner::expire_stalled`] times.
+    stalled: Option<Stall>,
+    /// The claims whose lease TTL this member re-applied, per epoch.
+    nudged: Vec<Nudge>,
+}
+
+/// Live slots that disagree with the published view.
+struct Discrepancy {
+    /// The live holders of the listing.
+    live: Vec<Holder>,
+    /// Since when (monotonic).
+    since: Duration,
+    /// Whether the member polls at a quarter heartbeat meanwhile: the lowest slot (which
+    /// publishes), and every member when a slot of the view is gone (the lowest may be the one
+    /// gone). A new claim publishes the view with itself, so the others need not poll for it.
+    fast: bool,
+}
+
+/// The background heartbeat of one member.
+pub(super) struct Runner {
+    cfg: Settings,
+    shared: Arc<Shared>,
+    claims: Claims,
+    cache: TableCache,
+    handoff: Option<Handoff>,
+    settler: Settler,
+    discrepancy: Option<Discrepancy>,
+}
+
+impl Runner {
+    /// A runner for `member` of the group `keys` names, before its first claim.
+    pub(super) fn new(
+        store: DynStore,
+        config: &GroupConfig,
+        keys: Keyspace,
+        member: String,
+        shared: Arc<Shared>,
+    ) -> Runner {
+        let caps = store.capabilities();
+        Runner {
+            cfg: Settings {
+                metrics: GroupMetrics::new(keys.group()),
+                clock: config.clock.clone(),
+                effective_ttl: caps.effective_ttl(config.ttl),
+                one_call_versions: caps.native_renew_and_versions && config.one_call_versions,
+                store,
+                keys: GroupKeys::new(keys),
+                member,
+                ttl: config.ttl,
+                heartbeat: config.ttl / 3,
+                assignor: config.assignor,
+                max_slots: config.max_slots,
+                drain_timeout: config.drain_timeout.unwrap_or(config.ttl),
+                change_checks: config.change_checks,
+            },
+            shared,
+            claims: Claims::default(),
+            cache: TableCache::default(),
+            handoff: None,
+            settler: Settler::default(),
+            discrepancy: None,
+        }
+    }
+
+    /// An [`Error::Rejected`] from this member's store: a condition no retry fixes.
+    fn rejected(&self, message: String) -> Error {
+        Error::Rejected {
+            backend: self.cfg.store.capabilities().backend,
+            message,
+            source: None,
+        }
+    }
+
+    /// Whether this member's current claim has acknowledged `view`: in its slot record (a fresh
+    /// claim has let go of everything up to the epoch it claimed at) or in its acknowledgement.
+    fn has_acked(&self, view: &ViewState) -> bool {
+        let Some(claim) = &self.claims.current else {
+            return false;
+        };
+        view.acked_by(&claim.record)
+            || self.claims.ack.as_ref().is_some_and(|a| {
+                a.record.nonce == claim.record.nonce
+                    && a.record.has_acked_digest(view.epoch(), view.digest)
+            })
+    }
+
+    fn set_error(&self, e: Option<&Error>) {
+        let msg = e.map(|e| e.to_string());
+        self.shared.publish(|a| a.last_error = msg);
+    }
+
+    /// Reads the table: see [`Table::read`].
+    async fn list(&self) -> Result<Table> {
+        Table::read(&self.cfg.store, &self.cfg.keys).await
+    }
+
+    /// Forgets the version of the view directory held, so the next heartbeat reads it: after a
+    /// write of this member's own there (a view, a settled mark), a store that rolls back to
+    /// exactly the directory held must not leave it believing its write stuck.
+    fn forget_seen(&mut self) {
+        self.cache.view_version = None;
+    }
+
+    /// The lease deadline of a renewal sent at `sent`: a tenth short of the TTL, so it passes
+    /// before the store expires the slot.
+    fn deadline(&self, sent: Duration) -> Duration {
+        sent + self.cfg.ttl - self.cfg.ttl / 10
+    }
+
+    /// The view this member works towards: the pending one, else the active one.
+    fn target(&self) -> Option<Arc<ViewState>> {
+        self.shared.lock().target().cloned()
+    }
+
+    /// The view adopted and not yet active.
+    fn pending(&self) -> Option<Arc<ViewState>> {
+        self.shared.lock().pending.clone()
+    }
+}

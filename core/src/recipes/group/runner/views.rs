@@ -1,0 +1,270 @@
+//! Views: deciding from a table whether to publish the next view, publishing it, adopting the
+//! newest view as pending, and activating it once the hand-off allows.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::super::records::{Holder, ViewRecord};
+use super::super::table::Table;
+use super::super::view::{Change, GroupPhase, ViewState};
+use super::decide::{
+    next_view, publishes, unsettled, view_is_stale, view_needs_slots, view_slot_gone,
+};
+use super::{Discrepancy, Handoff, Runner};
+use crate::error::{Error, Result};
+
+impl Runner {
+    /// Publishes a view when the table calls for one, adopts the newest view, and moves the
+    /// hand-off along. `fresh` says the slots were read after the view, in this heartbeat: only
+    /// then does the member compare them (a copy from an earlier heartbeat may lack claims the
+    /// view already names), publish, or settle.
+    pub(super) async fn on_table(&mut self, table: &Table, own_change: bool, fresh: bool) {
+        let live = table.live();
+        let my_slot = self.claims.current.as_ref().map(|c| c.slot);
+        let mut newest = table.view.clone();
+        // The floor counts the acknowledgements too: a member that never saw the view (it was
+        // lost or overwritten) still must not publish an epoch some member already acted on.
+        let floor = self.cache.highest.max(table.highest_epoch());
+        let twin_epoch = self.note_twins(table, fresh);
+        let stale = view_is_stale(table.view.as_ref(), &live, floor, twin_epoch);
+        self.cache.highest = floor;
+        // A view that went back, is missing or took this member's epoch needs a view above it,
+        // which only a member that read the slots publishes: read them at the next beat.
+        self.cache.need_slots = !fresh && view_needs_slots(table.view.as_ref(), floor, twin_epoch);
+        if !fresh {
+            // Adopt the published view as it is; what the slots call for is decided by the
+            // members that read them.
+        } else if stale {
+            let lowest = live.first().map(|h| h.slot) == my_slot && my_slot.is_some();
+            let now = self.cfg.clock.monotonic();
+            let since = match &self.discrepancy {
+                Some(d) if d.live == live => d.since,
+                _ => now,
+            };
+            // A slot of the view is gone (a crash, a lapse): every member watches closely, in
+            // case the lowest slot is the one gone. New claims alone publish their own view.
+            let fast = lowest || view_slot_gone(table);
+            let lasted = now.saturating_sub(since);
+            let discrepancy = Discrepancy {
+                live: live.clone(),
+                since,
+                fast,
+            };
+            match next_view(self.cache.highest, live, self.cfg.assignor) {
+                None => {
+                    let e = Error::foreign(
+                        &self.cfg.keys.view,
+                        "an epoch below the largest one (a view or acknowledgement holds it: stop every member and delete the group's keys to start again)",
+                        &self.cache.highest.to_string(),
+                    );
+                    self.set_error(Some(&e));
+                    self.discrepancy = Some(discrepancy);
+                }
+                Some(next) if publishes(own_change, lowest, lasted, self.cfg.heartbeat) => {
+                    match self.publish(table, &next).await {
+                        Ok(true) => {
+                            tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, live = next.holders.len(), "published a view");
+                            // As after settling: the next beat reads the table this write
+                            // changed.
+                            self.forget_seen();
+                            self.settler.published = Some(next.epoch);
+                            self.cache.highest = next.epoch;
+                            newest = Some(next);
+                            self.discrepancy = None;
+                        }
+                        // Someone else changed the view since this listing (or the reply was
+                        // lost): the view in the listing is stale, so adopt nothing and list
+                        // again at the next (quarter-heartbeat) beat.
+                        Ok(false) => {
+                            newest = None;
+                            self.discrepancy = Some(discrepancy);
+                        }
+                        Err(e) => {
+                            newest = None;
+                            self.set_error(Some(&e));
+                            self.discrepancy = Some(discrepancy);
+                        }
+                    }
+                }
+                Some(_) => self.discrepancy = Some(discrepancy),
+            }
+        } else {
+            self.discrepancy = None;
+        }
+        if let Some(v) = newest {
+            self.adopt(v);
+        }
+        self.cache.settled = table.settled;
+        self.cache.unsettled = unsettled(table.view.as_ref(), self.cache.settled);
+        // Other slots' records count as acknowledgements only when read after the view.
+        let fresh_table = fresh.then_some(table);
+        self.progress(fresh_table).await;
+        if fresh && self.settle(table).await {
+            self.cache.unsettled = false;
+            self.progress(fresh_table).await;
+        }
+        self.reassert(table).await;
+        // A view this member just published is not in this table yet: poll (reading the
+        // table, then the acknowledgements) until it is settled.
+        if self
+            .settler
+            .published
+            .is_some_and(|e| table.view.as_ref().is_none_or(|v| v.epoch < e))
+        {
+            self.settler.settling = true;
+        }
+    }
+
+    /// Looks for signs that a store which lost writes minted one of this member's epochs twice,
+    /// and breaks its token runs there (see `State::break_runs_at`). Returns whether the
+    /// published view is such a twin: the epoch this member works towards, with other holders.
+    /// Equal tokens would pass every fence, so the caller replaces it by a view above both.
+    fn note_twins(&self, table: &Table, fresh: bool) -> bool {
+        let mut st = self.shared.lock();
+        let twin = match (st.target(), &table.view) {
+            (Some(t), Some(v)) => t.epoch() == v.epoch && t.record().holders != v.holders,
+            _ => false,
+        };
+        if let (true, Some(v)) = (twin, &table.view) {
+            st.break_runs_at(v.epoch);
+        }
+        // An acknowledgement of one of this member's epochs under another view's digest is
+        // the same sign, left by a member that adopted the twin (which may already be
+        // replaced by a view above both).
+        if fresh {
+            let mine: HashMap<u64, u64> =
+                st.history.iter().map(|v| (v.epoch(), v.digest())).collect();
+            let twins: Vec<u64> = table
+                .slots
+                .values()
+                .filter(|r| r.view != 0)
+                .filter_map(|r| {
+                    mine.get(&r.acked)
+                        .is_some_and(|d| *d != r.view)
+                        .then_some(r.acked)
+                })
+                .collect();
+            for e in twins {
+                st.break_runs_at(e);
+            }
+        }
+        twin
+    }
+
+    /// Publishes `next` over the view `table` holds, with a compare-and-set against its text, so
+    /// of the members that try exactly one wins and the epoch is minted by the store. Returns
+    /// whether it wrote.
+    pub(super) async fn publish(&self, table: &Table, next: &ViewRecord) -> Result<bool> {
+        self.cfg
+            .store
+            .compare_and_set(
+                &self.cfg.keys.view,
+                table.view_text.as_deref(),
+                &next.to_string(),
+                None,
+            )
+            .await
+    }
+
+    /// Makes `view` the pending view when it is newer than what the member has.
+    fn adopt(&mut self, view: ViewRecord) {
+        let current = self.target().map(|v| v.epoch());
+        if current.is_some_and(|e| e >= view.epoch) {
+            return;
+        }
+        let state = match ViewState::build(view, self.cfg.assignor) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                self.set_error(Some(&e));
+                return;
+            }
+        };
+        let has_active = {
+            let mut st = self.shared.lock();
+            if let Some(old) = st.pending.replace(state.clone()) {
+                st.skipped.push(old);
+            }
+            st.remember(state);
+            st.active.is_some()
+        };
+        let now = self.cfg.clock.monotonic();
+        match &mut self.handoff {
+            Some(h) => h.adopted_at = now,
+            None => {
+                self.handoff = Some(Handoff {
+                    since: now,
+                    adopted_at: now,
+                })
+            }
+        }
+        self.shared.publish(|a| {
+            a.phase = if has_active {
+                GroupPhase::Handoff
+            } else {
+                GroupPhase::Joining
+            }
+        });
+    }
+
+    /// Makes the pending `view` active, ending the hand-off, and tells the member's watchers.
+    pub(super) fn activate(&mut self, view: Arc<ViewState>, holder: Holder) {
+        let from = {
+            let mut st = self.shared.lock();
+            if st.pending.as_ref().map(|p| p.epoch()) != Some(view.epoch()) {
+                return;
+            }
+            st.pending = None;
+            st.skipped.clear();
+            if st.active.is_none() {
+                // Nothing was granted under this claim before its first active view, so no token
+                // run reaches back past it: after a store rollback re-mints epochs that nobody
+                // alive saw twice, a run through views this member only held pending could give
+                // a token below one another member already wrote with.
+                st.run_floor = st.run_floor.max(view.epoch());
+            }
+            st.active.replace(view.clone())
+        };
+        if let Some(h) = self.handoff.take() {
+            self.cfg
+                .metrics
+                .handoff(self.cfg.clock.monotonic().saturating_sub(h.since));
+        }
+        let slot = holder.slot;
+        let pair = view.pair_of(holder);
+        let live: Vec<u32> = view.record.slots().collect();
+        self.cfg.metrics.view_changed(view.epoch(), live.len());
+        // A view that names a holder the previous one did not (a join, a replacement) takes
+        // keys from the members that held them: count it as moving this member's keys away
+        // when it held a share before.
+        if let Some(old) = from.as_ref().filter(|old| old.pair_of(holder).is_some()) {
+            if view
+                .record
+                .holders
+                .iter()
+                .any(|h| !old.record.holders.contains(h))
+            {
+                self.cfg.metrics.grants_revoked("moved");
+            }
+        }
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = view.epoch(), slot, index = ?pair.map(|p| p.0), replicas = live.len(), "view active");
+        self.shared.publish(|a| {
+            a.slot = Some(slot);
+            a.index = pair.map(|p| p.0);
+            a.replicas = live.len() as u32;
+            a.epoch = view.epoch();
+            a.live = live;
+            // A view that does not name this claim gives it nothing: it waits for one that does.
+            a.phase = if pair.is_some() {
+                GroupPhase::Active
+            } else {
+                GroupPhase::Joining
+            };
+        });
+        let _ = self.shared.changes.send(Change {
+            from,
+            to: view,
+            slot,
+            holder,
+        });
+    }
+}

@@ -1,0 +1,199 @@
+//! The slot table: what the listings of a group's slot and view directories hold, parsed.
+
+use std::collections::BTreeMap;
+
+use super::keys::GroupKeys;
+use super::records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
+use crate::error::Result;
+use crate::DynStore;
+
+/// What the listings of `hc:{group}:view:` and `hc:{group}:slot:` hold, parsed.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    /// Live slots whose record parses, by slot.
+    pub slots: BTreeMap<u32, SlotRecord>,
+    /// Slot keys holding something that is not a slot record (written by hand, or by another
+    /// program): occupied, so nobody claims them, but not members.
+    pub foreign: BTreeMap<u32, String>,
+    /// The published view as stored (for a compare-and-set), when there is one.
+    pub view_text: Option<String>,
+    /// The published view, when there is one and it parses.
+    pub view: Option<ViewRecord>,
+    /// The settled mark as stored (for a compare-and-set), when there is one.
+    pub settled_text: Option<String>,
+    /// The settled mark, when there is one and it parses.
+    pub settled: Option<SettledRecord>,
+}
+
+impl Table {
+    /// Reads a group's view directory, then its slot directory: every slot a view names was
+    /// claimed before the view was published, so it is in the listing unless it is gone.
+    pub(super) async fn read(store: &DynStore, keys: &GroupKeys) -> Result<Table> {
+        let views = store.list(&keys.views).await?;
+        let listing = store.list(&keys.slots).await?;
+        let mut table = Table::parse(&keys.slots, listing);
+        table.set_view(&keys.views, views);
+        Ok(table)
+    }
+
+    /// Parses the listing of the slot directory `prefix` (which ends in `slot:`), with no view.
+    pub fn parse(prefix: &str, listing: Vec<(String, String)>) -> Table {
+        let mut table = Table::default();
+        for (key, value) in listing {
+            let Some(suffix) = key.strip_prefix(prefix) else {
+                continue;
+            };
+            // Only canonical numbers: `007` is not slot 7.
+            let Ok(slot) = suffix.parse::<u32>() else {
+                continue;
+            };
+            if slot.to_string() != suffix {
+                continue;
+            }
+            // A slot no assignor can address is not a member: nobody can claim it either.
+            if slot >= crate::assign::MAX_SLOTS {
+                table.foreign.insert(slot, value);
+                continue;
+            }
+            match SlotRecord::parse(&value) {
+                Some(record) => {
+                    table.slots.insert(slot, record);
+                }
+                None => {
+                    table.foreign.insert(slot, value);
+                }
+            }
+        }
+        table
+    }
+
+    /// Takes the view and the settled mark from the listing of the view directory `prefix`
+    /// (which ends in `view:`), replacing those it had.
+    pub fn set_view(&mut self, prefix: &str, listing: Vec<(String, String)>) {
+        (self.view, self.view_text, self.settled, self.settled_text) = (None, None, None, None);
+        for (key, value) in listing {
+            match key.strip_prefix(prefix) {
+                Some("current") => {
+                    self.view = ViewRecord::parse(&value);
+                    self.view_text = Some(value);
+                }
+                Some("settled") => {
+                    self.settled = SettledRecord::parse(&value);
+                    self.settled_text = Some(value);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Takes the view and the settled mark of `other`.
+    pub fn take_view(&mut self, other: &Table) {
+        self.view.clone_from(&other.view);
+        self.view_text.clone_from(&other.view_text);
+        self.settled = other.settled;
+        self.settled_text.clone_from(&other.settled_text);
+    }
+
+    /// The highest epoch this listing shows: the view's, the settled mark's, or any member's
+    /// acknowledgement in its slot record.
+    pub fn highest_epoch(&self) -> u64 {
+        let acked = self.slots.values().map(|r| r.acked).max().unwrap_or(0);
+        let settled = self.settled.map_or(0, |s| s.epoch);
+        self.view
+            .as_ref()
+            .map_or(0, |v| v.epoch)
+            .max(acked)
+            .max(settled)
+    }
+
+    /// Whether the holder of `slot` acknowledged the view of `epoch` with `digest`, in its slot
+    /// record or in an acknowledgement of `acks` that belongs to its claim.
+    pub fn slot_acked(
+        &self,
+        slot: u32,
+        acks: &BTreeMap<u32, AckRecord>,
+        epoch: u64,
+        digest: u64,
+    ) -> bool {
+        self.slots.get(&slot).is_some_and(|r| {
+            r.has_acked_digest(epoch, digest)
+                || acks
+                    .get(&slot)
+                    .is_some_and(|a| a.nonce == r.nonce && a.has_acked_digest(epoch, digest))
+        })
+    }
+
+    /// The live holders, ascending by slot: the view this listing calls for.
+    pub fn live(&self) -> Vec<Holder> {
+        self.slots.iter().map(|(&s, r)| r.holder(s)).collect()
+    }
+
+    /// The lowest slot number at or above `from` that holds no key (neither a member nor a
+    /// foreign value).
+    pub fn lowest_free(&self, from: u32) -> u32 {
+        let mut i = from;
+        while self.slots.contains_key(&i) || self.foreign.contains_key(&i) {
+            i += 1;
+        }
+        i
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::super::records::{Holder, SlotRecord};
+    use super::Table;
+
+    #[test]
+    fn tables_sort_members_foreign_values_and_the_view() {
+        let p = "hc:{g}:slot:";
+        let rec = |m: &str, n: u64| {
+            SlotRecord {
+                member: m.into(),
+                nonce: n,
+                since_ms: 0,
+                ttl_ms: 1000,
+                acked: 0,
+                view: 0,
+            }
+            .to_string()
+        };
+        let mut table = Table::parse(
+            p,
+            vec![
+                (format!("{p}0"), rec("a", 1)),
+                (format!("{p}1"), "garbage".into()),
+                (format!("{p}007"), rec("x", 9)),
+                (format!("{p}3"), rec("c", 3)),
+                (format!("{p}view"), "v1 epoch=4 slots=3@3".into()),
+                (format!("{p}other"), "ignored".into()),
+            ],
+        );
+        assert_eq!(table.slots.keys().copied().collect::<Vec<_>>(), [0, 3]);
+        assert_eq!(table.foreign.keys().copied().collect::<Vec<_>>(), [1]);
+        // A view is read from the view directory, never from the slot directory.
+        assert_eq!(table.view, None);
+        let v = "hc:{g}:view:";
+        table.set_view(
+            v,
+            vec![
+                (format!("{v}current"), "not a view".into()),
+                (
+                    format!("{v}settled"),
+                    "v1 epoch=2 view=000000000000000a".into(),
+                ),
+            ],
+        );
+        assert_eq!(table.view, None);
+        assert_eq!(table.view_text.as_deref(), Some("not a view"));
+        assert_eq!(table.settled.map(|m| m.epoch), Some(2));
+        assert_eq!(table.highest_epoch(), 2);
+        assert_eq!(table.lowest_free(0), 2);
+        assert_eq!(table.lowest_free(3), 4);
+        assert_eq!(
+            table.live(),
+            [Holder { slot: 0, nonce: 1 }, Holder { slot: 3, nonce: 3 }]
+        );
+    }
+}
