@@ -77,7 +77,7 @@ pub fn key_scope(key: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{instrument, key_scope};
     use crate::MemoryStore;
 
     #[test]

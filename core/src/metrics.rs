@@ -248,7 +248,10 @@ impl GroupMetrics {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::{describe, record_fence_rejection, record_store_operation, GroupMetrics, ALL};
+    use crate::error::{Error, ErrorKind};
 
     #[test]
     fn names_are_unique_prometheus_names() {
