@@ -57,36 +57,20 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use headcount::recipes::group::{Assignment, Group, GroupConfig, GroupPhase, Member};
-use headcount::{Capabilities, DynStore};
+use headcount::{Capabilities, DynStore, Op};
 use headcount_conformance::harness::{Backend, KvStore, Unavailable};
 use headcount_conformance::{Decorated, Hooks};
 use tokio::sync::watch;
 
 const PREFIX: &str = "hcb";
-const METHODS: [&str; 14] = [
-    "incr",
-    "get",
-    "expire",
-    "compare_and_set",
-    "delete",
-    "compare_and_delete",
-    "list",
-    "set_max",
-    "incr_and_get",
-    "renew_and_list",
-    "renew_and_list_if_changed",
-    "renew_and_versions",
-    "durability",
-    "capabilities",
-];
 
 /// Counts the calls made through a [`Decorated`] store, by method; the store delegates each to
 /// the inner store (so a backend's native `renew_and_list` is used when it has one).
 #[derive(Debug, Default)]
 struct Counting {
-    calls: [AtomicU64; METHODS.len()],
+    calls: [AtomicU64; Op::ALL.len()],
     /// Calls that failed or took longer than [`SLOW`], by method.
-    slow: [AtomicU64; METHODS.len()],
+    slow: [AtomicU64; Op::ALL.len()],
 }
 
 /// A call slower than this is counted apart (a congested store or client).
@@ -94,16 +78,14 @@ const SLOW: Duration = Duration::from_millis(500);
 
 #[async_trait]
 impl Hooks for Counting {
-    async fn before(&self, op: &'static str) -> headcount::Result<()> {
-        self.hit(op);
+    async fn before(&self, op: Op) -> headcount::Result<()> {
+        self.calls[Counting::index(op)].fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    fn outcome(&self, op: &'static str, took: Duration, error: Option<&headcount::Error>) {
+    fn outcome(&self, op: Op, took: Duration, error: Option<&headcount::Error>) {
         if error.is_some() || took > SLOW {
-            if let Some(i) = METHODS.iter().position(|m| *m == op) {
-                self.slow[i].fetch_add(1, Ordering::Relaxed);
-            }
+            self.slow[Counting::index(op)].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -113,28 +95,29 @@ impl Counting {
         Arc::new(Decorated::with(inner, Counting::default()))
     }
 
-    fn hit(&self, method: &str) {
-        // A method missing from METHODS is a bench bug: say which.
-        let Some(i) = METHODS.iter().position(|m| *m == method) else {
-            panic!("the group bench does not count `{method}`: add it to METHODS");
+    /// Where `op` is counted: its place in [`Op::ALL`].
+    fn index(op: Op) -> usize {
+        // An operation missing from Op::ALL is a bug in headcount: say which.
+        let Some(i) = Op::ALL.iter().position(|o| *o == op) else {
+            panic!("the group bench cannot count `{op}`: it is not in Op::ALL");
         };
-        self.calls[i].fetch_add(1, Ordering::Relaxed);
+        i
     }
 
     fn slow_snapshot(&self) -> BTreeMap<&'static str, u64> {
-        METHODS
+        Op::ALL
             .iter()
             .zip(&self.slow)
-            .map(|(m, c)| (*m, c.load(Ordering::Relaxed)))
+            .map(|(op, c)| (op.name(), c.load(Ordering::Relaxed)))
             .filter(|(_, n)| *n > 0)
             .collect()
     }
 
     fn snapshot(&self) -> BTreeMap<&'static str, u64> {
-        METHODS
+        Op::ALL
             .iter()
             .zip(&self.calls)
-            .map(|(m, c)| (*m, c.load(Ordering::Relaxed)))
+            .map(|(op, c)| (op.name(), c.load(Ordering::Relaxed)))
             .collect()
     }
 }
@@ -153,12 +136,17 @@ fn delta(
 }
 
 fn round_trips(calls: &BTreeMap<&'static str, u64>, caps: &Capabilities) -> u64 {
-    calls
+    Op::ALL
         .iter()
-        .map(|(m, n)| match *m {
-            "renew_and_list" | "renew_and_list_if_changed" if !caps.native_renew_and_list => 2 * n,
-            "incr_and_get" if !caps.native_incr_and_get => 2 * n,
-            _ => *n,
+        .map(|op| {
+            let n = calls.get(op.name()).copied().unwrap_or(0);
+            match op {
+                Op::RenewAndList | Op::RenewAndListIfChanged if !caps.native_renew_and_list => {
+                    2 * n
+                }
+                Op::IncrAndGet if !caps.native_incr_and_get => 2 * n,
+                _ => n,
+            }
         })
         .sum()
 }
