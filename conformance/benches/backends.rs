@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use headcount::{DynStore, Op};
-use headcount_conformance::harness::Backend;
+use headcount_conformance::harness::ServerKind;
 use headcount_conformance::percentile;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -653,7 +653,7 @@ impl Side {
 
 type Results = Arc<Mutex<BTreeMap<(String, Op, usize, Side), Stats>>>;
 
-async fn setup(backend: Backend) -> Option<Target> {
+async fn setup(backend: ServerKind) -> Option<Target> {
     let url = match backend.shared().await {
         Ok(url) => url,
         Err(e) => {
@@ -665,11 +665,11 @@ async fn setup(backend: Backend) -> Option<Target> {
     let adapter = headcount::connect(&url).await.unwrap();
     let prefix = format!("hcb:{{{:08x}}}:", rand::random::<u32>());
     let raw = match backend {
-        Backend::Redis => {
+        ServerKind::Redis => {
             let client = redis::Client::open(url.as_str()).unwrap();
             Raw::Redis(client.get_multiplexed_async_connection().await.unwrap())
         }
-        Backend::Etcd => {
+        ServerKind::Etcd => {
             let endpoint = url.trim_start_matches("etcd://").to_owned();
             let mut client = etcd_client::Client::connect([endpoint], None)
                 .await
@@ -677,7 +677,7 @@ async fn setup(backend: Backend) -> Option<Target> {
             let lease = client.lease_grant(3600, None).await.unwrap().id();
             Raw::Etcd(client.kv_client(), lease)
         }
-        Backend::Postgres => {
+        ServerKind::Postgres => {
             let mut clients = Vec::new();
             for _ in 0..16 {
                 let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -895,10 +895,10 @@ fn bench(c: &mut Criterion) {
     let results: Results = Arc::default();
     let mut targets = Vec::new();
     for backend in [
-        Backend::Redis,
-        Backend::Etcd,
-        Backend::Postgres,
-        Backend::Sqlite,
+        ServerKind::Redis,
+        ServerKind::Etcd,
+        ServerKind::Postgres,
+        ServerKind::Sqlite,
     ] {
         if let Some(t) = runtime.block_on(setup(backend)) {
             targets.push(Arc::new(t));

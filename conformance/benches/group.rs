@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use headcount::recipes::group::{Assignment, Group, GroupConfig, GroupPhase, Member};
 use headcount::{Capabilities, DynStore, Op};
-use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount_conformance::harness::{KvStore, ServerKind, Unavailable};
 use headcount_conformance::{Decorated, Hooks};
 use tokio::sync::watch;
 
@@ -153,7 +153,7 @@ fn round_trips(calls: &BTreeMap<&'static str, u64>, caps: &Capabilities) -> u64 
 
 struct Opts {
     only: Vec<String>,
-    backends: Vec<Backend>,
+    backends: Vec<ServerKind>,
     reps: usize,
     scale: Vec<usize>,
     scale_ttl: Duration,
@@ -175,10 +175,10 @@ fn opts() -> Opts {
     let mut o = Opts {
         only: vec!["convergence".into(), "scale".into()],
         backends: vec![
-            Backend::Sqlite,
-            Backend::Postgres,
-            Backend::Redis,
-            Backend::Etcd,
+            ServerKind::Sqlite,
+            ServerKind::Postgres,
+            ServerKind::Redis,
+            ServerKind::Etcd,
         ],
         reps: 5,
         scale: vec![100, 1000],
@@ -194,7 +194,7 @@ fn opts() -> Opts {
     // run (SQLite, one repetition, no large group) shows it works without taking minutes.
     if !std::env::args().any(|a| a == "--bench") {
         o.only = vec!["convergence".into()];
-        o.backends = vec![Backend::Sqlite];
+        o.backends = vec![ServerKind::Sqlite];
         o.reps = 1;
     }
     let mut args = std::env::args().skip(1);
@@ -207,10 +207,10 @@ fn opts() -> Opts {
                 o.backends = value()
                     .split(',')
                     .map(|b| match b {
-                        "sqlite" => Backend::Sqlite,
-                        "postgres" => Backend::Postgres,
-                        "redis" => Backend::Redis,
-                        "etcd" => Backend::Etcd,
+                        "sqlite" => ServerKind::Sqlite,
+                        "postgres" => ServerKind::Postgres,
+                        "redis" => ServerKind::Redis,
+                        "etcd" => ServerKind::Etcd,
                         other => panic!("unknown backend {other}"),
                     })
                     .collect()
@@ -234,7 +234,7 @@ fn opts() -> Opts {
     o
 }
 
-async fn url_of(backend: Backend) -> Option<String> {
+async fn url_of(backend: ServerKind) -> Option<String> {
     match backend.shared().await {
         Ok(url) => Some(url),
         Err(e) => {
@@ -408,7 +408,7 @@ fn ms(d: Duration) -> String {
 
 /// The convergence and steady-state load of one backend; appends Markdown rows to the tables.
 async fn convergence(
-    backend: Backend,
+    backend: ServerKind,
     url: &str,
     reps: usize,
     ttl: Option<Duration>,
@@ -868,7 +868,7 @@ async fn fill_store(url: &str, n: u64) -> std::result::Result<(), String> {
 /// proxy when it is a server; returns a Markdown row: store calls and bytes per member per
 /// heartbeat in the steady state, and a crash's convergence.
 async fn scale_store(
-    backend: Backend,
+    backend: ServerKind,
     url: &str,
     n: usize,
     ttl: Duration,
@@ -911,7 +911,7 @@ async fn scale_store(
     let e0 = fleet.settle(n as u32, limit).await?;
     let bytes0 = proxy.as_ref().map(|p| p.bytes());
     let etcd_port = match backend {
-        Backend::Etcd => upstream,
+        ServerKind::Etcd => upstream,
         _ => None,
     };
     let metrics0 = match etcd_port {
@@ -1171,7 +1171,7 @@ async fn processes(
 fn own_redis(part: &str) -> Option<KvStore> {
     match KvStore::redis_with(None, &["--enable-debug-command", "yes"]) {
         Ok(s) => Some(s),
-        Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
+        Err(Unavailable::Missing(why)) if !ServerKind::Redis.required() => {
             eprintln!("SKIP group bench {part} part: {why}");
             None
         }
