@@ -15,7 +15,7 @@ use etcd_client::{
 };
 use headcount_core::backend::{self, direct_entries, parse_counter};
 use headcount_core::store::RenewedListing;
-use headcount_core::{Capabilities, Durability, Error, Result};
+use headcount_core::{Capabilities, Durability, Error, Op, Result};
 
 use crate::config::EtcdConfig;
 use crate::connection::{self, retry_unsent, CLIENT_DEFAULTS};
@@ -130,22 +130,18 @@ impl EtcdStore {
         self.inner.leases.min_ttl()
     }
 
-    fn classify(&self, e: etcd_client::Error, op: &'static str) -> Error {
+    fn classify(&self, e: etcd_client::Error, op: Op) -> Error {
         errors::classify(
             e,
-            op,
+            op.name(),
             self.inner.config.deadline(),
             self.inner.config.password(),
         )
     }
 
     /// Runs `work` within the deadline.
-    async fn deadline<T>(
-        &self,
-        op: &'static str,
-        work: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
-        self.inner.config.deadline().run(op, work).await
+    async fn deadline<T>(&self, op: Op, work: impl Future<Output = Result<T>>) -> Result<T> {
+        self.inner.config.deadline().run(op.name(), work).await
     }
 
     /// Runs a transaction whose `Put`s attach the lease `lease_for` returns. A put that fails
@@ -153,7 +149,7 @@ impl EtcdStore {
     /// a freshly granted lease.
     async fn txn_with_lease(
         &self,
-        op: &'static str,
+        op: Op,
         ttl: Option<Duration>,
         build: impl Fn(i64) -> Txn,
     ) -> Result<etcd_client::TxnResponse> {
@@ -241,7 +237,7 @@ impl EtcdStore {
     /// there is none.
     async fn renew_with(
         &self,
-        op: &'static str,
+        op: Op,
         key: &str,
         holder: &str,
         ttl: Duration,
@@ -290,7 +286,7 @@ impl EtcdStore {
                 _ => {
                     return Err(Error::rejected(
                         BACKEND,
-                        op,
+                        op.name(),
                         "the renewal transaction answered without the key",
                     ))
                 }
@@ -310,7 +306,7 @@ impl EtcdStore {
     /// a lease of its own, granting one when it has none, then runs `reads`, in one transaction.
     async fn move_to_own_lease(
         &self,
-        op: &'static str,
+        op: Op,
         key: &str,
         holder: &str,
         ttl: Duration,
@@ -373,7 +369,7 @@ impl EtcdStore {
     /// transaction. Returns the new value and what was read.
     async fn incr_by(
         &self,
-        op: &'static str,
+        op: Op,
         key: &str,
         by: i64,
         ttl: Option<Duration>,
@@ -474,7 +470,7 @@ impl EtcdStore {
     /// method reads first. A value at or above `value` is only believed when read by this call:
     /// another client may have lowered or removed the key since this handle wrote it.
     async fn raise_to(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        const OP: &str = "set_max";
+        const OP: Op = Op::SetMax;
         let slot = self.inner.counters.slot(key);
         let mut seen = slot.lock().await;
         // What the key holds at which revision (None: absent), and whether this call read it
@@ -597,7 +593,7 @@ impl backend::Backend for EtcdStore {
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        self.deadline("incr", self.incr_by("incr", key, 1, ttl, None))
+        self.deadline(Op::Incr, self.incr_by(Op::Incr, key, 1, ttl, None))
             .await
             .map(|(n, _)| n)
     }
@@ -610,25 +606,25 @@ impl backend::Backend for EtcdStore {
         get_key: &str,
     ) -> Result<(i64, Option<String>)> {
         self.deadline(
-            "incr_and_get",
-            self.incr_by("incr_and_get", incr_key, by, ttl, Some(get_key)),
+            Op::IncrAndGet,
+            self.incr_by(Op::IncrAndGet, incr_key, by, ttl, Some(get_key)),
         )
         .await
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        self.deadline("set_max", self.raise_to(key, value, ttl))
+        self.deadline(Op::SetMax, self.raise_to(key, value, ttl))
             .await
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
-        self.deadline("get", async {
+        self.deadline(Op::Get, async {
             let resp = retry_unsent(|| {
                 let mut kv = self.inner.kv.clone();
                 async move { kv.get(key, None).await }
             })
             .await
-            .map_err(|e| self.classify(e, "get"))?;
+            .map_err(|e| self.classify(e, Op::Get))?;
             resp.kvs()
                 .first()
                 .map(|kv| utf8(key, kv.value().to_vec()))
@@ -638,10 +634,10 @@ impl backend::Backend for EtcdStore {
     }
 
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        self.deadline("expire", async {
+        self.deadline(Op::Expire, async {
             // Re-attach the live key to a lease of the new TTL, keeping its value.
             let resp = self
-                .txn_with_lease("expire", Some(ttl), |lease| {
+                .txn_with_lease(Op::Expire, Some(ttl), |lease| {
                     Txn::new()
                         .when([Compare::version(key, CompareOp::Greater, 0)])
                         .and_then([TxnOp::put(
@@ -663,14 +659,14 @@ impl backend::Backend for EtcdStore {
         new: &str,
         ttl: Option<Duration>,
     ) -> Result<bool> {
-        self.deadline("compare_and_set", async {
+        self.deadline(Op::CompareAndSet, async {
             let compare = match expected {
                 None => Compare::version(key, CompareOp::Equal, 0),
                 // A value comparison on a missing key fails, as it must.
                 Some(e) => Compare::value(key, CompareOp::Equal, e),
             };
             let resp = self
-                .txn_with_lease("compare_and_set", ttl, |lease| {
+                .txn_with_lease(Op::CompareAndSet, ttl, |lease| {
                     Txn::new().when([compare.clone()]).and_then([TxnOp::put(
                         key,
                         new,
@@ -684,22 +680,22 @@ impl backend::Backend for EtcdStore {
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        self.deadline("delete", async {
+        self.deadline(Op::Delete, async {
             let resp = retry_unsent(|| {
                 let mut kv = self.inner.kv.clone();
                 async move { kv.delete(key, None).await }
             })
             .await
-            .map_err(|e| self.classify(e, "delete"))?;
+            .map_err(|e| self.classify(e, Op::Delete))?;
             Ok(resp.deleted() > 0)
         })
         .await
     }
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        self.deadline("compare_and_delete", async {
+        self.deadline(Op::CompareAndDelete, async {
             let resp = self
-                .txn_with_lease("compare_and_delete", None, |_| {
+                .txn_with_lease(Op::CompareAndDelete, None, |_| {
                     Txn::new()
                         .when([Compare::value(key, CompareOp::Equal, expected)])
                         .and_then([TxnOp::delete(key, None)])
@@ -715,13 +711,13 @@ impl backend::Backend for EtcdStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        self.deadline("list", async {
+        self.deadline(Op::List, async {
             let resp = retry_unsent(|| {
                 let mut kv = self.inner.kv.clone();
                 async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
             })
             .await
-            .map_err(|e| self.classify(e, "list"))?;
+            .map_err(|e| self.classify(e, Op::List))?;
             pairs(prefix, resp.kvs())
         })
         .await
@@ -734,12 +730,12 @@ impl backend::Backend for EtcdStore {
         ttl: Duration,
         prefix: &str,
     ) -> Result<(bool, Vec<(String, String)>)> {
-        self.deadline("renew_and_list", async {
+        self.deadline(Op::RenewAndList, async {
             // One transaction (and a keep-alive of the key's own lease beside it, see
             // `renew_with`); the range runs after any write, so it sees the renewed key.
             let list = TxnOp::get(prefix, Some(GetOptions::new().with_prefix()));
             let (renewed, answers, _) = self
-                .renew_with("renew_and_list", key, holder, ttl, vec![list])
+                .renew_with(Op::RenewAndList, key, holder, ttl, vec![list])
                 .await?;
             let listed = answers
                 .into_iter()
@@ -768,10 +764,10 @@ impl backend::Backend for EtcdStore {
         dir: &str,
         since: Option<&str>,
     ) -> Result<RenewedListing> {
-        self.deadline("renew_and_list_if_changed", async {
+        self.deadline(Op::RenewAndListIfChanged, async {
             let (renewed, answers, cluster) = self
                 .renew_with(
-                    "renew_and_list_if_changed",
+                    Op::RenewAndListIfChanged,
                     key,
                     holder,
                     ttl,
@@ -787,7 +783,7 @@ impl backend::Backend for EtcdStore {
                 .ok_or_else(|| {
                     Error::rejected(
                         BACKEND,
-                        "renew_and_list_if_changed",
+                        Op::RenewAndListIfChanged.name(),
                         "the renewal transaction answered without its range",
                     )
                 })?;
@@ -799,7 +795,7 @@ impl backend::Backend for EtcdStore {
                 async move { kv.get(dir, Some(GetOptions::new().with_prefix())).await }
             })
             .await
-            .map_err(|e| self.classify(e, "renew_and_list_if_changed"))?;
+            .map_err(|e| self.classify(e, Op::RenewAndListIfChanged))?;
             let cluster = resp.header().map_or(cluster, |h| h.cluster_id());
             let version = range_version(cluster, &resp);
             let entries = direct_entries(dir, pairs(dir, resp.kvs())?);

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use headcount_core::backend::{
     self, direct_entries, listing_digest, ttl_millis, versions_one_by_one,
 };
-use headcount_core::{Capabilities, Durability, Error, RenewedListing, Result, Store};
+use headcount_core::{Capabilities, Durability, Error, Op, RenewedListing, Result, Store};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
@@ -201,7 +201,7 @@ impl RedisStore {
     }
 
     /// Runs `call` on a clone of the connection within the deadline, mapping errors.
-    async fn run<T, F, Fut>(&self, op: &'static str, key: Option<&str>, call: F) -> Result<T>
+    async fn run<T, F, Fut>(&self, op: Op, key: Option<&str>, call: F) -> Result<T>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
@@ -214,10 +214,10 @@ impl RedisStore {
                     "a string (the key holds another Redis type)",
                     "another Redis type",
                 ),
-                _ => errors::classify(e, op, deadline, self.inner.config.password()),
+                _ => errors::classify(e, op.name(), deadline, self.inner.config.password()),
             })
         };
-        deadline.run(op, work).await
+        deadline.run(op.name(), work).await
     }
 }
 
@@ -235,7 +235,7 @@ impl RedisStore {
         let request = self.index_and_request(&mut call, key)?;
         call.arg(by).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
-            .run("incr_and_get", Some(key), |mut c| async move {
+            .run(Op::IncrAndGet, Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -296,7 +296,7 @@ impl backend::Backend for RedisStore {
             .arg(since.unwrap_or_default())
             .arg(ttl_millis(period));
         let reply: Value = self
-            .run("renew_and_list_if_changed", Some(key), |mut c| async move {
+            .run(Op::RenewAndListIfChanged, Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -355,7 +355,7 @@ impl backend::Backend for RedisStore {
             call.arg(*dir);
         }
         let reply: Value = self
-            .run("renew_and_versions", Some(key), |mut c| async move {
+            .run(Op::RenewAndVersions, Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -405,7 +405,7 @@ impl backend::Backend for RedisStore {
         list_index.add_to(&mut call);
         call.arg(prefix).arg(holder).arg(ttl_millis(ttl));
         let reply: Value = self
-            .run("renew_and_list", Some(key), |mut c| async move {
+            .run(Op::RenewAndList, Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -445,7 +445,7 @@ impl backend::Backend for RedisStore {
         let request = self.index_and_request(&mut call, incr_key)?;
         call.arg(by).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
-            .run("incr_and_get", Some(incr_key), |mut c| async move {
+            .run(Op::IncrAndGet, Some(incr_key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -484,7 +484,7 @@ impl backend::Backend for RedisStore {
         let request = self.index_and_request(&mut call, key)?;
         call.arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
-            .run("incr", Some(key), |mut c| async move {
+            .run(Op::Incr, Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -504,7 +504,7 @@ impl backend::Backend for RedisStore {
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
         let bytes: Option<Vec<u8>> = self
-            .run("get", Some(key), |mut c| async move {
+            .run(Op::Get, Some(key), |mut c| async move {
                 redis::cmd("GET").arg(key).query_async(&mut c).await
             })
             .await?;
@@ -523,7 +523,7 @@ impl backend::Backend for RedisStore {
         }
         call.arg(ttl_millis(ttl));
         let n: i64 = self
-            .run("expire", Some(key), |mut c| async move {
+            .run(Op::Expire, Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -545,7 +545,7 @@ impl backend::Backend for RedisStore {
             .arg(if expected.is_none() { "1" } else { "0" })
             .arg(request);
         let reply: Value = self
-            .run("compare_and_set", Some(key), |mut c| async move {
+            .run(Op::CompareAndSet, Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -557,7 +557,7 @@ impl backend::Backend for RedisStore {
         let request = self.index_and_request(&mut call, key)?;
         call.arg(request);
         let n: i64 = self
-            .run("delete", Some(key), |mut c| async move {
+            .run(Op::Delete, Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -569,7 +569,7 @@ impl backend::Backend for RedisStore {
         let request = self.index_and_request(&mut call, key)?;
         call.arg(expected).arg(request);
         let reply: Value = self
-            .run("compare_and_delete", Some(key), |mut c| async move {
+            .run(Op::CompareAndDelete, Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -585,7 +585,7 @@ impl backend::Backend for RedisStore {
         let mut call = self.inner.scripts.list.key(&index.index);
         call.key(&index.expiry).arg(prefix);
         let reply: Value = self
-            .run("list", None, |mut c| async move {
+            .run(Op::List, None, |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -597,7 +597,7 @@ impl backend::Backend for RedisStore {
         let request = self.index_and_request(&mut call, key)?;
         call.arg(value).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
-            .run("set_max", Some(key), |mut c| async move {
+            .run(Op::SetMax, Some(key), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -644,7 +644,7 @@ impl RedisStore {
     /// Runs `cmd` on the server, or on every primary of a Cluster (their replies combined into
     /// one array when `arrays`, else as the client returns them).
     async fn on_every_primary(&self, cmd: redis::Cmd, arrays: bool) -> Result<Value> {
-        self.run("durability", None, |c| async move {
+        self.run(Op::Durability, None, |c| async move {
             match c {
                 Conn::Cluster(mut c) => {
                     let policy = arrays.then_some(ResponsePolicy::CombineArrays);

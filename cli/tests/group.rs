@@ -199,13 +199,13 @@ fn two_runs_split_the_group_and_a_sigterm_hands_over_at_once() {
 #[cfg(feature = "postgres")]
 #[test]
 fn two_runs_hand_over_on_postgres() {
-    use headcount_conformance::harness::Backend;
+    use headcount_conformance::harness::ServerKind;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let Some(url) =
-        runtime.block_on(Backend::Postgres.shared_or_skip("two_runs_hand_over_on_postgres"))
+        runtime.block_on(ServerKind::Postgres.shared_or_skip("two_runs_hand_over_on_postgres"))
     else {
         return;
     };

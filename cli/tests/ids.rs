@@ -117,7 +117,7 @@ fn no_majority_fails_closed_within_the_deadline() {
 
 /// The value, or None with a SKIP line when the backend is missing and not required.
 fn available<T>(
-    backend: headcount_conformance::harness::Backend,
+    backend: headcount_conformance::harness::ServerKind,
     r: Result<T, headcount_conformance::harness::Unavailable>,
 ) -> Option<T> {
     headcount_conformance::harness::skip_unless_required(backend, "cli ids", r)
@@ -128,18 +128,22 @@ fn available<T>(
 /// persistence: refused until `--allow-non-durable`.
 #[test]
 fn every_readme_store_in_one_set() {
-    use headcount_conformance::harness::{Backend, KvStore, PgServer};
+    use headcount_conformance::harness::{KvStore, PgServer, ServerKind};
     let aof = &["--appendonly", "yes", "--appendfsync", "always"];
-    let Some(redis) = available(Backend::Redis, KvStore::redis_with(None, aof)) else {
+    let Some(redis) = available(ServerKind::Redis, KvStore::redis_with(None, aof)) else {
         return;
     };
-    let Some(pg) = available(Backend::Postgres, PgServer::start_with(None, &["fsync=on"])) else {
+    let Some(pg) = available(
+        ServerKind::Postgres,
+        PgServer::start_with(None, &["fsync=on"]),
+    ) else {
         return;
     };
-    let Some(etcd) = available(Backend::Etcd, KvStore::etcd(1, None)) else {
+    let Some(etcd) = available(ServerKind::Etcd, KvStore::etcd(1, None)) else {
         return;
     };
-    let Some(cluster) = available(Backend::RedisCluster, KvStore::redis_cluster(None, None)) else {
+    let Some(cluster) = available(ServerKind::RedisCluster, KvStore::redis_cluster(None, None))
+    else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");

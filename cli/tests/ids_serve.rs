@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use headcount::recipes::ids::IdsClient;
-use headcount_conformance::harness::{skip_unless_required, Backend, KvStore};
+use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
 use headcount_conformance::id_history::{check_id_history as check_history, IdLoad};
 use tokio::time::Instant;
 
@@ -94,7 +94,7 @@ async fn servers_fail_over_and_ids_stay_unique_and_linearizable() {
     for _ in 0..3 {
         let started =
             blocking(|| KvStore::redis_with(Some(Duration::from_secs(1)), AOF_ALWAYS)).await;
-        let Some(server) = skip_unless_required(Backend::Redis, "cli ids_serve", started) else {
+        let Some(server) = skip_unless_required(ServerKind::Redis, "cli ids_serve", started) else {
             return;
         };
         redis.push(Arc::new(server));

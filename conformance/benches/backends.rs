@@ -53,20 +53,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use headcount::DynStore;
-use headcount_conformance::harness::Backend;
+use headcount::{DynStore, Op};
+use headcount_conformance::harness::ServerKind;
 use headcount_conformance::percentile;
 
 const TTL: Duration = Duration::from_secs(60);
 const CONCURRENCY: [usize; 2] = [1, 16];
-const PRIMITIVES: [&str; 7] = [
-    "incr",
-    "get",
-    "expire",
-    "compare_and_set",
-    "delete",
-    "list",
-    "set_max",
+/// The primitives measured: the six every backend implements, and `set_max`.
+const PRIMITIVES: [Op; 7] = [
+    Op::Incr,
+    Op::Get,
+    Op::Expire,
+    Op::CompareAndSet,
+    Op::Delete,
+    Op::List,
+    Op::SetMax,
 ];
 
 type BoxFut<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -78,7 +79,7 @@ enum Raw {
     Postgres(
         Vec<(
             tokio_postgres::Client,
-            BTreeMap<&'static str, tokio_postgres::Statement>,
+            BTreeMap<Op, tokio_postgres::Statement>,
         )>,
     ),
     Sqlite(Arc<Mutex<rusqlite::Connection>>),
@@ -136,21 +137,21 @@ fn rounds() -> usize {
 }
 
 /// One call of `primitive` through the adapter, by task `task` (its own keys), round `n`.
-fn adapter_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFut<'a> {
+fn adapter_call(t: &Target, primitive: Op, task: usize, n: u64) -> BoxFut<'_> {
     Box::pin(async move {
         let s = &t.adapter;
         match primitive {
-            "incr" => drop(s.incr(&key(t, "n", task), Some(TTL)).await.unwrap()),
-            "get" => drop(s.get(&key(t, "n", task)).await.unwrap()),
-            "expire" => drop(s.expire(&key(t, "n", task), TTL).await.unwrap()),
-            "compare_and_set" => drop(
+            Op::Incr => drop(s.incr(&key(t, "n", task), Some(TTL)).await.unwrap()),
+            Op::Get => drop(s.get(&key(t, "n", task)).await.unwrap()),
+            Op::Expire => drop(s.expire(&key(t, "n", task), TTL).await.unwrap()),
+            Op::CompareAndSet => drop(
                 s.compare_and_set(&key(t, "c", task), Some("x"), "x", Some(TTL))
                     .await
                     .unwrap(),
             ),
-            "delete" => drop(s.delete(&key(t, "absent", task)).await.unwrap()),
-            "list" => drop(s.list(&format!("{}l:", t.prefix)).await.unwrap()),
-            "set_max" => drop(
+            Op::Delete => drop(s.delete(&key(t, "absent", task)).await.unwrap()),
+            Op::List => drop(s.list(&format!("{}l:", t.prefix)).await.unwrap()),
+            Op::SetMax => drop(
                 s.set_max(&key(t, "m", task), n as i64, Some(TTL))
                     .await
                     .unwrap(),
@@ -161,7 +162,7 @@ fn adapter_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> B
 }
 
 /// The same call by hand with the raw client.
-fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFut<'a> {
+fn raw_call(t: &Target, primitive: Op, task: usize, n: u64) -> BoxFut<'_> {
     Box::pin(async move {
         let ttl_ms = TTL.as_millis() as i64;
         match &t.raw {
@@ -169,7 +170,7 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                 let mut c = conn.clone();
                 let k = |w: &str| key(t, w, task);
                 match primitive {
-                    "incr" => {
+                    Op::Incr => {
                         let _: (i64, i64) = redis::pipe()
                             .atomic()
                             .incr(k("rn"), 1)
@@ -181,14 +182,14 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                             .await
                             .unwrap();
                     }
-                    "get" => {
+                    Op::Get => {
                         let _: Option<String> = redis::cmd("GET")
                             .arg(k("n"))
                             .query_async(&mut c)
                             .await
                             .unwrap();
                     }
-                    "expire" => {
+                    Op::Expire => {
                         let _: i64 = redis::cmd("PEXPIRE")
                             .arg(k("n"))
                             .arg(ttl_ms)
@@ -196,7 +197,7 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                             .await
                             .unwrap();
                     }
-                    "compare_and_set" => {
+                    Op::CompareAndSet => {
                         let _: redis::Value = redis::Script::new(CAS_LUA)
                             .key(k("c"))
                             .arg("x")
@@ -206,14 +207,14 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                             .await
                             .unwrap();
                     }
-                    "delete" => {
+                    Op::Delete => {
                         let _: i64 = redis::cmd("DEL")
                             .arg(k("absent"))
                             .query_async(&mut c)
                             .await
                             .unwrap();
                     }
-                    "list" => {
+                    Op::List => {
                         let prefix = format!("{}l:", t.prefix);
                         // The prefix holds no glob character to escape.
                         let pattern = format!("{prefix}*");
@@ -225,7 +226,7 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                             .await
                             .unwrap();
                     }
-                    "set_max" => {
+                    Op::SetMax => {
                         let _: redis::Value = redis::Script::new(SET_MAX_LUA)
                             .key(k("rm"))
                             .arg(n as i64)
@@ -242,9 +243,9 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                 let mut kv = kv.clone();
                 let k = |w: &str| key(t, w, task);
                 match primitive {
-                    "incr" | "set_max" => {
+                    Op::Incr | Op::SetMax => {
                         // Read, then write guarded by the revision read (one retry loop).
-                        let key = k(if primitive == "incr" { "rn" } else { "rm" });
+                        let key = k(if primitive == Op::Incr { "rn" } else { "rm" });
                         loop {
                             let got = kv.get(key.as_str(), None).await.unwrap();
                             let (cur, rev) = got
@@ -257,7 +258,7 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                                     )
                                 })
                                 .unwrap_or((0, 0));
-                            let next = if primitive == "incr" {
+                            let next = if primitive == Op::Incr {
                                 cur + 1
                             } else {
                                 n as i64
@@ -274,8 +275,8 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                             }
                         }
                     }
-                    "get" => drop(kv.get(k("n"), None).await.unwrap()),
-                    "expire" => {
+                    Op::Get => drop(kv.get(k("n"), None).await.unwrap()),
+                    Op::Expire => {
                         let txn = Txn::new()
                             .when([Compare::version(k("n"), CompareOp::Greater, 0)])
                             .and_then([TxnOp::put(
@@ -285,7 +286,7 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                             )]);
                         drop(kv.txn(txn).await.unwrap());
                     }
-                    "compare_and_set" => {
+                    Op::CompareAndSet => {
                         let txn = Txn::new()
                             .when([Compare::value(k("c"), CompareOp::Equal, "x")])
                             .and_then([TxnOp::put(
@@ -295,8 +296,8 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                             )]);
                         drop(kv.txn(txn).await.unwrap());
                     }
-                    "delete" => drop(kv.delete(k("absent"), None).await.unwrap()),
-                    "list" => drop(
+                    Op::Delete => drop(kv.delete(k("absent"), None).await.unwrap()),
+                    Op::List => drop(
                         kv.get(
                             format!("{}l:", t.prefix),
                             Some(GetOptions::new().with_prefix()),
@@ -311,15 +312,15 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                 let (c, statements) = &clients[task % clients.len()];
                 let k = |w: &str| key(t, w, task);
                 let (key, arg): (String, i64) = match primitive {
-                    "incr" => (k("rn"), ttl_ms),
-                    "get" | "expire" => (k("n"), ttl_ms),
-                    "compare_and_set" => (k("c"), ttl_ms),
-                    "delete" => (k("absent"), 0),
-                    "list" => (format!("{}l:", t.prefix), 0),
+                    Op::Incr => (k("rn"), ttl_ms),
+                    Op::Get | Op::Expire => (k("n"), ttl_ms),
+                    Op::CompareAndSet => (k("c"), ttl_ms),
+                    Op::Delete => (k("absent"), 0),
+                    Op::List => (format!("{}l:", t.prefix), 0),
                     _ => (k("rm"), n as i64),
                 };
                 drop(
-                    c.query(&statements[primitive], &[&key, &arg])
+                    c.query(&statements[&primitive], &[&key, &arg])
                         .await
                         .unwrap(),
                 );
@@ -332,13 +333,13 @@ fn raw_call<'a>(t: &'a Target, primitive: &'a str, task: usize, n: u64) -> BoxFu
                     .unwrap()
                     .as_millis() as i64;
                 let (key, arg): (String, i64) = match primitive {
-                    "incr" => (k("rn"), ttl_ms),
-                    "get" => (k("n"), now_ms),
-                    "expire" | "compare_and_set" => {
-                        (k(if primitive == "expire" { "n" } else { "c" }), ttl_ms)
+                    Op::Incr => (k("rn"), ttl_ms),
+                    Op::Get => (k("n"), now_ms),
+                    Op::Expire | Op::CompareAndSet => {
+                        (k(if primitive == Op::Expire { "n" } else { "c" }), ttl_ms)
                     }
-                    "delete" => (k("absent"), 0),
-                    "list" => (format!("{}l:", t.prefix), now_ms),
+                    Op::Delete => (k("absent"), 0),
+                    Op::List => (format!("{}l:", t.prefix), now_ms),
                     _ => (k("rm"), n as i64),
                 };
                 let sql = sqlite_sql(primitive);
@@ -468,20 +469,14 @@ const UPKEEP_SET_MAX_LUA: &str = concat!(
 );
 
 /// Whether the floors are measured for `primitive` on `backend`.
-fn has_floor(backend: &str, primitive: &str) -> bool {
-    backend == "redis" && !matches!(primitive, "get" | "list")
+fn has_floor(backend: &str, primitive: Op) -> bool {
+    backend == "redis" && !matches!(primitive, Op::Get | Op::List)
 }
 
 /// One call of a floor: the name index alone ([`FLOOR_INCR_LUA`]), every record of headcount's
 /// index ([`RECORDS_INCR_LUA`]) or the records and their upkeep ([`UPKEEP_INCR_LUA`]), `side`
 /// says which.
-fn floor_call<'a>(
-    t: &'a Target,
-    side: Side,
-    primitive: &'a str,
-    task: usize,
-    n: u64,
-) -> BoxFut<'a> {
+fn floor_call(t: &Target, side: Side, primitive: Op, task: usize, n: u64) -> BoxFut<'_> {
     Box::pin(async move {
         let Raw::Redis(conn) = &t.raw else {
             panic!("the floors are measured on Redis only")
@@ -501,27 +496,27 @@ fn floor_call<'a>(
         // (`fn`, `fm`: each floor starts where the other left them), the others are the keys
         // the adapter and raw read or write too.
         let (src, key, args): (&str, String, Vec<String>) = match primitive {
-            "incr" => (
+            Op::Incr => (
                 pick(FLOOR_INCR_LUA, RECORDS_INCR_LUA, UPKEEP_INCR_LUA),
                 k("fn"),
                 vec![ttl_ms.to_string()],
             ),
-            "expire" => (
+            Op::Expire => (
                 pick(FLOOR_EXPIRE_LUA, RECORDS_EXPIRE_LUA, UPKEEP_EXPIRE_LUA),
                 k("n"),
                 vec![ttl_ms.to_string()],
             ),
-            "compare_and_set" => (
+            Op::CompareAndSet => (
                 pick(FLOOR_CAS_LUA, RECORDS_CAS_LUA, UPKEEP_CAS_LUA),
                 k("c"),
                 vec!["x".into(), "x".into(), ttl_ms.to_string()],
             ),
-            "delete" => (
+            Op::Delete => (
                 pick(FLOOR_DELETE_LUA, RECORDS_DELETE_LUA, RECORDS_DELETE_LUA),
                 k("absent"),
                 vec![],
             ),
-            "set_max" => (
+            Op::SetMax => (
                 pick(FLOOR_SET_MAX_LUA, RECORDS_SET_MAX_LUA, UPKEEP_SET_MAX_LUA),
                 k("fm"),
                 vec![n.to_string(), ttl_ms.to_string()],
@@ -555,15 +550,15 @@ fn floor_call<'a>(
 /// the time for a read): the adapter's statements, with its checks (liveness on the store's
 /// clock, read by SQLite inside the statement; a stored counter must be canonical decimal), so
 /// SQLite does the same work on both sides and the rows compare the clients.
-fn sqlite_sql(primitive: &str) -> &'static str {
-    static SQL: std::sync::OnceLock<BTreeMap<&'static str, String>> = std::sync::OnceLock::new();
+fn sqlite_sql(primitive: Op) -> &'static str {
+    static SQL: std::sync::OnceLock<BTreeMap<Op, String>> = std::sync::OnceLock::new();
     let all = SQL.get_or_init(|| {
         let now = "(CAST(ROUND(unixepoch('now', 'subsec') * 1000) AS INTEGER) + 0)";
         let live = format!("(headcount_kv.expires_at IS NULL OR headcount_kv.expires_at > {now})");
         let counter = "(typeof(headcount_kv.value) = 'text' \
              AND CAST(CAST(headcount_kv.value AS INTEGER) AS TEXT) = headcount_kv.value)";
         BTreeMap::from([
-            ("incr", format!(
+            (Op::Incr, format!(
                 "INSERT INTO headcount_kv (key, value, expires_at) VALUES (?1, '1', {now} + ?2 + 1) \
                  ON CONFLICT (key) DO UPDATE SET \
                  value = CASE WHEN {live} THEN CAST(CAST(headcount_kv.value AS INTEGER) + 1 AS TEXT) ELSE excluded.value END, \
@@ -571,51 +566,51 @@ fn sqlite_sql(primitive: &str) -> &'static str {
                  WHERE NOT {live} OR ({counter} AND CAST(headcount_kv.value AS INTEGER) < 9223372036854775807) \
                  RETURNING CAST(value AS INTEGER)"
             )),
-            ("get", "SELECT value FROM headcount_kv WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)".to_owned()),
-            ("expire", format!(
+            (Op::Get, "SELECT value FROM headcount_kv WHERE key = ?1 AND (expires_at IS NULL OR expires_at > ?2)".to_owned()),
+            (Op::Expire, format!(
                 "UPDATE headcount_kv SET expires_at = {now} + ?2 + 1 WHERE key = ?1 AND {live}"
             )),
-            ("compare_and_set", format!(
+            (Op::CompareAndSet, format!(
                 "UPDATE headcount_kv SET value = 'x', expires_at = {now} + ?2 + 1 \
                  WHERE key = ?1 AND value = 'x' AND {live}"
             )),
-            ("delete", format!(
+            (Op::Delete, format!(
                 "DELETE FROM headcount_kv WHERE key = ?1 AND ?2 IS NOT NULL RETURNING {live}"
             )),
-            ("list", "SELECT key, value FROM headcount_kv WHERE key >= ?1 AND key < ?1 || x'ff' \
+            (Op::List, "SELECT key, value FROM headcount_kv WHERE key >= ?1 AND key < ?1 || x'ff' \
                  AND (expires_at IS NULL OR expires_at > ?2) ORDER BY key".to_owned()),
-            ("set_max", format!(
+            (Op::SetMax, format!(
                 "INSERT INTO headcount_kv (key, value, expires_at) VALUES (?1, CAST(?2 AS TEXT), {now} + 60000 + 1) \
                  ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at \
                  WHERE NOT {live} OR ({counter} AND CAST(headcount_kv.value AS INTEGER) < ?2)"
             )),
         ])
     });
-    &all[primitive]
+    &all[&primitive]
 }
 
 /// The SQL of the raw PostgreSQL side (`$1` the key, `$2` the TTL in ms or the number): the
 /// adapter's statements, with what they check and return (a stored counter must be canonical
 /// decimal; `expire`, `compare_and_set`, `delete` and `set_max` return whether they applied), so
 /// the server does the same work on both sides.
-fn pg_sql(primitive: &str) -> String {
+fn pg_sql(primitive: Op) -> String {
     let hash = r"sha256(replace($1::text, E'\\', E'\\\\')::bytea)";
     let live = "(cur.expires_at IS NULL OR cur.expires_at > now())";
     let expired = "(cur.expires_at IS NOT NULL AND cur.expires_at <= now())";
     let stored_int =
         "(CASE WHEN cur.value ~ '^(0|-?[1-9][0-9]*)$' THEN cur.value ELSE 'x' END)::bigint";
     match primitive {
-                    "incr" => format!(
+                    Op::Incr => format!(
                         "INSERT INTO headcount_kv AS cur (key, value, expires_at) VALUES ($1, '1', now() + $2::bigint * interval '1 millisecond') \
                          ON CONFLICT (key_hash) DO UPDATE SET value = CASE WHEN {live} THEN ({stored_int} + 1)::text ELSE '1' END, \
                          expires_at = CASE WHEN {live} THEN cur.expires_at ELSE EXCLUDED.expires_at END RETURNING cur.value::bigint"
                     ),
-                    "get" => format!("SELECT cur.value FROM headcount_kv AS cur WHERE cur.key_hash = {hash} AND {live} AND $2::bigint IS NOT NULL"),
-                    "expire" => format!("UPDATE headcount_kv AS cur SET expires_at = now() + $2::bigint * interval '1 millisecond' WHERE cur.key_hash = {hash} AND {live} RETURNING 1"),
-                    "compare_and_set" => format!("UPDATE headcount_kv AS cur SET value = 'x', expires_at = now() + $2::bigint * interval '1 millisecond' WHERE cur.key_hash = {hash} AND cur.value = 'x' AND {live} RETURNING 1"),
-                    "delete" => format!("DELETE FROM headcount_kv AS cur WHERE cur.key_hash = {hash} AND $2::bigint IS NOT NULL RETURNING {live}"),
-                    "list" => format!("SELECT cur.key, cur.value FROM headcount_kv AS cur WHERE left(cur.key, 512) LIKE $1 || '%' AND cur.key LIKE $1 || '%' AND {live} AND $2::bigint IS NOT NULL ORDER BY cur.key"),
-                    "set_max" => format!("INSERT INTO headcount_kv AS cur (key, value, expires_at) VALUES ($1, $2::bigint::text, now() + interval '60 seconds') \
+                    Op::Get => format!("SELECT cur.value FROM headcount_kv AS cur WHERE cur.key_hash = {hash} AND {live} AND $2::bigint IS NOT NULL"),
+                    Op::Expire => format!("UPDATE headcount_kv AS cur SET expires_at = now() + $2::bigint * interval '1 millisecond' WHERE cur.key_hash = {hash} AND {live} RETURNING 1"),
+                    Op::CompareAndSet => format!("UPDATE headcount_kv AS cur SET value = 'x', expires_at = now() + $2::bigint * interval '1 millisecond' WHERE cur.key_hash = {hash} AND cur.value = 'x' AND {live} RETURNING 1"),
+                    Op::Delete => format!("DELETE FROM headcount_kv AS cur WHERE cur.key_hash = {hash} AND $2::bigint IS NOT NULL RETURNING {live}"),
+                    Op::List => format!("SELECT cur.key, cur.value FROM headcount_kv AS cur WHERE left(cur.key, 512) LIKE $1 || '%' AND cur.key LIKE $1 || '%' AND {live} AND $2::bigint IS NOT NULL ORDER BY cur.key"),
+                    Op::SetMax => format!("INSERT INTO headcount_kv AS cur (key, value, expires_at) VALUES ($1, $2::bigint::text, now() + interval '60 seconds') \
                          ON CONFLICT (key_hash) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at \
                          WHERE CASE WHEN {expired} THEN true ELSE {stored_int} < $2::bigint END RETURNING 1"),
                     other => panic!("{other}"),
@@ -656,9 +651,9 @@ impl Side {
     }
 }
 
-type Results = Arc<Mutex<BTreeMap<(String, &'static str, usize, Side), Stats>>>;
+type Results = Arc<Mutex<BTreeMap<(String, Op, usize, Side), Stats>>>;
 
-async fn setup(backend: Backend) -> Option<Target> {
+async fn setup(backend: ServerKind) -> Option<Target> {
     let url = match backend.shared().await {
         Ok(url) => url,
         Err(e) => {
@@ -670,11 +665,11 @@ async fn setup(backend: Backend) -> Option<Target> {
     let adapter = headcount::connect(&url).await.unwrap();
     let prefix = format!("hcb:{{{:08x}}}:", rand::random::<u32>());
     let raw = match backend {
-        Backend::Redis => {
+        ServerKind::Redis => {
             let client = redis::Client::open(url.as_str()).unwrap();
             Raw::Redis(client.get_multiplexed_async_connection().await.unwrap())
         }
-        Backend::Etcd => {
+        ServerKind::Etcd => {
             let endpoint = url.trim_start_matches("etcd://").to_owned();
             let mut client = etcd_client::Client::connect([endpoint], None)
                 .await
@@ -682,7 +677,7 @@ async fn setup(backend: Backend) -> Option<Target> {
             let lease = client.lease_grant(3600, None).await.unwrap().id();
             Raw::Etcd(client.kv_client(), lease)
         }
-        Backend::Postgres => {
+        ServerKind::Postgres => {
             let mut clients = Vec::new();
             for _ in 0..16 {
                 let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -713,7 +708,7 @@ async fn setup(backend: Backend) -> Option<Target> {
         raw,
         prefix,
     };
-    for primitive in ["get", "compare_and_set", "list"] {
+    for primitive in [Op::Get, Op::CompareAndSet, Op::List] {
         keep_alive(&t, primitive).await;
     }
     fill_unrelated(&t).await;
@@ -736,7 +731,7 @@ fn unrelated() -> usize {
 /// Before the last run of 25 November the bench called it only at setup, so in a full run the
 /// keys had expired by then and the `compare_and_set` rows measured a compare that found no key,
 /// the `list` rows an empty prefix.
-async fn keep_alive(t: &Target, primitive: &str) {
+async fn keep_alive(t: &Target, primitive: Op) {
     let s = &t.adapter;
     let refreshed = |k: String, v: &'static str| async move {
         if !s.expire(&k, TTL).await.unwrap() {
@@ -747,19 +742,19 @@ async fn keep_alive(t: &Target, primitive: &str) {
         }
     };
     match primitive {
-        "get" | "expire" => {
+        Op::Get | Op::Expire => {
             for task in 0..16 {
                 if !s.expire(&key(t, "n", task), TTL).await.unwrap() {
                     s.incr(&key(t, "n", task), Some(TTL)).await.unwrap();
                 }
             }
         }
-        "compare_and_set" => {
+        Op::CompareAndSet => {
             for task in 0..16 {
                 refreshed(key(t, "c", task), "x").await;
             }
         }
-        "list" => {
+        Op::List => {
             for i in 0..10 {
                 refreshed(format!("{}l:{i}", t.prefix), "v").await;
             }
@@ -900,10 +895,10 @@ fn bench(c: &mut Criterion) {
     let results: Results = Arc::default();
     let mut targets = Vec::new();
     for backend in [
-        Backend::Redis,
-        Backend::Etcd,
-        Backend::Postgres,
-        Backend::Sqlite,
+        ServerKind::Redis,
+        ServerKind::Etcd,
+        ServerKind::Postgres,
+        ServerKind::Sqlite,
     ] {
         if let Some(t) = runtime.block_on(setup(backend)) {
             targets.push(Arc::new(t));
@@ -913,7 +908,7 @@ fn bench(c: &mut Criterion) {
     for t in &targets {
         for primitive in PRIMITIVES {
             let mut group = c.benchmark_group(format!("{}/{primitive}", t.backend));
-            if t.backend == "redis" && primitive == "list" {
+            if t.backend == "redis" && primitive == Op::List {
                 // The raw listing scans the unrelated keys too: ~0.1 s a call, so the fewest
                 // samples criterion takes, not its usual 100.
                 group.sample_size(10);
@@ -1011,7 +1006,7 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-fn print_table(results: &BTreeMap<(String, &'static str, usize, Side), Stats>) {
+fn print_table(results: &BTreeMap<(String, Op, usize, Side), Stats>) {
     println!();
     println!("| backend | primitive | conc. | adapter ops/s | p50 | p99 | raw ops/s | p50 | p99 | adapter/raw | per round | raw, slowest/fastest round | raw+name-index/raw | raw+records/raw | raw+records+upkeep/raw |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");

@@ -57,36 +57,20 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use headcount::recipes::group::{Assignment, Group, GroupConfig, GroupPhase, Member};
-use headcount::{Capabilities, DynStore};
-use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount::{Capabilities, DynStore, Op};
+use headcount_conformance::harness::{KvStore, ServerKind, Unavailable};
 use headcount_conformance::{Decorated, Hooks};
 use tokio::sync::watch;
 
 const PREFIX: &str = "hcb";
-const METHODS: [&str; 14] = [
-    "incr",
-    "get",
-    "expire",
-    "compare_and_set",
-    "delete",
-    "compare_and_delete",
-    "list",
-    "set_max",
-    "incr_and_get",
-    "renew_and_list",
-    "renew_and_list_if_changed",
-    "renew_and_versions",
-    "durability",
-    "capabilities",
-];
 
 /// Counts the calls made through a [`Decorated`] store, by method; the store delegates each to
 /// the inner store (so a backend's native `renew_and_list` is used when it has one).
 #[derive(Debug, Default)]
 struct Counting {
-    calls: [AtomicU64; METHODS.len()],
+    calls: [AtomicU64; Op::ALL.len()],
     /// Calls that failed or took longer than [`SLOW`], by method.
-    slow: [AtomicU64; METHODS.len()],
+    slow: [AtomicU64; Op::ALL.len()],
 }
 
 /// A call slower than this is counted apart (a congested store or client).
@@ -94,16 +78,14 @@ const SLOW: Duration = Duration::from_millis(500);
 
 #[async_trait]
 impl Hooks for Counting {
-    async fn before(&self, op: &'static str) -> headcount::Result<()> {
-        self.hit(op);
+    async fn before(&self, op: Op) -> headcount::Result<()> {
+        self.calls[Counting::index(op)].fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    fn outcome(&self, op: &'static str, took: Duration, error: Option<&headcount::Error>) {
+    fn outcome(&self, op: Op, took: Duration, error: Option<&headcount::Error>) {
         if error.is_some() || took > SLOW {
-            if let Some(i) = METHODS.iter().position(|m| *m == op) {
-                self.slow[i].fetch_add(1, Ordering::Relaxed);
-            }
+            self.slow[Counting::index(op)].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -113,28 +95,29 @@ impl Counting {
         Arc::new(Decorated::with(inner, Counting::default()))
     }
 
-    fn hit(&self, method: &str) {
-        // A method missing from METHODS is a bench bug: say which.
-        let Some(i) = METHODS.iter().position(|m| *m == method) else {
-            panic!("the group bench does not count `{method}`: add it to METHODS");
+    /// Where `op` is counted: its place in [`Op::ALL`].
+    fn index(op: Op) -> usize {
+        // An operation missing from Op::ALL is a bug in headcount: say which.
+        let Some(i) = Op::ALL.iter().position(|o| *o == op) else {
+            panic!("the group bench cannot count `{op}`: it is not in Op::ALL");
         };
-        self.calls[i].fetch_add(1, Ordering::Relaxed);
+        i
     }
 
     fn slow_snapshot(&self) -> BTreeMap<&'static str, u64> {
-        METHODS
+        Op::ALL
             .iter()
             .zip(&self.slow)
-            .map(|(m, c)| (*m, c.load(Ordering::Relaxed)))
+            .map(|(op, c)| (op.name(), c.load(Ordering::Relaxed)))
             .filter(|(_, n)| *n > 0)
             .collect()
     }
 
     fn snapshot(&self) -> BTreeMap<&'static str, u64> {
-        METHODS
+        Op::ALL
             .iter()
             .zip(&self.calls)
-            .map(|(m, c)| (*m, c.load(Ordering::Relaxed)))
+            .map(|(op, c)| (op.name(), c.load(Ordering::Relaxed)))
             .collect()
     }
 }
@@ -153,19 +136,24 @@ fn delta(
 }
 
 fn round_trips(calls: &BTreeMap<&'static str, u64>, caps: &Capabilities) -> u64 {
-    calls
+    Op::ALL
         .iter()
-        .map(|(m, n)| match *m {
-            "renew_and_list" | "renew_and_list_if_changed" if !caps.native_renew_and_list => 2 * n,
-            "incr_and_get" if !caps.native_incr_and_get => 2 * n,
-            _ => *n,
+        .map(|op| {
+            let n = calls.get(op.name()).copied().unwrap_or(0);
+            match op {
+                Op::RenewAndList | Op::RenewAndListIfChanged if !caps.native_renew_and_list => {
+                    2 * n
+                }
+                Op::IncrAndGet if !caps.native_incr_and_get => 2 * n,
+                _ => n,
+            }
         })
         .sum()
 }
 
 struct Opts {
     only: Vec<String>,
-    backends: Vec<Backend>,
+    backends: Vec<ServerKind>,
     reps: usize,
     scale: Vec<usize>,
     scale_ttl: Duration,
@@ -187,10 +175,10 @@ fn opts() -> Opts {
     let mut o = Opts {
         only: vec!["convergence".into(), "scale".into()],
         backends: vec![
-            Backend::Sqlite,
-            Backend::Postgres,
-            Backend::Redis,
-            Backend::Etcd,
+            ServerKind::Sqlite,
+            ServerKind::Postgres,
+            ServerKind::Redis,
+            ServerKind::Etcd,
         ],
         reps: 5,
         scale: vec![100, 1000],
@@ -206,7 +194,7 @@ fn opts() -> Opts {
     // run (SQLite, one repetition, no large group) shows it works without taking minutes.
     if !std::env::args().any(|a| a == "--bench") {
         o.only = vec!["convergence".into()];
-        o.backends = vec![Backend::Sqlite];
+        o.backends = vec![ServerKind::Sqlite];
         o.reps = 1;
     }
     let mut args = std::env::args().skip(1);
@@ -219,10 +207,10 @@ fn opts() -> Opts {
                 o.backends = value()
                     .split(',')
                     .map(|b| match b {
-                        "sqlite" => Backend::Sqlite,
-                        "postgres" => Backend::Postgres,
-                        "redis" => Backend::Redis,
-                        "etcd" => Backend::Etcd,
+                        "sqlite" => ServerKind::Sqlite,
+                        "postgres" => ServerKind::Postgres,
+                        "redis" => ServerKind::Redis,
+                        "etcd" => ServerKind::Etcd,
                         other => panic!("unknown backend {other}"),
                     })
                     .collect()
@@ -246,7 +234,7 @@ fn opts() -> Opts {
     o
 }
 
-async fn url_of(backend: Backend) -> Option<String> {
+async fn url_of(backend: ServerKind) -> Option<String> {
     match backend.shared().await {
         Ok(url) => Some(url),
         Err(e) => {
@@ -420,7 +408,7 @@ fn ms(d: Duration) -> String {
 
 /// The convergence and steady-state load of one backend; appends Markdown rows to the tables.
 async fn convergence(
-    backend: Backend,
+    backend: ServerKind,
     url: &str,
     reps: usize,
     ttl: Option<Duration>,
@@ -880,7 +868,7 @@ async fn fill_store(url: &str, n: u64) -> std::result::Result<(), String> {
 /// proxy when it is a server; returns a Markdown row: store calls and bytes per member per
 /// heartbeat in the steady state, and a crash's convergence.
 async fn scale_store(
-    backend: Backend,
+    backend: ServerKind,
     url: &str,
     n: usize,
     ttl: Duration,
@@ -923,7 +911,7 @@ async fn scale_store(
     let e0 = fleet.settle(n as u32, limit).await?;
     let bytes0 = proxy.as_ref().map(|p| p.bytes());
     let etcd_port = match backend {
-        Backend::Etcd => upstream,
+        ServerKind::Etcd => upstream,
         _ => None,
     };
     let metrics0 = match etcd_port {
@@ -1183,7 +1171,7 @@ async fn processes(
 fn own_redis(part: &str) -> Option<KvStore> {
     match KvStore::redis_with(None, &["--enable-debug-command", "yes"]) {
         Ok(s) => Some(s),
-        Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
+        Err(Unavailable::Missing(why)) if !ServerKind::Redis.required() => {
             eprintln!("SKIP group bench {part} part: {why}");
             None
         }

@@ -30,7 +30,7 @@ use headcount::recipes::ids::{
     RunningIdsServer,
 };
 use headcount::DynStore;
-use headcount_conformance::harness::{Backend, KvStore, PgServer, Unavailable};
+use headcount_conformance::harness::{KvStore, PgServer, ServerKind, Unavailable};
 use headcount_conformance::percentile;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
@@ -81,7 +81,7 @@ fn servers(n: usize, args: &'static [&'static str]) -> Option<Vec<KvStore>> {
     for _ in 0..n {
         match KvStore::redis_with(None, args) {
             Ok(s) => out.push(s),
-            Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
+            Err(Unavailable::Missing(why)) if !ServerKind::Redis.required() => {
                 eprintln!("SKIP ids bench: {why}");
                 return None;
             }
@@ -107,7 +107,7 @@ fn pg_servers(n: usize) -> Option<Vec<PgServer>> {
     for _ in 0..n {
         match PgServer::start_with(None, &["fsync=on", "synchronous_commit=on"]) {
             Ok(s) => out.push(s),
-            Err(Unavailable::Missing(why)) if !Backend::Postgres.required() => {
+            Err(Unavailable::Missing(why)) if !ServerKind::Postgres.required() => {
                 eprintln!("SKIP ids bench (postgresql): {why}");
                 return None;
             }

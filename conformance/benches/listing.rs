@@ -21,7 +21,7 @@
 use std::time::{Duration, Instant};
 
 use headcount::DynStore;
-use headcount_conformance::harness::{Backend, KvStore, Unavailable};
+use headcount_conformance::harness::{KvStore, ServerKind, Unavailable};
 use redis::aio::MultiplexedConnection;
 
 /// The listing script before the key index: a SCAN of the whole keyspace inside Lua.
@@ -149,7 +149,7 @@ fn main() {
     let plan = plan();
     let server = match KvStore::redis_with(None, &["--enable-debug-command", "yes"]) {
         Ok(s) => s,
-        Err(Unavailable::Missing(why)) if !Backend::Redis.required() => {
+        Err(Unavailable::Missing(why)) if !ServerKind::Redis.required() => {
             eprintln!("SKIP listing bench: {why}");
             return;
         }

@@ -145,15 +145,15 @@ macro_rules! for_each_case {
 
 /// Expands to a module named `$module` holding one
 /// `#[tokio::test(flavor = "multi_thread", worker_threads = 4)]` per case, each running that case
-/// against `$backend` (a [`harness::Backend`]) through [`harness::run_test`], so a failure names
+/// against `$backend` (a [`harness::ServerKind`]) through [`harness::run_test`], so a failure names
 /// its case (`postgres::incr_50x100_exact`).
 ///
 /// ```ignore
 /// // tests/postgres.rs
-/// headcount_conformance::conformance_tests!(postgres, headcount_conformance::harness::Backend::Postgres);
+/// headcount_conformance::conformance_tests!(postgres, headcount_conformance::harness::ServerKind::Postgres);
 /// // tests/sqlite.rs: an embedded store has no server process, so the cases that kill or pause
 /// // one are generated `#[ignore]`d with the reason, visible in the test summary, never passed.
-/// headcount_conformance::conformance_tests!(sqlite, headcount_conformance::harness::Backend::Sqlite, embedded);
+/// headcount_conformance::conformance_tests!(sqlite, headcount_conformance::harness::ServerKind::Sqlite, embedded);
 /// ```
 ///
 /// A case that cannot run (no server, or it needs control of a server the harness did not start)

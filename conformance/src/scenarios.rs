@@ -6,7 +6,7 @@
 //! `tests/fence.rs`, `tests/ids.rs`) test what is built on a store, or beside one, and each of
 //! their scenario families runs on the backends listed for it in
 //! [`scenario_tests!`](crate::scenario_tests), which also says why the others are left out. A
-//! family's scenarios are plain `async fn name(backend: Backend)` in the suite; the macro turns
+//! family's scenarios are plain `async fn name(backend: ServerKind)` in the suite; the macro turns
 //! each into one `#[test]` per backend of its family, `<family>::<backend>::<name>`, so a
 //! failure names its case and its backend.
 //!
@@ -17,11 +17,11 @@
 /// after the backend: `sqlite`, `postgres`, `redis`, ...), built only with that backend's cargo
 /// feature, each holding one
 /// `#[tokio::test(flavor = "multi_thread", worker_threads = $workers)]` per case, which calls
-/// the suite's `async fn $case(backend: Backend)` with that backend.
+/// the suite's `async fn $case(backend: ServerKind)` with that backend.
 ///
 /// ```ignore
 /// // tests/distributor.rs
-/// async fn failover_and_return(backend: Backend) { /* ... */ }
+/// async fn failover_and_return(backend: ServerKind) { /* ... */ }
 /// headcount_conformance::scenario_tests!(distributor, workers = 2: [failover_and_return]);
 /// ```
 ///
@@ -124,7 +124,7 @@ macro_rules! __scenario_cases {
                 worker_threads = $workers
             )]
             async fn $case() {
-                super::super::$case($crate::harness::Backend::$backend).await;
+                super::super::$case($crate::harness::ServerKind::$backend).await;
             }
         )*
     };

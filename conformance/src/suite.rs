@@ -63,7 +63,8 @@ pub struct CaseReport {
 /// Latency of one primitive over the whole run.
 #[derive(Debug, Clone, Serialize)]
 pub struct PrimitiveStats {
-    /// `incr`, `get`, `expire`, `compare_and_set`, `delete`, `list` or `set_max`.
+    /// The primitive's [name](headcount::Op::name): that of any [`Op`](headcount::Op) but
+    /// `durability` (see [`Latencies`](crate::Latencies)).
     pub primitive: &'static str,
     /// How many calls were made.
     pub calls: u64,

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 pub use headcount::decorated::{Decorated, Hooks};
-use headcount::{DynStore, Result};
+use headcount::{DynStore, Op, Result};
 
-/// The latencies of every primitive call (successful or not), by primitive name: `incr`, `get`,
-/// `expire`, `compare_and_set`, `delete`, `list`, `set_max`, `incr_and_get`, `renew_and_list`.
-/// The durability probe is not a primitive and is not recorded.
+/// The latencies of every primitive call (successful or not), by primitive name
+/// ([`Op::name`]), for every [`Op`] but [`Op::Durability`]: the durability probe is not a
+/// primitive and is not recorded.
 #[derive(Debug, Clone, Default)]
 pub struct Latencies {
     samples: Arc<Mutex<BTreeMap<&'static str, Vec<Duration>>>>,
@@ -19,12 +19,12 @@ pub struct Latencies {
 
 #[async_trait]
 impl Hooks for Latencies {
-    async fn after(&self, op: &'static str, took: Duration) -> Result<()> {
-        if op != "durability" {
+    async fn after(&self, op: Op, took: Duration) -> Result<()> {
+        if op != Op::Durability {
             self.samples
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .entry(op)
+                .entry(op.name())
                 .or_default()
                 .push(took);
         }

@@ -11,10 +11,10 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use headcount::ErrorKind;
-use headcount_conformance::harness::{skip_unless_required, Backend, KvStore, Unavailable};
+use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind, Unavailable};
 
 /// A dedicated store, or None (with a SKIP line) when the server is not installed.
-fn start(backend: Backend, f: fn() -> Result<KvStore, Unavailable>) -> Option<KvStore> {
+fn start(backend: ServerKind, f: fn() -> Result<KvStore, Unavailable>) -> Option<KvStore> {
     skip_unless_required(backend, "bad_input", f())
 }
 
@@ -30,7 +30,7 @@ fn redis_raw(port: u16, command: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_pointed_at_etcd_is_rejected_quickly() {
-    let Some(etcd) = start(Backend::Etcd, || KvStore::etcd(1, None)) else {
+    let Some(etcd) = start(ServerKind::Etcd, || KvStore::etcd(1, None)) else {
         return;
     };
     let port = etcd.servers[0].port;
@@ -49,7 +49,7 @@ async fn redis_pointed_at_etcd_is_rejected_quickly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_redis_password_is_rejected_and_a_list_is_a_foreign_value() {
-    let Some(redis) = start(Backend::Redis, || KvStore::redis(None)) else {
+    let Some(redis) = start(ServerKind::Redis, || KvStore::redis(None)) else {
         return;
     };
     let port = redis.servers[0].port;

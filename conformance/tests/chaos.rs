@@ -26,7 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use headcount_conformance::harness::{self, Backend, Unavailable};
+use headcount_conformance::harness::{self, ServerKind, Unavailable};
 use headcount_conformance::ServerControl;
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom as _, SliceRandom as _};
@@ -44,36 +44,36 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 #[tokio::test]
 async fn chaos_sqlite() -> Result<(), String> {
-    chaos(Backend::Sqlite).await
+    chaos(ServerKind::Sqlite).await
 }
 
 #[tokio::test]
 async fn chaos_postgres() -> Result<(), String> {
-    chaos(Backend::Postgres).await
+    chaos(ServerKind::Postgres).await
 }
 
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn chaos_redis() -> Result<(), String> {
-    chaos(Backend::Redis).await
+    chaos(ServerKind::Redis).await
 }
 
 #[cfg(feature = "etcd")]
 #[tokio::test]
 async fn chaos_etcd() -> Result<(), String> {
-    chaos(Backend::Etcd).await
+    chaos(ServerKind::Etcd).await
 }
 
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn chaos_redis_cluster() -> Result<(), String> {
-    chaos(Backend::RedisCluster).await
+    chaos(ServerKind::RedisCluster).await
 }
 
 #[cfg(feature = "etcd")]
 #[tokio::test]
 async fn chaos_etcd_cluster() -> Result<(), String> {
-    chaos(Backend::EtcdCluster).await
+    chaos(ServerKind::EtcdCluster).await
 }
 
 fn now_ms() -> u64 {
@@ -84,12 +84,12 @@ fn now_ms() -> u64 {
 
 /// A harness result as the conformance tests treat it: a missing backend skips, or fails when
 /// it is required.
-fn available<T>(backend: Backend, r: Result<T, Unavailable>) -> Result<Option<T>, String> {
+fn available<T>(backend: ServerKind, r: Result<T, Unavailable>) -> Result<Option<T>, String> {
     harness::available(backend, &format!("chaos::{}", backend.name()), r)
 }
 
 /// Runs one backend's chaos; the error names the seed to replay it with.
-async fn chaos(backend: Backend) -> Result<(), String> {
+async fn chaos(backend: ServerKind) -> Result<(), String> {
     let _one = ONE_AT_A_TIME.lock().await;
     let seed = std::env::var("HEADCOUNT_CHAOS_SEED")
         .ok()
@@ -110,11 +110,12 @@ struct Target {
     control: Option<Arc<dyn ServerControl>>,
 }
 
-async fn run(backend: Backend, seed: u64, long: bool) -> Result<(), String> {
-    let Some(sink_url) = available(Backend::Postgres, Backend::Postgres.shared().await)? else {
+async fn run(backend: ServerKind, seed: u64, long: bool) -> Result<(), String> {
+    let Some(sink_url) = available(ServerKind::Postgres, ServerKind::Postgres.shared().await)?
+    else {
         return Ok(());
     };
-    let target = if backend == Backend::Sqlite {
+    let target = if backend == ServerKind::Sqlite {
         match available(backend, backend.shared().await)? {
             Some(url) => Target { url, control: None },
             None => return Ok(()),
@@ -269,7 +270,7 @@ struct Stage {
 }
 
 struct Chaos {
-    backend: Backend,
+    backend: ServerKind,
     rng: StdRng,
     n: u64,
     long: bool,
@@ -301,7 +302,7 @@ async fn connect(url: &str) -> Result<Client, String> {
 
 impl Chaos {
     async fn new(
-        backend: Backend,
+        backend: ServerKind,
         seed: u64,
         long: bool,
         sink_url: &str,
@@ -325,7 +326,7 @@ impl Chaos {
         let dir = std::env::temp_dir().join(format!("headcount-chaos-{tag}"));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         // etcd leases are whole seconds with a server minimum.
-        let ttl = if matches!(backend, Backend::Etcd | Backend::EtcdCluster) {
+        let ttl = if matches!(backend, ServerKind::Etcd | ServerKind::EtcdCluster) {
             Duration::from_secs(2)
         } else {
             Duration::from_secs(1)

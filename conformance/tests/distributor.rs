@@ -13,7 +13,7 @@ use headcount::recipes::distributor::{
     Liveness, PollOutcome, Registration, Table,
 };
 use headcount::{DynStore, ErrorKind, Keyspace};
-use headcount_conformance::harness::Backend;
+use headcount_conformance::harness::ServerKind;
 use headcount_conformance::wait;
 
 const POLL: Duration = Duration::from_millis(200);
@@ -26,7 +26,7 @@ const SLACK: Duration = Duration::from_secs(2);
 
 /// The shared store of `backend`, or None (with a SKIP line) when its server is not installed and
 /// the backend is not required.
-async fn store(backend: Backend) -> Option<DynStore> {
+async fn store(backend: ServerKind) -> Option<DynStore> {
     let url = backend
         .shared_or_skip(&format!("{}::distributor", backend.name()))
         .await?;
@@ -139,7 +139,7 @@ fn unit_names(n: usize) -> Vec<String> {
         .collect()
 }
 
-async fn failover_and_return(backend: Backend) {
+async fn failover_and_return(backend: ServerKind) {
     let Some(store) = store(backend).await else {
         return;
     };
@@ -231,7 +231,7 @@ async fn failover_and_return(backend: Backend) {
     }
 }
 
-async fn two_distributors_and_unit_changes(backend: Backend) {
+async fn two_distributors_and_unit_changes(backend: ServerKind) {
     let Some(store) = store(backend).await else {
         return;
     };
@@ -293,7 +293,7 @@ async fn two_distributors_and_unit_changes(backend: Backend) {
     }
 }
 
-async fn silent_server_times_out(backend: Backend) {
+async fn silent_server_times_out(backend: ServerKind) {
     let Some(store) = store(backend).await else {
         return;
     };
@@ -348,7 +348,7 @@ async fn silent_server_times_out(backend: Backend) {
     good.shutdown().await.unwrap();
 }
 
-async fn bad_input(backend: Backend) {
+async fn bad_input(backend: ServerKind) {
     let Some(store) = store(backend).await else {
         return;
     };
@@ -468,7 +468,7 @@ async fn bad_input(backend: Backend) {
     again.shutdown().await.unwrap();
 }
 
-async fn heartbeat_liveness(backend: Backend) {
+async fn heartbeat_liveness(backend: ServerKind) {
     let Some(store) = store(backend).await else {
         return;
     };

@@ -2,4 +2,4 @@
 //! harness starts (one shared, plus one per fault case).
 #![cfg(feature = "etcd")]
 
-headcount_conformance::conformance_tests!(etcd, headcount_conformance::harness::Backend::Etcd);
+headcount_conformance::conformance_tests!(etcd, headcount_conformance::harness::ServerKind::Etcd);

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use headcount::recipes::group::{Group, GroupConfig, GroupPhase};
-use headcount_conformance::harness::{skip_unless_required, Backend, KvStore};
+use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
 
 /// The auth tokens' lifetime.
 const TOKEN_TTL: Duration = Duration::from_secs(2);
@@ -25,7 +25,7 @@ fn start() -> Option<KvStore> {
         TOKEN_TTL.as_secs()
     );
     let started = KvStore::etcd_with(1, None, &["--auth-token", &token]);
-    skip_unless_required(Backend::Etcd, "etcd_auth", started)
+    skip_unless_required(ServerKind::Etcd, "etcd_auth", started)
 }
 
 /// Adds the `root` user (password `secret`, role `root`) and turns authentication on.

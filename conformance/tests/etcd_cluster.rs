@@ -4,6 +4,6 @@
 
 headcount_conformance::conformance_tests!(
     etcd_cluster,
-    headcount_conformance::harness::Backend::EtcdCluster,
+    headcount_conformance::harness::ServerKind::EtcdCluster,
     cluster
 );

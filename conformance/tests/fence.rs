@@ -7,11 +7,11 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use headcount_conformance::harness::Backend;
+use headcount_conformance::harness::ServerKind;
 
 /// The shared store's URL, or None (with a SKIP line) when the backend is missing and not
 /// required.
-async fn url(backend: Backend, test: &str) -> Option<String> {
+async fn url(backend: ServerKind, test: &str) -> Option<String> {
     backend
         .shared_or_skip(&format!("{}::{test}", backend.name()))
         .await
@@ -68,7 +68,7 @@ mod pg_fence {
             .collect()
     }
 
-    pub(super) async fn pg_older_token_rejected_equal_admitted(backend: Backend) {
+    pub(super) async fn pg_older_token_rejected_equal_admitted(backend: ServerKind) {
         let Some(url) = url(backend, "pg_older_token_rejected_equal_admitted").await else {
             return;
         };
@@ -124,7 +124,7 @@ mod pg_fence {
         assert_eq!(fence.current(&client, "r").await.unwrap(), Some(6));
     }
 
-    pub(super) async fn pg_concurrent_writers_commit_in_token_order(backend: Backend) {
+    pub(super) async fn pg_concurrent_writers_commit_in_token_order(backend: ServerKind) {
         let Some(url) = url(backend, "pg_concurrent_writers_commit_in_token_order").await else {
             return;
         };
@@ -176,7 +176,7 @@ mod pg_fence {
         );
     }
 
-    pub(super) async fn pg_bad_input_is_invalid_argument(backend: Backend) {
+    pub(super) async fn pg_bad_input_is_invalid_argument(backend: ServerKind) {
         for bad in ["fence; DROP TABLE x", "1fence", "", "a.b", "fence\"x"] {
             assert_eq!(
                 PgFence::new(bad).unwrap_err().kind(),
@@ -209,7 +209,7 @@ mod redis_fence {
     use redis::AsyncCommands as _;
     use std::time::Duration;
 
-    async fn single(backend: Backend) -> Option<MultiplexedConnection> {
+    async fn single(backend: ServerKind) -> Option<MultiplexedConnection> {
         let url = url(backend, "redis_fence").await?;
         let client = redis::Client::open(url).unwrap();
         Some(client.get_multiplexed_async_connection().await.unwrap())
@@ -219,7 +219,7 @@ mod redis_fence {
         redis::cmd("GET").arg(key).query_async(conn).await.unwrap()
     }
 
-    pub(super) async fn redis_older_token_rejected_equal_admitted(backend: Backend) {
+    pub(super) async fn redis_older_token_rejected_equal_admitted(backend: ServerKind) {
         let Some(mut conn) = single(backend).await else {
             return;
         };
@@ -276,7 +276,7 @@ mod redis_fence {
             .unwrap();
     }
 
-    pub(super) async fn redis_foreign_fence_value_is_typed(backend: Backend) {
+    pub(super) async fn redis_foreign_fence_value_is_typed(backend: ServerKind) {
         let Some(mut conn) = single(backend).await else {
             return;
         };
@@ -308,7 +308,7 @@ mod redis_fence {
         let _: () = conn.del(&fk).await.unwrap();
     }
 
-    pub(super) async fn redis_concurrent_writers_end_at_the_max(backend: Backend) {
+    pub(super) async fn redis_concurrent_writers_end_at_the_max(backend: ServerKind) {
         let Some(conn) = single(backend).await else {
             return;
         };
@@ -365,7 +365,7 @@ mod redis_fence {
             .unwrap()
     }
 
-    pub(super) async fn redis_cluster_needs_one_slot(backend: Backend) {
+    pub(super) async fn redis_cluster_needs_one_slot(backend: ServerKind) {
         let Some(url) = url(backend, "redis_cluster_needs_one_slot").await else {
             return;
         };

@@ -11,14 +11,14 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use headcount_conformance::harness::{skip_unless_required, Backend, PgControl, PgServer};
+use headcount_conformance::harness::{skip_unless_required, PgControl, PgServer, ServerKind};
 use headcount_conformance::wait::eventually_blocking;
 use headcount_conformance::ServerControl;
 
 /// A dedicated server, or None (with a SKIP line) when PostgreSQL is not installed.
 fn server() -> Option<Arc<PgServer>> {
     let started = PgServer::start_new(Some(Duration::from_secs(2)));
-    skip_unless_required(Backend::Postgres, "harness test", started).map(Arc::new)
+    skip_unless_required(ServerKind::Postgres, "harness test", started).map(Arc::new)
 }
 
 fn port(server: &PgServer) -> u16 {

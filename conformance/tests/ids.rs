@@ -18,7 +18,7 @@ use std::time::Duration;
 use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds, MediatedIds};
 use headcount::{DynStore, ErrorKind};
 use headcount_conformance::harness::{
-    skip_unless_required, Backend, KvStore, PgServer, Unavailable,
+    skip_unless_required, KvStore, PgServer, ServerKind, Unavailable,
 };
 use headcount_conformance::id_history::{
     check_id_history as check_history, IdCall as Call, IdLoad,
@@ -33,13 +33,13 @@ fn say(line: &str) {
 }
 
 /// The value, or None with a SKIP line when the backend is missing and not required.
-fn available<T>(backend: Backend, test: &str, r: Result<T, Unavailable>) -> Option<T> {
+fn available<T>(backend: ServerKind, test: &str, r: Result<T, Unavailable>) -> Option<T> {
     skip_unless_required(backend, &format!("ids::{}::{test}", backend.name()), r)
 }
 
 /// `n` single Redis servers started with `args`, each with a 1 s operation timeout.
 async fn redis_servers(
-    backend: Backend,
+    backend: ServerKind,
     n: usize,
     args: &'static [&'static str],
     test: &str,
@@ -117,7 +117,7 @@ async fn run_clients(urls: &[String], clients: usize, per: usize, config: IdsCon
     all
 }
 
-async fn redis5_8_clients_x_500_unique_increasing_linearizable(backend: Backend) {
+async fn redis5_8_clients_x_500_unique_increasing_linearizable(backend: ServerKind) {
     let Some(servers) = redis_servers(backend, 5, AOF_ALWAYS, "redis5_8x500").await else {
         return;
     };
@@ -128,7 +128,7 @@ async fn redis5_8_clients_x_500_unique_increasing_linearizable(backend: Backend)
     check_history(&calls);
 }
 
-async fn mixed_3_sqlite_2_postgres_8_clients_x_500(backend: Backend) {
+async fn mixed_3_sqlite_2_postgres_8_clients_x_500(backend: ServerKind) {
     let test = "mixed_8x500";
     let mut pgs = Vec::new();
     for _ in 0..2 {
@@ -193,7 +193,7 @@ async fn restart(server: &Arc<KvStore>) {
         .unwrap();
 }
 
-async fn redis5_kill_two_then_three_fails_closed_then_resumes_above(backend: Backend) {
+async fn redis5_kill_two_then_three_fails_closed_then_resumes_above(backend: ServerKind) {
     let Some(servers) = redis_servers(backend, 5, AOF_ALWAYS, "redis5_kill").await else {
         return;
     };
@@ -269,13 +269,13 @@ async fn redis5_kill_two_then_three_fails_closed_then_resumes_above(backend: Bac
 
 /// Two Redis servers with AOF always and a third without persistence, which forgets everything
 /// when it restarts.
-async fn two_durable_one_forgetful(backend: Backend, test: &str) -> Option<Vec<Arc<KvStore>>> {
+async fn two_durable_one_forgetful(backend: ServerKind, test: &str) -> Option<Vec<Arc<KvStore>>> {
     let mut servers = redis_servers(backend, 2, AOF_ALWAYS, test).await?;
     servers.extend(redis_servers(backend, 1, &[], test).await?);
     Some(servers)
 }
 
-async fn a_non_durable_node_is_refused_when_the_check_is_on(backend: Backend) {
+async fn a_non_durable_node_is_refused_when_the_check_is_on(backend: ServerKind) {
     let Some(abc) = two_durable_one_forgetful(backend, "non_durable_refused").await else {
         return;
     };
@@ -293,7 +293,7 @@ async fn a_non_durable_node_is_refused_when_the_check_is_on(backend: Backend) {
 
 /// With the check off, a node that forgets (no AOF, restarted) lets a later majority read a
 /// smaller number: this schedule provably repeats an ID, and the test expects it to.
-async fn with_the_check_off_a_forgetful_node_repeats_an_id(backend: Backend) {
+async fn with_the_check_off_a_forgetful_node_repeats_an_id(backend: ServerKind) {
     let Some(abc) = two_durable_one_forgetful(backend, "forgetful_repeats").await else {
         return;
     };
@@ -338,7 +338,7 @@ async fn with_the_check_off_a_forgetful_node_repeats_an_id(backend: Backend) {
     assert!(repeated <= last);
 }
 
-async fn bad_input_gives_typed_errors(_embedded: Backend) {
+async fn bad_input_gives_typed_errors(_embedded: ServerKind) {
     let dir = temp_dir();
     let url = |i: usize| format!("sqlite://{}/bad{i}.db?synchronous=full", dir.display());
     let stores = connect_all(&[url(0), url(1), url(2), url(3)]).await;
@@ -401,14 +401,14 @@ async fn bad_input_gives_typed_errors(_embedded: Backend) {
 /// One server behind several URLs is one failure domain, not several votes: two databases of
 /// one Redis, one PostgreSQL server connected twice, and one SQLite file named two ways are
 /// refused with `InvalidArgument` naming the server; distinct servers pass.
-async fn one_server_behind_several_urls_is_refused(backend: Backend) {
+async fn one_server_behind_several_urls_is_refused(backend: ServerKind) {
     let test = "one_server_behind_several_urls_is_refused";
     let config = IdsConfig::new(generator_name());
     // A store of its own beside the one named twice, where a test needs a third.
     let dir = temp_dir();
     let other = format!("sqlite://{}/other.db?synchronous=full", dir.display());
     match backend {
-        Backend::Redis => {
+        ServerKind::Redis => {
             let Some(redis) = redis_servers(backend, 2, AOF_ALWAYS, test).await else {
                 return;
             };
@@ -428,7 +428,7 @@ async fn one_server_behind_several_urls_is_refused(backend: Backend) {
             let distinct = connect_all(&[db(&a, 0), b.clone()]).await;
             assert!(MajorityIds::new(distinct, config.clone()).await.is_ok());
         }
-        Backend::Sqlite => {
+        ServerKind::Sqlite => {
             let file = |spelling: &str| {
                 format!(
                     "sqlite://{}{spelling}ids.db?synchronous=full",
@@ -441,7 +441,7 @@ async fn one_server_behind_several_urls_is_refused(backend: Backend) {
                 .unwrap_err();
             assert!(e.to_string().contains("(sqlite file"), "{e}");
         }
-        Backend::Postgres => {
+        ServerKind::Postgres => {
             let started = tokio::task::spawn_blocking(|| PgServer::start_with(None, &["fsync=on"]))
                 .await
                 .unwrap();
@@ -462,7 +462,7 @@ async fn one_server_behind_several_urls_is_refused(backend: Backend) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-async fn mediated_calls_take_turns_and_stay_unique(_embedded: Backend) {
+async fn mediated_calls_take_turns_and_stay_unique(_embedded: ServerKind) {
     let dir = temp_dir();
     let urls: Vec<String> = (0..3)
         .map(|i| format!("sqlite://{}/med{i}.db?synchronous=full", dir.display()))
@@ -502,17 +502,17 @@ async fn probe(url: &str) -> headcount::Durability {
         .unwrap()
 }
 
-async fn durability_probe_follows_how_the_harness_started_each_server(backend: Backend) {
+async fn durability_probe_follows_how_the_harness_started_each_server(backend: ServerKind) {
     let test = "durability_probe";
     match backend {
-        Backend::Redis => redis_durability(backend, test).await,
-        Backend::Postgres => postgres_durability(backend, test).await,
-        Backend::Etcd => etcd_durability(backend, test).await,
+        ServerKind::Redis => redis_durability(backend, test).await,
+        ServerKind::Postgres => postgres_durability(backend, test).await,
+        ServerKind::Etcd => etcd_durability(backend, test).await,
         other => panic!("{test}: not written for {}", other.name()),
     }
 }
 
-async fn redis_durability(backend: Backend, test: &str) {
+async fn redis_durability(backend: ServerKind, test: &str) {
     // Redis: the harness default has no AOF; with AOF always it is durable.
     let Some(plain) = redis_servers(backend, 1, &[], test).await else {
         return;
@@ -583,7 +583,7 @@ async fn redis_durability(backend: Backend, test: &str) {
     assert!(!d.durable && d.detail.contains("everysec"), "{d:?}");
 }
 
-async fn postgres_durability(backend: Backend, test: &str) {
+async fn postgres_durability(backend: ServerKind, test: &str) {
     // PostgreSQL: the harness runs with fsync=off; fsync=on is durable, synchronous_commit=off
     // is not.
     for (settings, durable, needle) in [
@@ -609,7 +609,7 @@ async fn postgres_durability(backend: Backend, test: &str) {
     }
 }
 
-async fn etcd_durability(backend: Backend, test: &str) {
+async fn etcd_durability(backend: ServerKind, test: &str) {
     // etcd: durable by construction.
     let started = tokio::task::spawn_blocking(|| KvStore::etcd(1, None))
         .await

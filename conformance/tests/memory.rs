@@ -4,6 +4,6 @@
 
 headcount_conformance::conformance_tests!(
     memory,
-    headcount_conformance::harness::Backend::Memory,
+    headcount_conformance::harness::ServerKind::Memory,
     embedded
 );

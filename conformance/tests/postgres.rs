@@ -4,5 +4,5 @@
 
 headcount_conformance::conformance_tests!(
     postgres,
-    headcount_conformance::harness::Backend::Postgres
+    headcount_conformance::harness::ServerKind::Postgres
 );

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use headcount::postgres::PostgresStore;
 use headcount::Store;
-use headcount_conformance::harness::Backend;
+use headcount_conformance::harness::ServerKind;
 use tokio_postgres::Client;
 
 /// The most rows one collection examines (the store's `GC_BATCH`).
@@ -43,7 +43,7 @@ async fn connect(url: &str) -> Client {
 /// The harness's PostgreSQL for test `test` (or a skip): its URL, a fresh table named after
 /// `stem`, a store on it and a plain client.
 async fn setup(test: &str, stem: &str) -> Option<(String, String, PostgresStore, Client)> {
-    let url = Backend::Postgres
+    let url = ServerKind::Postgres
         .shared_or_skip(&format!("postgres_gc::{test}"))
         .await?;
     let table = table(stem);
@@ -299,7 +299,7 @@ async fn postgres_gc_keeps_live_rows_rows_without_expiry_and_locked_rows() {
 /// and only then lets the collection go on.
 #[tokio::test]
 async fn postgres_gc_spares_a_row_renewed_after_the_slice_read_it() {
-    let Some(url) = Backend::Postgres
+    let Some(url) = ServerKind::Postgres
         .shared_or_skip("postgres_gc::postgres_gc_spares_a_row_renewed_after_the_slice_read_it")
         .await
     else {
@@ -446,7 +446,7 @@ async fn postgres_gc_started_by_writes_goes_on_while_most_of_a_slice_was_expired
 /// collection's connection from the callers' pool made every call queue behind it.
 #[tokio::test]
 async fn postgres_gc_leaves_the_callers_pool_to_the_callers() {
-    let Some(url) = Backend::Postgres
+    let Some(url) = ServerKind::Postgres
         .shared_or_skip("postgres_gc::postgres_gc_leaves_the_callers_pool_to_the_callers")
         .await
     else {

@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use headcount::postgres::PostgresStore;
 use headcount::{ErrorKind, Store};
-use headcount_conformance::harness::Backend;
+use headcount_conformance::harness::ServerKind;
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 
 #[tokio::test]
 async fn postgres_timed_out_connection_is_not_handed_out_again() {
-    let Some(url) = Backend::Postgres
+    let Some(url) = ServerKind::Postgres
         .shared_or_skip("postgres_pool::postgres_timed_out_connection_is_not_handed_out_again")
         .await
     else {

@@ -4,5 +4,5 @@
 
 headcount_conformance::conformance_tests!(
     redis_cluster,
-    headcount_conformance::harness::Backend::RedisCluster
+    headcount_conformance::harness::ServerKind::RedisCluster
 );

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use headcount::ErrorKind;
-use headcount_conformance::harness::{skip_unless_required, Backend, KvStore, Unavailable};
+use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind, Unavailable};
 use headcount_conformance::wait::{eventually, EVERY};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 
@@ -16,7 +16,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 const TEN_S: Duration = Duration::from_secs(10);
 
 /// A dedicated store, or None (with a SKIP line) when the server is not installed.
-fn start(backend: Backend, f: impl FnOnce() -> Result<KvStore, Unavailable>) -> Option<KvStore> {
+fn start(backend: ServerKind, f: impl FnOnce() -> Result<KvStore, Unavailable>) -> Option<KvStore> {
     skip_unless_required(backend, "redis_index", f())
 }
 
@@ -30,7 +30,7 @@ async fn raw(url: &str) -> MultiplexedConnection {
 
 /// A single Redis started from its binary (or a skip), a raw connection to it and a store on it.
 async fn redis_with_store() -> Option<(KvStore, MultiplexedConnection, headcount::DynStore)> {
-    let server = start(Backend::Redis, || KvStore::redis(None))?;
+    let server = start(ServerKind::Redis, || KvStore::redis(None))?;
     let url = server.url();
     let conn = raw(&url).await;
     let store = headcount::connect(&url).await.unwrap();
@@ -64,7 +64,7 @@ async fn evalsha_usec_per_call(conn: &mut impl ConnectionLike) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listing_ignores_a_large_unrelated_keyspace() {
-    let Some(server) = start(Backend::Redis, || {
+    let Some(server) = start(ServerKind::Redis, || {
         KvStore::redis_with(None, &["--enable-debug-command", "yes"])
     }) else {
         return;
@@ -182,7 +182,9 @@ async fn index_stays_bounded_for_a_prefix_never_listed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_lists_need_a_hash_tag() {
-    let Some(cluster) = start(Backend::RedisCluster, || KvStore::redis_cluster(None, None)) else {
+    let Some(cluster) = start(ServerKind::RedisCluster, || {
+        KvStore::redis_cluster(None, None)
+    }) else {
         return;
     };
     let store = headcount::connect(&cluster.url()).await.unwrap();
@@ -249,7 +251,7 @@ async fn cluster_lists_need_a_hash_tag() {
 /// foreign, renewing nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_refuses_a_key_of_another_type() {
-    let Some(server) = start(Backend::Redis, || KvStore::redis(None)) else {
+    let Some(server) = start(ServerKind::Redis, || KvStore::redis(None)) else {
         return;
     };
     let store = headcount::connect(&server.url()).await.unwrap();
@@ -333,7 +335,9 @@ fn cluster_nodes(text: &str) -> Vec<Primary> {
 /// moved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listing_during_a_slot_migration_is_whole_or_retryable() {
-    let Some(cluster) = start(Backend::RedisCluster, || KvStore::redis_cluster(None, None)) else {
+    let Some(cluster) = start(ServerKind::RedisCluster, || {
+        KvStore::redis_cluster(None, None)
+    }) else {
         return;
     };
     let store = headcount::connect(&cluster.url()).await.unwrap();

@@ -5,6 +5,6 @@
 
 headcount_conformance::conformance_tests!(
     sqlite,
-    headcount_conformance::harness::Backend::Sqlite,
+    headcount_conformance::harness::ServerKind::Sqlite,
     embedded
 );

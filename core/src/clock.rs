@@ -312,8 +312,11 @@ impl<C: Clock> Clock for OffsetClock<C> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use std::time::Instant;
+    use std::time::{Duration, Instant, SystemTime};
+
+    use super::{
+        boot_time, timeout, Clock, ManualClock, OffsetClock, Pace, SystemClock, SLEEP_SLICE,
+    };
 
     #[tokio::test]
     async fn manual_clock_wakes_sleepers_only_when_advanced_past_deadline() {

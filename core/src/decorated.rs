@@ -13,37 +13,35 @@ use tracing::Instrument;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::store::{Capabilities, Durability, RenewedListing};
-use crate::DynStore;
+use crate::{DynStore, Op};
 
-/// What a [`Decorated`] store does around every call it forwards. `op` is the method's name:
-/// `incr`, `get`, `expire`, `compare_and_set`, `delete`, `compare_and_delete`, `list`, `set_max`,
-/// `incr_and_get`, `renew_and_list`, `renew_and_list_if_changed`, `renew_and_versions`,
-/// `durability` (`capabilities` is forwarded without hooks).
+/// What a [`Decorated`] store does around every call it forwards. `op` is the method called:
+/// any [`Op`] (`capabilities`, which is not one, is forwarded without hooks).
 #[async_trait]
 pub trait Hooks: Send + Sync + Debug + 'static {
     /// Runs before the call goes to the inner store (a pause can wait here). An error returned
     /// here is the call's answer, and the inner store is not called.
-    async fn before(&self, _op: &'static str) -> Result<()> {
+    async fn before(&self, _op: Op) -> Result<()> {
         Ok(())
     }
 
     /// Runs after the inner store answered (successfully or not), `took` after `before`. An
     /// error returned here replaces the answer (a reply lost after the store applied the call).
-    async fn after(&self, _op: &'static str, _took: Duration) -> Result<()> {
+    async fn after(&self, _op: Op, _took: Duration) -> Result<()> {
         Ok(())
     }
 
     /// The span the whole call (hooks included) runs in. `key` is the call's key, or its
-    /// prefix for `list`, `renew_and_list` and `renew_and_list_if_changed`, its first directory
-    /// for `renew_and_versions` (empty for `durability`): a span should record
-    /// only a part of it that names no stored value. By default, no span.
-    fn span(&self, _op: &'static str, _key: &str) -> tracing::Span {
+    /// prefix for [`Op::List`], [`Op::RenewAndList`] and [`Op::RenewAndListIfChanged`], its
+    /// first directory for [`Op::RenewAndVersions`] (empty for [`Op::Durability`]): a span
+    /// should record only a part of it that names no stored value. By default, no span.
+    fn span(&self, _op: Op, _key: &str) -> tracing::Span {
         tracing::Span::none()
     }
 
     /// Sees the inner store's answer, before [`Hooks::after`]: `error` is its error, if it
     /// failed. Cannot change the answer.
-    fn outcome(&self, _op: &'static str, _took: Duration, _error: Option<&Error>) {}
+    fn outcome(&self, _op: Op, _took: Duration, _error: Option<&Error>) {}
 }
 
 /// A store that forwards every call to `inner`, each of the provided methods (`set_max`,
@@ -67,12 +65,7 @@ impl<H: Hooks> Decorated<H> {
         &self.hooks
     }
 
-    async fn call<T>(
-        &self,
-        op: &'static str,
-        key: &str,
-        call: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
+    async fn call<T>(&self, op: Op, key: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
         let span = self.hooks.span(op, key);
         async move {
             self.hooks.before(op).await?;
@@ -95,15 +88,16 @@ impl<H: Hooks> Backend for Decorated<H> {
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        self.call("incr", key, self.inner.incr(key, ttl)).await
+        self.call(Op::Incr, key, self.inner.incr(key, ttl)).await
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
-        self.call("get", key, self.inner.get(key)).await
+        self.call(Op::Get, key, self.inner.get(key)).await
     }
 
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        self.call("expire", key, self.inner.expire(key, ttl)).await
+        self.call(Op::Expire, key, self.inner.expire(key, ttl))
+            .await
     }
 
     async fn compare_and_set(
@@ -114,7 +108,7 @@ impl<H: Hooks> Backend for Decorated<H> {
         ttl: Option<Duration>,
     ) -> Result<bool> {
         self.call(
-            "compare_and_set",
+            Op::CompareAndSet,
             key,
             self.inner.compare_and_set(key, expected, new, ttl),
         )
@@ -122,16 +116,16 @@ impl<H: Hooks> Backend for Decorated<H> {
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        self.call("delete", key, self.inner.delete(key)).await
+        self.call(Op::Delete, key, self.inner.delete(key)).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        self.call("list", prefix, self.inner.list(prefix)).await
+        self.call(Op::List, prefix, self.inner.list(prefix)).await
     }
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
         self.call(
-            "compare_and_delete",
+            Op::CompareAndDelete,
             key,
             self.inner.compare_and_delete(key, expected),
         )
@@ -139,7 +133,7 @@ impl<H: Hooks> Backend for Decorated<H> {
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        self.call("set_max", key, self.inner.set_max(key, value, ttl))
+        self.call(Op::SetMax, key, self.inner.set_max(key, value, ttl))
             .await
     }
 
@@ -151,7 +145,7 @@ impl<H: Hooks> Backend for Decorated<H> {
         get_key: &str,
     ) -> Result<(i64, Option<String>)> {
         self.call(
-            "incr_and_get",
+            Op::IncrAndGet,
             incr_key,
             self.inner.incr_and_get(incr_key, by, ttl, get_key),
         )
@@ -166,7 +160,7 @@ impl<H: Hooks> Backend for Decorated<H> {
         prefix: &str,
     ) -> Result<(bool, Vec<(String, String)>)> {
         self.call(
-            "renew_and_list",
+            Op::RenewAndList,
             prefix,
             self.inner.renew_and_list(key, holder, ttl, prefix),
         )
@@ -182,7 +176,7 @@ impl<H: Hooks> Backend for Decorated<H> {
         since: Option<&str>,
     ) -> Result<RenewedListing> {
         self.call(
-            "renew_and_list_if_changed",
+            Op::RenewAndListIfChanged,
             dir,
             self.inner
                 .renew_and_list_if_changed(key, holder, ttl, dir, since),
@@ -199,7 +193,7 @@ impl<H: Hooks> Backend for Decorated<H> {
     ) -> Result<(bool, Vec<String>)> {
         let first = dirs.first().map_or("", |(dir, _)| *dir);
         self.call(
-            "renew_and_versions",
+            Op::RenewAndVersions,
             first,
             self.inner.renew_and_versions(key, holder, ttl, dirs),
         )
@@ -207,6 +201,6 @@ impl<H: Hooks> Backend for Decorated<H> {
     }
 
     async fn durability(&self) -> Result<Durability> {
-        self.call("durability", "", self.inner.durability()).await
+        self.call(Op::Durability, "", self.inner.durability()).await
     }
 }

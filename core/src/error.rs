@@ -280,7 +280,9 @@ pub(crate) fn with_sources(e: &dyn std::error::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::Error;
 
     #[test]
     fn retryable_is_only_unavailable_timeout_and_contended() {

@@ -84,7 +84,7 @@ impl Fence {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::Fence;
 
     #[test]
     fn older_tokens_are_refused_and_write_nothing() {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::decorated::{Decorated, Hooks};
 use crate::error::Error;
 use crate::metrics::record_store_operation;
-use crate::DynStore;
+use crate::{DynStore, Op};
 
 /// The [`Hooks`] of an [`Instrumented`] store: the backend name its metrics and spans carry.
 #[derive(Debug, Clone, Copy)]
@@ -41,17 +41,17 @@ pub fn instrument(store: DynStore) -> DynStore {
 
 #[async_trait::async_trait]
 impl Hooks for Instrumentation {
-    fn span(&self, op: &'static str, key: &str) -> tracing::Span {
+    fn span(&self, op: Op, key: &str) -> tracing::Span {
         tracing::debug_span!(
             "store",
             backend = self.backend,
-            op,
+            op = op.name(),
             key = key_scope(key),
             error = tracing::field::Empty
         )
     }
 
-    fn outcome(&self, op: &'static str, took: Duration, error: Option<&Error>) {
+    fn outcome(&self, op: Op, took: Duration, error: Option<&Error>) {
         let kind = error.map(Error::kind);
         if let Some(kind) = kind {
             tracing::Span::current().record("error", kind.as_str());
@@ -77,7 +77,7 @@ pub fn key_scope(key: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{instrument, key_scope};
     use crate::MemoryStore;
 
     #[test]

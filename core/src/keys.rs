@@ -108,7 +108,8 @@ impl fmt::Debug for Keyspace {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{validate_group, Keyspace, MAX_GROUP_LEN};
+    use crate::error::Error;
 
     #[test]
     fn builds_hash_tagged_keys() {

@@ -10,6 +10,7 @@ pub mod instrumented;
 pub mod keys;
 pub mod memory;
 pub mod metrics;
+mod op;
 pub mod recipes;
 pub mod sim;
 pub mod store;
@@ -19,6 +20,7 @@ pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use keys::{validate_group, validate_prefix, Keyspace, DEFAULT_PREFIX};
 pub use memory::MemoryStore;
+pub use op::Op;
 pub use store::{Capabilities, Durability, RenewedListing, Store};
 
 /// A store shared between tasks and recipes.

@@ -365,8 +365,12 @@ impl backend::Backend for MemoryStore {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::clock::ManualClock;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::MemoryStore;
+    use crate::clock::{Clock, ManualClock};
+    use crate::error::{Error, Result};
     use crate::Store;
 
     fn manual() -> (ManualClock, MemoryStore) {

@@ -16,6 +16,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, ErrorKind};
+use crate::Op;
 
 /// Histogram (seconds) of every store operation, labels `backend`, `operation`.
 pub const STORE_OPERATION_DURATION: &str = "headcount_store_operation_duration_seconds";
@@ -163,13 +164,15 @@ pub fn error_label(e: &Error) -> &'static str {
     e.kind().as_str()
 }
 
-/// Records one store operation: its duration, and the error's kind when it failed.
+/// Records one store operation: its duration, and the error's kind when it failed. The
+/// `operation` label is the operation's [name](Op::name).
 pub fn record_store_operation(
     backend: &'static str,
-    operation: &'static str,
+    operation: Op,
     took: Duration,
     error: Option<ErrorKind>,
 ) {
+    let operation = operation.name();
     ::metrics::histogram!(STORE_OPERATION_DURATION, "backend" => backend, "operation" => operation)
         .record(took);
     if let Some(kind) = error {
@@ -248,7 +251,11 @@ impl GroupMetrics {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::{describe, record_fence_rejection, record_store_operation, GroupMetrics, ALL};
+    use crate::error::{Error, ErrorKind};
+    use crate::Op;
 
     #[test]
     fn names_are_unique_prometheus_names() {
@@ -271,7 +278,7 @@ mod tests {
         m.view_changed(3, 2);
         m.handoff(Duration::from_millis(5));
         m.grants_revoked("moved");
-        record_store_operation("memory", "get", Duration::ZERO, Some(ErrorKind::Timeout));
+        record_store_operation("memory", Op::Get, Duration::ZERO, Some(ErrorKind::Timeout));
         record_fence_rejection("memory");
         describe();
     }

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use crate::clock::Clock;
 use crate::decorated::{Decorated, Hooks};
 use crate::error::{Error, Result};
-use crate::DynStore;
+use crate::{DynStore, Op};
 
 /// A clock on Tokio's time (so a runtime with paused time drives it) whose wall clock can be
 /// stepped. Clones share the wall-clock step.
@@ -223,7 +223,7 @@ impl Decorated<Faulty> {
 
 #[async_trait]
 impl Hooks for Faulty {
-    async fn before(&self, op: &'static str) -> Result<()> {
+    async fn before(&self, op: Op) -> Result<()> {
         self.faults.wait_unpaused().await;
         let (fail, delay) = self.faults.draw();
         if let Some(d) = delay {
@@ -240,7 +240,7 @@ impl Hooks for Faulty {
         Ok(())
     }
 
-    async fn after(&self, op: &'static str, _took: Duration) -> Result<()> {
+    async fn after(&self, op: Op, _took: Duration) -> Result<()> {
         let (lost, delay) = self.faults.draw_after();
         if let Some(d) = delay {
             self.clock.sleep(d).await;
@@ -250,7 +250,7 @@ impl Hooks for Faulty {
         if lost {
             return Err(Error::Timeout {
                 backend: self.backend,
-                op,
+                op: op.name(),
                 after: delay.unwrap_or_default(),
             });
         }

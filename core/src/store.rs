@@ -358,7 +358,9 @@ pub(crate) use crate::backend::parse_counter;
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::Capabilities;
 
     #[test]
     fn effective_ttl_rounds_to_granularity_and_minimum() {

@@ -122,7 +122,8 @@ fn died(what: &str, e: &JoinError) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{stop_requested, Background, OnDrop};
+    use crate::error::{Error, Result};
 
     #[tokio::test]
     async fn stop_returns_the_task_result_once() {

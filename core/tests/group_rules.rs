@@ -817,7 +817,7 @@ struct PanicWhenArmed(std::sync::atomic::AtomicBool);
 
 #[async_trait::async_trait]
 impl headcount_core::decorated::Hooks for PanicWhenArmed {
-    async fn before(&self, op: &'static str) -> headcount_core::Result<()> {
+    async fn before(&self, op: headcount_core::Op) -> headcount_core::Result<()> {
         if self.0.load(std::sync::atomic::Ordering::SeqCst) {
             panic!("a store call ({op}) panicked, as this test wants");
         }

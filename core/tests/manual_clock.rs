@@ -16,7 +16,7 @@ use headcount_core::recipes::distributor::{
     DistributorConfig, Liveness,
 };
 use headcount_core::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds};
-use headcount_core::{Clock, DynStore, ManualClock, Result};
+use headcount_core::{Clock, DynStore, ManualClock, Op, Result};
 
 /// Lets the spawned tasks run until they wait on the clock again.
 async fn settle() {
@@ -120,8 +120,8 @@ struct Hang;
 
 #[async_trait]
 impl Hooks for Hang {
-    async fn before(&self, op: &'static str) -> Result<()> {
-        if matches!(op, "get" | "set_max" | "compare_and_set") {
+    async fn before(&self, op: Op) -> Result<()> {
+        if matches!(op, Op::Get | Op::SetMax | Op::CompareAndSet) {
             std::future::pending::<()>().await;
         }
         Ok(())

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use deadpool_postgres::{
     ClientWrapper, Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod,
 };
-use headcount_core::{Error, Result};
+use headcount_core::{Error, Op, Result};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
@@ -283,7 +283,7 @@ impl Connections {
     /// [`Error::ForeignValue`] for it.
     pub(crate) async fn query(
         &self,
-        op: &'static str,
+        op: Op,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
         counter: Option<&str>,
@@ -324,7 +324,7 @@ impl Connections {
                 }
             }
         };
-        self.config.deadline().run(op, work).await
+        self.config.deadline().run(op.name(), work).await
     }
 
     /// The stored value at `key`, live or not, for a foreign-value report.

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use headcount_core::backend::{self, ttl_millis};
 use headcount_core::store::RenewedListing;
-use headcount_core::{Capabilities, Durability, Error, Result};
+use headcount_core::{Capabilities, Durability, Error, Op, Result};
 use tokio_postgres::Row;
 
 use super::config::PostgresConfig;
@@ -170,7 +170,7 @@ impl backend::Backend for PostgresStore {
         let rows = self
             .inner
             .query(
-                "renew_and_list",
+                Op::RenewAndList,
                 &self.inner.sql.renew_and_list,
                 &[&key, &ttl_ms, &holder, &head, &whole],
                 None,
@@ -199,7 +199,7 @@ impl backend::Backend for PostgresStore {
         let rows = self
             .inner
             .query(
-                "renew_and_list_if_changed",
+                Op::RenewAndListIfChanged,
                 &self.inner.sql.renew_if_changed,
                 &[&key, &ttl_ms, &holder, &head, &whole, &dir, &since],
                 None,
@@ -227,7 +227,7 @@ impl backend::Backend for PostgresStore {
         let ttl_ms = ttl.map(ttl_millis);
         let rows = self
             .inner
-            .query("incr", &self.inner.sql.incr, &[&key, &ttl_ms], Some(key))
+            .query(Op::Incr, &self.inner.sql.incr, &[&key, &ttl_ms], Some(key))
             .await?;
         self.note_write();
         first_column::<i64>(&rows)?.ok_or_else(|| {
@@ -242,7 +242,7 @@ impl backend::Backend for PostgresStore {
     async fn get(&self, key: &str) -> Result<Option<String>> {
         let rows = self
             .inner
-            .query("get", &self.inner.sql.get, &[&key], None)
+            .query(Op::Get, &self.inner.sql.get, &[&key], None)
             .await?;
         first_column(&rows)
     }
@@ -251,7 +251,7 @@ impl backend::Backend for PostgresStore {
         let ttl_ms = ttl_millis(ttl);
         let rows = self
             .inner
-            .query("expire", &self.inner.sql.expire, &[&key, &ttl_ms], None)
+            .query(Op::Expire, &self.inner.sql.expire, &[&key, &ttl_ms], None)
             .await?;
         self.note_write();
         Ok(!rows.is_empty())
@@ -269,7 +269,7 @@ impl backend::Backend for PostgresStore {
             Some(expected) => {
                 self.inner
                     .query(
-                        "compare_and_set",
+                        Op::CompareAndSet,
                         &self.inner.sql.cas_update,
                         &[&key, &ttl_ms, &new, &expected],
                         None,
@@ -279,7 +279,7 @@ impl backend::Backend for PostgresStore {
             None => {
                 self.inner
                     .query(
-                        "compare_and_set",
+                        Op::CompareAndSet,
                         &self.inner.sql.cas_insert,
                         &[&key, &ttl_ms, &new],
                         None,
@@ -294,7 +294,7 @@ impl backend::Backend for PostgresStore {
     async fn delete(&self, key: &str) -> Result<bool> {
         let rows = self
             .inner
-            .query("delete", &self.inner.sql.delete, &[&key], None)
+            .query(Op::Delete, &self.inner.sql.delete, &[&key], None)
             .await?;
         self.note_write();
         Ok(first_column::<bool>(&rows)?.unwrap_or(false))
@@ -304,7 +304,7 @@ impl backend::Backend for PostgresStore {
         let rows = self
             .inner
             .query(
-                "compare_and_delete",
+                Op::CompareAndDelete,
                 &self.inner.sql.compare_and_delete,
                 &[&key, &expected],
                 None,
@@ -318,7 +318,7 @@ impl backend::Backend for PostgresStore {
         let (head, whole) = prefix_patterns(prefix);
         let rows = self
             .inner
-            .query("list", &self.inner.sql.list, &[&head, &whole], None)
+            .query(Op::List, &self.inner.sql.list, &[&head, &whole], None)
             .await?;
         rows.iter()
             .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
@@ -331,7 +331,7 @@ impl backend::Backend for PostgresStore {
         let rows = self
             .inner
             .query(
-                "set_max",
+                Op::SetMax,
                 &self.inner.sql.set_max,
                 &[&key, &ttl_ms, &value],
                 Some(key),
@@ -352,7 +352,7 @@ impl backend::Backend for PostgresStore {
         let rows = self
             .inner
             .query(
-                "incr_and_get",
+                Op::IncrAndGet,
                 &self.inner.sql.incr_and_get,
                 &[&incr_key, &ttl_ms, &by, &get_key],
                 Some(incr_key),
@@ -384,7 +384,7 @@ impl backend::Backend for PostgresStore {
         let rows = self
             .inner
             .query(
-                "durability",
+                Op::Durability,
                 "SELECT current_setting('fsync'), current_setting('synchronous_commit'),
                         (SELECT count(*) FROM pg_stat_replication),
                         current_setting('synchronous_standby_names')",
@@ -417,7 +417,7 @@ impl backend::Backend for PostgresStore {
         let rows = self
             .inner
             .query(
-                "durability",
+                Op::Durability,
                 "SELECT extract(epoch FROM pg_postmaster_start_time())::text || ' on port ' \
                  || current_setting('port')",
                 &[],

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use headcount_core::backend::{self, ttl_millis};
-use headcount_core::{Capabilities, Durability, Result};
+use headcount_core::{Capabilities, Durability, Op, Result};
 
 use super::config::{Location, SqliteConfig};
 use super::connection::Worker;
@@ -58,12 +58,12 @@ impl SqliteStore {
     }
 
     /// Runs `f` on the worker thread within the operation deadline.
-    pub(crate) async fn call<T, F>(&self, op: &'static str, f: F) -> Result<T>
+    pub(crate) async fn call<T, F>(&self, op: Op, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut rusqlite::Connection) -> Result<T> + Send + 'static,
     {
-        self.inner.call(op, f).await
+        self.inner.call(op.name(), f).await
     }
 
     fn is_memory(&self) -> bool {
@@ -86,20 +86,20 @@ impl backend::Backend for SqliteStore {
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
         let key = key.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
-        self.call("incr", move |conn| incr(conn, &key, ttl_ms))
+        self.call(Op::Incr, move |conn| incr(conn, &key, ttl_ms))
             .await
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
         let key = key.to_owned();
-        self.call("get", move |conn| live_value(conn, &key, now_ms()))
+        self.call(Op::Get, move |conn| live_value(conn, &key, now_ms()))
             .await
     }
 
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
         let key = key.to_owned();
         let ttl_ms = ttl_millis(ttl);
-        self.call("expire", move |conn| expire(conn, &key, ttl_ms))
+        self.call(Op::Expire, move |conn| expire(conn, &key, ttl_ms))
             .await
     }
 
@@ -114,7 +114,7 @@ impl backend::Backend for SqliteStore {
         let expected = expected.map(str::to_owned);
         let new = new.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
-        self.call("compare_and_set", move |conn| {
+        self.call(Op::CompareAndSet, move |conn| {
             compare_and_set(conn, &key, expected.as_deref(), &new, ttl_ms)
         })
         .await
@@ -122,12 +122,12 @@ impl backend::Backend for SqliteStore {
 
     async fn delete(&self, key: &str) -> Result<bool> {
         let key = key.to_owned();
-        self.call("delete", move |conn| delete(conn, &key)).await
+        self.call(Op::Delete, move |conn| delete(conn, &key)).await
     }
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
         let (key, expected) = (key.to_owned(), expected.to_owned());
-        self.call("compare_and_delete", move |conn| {
+        self.call(Op::CompareAndDelete, move |conn| {
             compare_and_delete(conn, &key, &expected)
         })
         .await
@@ -135,14 +135,14 @@ impl backend::Backend for SqliteStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         let prefix = prefix.to_owned();
-        self.call("list", move |conn| list(conn, &prefix, now_ms()))
+        self.call(Op::List, move |conn| list(conn, &prefix, now_ms()))
             .await
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
         let key = key.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
-        self.call("set_max", move |conn| set_max(conn, &key, value, ttl_ms))
+        self.call(Op::SetMax, move |conn| set_max(conn, &key, value, ttl_ms))
             .await
     }
 
@@ -156,7 +156,7 @@ impl backend::Backend for SqliteStore {
         let key = incr_key.to_owned();
         let get_key = get_key.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
-        self.call("incr_and_get", move |conn| {
+        self.call(Op::IncrAndGet, move |conn| {
             incr_and_get(conn, &key, by, ttl_ms, &get_key)
         })
         .await
@@ -173,7 +173,7 @@ impl backend::Backend for SqliteStore {
         let holder = holder.to_owned();
         let prefix = prefix.to_owned();
         let ttl_ms = ttl_millis(ttl);
-        self.call("renew_and_list", move |conn| {
+        self.call(Op::RenewAndList, move |conn| {
             renew_and_list(conn, &key, &holder, ttl_ms, &prefix)
         })
         .await
@@ -189,7 +189,7 @@ impl backend::Backend for SqliteStore {
             ));
         }
         let (synchronous, journal, file) = self
-            .call("durability", |conn| {
+            .call(Op::Durability, |conn| {
                 let synchronous: i64 = conn
                     .query_row("PRAGMA synchronous", [], |row| row.get(0))
                     .sql()?;

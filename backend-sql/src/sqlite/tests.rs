@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use headcount_core::{Error, ErrorKind, Result, Store};
+use headcount_core::{Error, ErrorKind, Op, Result, Store};
 use rusqlite::Connection;
 
 use super::config::Location;
@@ -512,8 +512,9 @@ async fn synchronous_is_applied() {
     let store = SqliteStore::connect(&format!("{}?synchronous=full", file_url(&dir, "hc.db")))
         .await
         .unwrap();
+    // The pragmas the durability probe reads, so under its name.
     let level = store
-        .call("test", |conn| {
+        .call(Op::Durability, |conn| {
             conn.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0))
                 .sql()
         })
@@ -521,7 +522,7 @@ async fn synchronous_is_applied() {
         .unwrap();
     assert_eq!(level, 2); // FULL
     let mode = store
-        .call("test", |conn| {
+        .call(Op::Durability, |conn| {
             conn.query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
                 .sql()
         })

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use headcount::DynStore;
+use headcount::{DynStore, Op};
 use headcount_conformance::{Decorated, Hooks};
 use tokio::sync::watch;
 
@@ -83,8 +83,8 @@ impl PausableStore {
 
 #[async_trait]
 impl Hooks for PausableStore {
-    async fn before(&self, op: &'static str) -> headcount::Result<()> {
-        if op != "durability" {
+    async fn before(&self, op: Op) -> headcount::Result<()> {
+        if op != Op::Durability {
             self.gate.wait(false).await;
         }
         Ok(())

@@ -18,7 +18,7 @@
 //! 4. Else the test prints `SKIP <backend>::<case>: <what to install>` to stderr and passes,
 //!    unless `HEADCOUNT_REQUIRE_BACKENDS` is `all` or a comma list naming the backend: then it
 //!    fails with that message. Every test of the workspace applies this rule through
-//!    [`available`] (or [`skip_unless_required`], [`Backend::shared_or_skip`]).
+//!    [`available`] (or [`skip_unless_required`], [`ServerKind::shared_or_skip`]).
 //!
 //! Servers the harness starts die with the test process: they are spawned from one long-lived
 //! thread with `PR_SET_PDEATHSIG`, and an exit hook stops them and removes their directories.
@@ -54,10 +54,11 @@ pub const CASE_TIMEOUT: Duration = Duration::from_secs(180);
 /// such as `postgres,sqlite`.
 pub const REQUIRE_VAR: &str = "HEADCOUNT_REQUIRE_BACKENDS";
 
-/// A backend the harness can provide a store for.
+/// Which server the harness starts (or finds) to provide a store of one backend; named apart
+/// from the [`Backend`](headcount::backend::Backend) trait that a backend's store implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Backend {
+pub enum ServerKind {
     /// headcount's in-memory store (`memory://`): no server, this process only.
     Memory,
     /// Embedded SQLite: a file in a temp dir.
@@ -106,17 +107,17 @@ pub struct Dedicated {
     pub control: Arc<dyn ServerControl>,
 }
 
-impl Backend {
+impl ServerKind {
     /// The backend's name, as in test names and `HEADCOUNT_REQUIRE_BACKENDS`.
     pub fn name(self) -> &'static str {
         match self {
-            Backend::Memory => "memory",
-            Backend::Sqlite => "sqlite",
-            Backend::Postgres => "postgres",
-            Backend::Redis => "redis",
-            Backend::RedisCluster => "redis_cluster",
-            Backend::Etcd => "etcd",
-            Backend::EtcdCluster => "etcd_cluster",
+            ServerKind::Memory => "memory",
+            ServerKind::Sqlite => "sqlite",
+            ServerKind::Postgres => "postgres",
+            ServerKind::Redis => "redis",
+            ServerKind::RedisCluster => "redis_cluster",
+            ServerKind::Etcd => "etcd",
+            ServerKind::EtcdCluster => "etcd_cluster",
         }
     }
 
@@ -136,11 +137,11 @@ impl Backend {
 
     fn compiled(self) -> Result<(), Unavailable> {
         let on = match self {
-            Backend::Memory => true,
-            Backend::Sqlite => cfg!(feature = "sqlite"),
-            Backend::Postgres => cfg!(feature = "postgres"),
-            Backend::Redis | Backend::RedisCluster => cfg!(feature = "redis"),
-            Backend::Etcd | Backend::EtcdCluster => cfg!(feature = "etcd"),
+            ServerKind::Memory => true,
+            ServerKind::Sqlite => cfg!(feature = "sqlite"),
+            ServerKind::Postgres => cfg!(feature = "postgres"),
+            ServerKind::Redis | ServerKind::RedisCluster => cfg!(feature = "redis"),
+            ServerKind::Etcd | ServerKind::EtcdCluster => cfg!(feature = "etcd"),
         };
         if on {
             Ok(())
@@ -159,9 +160,9 @@ impl Backend {
             return Ok(url);
         }
         match self {
-            Backend::Memory => Ok("memory://conformance".to_owned()),
-            Backend::Sqlite => sqlite::shared_url(),
-            Backend::Postgres => {
+            ServerKind::Memory => Ok("memory://conformance".to_owned()),
+            ServerKind::Sqlite => sqlite::shared_url(),
+            ServerKind::Postgres => {
                 static SHARED: OnceLock<Result<String, Unavailable>> = OnceLock::new();
                 // Starting blocks (initdb, polling for readiness): keep it off the runtime's
                 // workers. Concurrent callers wait in `get_or_init` for the one start.
@@ -169,17 +170,20 @@ impl Backend {
                     .await
                     .map_err(|e| Unavailable::Failed(format!("starting PostgreSQL: {e}")))?
             }
-            Backend::Redis | Backend::RedisCluster | Backend::Etcd | Backend::EtcdCluster => {
+            ServerKind::Redis
+            | ServerKind::RedisCluster
+            | ServerKind::Etcd
+            | ServerKind::EtcdCluster => {
                 static REDIS: OnceLock<Result<String, Unavailable>> = OnceLock::new();
                 static REDIS_CLUSTER: OnceLock<Result<String, Unavailable>> = OnceLock::new();
                 static ETCD: OnceLock<Result<String, Unavailable>> = OnceLock::new();
                 static ETCD_CLUSTER: OnceLock<Result<String, Unavailable>> = OnceLock::new();
                 let (cell, start): (_, fn() -> Result<KvStore, Unavailable>) = match self {
-                    Backend::Redis => (&REDIS, || KvStore::redis(None)),
-                    Backend::RedisCluster => {
+                    ServerKind::Redis => (&REDIS, || KvStore::redis(None)),
+                    ServerKind::RedisCluster => {
                         (&REDIS_CLUSTER, || KvStore::redis_cluster(None, None))
                     }
-                    Backend::Etcd => (&ETCD, || KvStore::etcd(1, None)),
+                    ServerKind::Etcd => (&ETCD, || KvStore::etcd(1, None)),
                     _ => (&ETCD_CLUSTER, || KvStore::etcd(3, None)),
                 };
                 let name = self.name();
@@ -190,7 +194,7 @@ impl Backend {
         }
     }
 
-    /// The URL of the shared store ([`Backend::shared`]) for the test `label`, or `None` after a
+    /// The URL of the shared store ([`ServerKind::shared`]) for the test `label`, or `None` after a
     /// `SKIP` line when the backend is missing and not required ([`skip_unless_required`]).
     pub async fn shared_or_skip(self, label: &str) -> Option<String> {
         skip_unless_required(self, label, self.shared().await)
@@ -206,7 +210,7 @@ impl Backend {
                 self.url_var()
             )));
         }
-        if self == Backend::RedisCluster {
+        if self == ServerKind::RedisCluster {
             return dedicated_redis_cluster().await;
         }
         let plain = self.dedicated_server().await?;
@@ -224,7 +228,7 @@ impl Backend {
     /// loses the killed primary's slots by design.
     pub async fn cluster_member(self) -> Result<Dedicated, Unavailable> {
         self.compiled()?;
-        if self != Backend::EtcdCluster {
+        if self != ServerKind::EtcdCluster {
             return Err(Unavailable::NotApplicable(format!(
                 "{} is not a cluster that survives losing a member (the etcd_cluster backend runs this case)",
                 self.name()
@@ -255,13 +259,13 @@ impl Backend {
             )));
         }
         match self {
-            Backend::Sqlite => Err(Unavailable::NotApplicable(
+            ServerKind::Sqlite => Err(Unavailable::NotApplicable(
                 "sqlite is embedded: there is no server process to kill or pause".into(),
             )),
-            Backend::Memory => Err(Unavailable::NotApplicable(
+            ServerKind::Memory => Err(Unavailable::NotApplicable(
                 "the in-memory store has no server process to kill or pause".into(),
             )),
-            Backend::Postgres => {
+            ServerKind::Postgres => {
                 #[cfg(feature = "containers")]
                 if let Err(Unavailable::Missing(why)) = postgres::find_bin_dir() {
                     if containers::docker_reachable() {
@@ -282,8 +286,8 @@ impl Backend {
                     control: Arc::new(PgControl::new(server, FAULT_OP_TIMEOUT)),
                 })
             }
-            Backend::Redis | Backend::Etcd => {
-                let redis = self == Backend::Redis;
+            ServerKind::Redis | ServerKind::Etcd => {
+                let redis = self == ServerKind::Redis;
                 let store = tokio::task::spawn_blocking(move || {
                     if redis {
                         KvStore::redis(Some(FAULT_OP_TIMEOUT))
@@ -299,7 +303,7 @@ impl Backend {
                     control: Arc::new(KvControl::new(store, FAULT_OP_TIMEOUT)),
                 })
             }
-            Backend::EtcdCluster => {
+            ServerKind::EtcdCluster => {
                 let store =
                     tokio::task::spawn_blocking(|| KvStore::etcd(3, Some(FAULT_OP_TIMEOUT)))
                         .await
@@ -311,7 +315,7 @@ impl Backend {
                 })
             }
             // Made by `dedicated_redis_cluster`, which puts the proxies in place first.
-            Backend::RedisCluster => dedicated_redis_cluster().await,
+            ServerKind::RedisCluster => dedicated_redis_cluster().await,
         }
     }
 }
@@ -393,7 +397,7 @@ fn say(line: &str) {
 /// `label` names the test, such as `postgres::incr_50x100_exact`. Tests that fail by panicking
 /// call [`skip_unless_required`].
 pub fn available<T>(
-    backend: Backend,
+    backend: ServerKind,
     label: &str,
     found: Result<T, Unavailable>,
 ) -> Result<Option<T>, String> {
@@ -423,9 +427,9 @@ pub fn available<T>(
 /// required or failed to start.
 ///
 /// ```no_run
-/// # use headcount_conformance::harness::{skip_unless_required, Backend};
+/// # use headcount_conformance::harness::{skip_unless_required, ServerKind};
 /// # async fn test() {
-/// let Some(url) = skip_unless_required(Backend::Redis, "redis::my_test", Backend::Redis.shared().await)
+/// let Some(url) = skip_unless_required(ServerKind::Redis, "redis::my_test", ServerKind::Redis.shared().await)
 /// else {
 ///     return;
 /// };
@@ -434,7 +438,7 @@ pub fn available<T>(
 #[track_caller]
 #[allow(clippy::panic)] // For tests, which fail by panicking.
 pub fn skip_unless_required<T>(
-    backend: Backend,
+    backend: ServerKind,
     label: &str,
     found: Result<T, Unavailable>,
 ) -> Option<T> {
@@ -447,7 +451,7 @@ pub fn skip_unless_required<T>(
 /// Runs the case `case` against `backend` as one test: finds a store (see the module docs),
 /// runs the case and its cleanup, and returns the failure message, if any, naming
 /// `<backend>::<case>`. What [`conformance_tests!`](crate::conformance_tests) calls.
-pub async fn run_test(backend: Backend, case: &str) -> Result<(), String> {
+pub async fn run_test(backend: ServerKind, case: &str) -> Result<(), String> {
     let label = format!("{}::{case}", backend.name());
     let Some(case) = Case::find(case) else {
         return Err(format!("{label}: no such case"));

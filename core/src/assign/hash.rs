@@ -331,7 +331,7 @@ pub(crate) fn neg_ln_unit(hash: u64) -> f64 {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use super::{combine_hash, jump_consistent_hash, neg_ln_unit, reduce};
 
     #[test]
     fn jump_zero_buckets_is_zero() {

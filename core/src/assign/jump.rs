@@ -222,7 +222,8 @@ impl Removed {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use super::{JumpBackFailover, JumpFailover, Removed};
+    use crate::assign::{combine_hash, jump_back_hash, Assignor, Topology};
 
     #[test]
     fn removed_spills_and_stays_sorted() {

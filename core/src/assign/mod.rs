@@ -261,7 +261,7 @@ impl FromStr for AssignorKind {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use super::{hash_u64, AssignError, AssignorKind, Topology};
 
     #[test]
     fn names_round_trip() {

@@ -97,8 +97,8 @@ pub fn count_moved(
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
-    use crate::assign::{AssignorKind, Topology};
+    use super::{count_moved, preview_bytes, Movement};
+    use crate::assign::{hash_bytes, AssignorKind, Topology};
 
     #[test]
     fn preview_lists_exactly_the_changed_keys() {

@@ -179,7 +179,8 @@ pub fn markdown(rows: &[ReportRow]) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use super::{markdown, measure, report};
+    use crate::assign::AssignorKind;
 
     #[test]
     fn a_small_report_runs_and_is_sane() {

@@ -238,7 +238,8 @@ impl NextAlive {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use super::{match_work_units, Ring};
+    use crate::assign::{AssignError, Assignor, Topology};
 
     #[test]
     fn matching_covers_every_unit_once_and_balances() {

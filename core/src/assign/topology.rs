@@ -383,7 +383,7 @@ impl Topology {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use super::{AssignError, Topology, MAX_SLOTS};
 
     #[test]
     fn canonical_order_is_highest_first_whatever_the_events() {

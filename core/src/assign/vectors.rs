@@ -19,7 +19,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use super::*;
+use super::{
+    combine_hash, hash_bytes, hash_u64, jump_back_hash, jump_consistent_hash, xxh64, Assignor,
+    JumpFailover, Topology,
+};
 
 const REFERENCE: &str = include_str!("testdata/reference.txt");
 const XXH64: &str = include_str!("testdata/xxh64.txt");

@@ -570,7 +570,13 @@ pub fn parse_counter(key: &str, text: &str) -> Result<i64> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::{
+        check_key, check_opt_ttl, check_prefix, check_ttl, check_value, parse_counter, ttl_millis,
+    };
+    use crate::error::Error;
+    use crate::store::{MAX_KEY_LEN, MAX_TTL, MAX_VALUE_LEN};
 
     #[test]
     fn keys_are_checked() {

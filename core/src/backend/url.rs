@@ -429,7 +429,13 @@ pub fn scrub(message: String, password: Option<&str>) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-    use super::*;
+    use std::time::Duration;
+
+    use super::{
+        assert_config_error, parse_bool, parse_deadline, parse_duration, parse_query,
+        reject_duplicates, Secret, StoreUrl,
+    };
+    use crate::error::Result;
 
     #[test]
     fn durations() {
