@@ -54,20 +54,31 @@ pub(super) struct Node {
     pub(super) store: DynStore,
     /// Whether the store passed the durability check (always true under `AllowNonDurable`).
     pub(super) checked: AtomicBool,
-    /// What this generator last read or wrote at the store's counter (`Some(None)`: absent),
-    /// when it still believes it: a block proposal compares against it (see [`MajorityIds::next_block`]).
-    pub(super) known: std::sync::Mutex<Option<Option<String>>>,
+    /// What this generator believes the store holds at the counter: a block proposal compares
+    /// against it (see [`MajorityIds::next_block`]).
+    pub(super) known: std::sync::Mutex<Known>,
+}
+
+/// What a generator believes one store holds at the counter key.
+#[derive(Debug, Clone)]
+pub(super) enum Known {
+    /// Nothing it can rely on: never read, a write whose answer it did not await or that was
+    /// not `true`, a read that did not parse, or a store left out as far ahead.
+    Unknown,
+    /// The text it last read there or wrote there itself, as [`Store::get`](crate::Store::get)
+    /// gives it (`None`: no key).
+    Holds(Option<String>),
 }
 
 impl Node {
-    pub(super) fn known(&self) -> Option<Option<String>> {
+    pub(super) fn known(&self) -> Known {
         self.known
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
-    pub(super) fn set_known(&self, value: Option<Option<String>>) {
+    pub(super) fn set_known(&self, value: Known) {
         *self
             .known
             .lock()
@@ -175,7 +186,7 @@ impl MajorityIds {
             nodes.push(Node {
                 store,
                 checked: AtomicBool::new(checked),
-                known: std::sync::Mutex::new(None),
+                known: std::sync::Mutex::new(Known::Unknown),
             });
         }
         Ok(MajorityIds {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use super::answers::{deadline_error, Answers, Lost, Read, Summary};
-use super::majority::{MajorityIds, Node};
+use super::majority::{Known, MajorityIds, Node};
 use super::{MAX_JUMP, RECIPE};
 use crate::clock::timeout_at;
 use crate::error::{Error, Result};
@@ -79,7 +79,10 @@ impl MajorityIds {
             .nodes
             .iter()
             .enumerate()
-            .filter_map(|(i, n)| Some((i, n.known()?)))
+            .filter_map(|(i, n)| match n.known() {
+                Known::Holds(text) => Some((i, text)),
+                Known::Unknown => None,
+            })
             .collect();
         // What a node is known to hold is always a number (a read that passed, or this
         // generator's own write); one that does not parse is taken as unknown.
@@ -117,7 +120,7 @@ impl MajorityIds {
         // A store whose answer is not awaited (a majority came first) may or may not take the
         // write: this generator no longer knows what it holds.
         for (i, _) in &expected {
-            self.nodes[*i].set_known(None);
+            self.nodes[*i].set_known(Known::Unknown);
         }
         let writes: FuturesUnordered<_> = expected
             .into_iter()
@@ -134,8 +137,8 @@ impl MajorityIds {
                             Err(deadline_error("compare_and_set", self.config.deadline))
                         });
                     node.set_known(match answer {
-                        Ok(true) => Some(Some(new.to_owned())),
-                        _ => None,
+                        Ok(true) => Known::Holds(Some(new.to_owned())),
+                        _ => Known::Unknown,
                     });
                     (i, answer)
                 }
@@ -179,7 +182,9 @@ impl MajorityIds {
             .unwrap_or_else(|| Err(deadline_error("get", self.config.deadline)))?;
         let value = match &text {
             None => 0,
-            Some(t) => parse_counter(&self.key, t).inspect_err(|_| node.set_known(None))?,
+            Some(t) => {
+                parse_counter(&self.key, t).inspect_err(|_| node.set_known(Known::Unknown))?
+            }
         };
         Ok(Read {
             node: i,
@@ -236,7 +241,7 @@ impl MajorityIds {
                     let (out, kept): (Vec<Read>, Vec<Read>) =
                         reads.ok.into_iter().partition(|r| far(r.value));
                     for r in &out {
-                        self.nodes[r.node].set_known(None);
+                        self.nodes[r.node].set_known(Known::Unknown);
                         tracing::warn!(
                             store = r.node,
                             holds = r.value,
@@ -284,7 +289,7 @@ impl MajorityIds {
     /// store left out as far ahead never is, so an optimistic block round cannot use it).
     fn accept(&self, reads: Vec<Read>) -> Vec<Read> {
         for r in &reads {
-            self.nodes[r.node].set_known(Some(r.text.clone()));
+            self.nodes[r.node].set_known(Known::Holds(r.text.clone()));
         }
         reads
     }
@@ -300,7 +305,7 @@ impl MajorityIds {
         }
         // Unknown while the write is out (its answer may never be awaited), the proposal once
         // the store took it: a block round compares against what the store holds.
-        node.set_known(None);
+        node.set_known(Known::Unknown);
         let answer = timeout_at(
             self.config.clock.as_ref(),
             deadline,
@@ -309,7 +314,7 @@ impl MajorityIds {
         .await
         .unwrap_or_else(|| Err(deadline_error("set_max", self.config.deadline)));
         if matches!(answer, Ok(true)) {
-            node.set_known(Some(Some(proposal.to_string())));
+            node.set_known(Known::Holds(Some(proposal.to_string())));
         }
         answer
     }
