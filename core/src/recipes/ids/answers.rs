@@ -37,7 +37,8 @@ pub(super) fn deadline_error(op: &'static str, after: Duration) -> Error {
     }
 }
 
-/// One store's answer to a read.
+/// One store's counter, as it answered a read (or, for a block round that skips the read, as the
+/// generator last saw it: [`Known::Holds`](super::majority::Known::Holds)).
 pub(super) struct Read {
     pub(super) node: usize,
     pub(super) text: Option<String>,

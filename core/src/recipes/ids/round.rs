@@ -75,36 +75,29 @@ impl MajorityIds {
         k: i64,
     ) -> std::result::Result<std::ops::RangeInclusive<i64>, Lost> {
         let mut summary = Summary::default();
-        let known: Vec<(usize, Option<String>)> = self
+        // What a node is known to hold is always a number (a read that passed, or this
+        // generator's own write); one that does not parse is taken as unknown.
+        let known: Option<Vec<Read>> = self
             .nodes
             .iter()
             .enumerate()
-            .filter_map(|(i, n)| match n.known() {
-                Known::Holds(text) => Some((i, text)),
+            .filter_map(|(node, n)| match n.known() {
+                Known::Holds(text) => Some((node, text)),
                 Known::Unknown => None,
             })
-            .collect();
-        // What a node is known to hold is always a number (a read that passed, or this
-        // generator's own write); one that does not parse is taken as unknown.
-        let values: Option<Vec<i64>> = known
-            .iter()
-            .map(|(_, text)| {
-                text.as_deref()
+            .map(|(node, text)| {
+                let value = text
+                    .as_deref()
                     .map_or(Ok(0), |t| parse_counter(&self.key, t))
-                    .ok()
+                    .ok()?;
+                Some(Read { node, text, value })
             })
             .collect();
-        let (expected, base) = match values {
-            Some(values) if optimistic && known.len() >= self.majority => {
-                (known, values.into_iter().max().unwrap_or(0).max(0))
-            }
-            _ => {
-                let reads = self.read_majority(deadline, &mut summary).await?;
-                let base = reads.iter().map(|r| r.value).max().unwrap_or(0).max(0);
-                let expected = reads.into_iter().map(|r| (r.node, r.text)).collect();
-                (expected, base)
-            }
+        let expected = match known {
+            Some(known) if optimistic && known.len() >= self.majority => known,
+            _ => self.read_majority(deadline, &mut summary).await?,
         };
+        let base = expected.iter().map(|r| r.value).max().unwrap_or(0).max(0);
         self.hint.fetch_max(base, Ordering::Relaxed);
         let Some(last) = base.checked_add(k) else {
             return Err(Lost::Permanent(Error::Rejected {
@@ -119,12 +112,12 @@ impl MajorityIds {
         let new = last.to_string();
         // A store whose answer is not awaited (a majority came first) may or may not take the
         // write: this generator no longer knows what it holds.
-        for (i, _) in &expected {
-            self.nodes[*i].set_known(Known::Unknown);
+        for r in &expected {
+            self.nodes[r.node].set_known(Known::Unknown);
         }
         let writes: FuturesUnordered<_> = expected
             .into_iter()
-            .map(|(i, text)| {
+            .map(|Read { node: i, text, .. }| {
                 let node = &self.nodes[i];
                 let new = new.as_str();
                 async move {
