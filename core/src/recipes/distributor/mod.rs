@@ -41,10 +41,10 @@
 //! increase. A per-service record is always one service's complete list at the version it states,
 //! and its version never decreases. During an update (between the table CAS and the last record,
 //! normally milliseconds; until the next poll if the writer died), records of different services
-//! be at different versions (older ones until a sync completes, not only the previous one): a unit that moved may be listed by its old owner and its
-//! new one, or by neither. A service that must never overlap with another compares its record's
-//! version with the `table` record's, or fences its work with the version
-//! (a fencing token: see [`crate::fence`]).
+//! may be at different versions (any older one until a sync completes, not only the previous
+//! one): a unit that moved may be listed by its old owner and its new one, or by neither. A
+//! service that must never overlap with another compares its record's version with the `table`
+//! record's, or fences its work with the version (a fencing token: see [`crate::fence`]).
 //!
 //! # Bad input
 //!

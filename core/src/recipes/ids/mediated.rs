@@ -53,8 +53,8 @@ impl MediatedIds {
     }
 
     /// Mediates the calls of `ids` without group commit: the callers take turns, one majority
-    /// round each, in their order of arrival (the seed's mediator as first built, kept to be
-    /// measured beside group commit).
+    /// round each, in their order of arrival: the seed's plain mediator, the baseline that group
+    /// commit is measured against.
     pub fn one_at_a_time(ids: MajorityIds) -> Self {
         MediatedIds {
             batch: 1,
