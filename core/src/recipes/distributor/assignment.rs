@@ -1,6 +1,17 @@
 //! One service's units: the [`Assignment`] record, [`read_assignment`] and [`watch_assignment`].
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{assignment_key, check_service_name, read_table};
+use crate::clock::{Clock, Pace, SystemClock};
+use crate::error::{Error, Result};
+use crate::keys::Keyspace;
+use crate::task::{Background, OnDrop};
+use crate::DynStore;
 
 /// One service's units, as stored in its record under the distribution namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -139,7 +150,14 @@ pub fn watch_assignment_with_clock(
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{assignment_key, watch_assignment, Assignment};
+    use crate::keys::Keyspace;
+    use crate::recipes::distributor::{table_key, Table};
+    use crate::DynStore;
 
     #[tokio::test]
     async fn a_watch_follows_a_new_line_of_tables_after_a_wipe() {

@@ -1,6 +1,24 @@
 //! The daemon: [`Distributor`] polls, probes, recomputes and writes the table; [`RunningDistributor`] runs it in a task.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::{
+    assignment_key, compute_table, contended, list_services, list_units, table_diff, table_key,
+    Assignment, DefaultProber, DistributorConfig, Health, Liveness, Prober, Service, Table,
+    CAS_ATTEMPTS,
+};
+use crate::clock::{timeout, Clock, Pace};
+use crate::error::{Error, Result};
+use crate::keys::Keyspace;
+use crate::metrics as m;
+use crate::task::{stop_requested, Background, OnDrop};
+use crate::DynStore;
 
 /// How long the empty record of a service that left the registry is kept, so a late reader sees
 /// it lost its units before the record expires.

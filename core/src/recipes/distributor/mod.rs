@@ -1,12 +1,13 @@
 //! The Distributor: a deterministic matching of services to work units, kept in the
 //! store, recomputed when a service stops answering its health checks.
 //!
-//! Everything goes through [`DynStore`], so it works on every backend. See `docs/distributor.md`
-//! for the whole story; in short:
+//! Everything goes through [`DynStore`](crate::DynStore), so it works on every backend. See
+//! `docs/distributor.md` for the whole story; in short:
 //!
 //! # Keys
 //!
-//! Each namespace is a [`Keyspace`] (`hc:{namespace}:`), validated like a group name.
+//! Each namespace is a [`Keyspace`](crate::Keyspace) (`hc:{namespace}:`), validated like a group
+//! name.
 //!
 //! | namespace | key | value |
 //! |---|---|---|
@@ -21,11 +22,11 @@
 //!
 //! # The matching
 //!
-//! [`match_work_units`]: the units on a ring with 50 points each, the healthy services sorted,
-//! each service in turn takes its nearest remaining unit until none remain. The same table for the
-//! same services and units whatever their order and whichever distributor computes it; unit counts
-//! per service differ by at most one. Registered services that fail their health check stay in the
-//! table with no units and are listed under `down`.
+//! [`match_work_units`](crate::assign::match_work_units): the units on a ring with 50 points each,
+//! the healthy services sorted, each service in turn takes its nearest remaining unit until none
+//! remain. The same table for the same services and units whatever their order and whichever
+//! distributor computes it; unit counts per service differ by at most one. Registered services that
+//! fail their health check stay in the table with no units and are listed under `down`.
 //!
 //! # Versioned writes
 //!
@@ -67,26 +68,7 @@ mod service;
 mod table;
 mod units;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
-use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-
-use async_trait::async_trait;
-use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
-use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
-use tracing::Instrument;
-
-use crate::assign::match_work_units;
-use crate::clock::{timeout, Clock, Pace, SystemClock};
-use crate::error::{Error, Result};
-use crate::keys::{Keyspace, DEFAULT_PREFIX};
-use crate::metrics as m;
-use crate::store::MAX_VALUE_LEN;
-use crate::task::{stop_requested, Background, OnDrop};
-use crate::DynStore;
+use crate::error::Error;
 
 pub use assignment::{
     read_assignment, watch_assignment, watch_assignment_with_clock, Assignment, AssignmentWatch,
@@ -96,7 +78,6 @@ pub use config::{
 };
 pub use daemon::{Distributor, PollOutcome, RunningDistributor, DEPARTED_RECORD_TTL};
 pub use keys::{assignment_key, heartbeat_key, namespace, service_key, table_key, unit_key};
-use liveness::parse_grpc_address;
 pub use liveness::{Liveness, HEARTBEAT_ADDRESS};
 pub use probes::{DefaultProber, Health, Prober};
 pub use service::{
@@ -118,7 +99,11 @@ fn contended(key: &str) -> Error {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use percent_encoding::percent_decode_str;
+
+    use super::{unit_key, Assignment};
+    use crate::error::Error;
+    use crate::keys::Keyspace;
 
     #[test]
     fn unit_names_with_commas_and_anything_round_trip() {

@@ -1,6 +1,15 @@
 //! The matching table: [`Table`], [`read_table`], [`compute_table`] and [`table_diff`].
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::table_key;
+use crate::assign::match_work_units;
+use crate::error::{Error, Result};
+use crate::keys::Keyspace;
+use crate::store::MAX_VALUE_LEN;
+use crate::DynStore;
 
 /// The matching table as stored in the `table` record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,7 +125,9 @@ pub fn table_diff(old: Option<&Table>, new: &Table) -> (usize, usize, usize) {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use std::collections::BTreeSet;
+
+    use super::{compute_table, table_diff};
 
     fn names(prefix: &str, n: usize) -> Vec<String> {
         (0..n).map(|i| format!("{prefix}{i}")).collect()
