@@ -10,8 +10,8 @@ use tracing::Instrument;
 
 use super::{
     assignment_key, compute_table, contended, list_services, list_units, table_diff, table_key,
-    Assignment, DefaultProber, DistributorConfig, Health, Liveness, Prober, Service, Table,
-    CAS_ATTEMPTS,
+    DefaultProber, DistributionTable, DistributorConfig, Health, Liveness, Prober, Service,
+    ServiceAssignment, CAS_ATTEMPTS,
 };
 use crate::clock::{timeout, Clock, Pace};
 use crate::error::{Error, Result};
@@ -174,7 +174,7 @@ impl Distributor {
             let current_text = self.store.get(&key).await?;
             let current = current_text
                 .as_deref()
-                .map(|t| Table::parse(&key, t))
+                .map(|t| DistributionTable::parse(&key, t))
                 .transpose()?;
             let registered = self.registered().await?;
             let units = list_units(&self.store, &self.units).await?;
@@ -204,7 +204,7 @@ impl Distributor {
             let records = self.records().await?;
             let floor = records
                 .iter()
-                .filter_map(|(s, t)| Assignment::parse(s, t).ok())
+                .filter_map(|(s, t)| ServiceAssignment::parse(s, t).ok())
                 .map(|a| a.version)
                 .max()
                 .unwrap_or(0);
@@ -294,20 +294,20 @@ impl Distributor {
     /// makes one compare-and-set fail and be retried.
     async fn sync_records(
         &self,
-        table: &Table,
-        previous: Option<&Table>,
+        table: &DistributionTable,
+        previous: Option<&DistributionTable>,
         existing: BTreeMap<String, String>,
     ) -> Result<()> {
         let loses = |s: &str, units: &[String]| {
             existing
                 .get(s)
-                .and_then(|t| Assignment::parse(s, t).ok())
+                .and_then(|t| ServiceAssignment::parse(s, t).ok())
                 .is_some_and(|a| a.units.iter().any(|u| !units.contains(u)))
         };
         let mut order: Vec<(&String, &Vec<String>)> = table.services.iter().collect();
         order.sort_by_key(|(s, units)| !loses(s, units));
         for (service, units) in order {
-            let want = Assignment {
+            let want = ServiceAssignment {
                 version: table.version,
                 units: units.clone(),
             };
@@ -326,7 +326,7 @@ impl Distributor {
             );
         }
         for service in departed {
-            let empty = Assignment {
+            let empty = ServiceAssignment {
                 version: table.version,
                 units: Vec::new(),
             };
@@ -346,7 +346,7 @@ impl Distributor {
     async fn write_record(
         &self,
         service: &str,
-        want: &Assignment,
+        want: &ServiceAssignment,
         seen: Option<&String>,
         ttl: Option<Duration>,
     ) -> Result<()> {
@@ -355,7 +355,7 @@ impl Distributor {
         let mut current = seen.cloned();
         for _ in 0..CAS_ATTEMPTS {
             if let Some(cur) = &current {
-                match Assignment::parse(&key, cur) {
+                match ServiceAssignment::parse(&key, cur) {
                     Ok(a) if a.version > want.version || a == *want => return Ok(()),
                     // A departed service's empty record keeps its first TTL.
                     Ok(a) if ttl.is_some() && a.units.is_empty() => return Ok(()),

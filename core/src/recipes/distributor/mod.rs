@@ -71,7 +71,8 @@ mod units;
 use crate::error::Error;
 
 pub use assignment::{
-    read_assignment, watch_assignment, watch_assignment_with_clock, Assignment, AssignmentWatch,
+    read_assignment, watch_assignment, watch_assignment_with_clock, ServiceAssignment,
+    ServiceAssignmentWatch,
 };
 pub use config::{
     DistributorConfig, MAX_PING_TIMEOUT, MAX_POLL_INTERVAL, MIN_PING_TIMEOUT, MIN_POLL_INTERVAL,
@@ -84,7 +85,7 @@ pub use service::{
     beat, check_service_name, deregister, list_services, register, spawn_heartbeat,
     spawn_heartbeat_with_clock, HeartbeatHandle, Registration, Service, MAX_SERVICE_NAME_LEN,
 };
-pub use table::{compute_table, read_table, table_diff, Table};
+pub use table::{compute_table, read_table, table_diff, DistributionTable};
 pub use units::{add_unit, check_unit_name, list_units, remove_unit, MAX_UNIT_NAME_LEN};
 
 const CAS_ATTEMPTS: usize = 100;
@@ -101,7 +102,7 @@ fn contended(key: &str) -> Error {
 mod tests {
     use percent_encoding::percent_decode_str;
 
-    use super::{unit_key, Assignment};
+    use super::{unit_key, ServiceAssignment};
     use crate::error::Error;
     use crate::keys::Keyspace;
 
@@ -121,14 +122,14 @@ mod tests {
             let encoded = &key[ks.key("unit:").len()..];
             assert_eq!(percent_decode_str(encoded).decode_utf8().unwrap(), name);
         }
-        let a = Assignment {
+        let a = ServiceAssignment {
             version: 3,
             units: vec!["a,b".into(), "c\"d".into(), "ü".into()],
         };
         let text = a.encode().unwrap();
-        assert_eq!(Assignment::parse("k", &text).unwrap(), a);
+        assert_eq!(ServiceAssignment::parse("k", &text).unwrap(), a);
         assert!(matches!(
-            Assignment::parse("k", "a,b"),
+            ServiceAssignment::parse("k", "a,b"),
             Err(Error::ForeignValue { .. })
         ));
     }

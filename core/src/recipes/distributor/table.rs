@@ -1,4 +1,5 @@
-//! The matching table: [`Table`], [`read_table`], [`compute_table`] and [`table_diff`].
+//! The matching table: [`DistributionTable`], [`read_table`], [`compute_table`] and
+//! [`table_diff`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,7 +14,7 @@ use crate::DynStore;
 
 /// The matching table as stored in the `table` record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Table {
+pub struct DistributionTable {
     /// Starts at 1 and grows by one with every change.
     pub version: u64,
     /// Every registered service and its units, in the order it took them; down services have none.
@@ -23,7 +24,7 @@ pub struct Table {
     pub down: BTreeSet<String>,
 }
 
-impl Table {
+impl DistributionTable {
     /// The units of `service` (empty when it has none or is not in the table).
     pub fn units_of(&self, service: &str) -> &[String] {
         self.services.get(service).map_or(&[], Vec::as_slice)
@@ -37,7 +38,7 @@ impl Table {
             .collect()
     }
 
-    pub(super) fn same_content(&self, other: &Table) -> bool {
+    pub(super) fn same_content(&self, other: &DistributionTable) -> bool {
         self.services == other.services && self.down == other.down
     }
 
@@ -60,12 +61,15 @@ impl Table {
 }
 
 /// The whole table, or `None` before the first one is written.
-pub async fn read_table(store: &DynStore, distribution: &Keyspace) -> Result<Option<Table>> {
+pub async fn read_table(
+    store: &DynStore,
+    distribution: &Keyspace,
+) -> Result<Option<DistributionTable>> {
     let key = table_key(distribution);
     store
         .get(&key)
         .await?
-        .map(|text| Table::parse(&key, &text))
+        .map(|text| DistributionTable::parse(&key, &text))
         .transpose()
 }
 
@@ -76,7 +80,7 @@ pub fn compute_table(
     down: &BTreeSet<String>,
     units: &[String],
     version: u64,
-) -> Result<Table> {
+) -> Result<DistributionTable> {
     let matching = match_work_units(healthy, units)
         .map_err(|e| Error::invalid(format!("cannot match services to units: {e}")))?;
     let mut services: BTreeMap<String, Vec<String>> = healthy
@@ -92,7 +96,7 @@ pub fn compute_table(
     for d in down {
         services.entry(d.clone()).or_default();
     }
-    Ok(Table {
+    Ok(DistributionTable {
         version,
         services,
         down: down.clone(),
@@ -100,7 +104,10 @@ pub fn compute_table(
 }
 
 /// Counts `(moved, added, removed)` units between two tables.
-pub fn table_diff(old: Option<&Table>, new: &Table) -> (usize, usize, usize) {
+pub fn table_diff(
+    old: Option<&DistributionTable>,
+    new: &DistributionTable,
+) -> (usize, usize, usize) {
     let new_owners = new.owners();
     let Some(old) = old else {
         return (0, new_owners.len(), 0);
