@@ -103,7 +103,7 @@ impl DistributorConfig {
     }
 
     /// Checks every option, returning the key spaces.
-    pub(super) fn validate(&self) -> Result<(Vec<Keyspace>, Keyspace, Keyspace)> {
+    pub(super) fn validate(&self) -> Result<Namespaces> {
         if self.services_namespaces.is_empty() {
             return Err(Error::config("no services namespace given"));
         }
@@ -142,8 +142,23 @@ impl DistributorConfig {
                 self.ping_timeout
             )));
         }
-        Ok((services, units, distribution))
+        Ok(Namespaces {
+            services,
+            units,
+            distribution,
+        })
     }
+}
+
+/// The key spaces of a [`DistributorConfig`], checked.
+#[derive(Debug, Clone)]
+pub(super) struct Namespaces {
+    /// Where services register: each namespace once, in the order given.
+    pub(super) services: Vec<Keyspace>,
+    /// Where the work units are.
+    pub(super) units: Keyspace,
+    /// Where the table and the per-service records are written.
+    pub(super) distribution: Keyspace,
 }
 
 #[cfg(test)]

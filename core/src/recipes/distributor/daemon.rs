@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use super::config::Namespaces;
 use super::{
     assignment_key, compute_table, contended, list_services, list_units, table_diff, table_key,
     DefaultProber, DistributionTable, DistributorConfig, Health, Liveness, Prober, Service,
-    ServiceAssignment, CAS_ATTEMPTS,
+    ServiceAssignment, TableDiff, CAS_ATTEMPTS,
 };
 use crate::clock::{timeout, Clock, Pace};
 use crate::error::{Error, Result};
@@ -80,7 +81,11 @@ impl fmt::Debug for Distributor {
 impl Distributor {
     /// Checks the configuration; nothing is read or written yet.
     pub fn new(store: DynStore, config: DistributorConfig) -> Result<Self> {
-        let (services, units, distribution) = config.validate()?;
+        let Namespaces {
+            services,
+            units,
+            distribution,
+        } = config.validate()?;
         let prober = config.prober.clone().unwrap_or_else(|| {
             Arc::new(
                 DefaultProber::new(store.clone(), config.ping_timeout)
@@ -228,7 +233,11 @@ impl Distributor {
             {
                 ::metrics::counter!(m::DISTRIBUTOR_TABLE_WRITES, "result" => "written")
                     .increment(1);
-                let (moved, added, removed) = table_diff(current.as_ref(), &next);
+                let TableDiff {
+                    moved,
+                    added,
+                    removed,
+                } = table_diff(current.as_ref(), &next);
                 tracing::info!(
                     version = next.version,
                     services = healthy.len(),

@@ -85,7 +85,7 @@ pub use service::{
     beat, check_service_name, deregister, list_services, register, spawn_heartbeat,
     spawn_heartbeat_with_clock, HeartbeatHandle, Registration, Service, MAX_SERVICE_NAME_LEN,
 };
-pub use table::{compute_table, read_table, table_diff, DistributionTable};
+pub use table::{compute_table, read_table, table_diff, DistributionTable, TableDiff};
 pub use units::{add_unit, check_unit_name, list_units, remove_unit, MAX_UNIT_NAME_LEN};
 
 const CAS_ATTEMPTS: usize = 100;

@@ -1,5 +1,5 @@
 //! The matching table: [`DistributionTable`], [`read_table`], [`compute_table`] and
-//! [`table_diff`].
+//! [`table_diff`] ([`TableDiff`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -103,14 +103,27 @@ pub fn compute_table(
     })
 }
 
-/// Counts `(moved, added, removed)` units between two tables.
-pub fn table_diff(
-    old: Option<&DistributionTable>,
-    new: &DistributionTable,
-) -> (usize, usize, usize) {
+/// How many units changed hands between two tables: see [`table_diff`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TableDiff {
+    /// Units whose owner changed.
+    pub moved: usize,
+    /// Units that were not in the old table.
+    pub added: usize,
+    /// Units of the old table that are gone.
+    pub removed: usize,
+}
+
+/// Counts the units moved, added and removed between two tables (every unit of `new` is added
+/// when there is no `old`).
+pub fn table_diff(old: Option<&DistributionTable>, new: &DistributionTable) -> TableDiff {
     let new_owners = new.owners();
     let Some(old) = old else {
-        return (0, new_owners.len(), 0);
+        return TableDiff {
+            moved: 0,
+            added: new_owners.len(),
+            removed: 0,
+        };
     };
     let old_owners = old.owners();
     let mut moved = 0;
@@ -126,7 +139,11 @@ pub fn table_diff(
         .keys()
         .filter(|u| !new_owners.contains_key(*u))
         .count();
-    (moved, added, removed)
+    TableDiff {
+        moved,
+        added,
+        removed,
+    }
 }
 
 #[cfg(test)]
@@ -134,7 +151,7 @@ pub fn table_diff(
 mod tests {
     use std::collections::BTreeSet;
 
-    use super::{compute_table, table_diff};
+    use super::{compute_table, table_diff, TableDiff};
 
     fn names(prefix: &str, n: usize) -> Vec<String> {
         (0..n).map(|i| format!("{prefix}{i}")).collect()
@@ -161,11 +178,15 @@ mod tests {
         let t1 = compute_table(&services, &BTreeSet::new(), &units, 1).unwrap();
         let down: BTreeSet<String> = [services[0].clone()].into();
         let t2 = compute_table(&services[1..], &down, &units, 2).unwrap();
-        let (moved, added, removed) = table_diff(Some(&t1), &t2);
+        let TableDiff {
+            moved,
+            added,
+            removed,
+        } = table_diff(Some(&t1), &t2);
         assert!(moved >= t1.units_of(&services[0]).len());
         assert_eq!((added, removed), (0, 0));
         assert!(t2.units_of(&services[0]).is_empty());
         let t3 = compute_table(&services, &BTreeSet::new(), &units[..29], 3).unwrap();
-        assert_eq!(table_diff(Some(&t1), &t3).2, 1);
+        assert_eq!(table_diff(Some(&t1), &t3).removed, 1);
     }
 }
