@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use headcount::recipes::distributor::{
-    self as recipe, grpc::serve_health, grpc::HealthServer, Distributor, DistributorConfig,
-    Liveness, PollOutcome, Registration, Table,
+    self as recipe, grpc::serve_health, grpc::HealthServer, DistributionTable, Distributor,
+    DistributorConfig, Liveness, PollOutcome, Registration,
 };
 use headcount::{DynStore, ErrorKind, Keyspace};
 use headcount_conformance::harness::ServerKind;
@@ -90,8 +90,8 @@ async fn wait_for(
     ns: &Ns,
     deadline: Duration,
     what: &str,
-    done: impl Fn(&Table) -> bool,
-) -> (Table, Duration) {
+    done: impl Fn(&DistributionTable) -> bool,
+) -> (DistributionTable, Duration) {
     let start = Instant::now();
     let table = wait::eventually(what, deadline, wait::EVERY, || async {
         match recipe::read_table(store, &ns.dist).await.unwrap() {
@@ -103,13 +103,13 @@ async fn wait_for(
     (table, start.elapsed())
 }
 
-fn counts(t: &Table) -> Vec<usize> {
+fn counts(t: &DistributionTable) -> Vec<usize> {
     t.services.values().map(Vec::len).collect()
 }
 
 /// Every unit listed exactly once across the table's services, and every per-service record at
 /// the table's version with the table's units. Retried until the records catch up.
-async fn records_match(store: &DynStore, ns: &Ns, table: &Table, units: usize) {
+async fn records_match(store: &DynStore, ns: &Ns, table: &DistributionTable, units: usize) {
     let all: Vec<&String> = table.services.values().flatten().collect();
     let unique: BTreeSet<&String> = all.iter().copied().collect();
     assert_eq!(all.len(), units, "{table:?}");

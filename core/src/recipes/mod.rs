@@ -15,11 +15,9 @@ pub mod group;
 pub mod ids;
 pub mod interval;
 
-// The distributor's `Assignment` and `Table` are not re-exported here: the group has its own
-// (`group::Assignment`, `group::Table`), and one flat name for two types misleads.
 pub use distributor::{
-    AssignmentWatch, Distributor, DistributorConfig, Health, Liveness, PollOutcome, Prober,
-    Registration, RunningDistributor, Service,
+    DistributionTable, Distributor, DistributorConfig, Health, Liveness, PollOutcome, Prober,
+    Registration, RunningDistributor, Service, ServiceAssignment, ServiceAssignmentWatch,
 };
 pub use ids::{DurabilityPolicy, IdsConfig, IdsStats, MajorityIds, MediatedIds};
 

@@ -1,17 +1,29 @@
-//! One service's units: the [`Assignment`] record, [`read_assignment`] and [`watch_assignment`].
+//! One service's units: the [`ServiceAssignment`] record, [`read_assignment`] and
+//! [`watch_assignment`].
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::{assignment_key, check_service_name, read_table};
+use crate::clock::{Clock, Pace, SystemClock};
+use crate::error::{Error, Result};
+use crate::keys::Keyspace;
+use crate::task::{Background, OnDrop};
+use crate::DynStore;
 
 /// One service's units, as stored in its record under the distribution namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct Assignment {
+pub struct ServiceAssignment {
     /// The table version these units belong to (0: no record yet).
     pub version: u64,
     /// The units, in the order the service took them.
     pub units: Vec<String>,
 }
 
-impl Assignment {
+impl ServiceAssignment {
     /// Parses a per-service record.
     pub fn parse(key: &str, text: &str) -> Result<Self> {
         serde_json::from_str(text)
@@ -30,31 +42,31 @@ pub async fn read_assignment(
     store: &DynStore,
     distribution: &Keyspace,
     service: &str,
-) -> Result<Option<Assignment>> {
+) -> Result<Option<ServiceAssignment>> {
     check_service_name(service)?;
     let key = assignment_key(distribution, service);
     store
         .get(&key)
         .await?
-        .map(|text| Assignment::parse(&key, &text))
+        .map(|text| ServiceAssignment::parse(&key, &text))
         .transpose()
 }
 
 /// A service's view of its units, polled from its record; see [`watch_assignment`].
 #[derive(Debug)]
-pub struct AssignmentWatch {
-    rx: watch::Receiver<Assignment>,
+pub struct ServiceAssignmentWatch {
+    rx: watch::Receiver<ServiceAssignment>,
     task: Background,
 }
 
-impl AssignmentWatch {
+impl ServiceAssignmentWatch {
     /// The units as last read (version 0 and no units before the first record is seen).
-    pub fn current(&self) -> Assignment {
+    pub fn current(&self) -> ServiceAssignment {
         self.rx.borrow().clone()
     }
 
     /// Waits until the units or their version change, and returns the new assignment.
-    pub async fn changed(&mut self) -> Result<Assignment> {
+    pub async fn changed(&mut self) -> Result<ServiceAssignment> {
         self.rx
             .changed()
             .await
@@ -63,7 +75,7 @@ impl AssignmentWatch {
     }
 
     /// The underlying receiver, for `tokio::select!` or a `WatchStream`.
-    pub fn receiver(&self) -> watch::Receiver<Assignment> {
+    pub fn receiver(&self) -> watch::Receiver<ServiceAssignment> {
         self.rx.clone()
     }
 }
@@ -79,7 +91,7 @@ pub fn watch_assignment(
     distribution: Keyspace,
     service: String,
     every: Duration,
-) -> Result<AssignmentWatch> {
+) -> Result<ServiceAssignmentWatch> {
     watch_assignment_with_clock(
         store,
         distribution,
@@ -97,12 +109,12 @@ pub fn watch_assignment_with_clock(
     service: String,
     every: Duration,
     clock: Arc<dyn Clock>,
-) -> Result<AssignmentWatch> {
+) -> Result<ServiceAssignmentWatch> {
     check_service_name(&service)?;
     if every.is_zero() {
         return Err(Error::invalid("the watch interval is zero"));
     }
-    let (tx, rx) = watch::channel(Assignment::default());
+    let (tx, rx) = watch::channel(ServiceAssignment::default());
     let what = format!("the assignment watch of service {service}");
     let task = Background::spawn(what, OnDrop::Abort, |_| async move {
         // A read at once, then one every `every`.
@@ -119,7 +131,7 @@ pub fn watch_assignment_with_clock(
                     Ok(Some(t)) if t.version < last.version && a.version <= t.version => a,
                     _ => continue,
                 },
-                Ok(None) => Assignment {
+                Ok(None) => ServiceAssignment {
                     version: last.version,
                     units: Vec::new(),
                 },
@@ -133,13 +145,20 @@ pub fn watch_assignment_with_clock(
             }
         }
     });
-    Ok(AssignmentWatch { rx, task })
+    Ok(ServiceAssignmentWatch { rx, task })
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{assignment_key, watch_assignment, ServiceAssignment};
+    use crate::keys::Keyspace;
+    use crate::recipes::distributor::{table_key, DistributionTable};
+    use crate::DynStore;
 
     #[tokio::test]
     async fn a_watch_follows_a_new_line_of_tables_after_a_wipe() {
@@ -151,11 +170,11 @@ mod tests {
             let ns = ns.clone();
             let units: Vec<String> = units.iter().map(|u| (*u).to_owned()).collect();
             async move {
-                let a = Assignment {
+                let a = ServiceAssignment {
                     version,
                     units: units.clone(),
                 };
-                let t = Table {
+                let t = DistributionTable {
                     version,
                     services: BTreeMap::from([("s".to_owned(), units)]),
                     down: BTreeSet::new(),

@@ -1,6 +1,14 @@
-//! The configuration of a [`Distributor`]: [`DistributorConfig`] and its limits.
+//! The configuration of a [`Distributor`](super::Distributor): [`DistributorConfig`] and its
+//! limits.
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{namespace, Prober};
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::keys::{Keyspace, DEFAULT_PREFIX};
 
 /// The shortest poll interval accepted.
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
@@ -14,7 +22,7 @@ pub const MIN_PING_TIMEOUT: Duration = Duration::from_millis(1);
 /// The longest ping timeout accepted (one hour).
 pub const MAX_PING_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// The configuration of a [`Distributor`].
+/// The configuration of a [`Distributor`](super::Distributor).
 #[derive(Clone)]
 pub struct DistributorConfig {
     services_namespaces: Vec<String>,
@@ -81,7 +89,7 @@ impl DistributorConfig {
         self
     }
 
-    /// Replaces the [`DefaultProber`]. Its checks are still cut at the ping timeout.
+    /// Replaces the [`DefaultProber`](super::DefaultProber). Its checks are still cut at the ping timeout.
     pub fn with_prober(mut self, prober: Arc<dyn Prober>) -> Self {
         self.prober = Some(prober);
         self
@@ -95,7 +103,7 @@ impl DistributorConfig {
     }
 
     /// Checks every option, returning the key spaces.
-    pub(super) fn validate(&self) -> Result<(Vec<Keyspace>, Keyspace, Keyspace)> {
+    pub(super) fn validate(&self) -> Result<Namespaces> {
         if self.services_namespaces.is_empty() {
             return Err(Error::config("no services namespace given"));
         }
@@ -134,14 +142,31 @@ impl DistributorConfig {
                 self.ping_timeout
             )));
         }
-        Ok((services, units, distribution))
+        Ok(Namespaces {
+            services,
+            units,
+            distribution,
+        })
     }
+}
+
+/// The key spaces of a [`DistributorConfig`], checked.
+#[derive(Debug, Clone)]
+pub(super) struct Namespaces {
+    /// Where services register: each namespace once, in the order given.
+    pub(super) services: Vec<Keyspace>,
+    /// Where the work units are.
+    pub(super) units: Keyspace,
+    /// Where the table and the per-service records are written.
+    pub(super) distribution: Keyspace,
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::DistributorConfig;
 
     #[test]
     fn bad_configs_are_rejected() {

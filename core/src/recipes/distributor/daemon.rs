@@ -1,6 +1,25 @@
 //! The daemon: [`Distributor`] polls, probes, recomputes and writes the table; [`RunningDistributor`] runs it in a task.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::config::Namespaces;
+use super::{
+    assignment_key, compute_table, contended, list_services, list_units, table_diff, table_key,
+    DefaultProber, DistributionTable, DistributorConfig, Health, Liveness, Prober, Service,
+    ServiceAssignment, TableDiff, CAS_ATTEMPTS,
+};
+use crate::clock::{timeout, Clock, Pace};
+use crate::error::{Error, Result};
+use crate::keys::Keyspace;
+use crate::metrics as m;
+use crate::task::{stop_requested, Background, OnDrop};
+use crate::DynStore;
 
 /// How long the empty record of a service that left the registry is kept, so a late reader sees
 /// it lost its units before the record expires.
@@ -62,7 +81,11 @@ impl fmt::Debug for Distributor {
 impl Distributor {
     /// Checks the configuration; nothing is read or written yet.
     pub fn new(store: DynStore, config: DistributorConfig) -> Result<Self> {
-        let (services, units, distribution) = config.validate()?;
+        let Namespaces {
+            services,
+            units,
+            distribution,
+        } = config.validate()?;
         let prober = config.prober.clone().unwrap_or_else(|| {
             Arc::new(
                 DefaultProber::new(store.clone(), config.ping_timeout)
@@ -156,7 +179,7 @@ impl Distributor {
             let current_text = self.store.get(&key).await?;
             let current = current_text
                 .as_deref()
-                .map(|t| Table::parse(&key, t))
+                .map(|t| DistributionTable::parse(&key, t))
                 .transpose()?;
             let registered = self.registered().await?;
             let units = list_units(&self.store, &self.units).await?;
@@ -186,7 +209,7 @@ impl Distributor {
             let records = self.records().await?;
             let floor = records
                 .iter()
-                .filter_map(|(s, t)| Assignment::parse(s, t).ok())
+                .filter_map(|(s, t)| ServiceAssignment::parse(s, t).ok())
                 .map(|a| a.version)
                 .max()
                 .unwrap_or(0);
@@ -210,7 +233,11 @@ impl Distributor {
             {
                 ::metrics::counter!(m::DISTRIBUTOR_TABLE_WRITES, "result" => "written")
                     .increment(1);
-                let (moved, added, removed) = table_diff(current.as_ref(), &next);
+                let TableDiff {
+                    moved,
+                    added,
+                    removed,
+                } = table_diff(current.as_ref(), &next);
                 tracing::info!(
                     version = next.version,
                     services = healthy.len(),
@@ -276,20 +303,20 @@ impl Distributor {
     /// makes one compare-and-set fail and be retried.
     async fn sync_records(
         &self,
-        table: &Table,
-        previous: Option<&Table>,
+        table: &DistributionTable,
+        previous: Option<&DistributionTable>,
         existing: BTreeMap<String, String>,
     ) -> Result<()> {
         let loses = |s: &str, units: &[String]| {
             existing
                 .get(s)
-                .and_then(|t| Assignment::parse(s, t).ok())
+                .and_then(|t| ServiceAssignment::parse(s, t).ok())
                 .is_some_and(|a| a.units.iter().any(|u| !units.contains(u)))
         };
         let mut order: Vec<(&String, &Vec<String>)> = table.services.iter().collect();
         order.sort_by_key(|(s, units)| !loses(s, units));
         for (service, units) in order {
-            let want = Assignment {
+            let want = ServiceAssignment {
                 version: table.version,
                 units: units.clone(),
             };
@@ -308,7 +335,7 @@ impl Distributor {
             );
         }
         for service in departed {
-            let empty = Assignment {
+            let empty = ServiceAssignment {
                 version: table.version,
                 units: Vec::new(),
             };
@@ -328,7 +355,7 @@ impl Distributor {
     async fn write_record(
         &self,
         service: &str,
-        want: &Assignment,
+        want: &ServiceAssignment,
         seen: Option<&String>,
         ttl: Option<Duration>,
     ) -> Result<()> {
@@ -337,7 +364,7 @@ impl Distributor {
         let mut current = seen.cloned();
         for _ in 0..CAS_ATTEMPTS {
             if let Some(cur) = &current {
-                match Assignment::parse(&key, cur) {
+                match ServiceAssignment::parse(&key, cur) {
                     Ok(a) if a.version > want.version || a == *want => return Ok(()),
                     // A departed service's empty record keeps its first TTL.
                     Ok(a) if ttl.is_some() && a.units.is_empty() => return Ok(()),

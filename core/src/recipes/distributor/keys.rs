@@ -1,6 +1,9 @@
 //! The distributor's key spaces and keys: [`namespace`], and the key of each record.
 
-use super::*;
+use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+
+use crate::error::{Error, Result};
+use crate::keys::Keyspace;
 
 /// Bytes percent-encoded in the key of a work unit: controls, `%`, and space (so a key read back
 /// with a store's own client is unambiguous). Non-ASCII is always encoded.
@@ -50,7 +53,8 @@ pub fn assignment_key(distribution: &Keyspace, service: &str) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use super::unit_key;
+    use crate::keys::Keyspace;
 
     #[test]
     fn only_canonical_unit_keys_count() {

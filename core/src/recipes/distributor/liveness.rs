@@ -1,6 +1,6 @@
 //! How a service shows it is alive: [`Liveness`], and the check of a gRPC health address.
 
-use super::*;
+use crate::error::{Error, Result};
 
 /// The value of a service record whose liveness is a heartbeat key.
 pub const HEARTBEAT_ADDRESS: &str = "heartbeat";
@@ -102,7 +102,7 @@ pub(super) fn parse_grpc_address(address: &str) -> Result<String> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use super::Liveness;
 
     #[test]
     fn addresses_parse_or_say_why() {

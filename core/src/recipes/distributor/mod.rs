@@ -1,12 +1,13 @@
 //! The Distributor: a deterministic matching of services to work units, kept in the
 //! store, recomputed when a service stops answering its health checks.
 //!
-//! Everything goes through [`DynStore`], so it works on every backend. See `docs/distributor.md`
-//! for the whole story; in short:
+//! Everything goes through [`DynStore`](crate::DynStore), so it works on every backend. See
+//! `docs/distributor.md` for the whole story; in short:
 //!
 //! # Keys
 //!
-//! Each namespace is a [`Keyspace`] (`hc:{namespace}:`), validated like a group name.
+//! Each namespace is a [`Keyspace`](crate::Keyspace) (`hc:{namespace}:`), validated like a group
+//! name.
 //!
 //! | namespace | key | value |
 //! |---|---|---|
@@ -21,11 +22,11 @@
 //!
 //! # The matching
 //!
-//! [`match_work_units`]: the units on a ring with 50 points each, the healthy services sorted,
-//! each service in turn takes its nearest remaining unit until none remain. The same table for the
-//! same services and units whatever their order and whichever distributor computes it; unit counts
-//! per service differ by at most one. Registered services that fail their health check stay in the
-//! table with no units and are listed under `down`.
+//! [`match_work_units`](crate::assign::match_work_units): the units on a ring with 50 points each,
+//! the healthy services sorted, each service in turn takes its nearest remaining unit until none
+//! remain. The same table for the same services and units whatever their order and whichever
+//! distributor computes it; unit counts per service differ by at most one. Registered services that
+//! fail their health check stay in the table with no units and are listed under `down`.
 //!
 //! # Versioned writes
 //!
@@ -41,10 +42,10 @@
 //! increase. A per-service record is always one service's complete list at the version it states,
 //! and its version never decreases. During an update (between the table CAS and the last record,
 //! normally milliseconds; until the next poll if the writer died), records of different services
-//! be at different versions (older ones until a sync completes, not only the previous one): a unit that moved may be listed by its old owner and its
-//! new one, or by neither. A service that must never overlap with another compares its record's
-//! version with the `table` record's, or fences its work with the version
-//! (a fencing token: see [`crate::fence`]).
+//! may be at different versions (any older one until a sync completes, not only the previous
+//! one): a unit that moved may be listed by its old owner and its new one, or by neither. A
+//! service that must never overlap with another compares its record's version with the `table`
+//! record's, or fences its work with the version (a fencing token: see [`crate::fence`]).
 //!
 //! # Bad input
 //!
@@ -67,43 +68,24 @@ mod service;
 mod table;
 mod units;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
-use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-
-use async_trait::async_trait;
-use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
-use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
-use tracing::Instrument;
-
-use crate::assign::match_work_units;
-use crate::clock::{timeout, Clock, Pace, SystemClock};
-use crate::error::{Error, Result};
-use crate::keys::{Keyspace, DEFAULT_PREFIX};
-use crate::metrics as m;
-use crate::store::MAX_VALUE_LEN;
-use crate::task::{stop_requested, Background, OnDrop};
-use crate::DynStore;
+use crate::error::Error;
 
 pub use assignment::{
-    read_assignment, watch_assignment, watch_assignment_with_clock, Assignment, AssignmentWatch,
+    read_assignment, watch_assignment, watch_assignment_with_clock, ServiceAssignment,
+    ServiceAssignmentWatch,
 };
 pub use config::{
     DistributorConfig, MAX_PING_TIMEOUT, MAX_POLL_INTERVAL, MIN_PING_TIMEOUT, MIN_POLL_INTERVAL,
 };
 pub use daemon::{Distributor, PollOutcome, RunningDistributor, DEPARTED_RECORD_TTL};
 pub use keys::{assignment_key, heartbeat_key, namespace, service_key, table_key, unit_key};
-use liveness::parse_grpc_address;
 pub use liveness::{Liveness, HEARTBEAT_ADDRESS};
 pub use probes::{DefaultProber, Health, Prober};
 pub use service::{
     beat, check_service_name, deregister, list_services, register, spawn_heartbeat,
     spawn_heartbeat_with_clock, HeartbeatHandle, Registration, Service, MAX_SERVICE_NAME_LEN,
 };
-pub use table::{compute_table, read_table, table_diff, Table};
+pub use table::{compute_table, read_table, table_diff, DistributionTable, TableDiff};
 pub use units::{add_unit, check_unit_name, list_units, remove_unit, MAX_UNIT_NAME_LEN};
 
 const CAS_ATTEMPTS: usize = 100;
@@ -118,7 +100,11 @@ fn contended(key: &str) -> Error {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use percent_encoding::percent_decode_str;
+
+    use super::{unit_key, ServiceAssignment};
+    use crate::error::Error;
+    use crate::keys::Keyspace;
 
     #[test]
     fn unit_names_with_commas_and_anything_round_trip() {
@@ -136,14 +122,14 @@ mod tests {
             let encoded = &key[ks.key("unit:").len()..];
             assert_eq!(percent_decode_str(encoded).decode_utf8().unwrap(), name);
         }
-        let a = Assignment {
+        let a = ServiceAssignment {
             version: 3,
             units: vec!["a,b".into(), "c\"d".into(), "ü".into()],
         };
         let text = a.encode().unwrap();
-        assert_eq!(Assignment::parse("k", &text).unwrap(), a);
+        assert_eq!(ServiceAssignment::parse("k", &text).unwrap(), a);
         assert!(matches!(
-            Assignment::parse("k", "a,b"),
+            ServiceAssignment::parse("k", "a,b"),
             Err(Error::ForeignValue { .. })
         ));
     }

@@ -1,6 +1,16 @@
 //! Health checks: [`Health`], the [`Prober`] trait and the [`DefaultProber`].
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+#[cfg(feature = "grpc")]
+use super::grpc;
+use super::{heartbeat_key, Liveness, Service};
+use crate::clock::{timeout, Clock, SystemClock};
+use crate::DynStore;
 
 /// The answer of a health check.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,15 @@
 //! The service side of the registry: [`register`], [`deregister`], the heartbeat ([`beat`], [`spawn_heartbeat`]) and [`list_services`].
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::liveness::parse_grpc_address;
+use super::{contended, heartbeat_key, service_key, Liveness, CAS_ATTEMPTS, HEARTBEAT_ADDRESS};
+use crate::clock::{Clock, Pace, SystemClock};
+use crate::error::{Error, Result};
+use crate::keys::Keyspace;
+use crate::task::{Background, OnDrop};
+use crate::DynStore;
 
 /// The longest service name accepted, in bytes.
 pub const MAX_SERVICE_NAME_LEN: usize = 256;
@@ -82,8 +91,8 @@ pub async fn register(
 }
 
 /// Removes `name` from the services namespace. The next poll of a distributor drops it from the
-/// table and leaves it an empty record for [`DEPARTED_RECORD_TTL`]. Returns whether it was
-/// registered.
+/// table and leaves it an empty record for [`DEPARTED_RECORD_TTL`](super::DEPARTED_RECORD_TTL).
+/// Returns whether it was registered.
 pub async fn deregister(store: &DynStore, services: &Keyspace, name: &str) -> Result<bool> {
     check_service_name(name)?;
     store.delete(&service_key(services, name)).await

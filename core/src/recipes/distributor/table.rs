@@ -1,10 +1,20 @@
-//! The matching table: [`Table`], [`read_table`], [`compute_table`] and [`table_diff`].
+//! The matching table: [`DistributionTable`], [`read_table`], [`compute_table`] and
+//! [`table_diff`] ([`TableDiff`]).
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::table_key;
+use crate::assign::match_work_units;
+use crate::error::{Error, Result};
+use crate::keys::Keyspace;
+use crate::store::MAX_VALUE_LEN;
+use crate::DynStore;
 
 /// The matching table as stored in the `table` record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Table {
+pub struct DistributionTable {
     /// Starts at 1 and grows by one with every change.
     pub version: u64,
     /// Every registered service and its units, in the order it took them; down services have none.
@@ -14,7 +24,7 @@ pub struct Table {
     pub down: BTreeSet<String>,
 }
 
-impl Table {
+impl DistributionTable {
     /// The units of `service` (empty when it has none or is not in the table).
     pub fn units_of(&self, service: &str) -> &[String] {
         self.services.get(service).map_or(&[], Vec::as_slice)
@@ -28,7 +38,7 @@ impl Table {
             .collect()
     }
 
-    pub(super) fn same_content(&self, other: &Table) -> bool {
+    pub(super) fn same_content(&self, other: &DistributionTable) -> bool {
         self.services == other.services && self.down == other.down
     }
 
@@ -51,12 +61,15 @@ impl Table {
 }
 
 /// The whole table, or `None` before the first one is written.
-pub async fn read_table(store: &DynStore, distribution: &Keyspace) -> Result<Option<Table>> {
+pub async fn read_table(
+    store: &DynStore,
+    distribution: &Keyspace,
+) -> Result<Option<DistributionTable>> {
     let key = table_key(distribution);
     store
         .get(&key)
         .await?
-        .map(|text| Table::parse(&key, &text))
+        .map(|text| DistributionTable::parse(&key, &text))
         .transpose()
 }
 
@@ -67,7 +80,7 @@ pub fn compute_table(
     down: &BTreeSet<String>,
     units: &[String],
     version: u64,
-) -> Result<Table> {
+) -> Result<DistributionTable> {
     let matching = match_work_units(healthy, units)
         .map_err(|e| Error::invalid(format!("cannot match services to units: {e}")))?;
     let mut services: BTreeMap<String, Vec<String>> = healthy
@@ -83,18 +96,34 @@ pub fn compute_table(
     for d in down {
         services.entry(d.clone()).or_default();
     }
-    Ok(Table {
+    Ok(DistributionTable {
         version,
         services,
         down: down.clone(),
     })
 }
 
-/// Counts `(moved, added, removed)` units between two tables.
-pub fn table_diff(old: Option<&Table>, new: &Table) -> (usize, usize, usize) {
+/// How many units changed hands between two tables: see [`table_diff`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TableDiff {
+    /// Units whose owner changed.
+    pub moved: usize,
+    /// Units that were not in the old table.
+    pub added: usize,
+    /// Units of the old table that are gone.
+    pub removed: usize,
+}
+
+/// Counts the units moved, added and removed between two tables (every unit of `new` is added
+/// when there is no `old`).
+pub fn table_diff(old: Option<&DistributionTable>, new: &DistributionTable) -> TableDiff {
     let new_owners = new.owners();
     let Some(old) = old else {
-        return (0, new_owners.len(), 0);
+        return TableDiff {
+            moved: 0,
+            added: new_owners.len(),
+            removed: 0,
+        };
     };
     let old_owners = old.owners();
     let mut moved = 0;
@@ -110,13 +139,19 @@ pub fn table_diff(old: Option<&Table>, new: &Table) -> (usize, usize, usize) {
         .keys()
         .filter(|u| !new_owners.contains_key(*u))
         .count();
-    (moved, added, removed)
+    TableDiff {
+        moved,
+        added,
+        removed,
+    }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use super::*;
+    use std::collections::BTreeSet;
+
+    use super::{compute_table, table_diff, TableDiff};
 
     fn names(prefix: &str, n: usize) -> Vec<String> {
         (0..n).map(|i| format!("{prefix}{i}")).collect()
@@ -143,11 +178,15 @@ mod tests {
         let t1 = compute_table(&services, &BTreeSet::new(), &units, 1).unwrap();
         let down: BTreeSet<String> = [services[0].clone()].into();
         let t2 = compute_table(&services[1..], &down, &units, 2).unwrap();
-        let (moved, added, removed) = table_diff(Some(&t1), &t2);
+        let TableDiff {
+            moved,
+            added,
+            removed,
+        } = table_diff(Some(&t1), &t2);
         assert!(moved >= t1.units_of(&services[0]).len());
         assert_eq!((added, removed), (0, 0));
         assert!(t2.units_of(&services[0]).is_empty());
         let t3 = compute_table(&services, &BTreeSet::new(), &units[..29], 3).unwrap();
-        assert_eq!(table_diff(Some(&t1), &t3).2, 1);
+        assert_eq!(table_diff(Some(&t1), &t3).removed, 1);
     }
 }

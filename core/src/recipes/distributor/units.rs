@@ -1,6 +1,11 @@
 //! Work units: [`add_unit`], [`remove_unit`], [`list_units`] and the name rule.
 
-use super::*;
+use percent_encoding::percent_decode_str;
+
+use super::unit_key;
+use crate::error::{Error, Result};
+use crate::keys::Keyspace;
+use crate::DynStore;
 
 /// The longest work unit name accepted, in bytes.
 pub const MAX_UNIT_NAME_LEN: usize = 1024;

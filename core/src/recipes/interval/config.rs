@@ -1,6 +1,12 @@
 //! How a peer joins: [`IntervalConfig`], its limits, and the member id rule.
 
-use super::*;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::keys::{Keyspace, DEFAULT_PREFIX};
 
 /// The shortest interval accepted.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
@@ -176,7 +182,10 @@ pub(crate) fn check_member(member: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::IntervalConfig;
+    use crate::error::Error;
 
     #[test]
     fn bad_configs_are_rejected() {

@@ -1,6 +1,10 @@
 //! Health records: [`PeerHealth`], [`live_peers`], and the record's text.
 
-use super::*;
+use super::keys::Keys;
+use super::Pair;
+use crate::error::Result;
+use crate::keys::Keyspace;
+use crate::DynStore;
 
 /// One live peer, from its health record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +80,7 @@ fn parse_health(member: &str, value: &str) -> Option<PeerHealth> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{health_value, parse_health, Pair, PeerHealth};
 
     #[test]
     fn health_records_round_trip() {

@@ -1,6 +1,6 @@
 //! The keys of one group's interval indexer, and how long they live.
 
-use super::*;
+use crate::keys::Keyspace;
 
 /// How many intervals the counter and acknowledgement keys live.
 pub const KEY_INTERVALS: u32 = 3;

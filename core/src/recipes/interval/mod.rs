@@ -53,7 +53,7 @@
 //!
 //! # Keys
 //!
-//! Under the group's [`Keyspace`] (`hc:{group}:`):
+//! Under the group's [`Keyspace`](crate::Keyspace) (`hc:{group}:`):
 //!
 //! | key | value | TTL |
 //! |---|---|---|
@@ -133,33 +133,12 @@ mod status;
 mod ticker;
 mod time;
 
-use std::collections::BTreeSet;
-use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, UNIX_EPOCH};
-
-use tokio::sync::watch;
-use tracing::Instrument;
-
-use crate::clock::{Clock, SystemClock};
-use crate::error::{Error, Result};
-use crate::keys::{Keyspace, DEFAULT_PREFIX};
-use crate::store::parse_counter;
-use crate::task::{Background, OnDrop};
-use crate::DynStore;
-
 pub(crate) use config::check_member;
 pub use config::{IntervalConfig, MAX_CAPACITY, MAX_INTERVAL, MAX_MEMBER_LEN, MIN_INTERVAL};
-use health::{health_value, list_health};
 pub use health::{live_peers, PeerHealth};
-use keys::Keys;
 pub use keys::KEY_INTERVALS;
-use ownership::{Active, Shared};
 pub use ownership::{Ownership, TaskGuard};
 pub use pair::Pair;
 pub use peer::{IntervalIndexer, IntervalPeer};
 pub use status::{IntervalPhase, IntervalStatus};
-use ticker::Ticker;
 pub use time::interval_number;
-use time::{interval_start, wall};

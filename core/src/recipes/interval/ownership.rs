@@ -1,6 +1,14 @@
 //! Deciding ownership: the pair a peer takes tasks under, [`Ownership`] and [`TaskGuard`].
 
-use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::time::wall;
+use super::{IntervalStatus, Pair};
+use crate::clock::Clock;
 
 /// The pair a peer takes tasks under, and until when on its own clock.
 #[derive(Debug, Clone, Copy)]

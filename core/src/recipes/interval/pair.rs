@@ -40,7 +40,7 @@ impl Pair {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::Pair;
 
     #[test]
     fn ownership_maps_tasks_to_one_based_slots() {

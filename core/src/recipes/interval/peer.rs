@@ -1,6 +1,24 @@
 //! Joining: [`IntervalIndexer::join`], and the [`IntervalPeer`] handle.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::health::list_health;
+use super::keys::Keys;
+use super::ownership::Shared;
+use super::ticker::Ticker;
+use super::time::wall;
+use super::{
+    interval_number, IntervalConfig, IntervalPhase, IntervalStatus, Ownership, Pair, PeerHealth,
+    TaskGuard,
+};
+use crate::error::Result;
+use crate::task::{Background, OnDrop};
+use crate::DynStore;
 
 /// Entry point of the recipe.
 #[derive(Debug, Clone, Copy)]
@@ -11,9 +29,10 @@ impl IntervalIndexer {
     /// interval if it is in that interval's first half on the peer's clock; otherwise the first
     /// draw waits for the next tick) and starts ticking in the background.
     ///
-    /// Errors: [`Error::InvalidArgument`] for a bad group, prefix, member id, interval, skew or
-    /// capacity; [`Error::ForeignValue`] when the current interval's counter holds something else;
-    /// the store's own error when it cannot be reached.
+    /// Errors: [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad group, prefix,
+    /// member id, interval, skew or capacity; [`Error::ForeignValue`](crate::Error::ForeignValue)
+    /// when the current interval's counter holds something else; the store's own error when it
+    /// cannot be reached.
     pub async fn join(store: DynStore, config: IntervalConfig) -> Result<IntervalPeer> {
         let space = config.check()?;
         let interval = config.interval;
@@ -152,7 +171,7 @@ impl IntervalPeer {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The live peers of the group, from their health records (see [`live_peers`]).
+    /// The live peers of the group, from their health records (see [`live_peers`](super::live_peers)).
     pub async fn live_peers(&self) -> Result<Vec<PeerHealth>> {
         list_health(self.store.as_ref(), &self.keys.health_prefix()).await
     }

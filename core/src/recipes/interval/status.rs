@@ -1,6 +1,6 @@
 //! Where a peer stands: [`IntervalPhase`] and the [`IntervalStatus`] it publishes.
 
-use super::*;
+use super::Pair;
 
 /// Where a peer stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,7 +42,7 @@ pub struct IntervalStatus {
     /// The member id.
     pub member: String,
     /// The last pair the peer confirmed (kept through faults); whether it owns tasks right now is
-    /// [`Ownership::pair`].
+    /// [`Ownership::pair`](super::Ownership::pair).
     pub pair: Option<Pair>,
     /// Where the peer stands.
     pub phase: IntervalPhase,

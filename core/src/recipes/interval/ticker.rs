@@ -1,6 +1,22 @@
 //! The background task: ticks, the sealed count, the transition and its acknowledgements.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::health::health_value;
+use super::keys::{Keys, KEY_INTERVALS};
+use super::ownership::{Active, Shared};
+use super::time::{interval_start, wall};
+use super::{interval_number, IntervalPhase, IntervalStatus, Pair};
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::store::parse_counter;
+use crate::DynStore;
 
 /// A count of peers' capacities read at `key`: a decimal integer of at least 1.
 fn parse_count(key: &str, text: &str) -> Result<u64> {

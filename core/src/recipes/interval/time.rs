@@ -1,6 +1,8 @@
 //! Wall time and interval numbers.
 
-use super::*;
+use std::time::{Duration, UNIX_EPOCH};
+
+use crate::clock::Clock;
 
 /// Wall-clock time since the Unix epoch (zero before it).
 pub(super) fn wall(clock: &dyn Clock) -> Duration {
@@ -25,7 +27,9 @@ pub(super) fn interval_start(n: u64, interval: Duration) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::{interval_number, interval_start};
 
     #[test]
     fn interval_numbers_follow_the_article() {
