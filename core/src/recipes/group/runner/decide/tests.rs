@@ -291,8 +291,11 @@ fn only_an_unchanged_table_with_nothing_under_way_is_idle() {
     }
 }
 
+/// A change to a steady fixture, named.
+type Change = (&'static str, fn(&mut Fixture));
+
 /// Each thing that can be under way, as a change to a steady fixture.
-fn under_way() -> Vec<(&'static str, fn(&mut Fixture))> {
+fn under_way() -> Vec<Change> {
     vec![
         ("unsettled", |f| f.cache.unsettled = true),
         ("a hand-off", |f| {
