@@ -156,9 +156,14 @@ impl Runner {
                 self.settler.stalled = None;
                 true
             }
-            // Changed since the listing: read again at the next beat.
-            Ok(false) => false,
+            // Changed since the listing: read the view directory again at the next beat,
+            // whatever version the store answers (as after a lost view write).
+            Ok(false) => {
+                self.forget_seen();
+                false
+            }
             Err(e) => {
+                self.forget_seen();
                 self.set_error(Some(&e));
                 false
             }

@@ -74,13 +74,18 @@ impl Runner {
                         }
                         // Someone else changed the view since this listing (or the reply was
                         // lost): the view in the listing is stale, so adopt nothing and list
-                        // again at the next (quarter-heartbeat) beat.
+                        // again at the next (quarter-heartbeat) beat. Read it then whatever
+                        // version the store answers: the refusal proves the view changed, and
+                        // a store whose version missed that change would answer "unchanged"
+                        // for ever.
                         Ok(false) => {
                             newest = None;
+                            self.forget_seen();
                             self.discrepancy = Some(discrepancy);
                         }
                         Err(e) => {
                             newest = None;
+                            self.forget_seen();
                             self.set_error(Some(&e));
                             self.discrepancy = Some(discrepancy);
                         }
