@@ -20,7 +20,7 @@ use headcount_core::memory::MemoryStore;
 use headcount_core::recipes::group::{Group, GroupConfig, GroupPhase, Member};
 use headcount_core::sim::SimClock;
 use headcount_core::store::{Capabilities, Durability, RenewedListing};
-use headcount_core::{Clock, DynStore, Result, Store};
+use headcount_core::{Clock, DynStore, Result};
 
 const TTL: Duration = Duration::from_millis(300);
 
