@@ -29,7 +29,7 @@ pub const NOT_FOUND: u8 = 127;
 /// The table printed after every `--help`.
 pub const EXIT_CODES_HELP: &str = "\
 Exit status:
-  0    success, or stopped by SIGINT/SIGTERM (run, exec, status --watch)
+  0    success, or stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT (run, exec, status --watch)
   1    failed for good: the store refused us (auth, a foreign value, member id in use), a
        member gave up, a conformance case failed, output could not be written
   2    usage or configuration error: bad flag, URL or value, a database that is not ours or

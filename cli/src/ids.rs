@@ -22,7 +22,8 @@ pub enum IdsCommand {
     /// Serve IDs over gRPC (`headcount.ids.v1.Ids/Next`, and the standard health service): the
     /// seed's IDs server, which takes one majority round for every caller waiting (group
     /// commit). Several servers over the same stores are safe at once; clients fail over
-    /// between them (`ids next --server A,B`). Stops on SIGINT or SIGTERM after the calls under
+    /// between them (`ids next --server A,B`). Stops on SIGINT, SIGTERM, SIGHUP or SIGQUIT after
+    /// the calls under
     /// way.
     Serve(ServeArgs),
 }

@@ -70,8 +70,8 @@ struct Cli {
 enum Command {
     /// Join a group; print one JSON line per change of index, replicas or phase
     ///
-    /// Join a group and print one JSON line per change of index, replicas or phase; SIGINT or
-    /// SIGTERM leaves the group and exits 0.
+    /// Join a group and print one JSON line per change of index, replicas or phase; SIGINT,
+    /// SIGTERM, SIGHUP or SIGQUIT leaves the group and exits 0 (SIGUSR1/SIGUSR2 are ignored).
     Run(run::RunArgs),
     /// Run a command with this member's HEADCOUNT_INDEX/REPLICAS/EPOCH; restart it on a change
     ///

@@ -75,7 +75,8 @@ pub fn check(args: &RunArgs) -> Result<(), Error> {
     }
 }
 
-/// Joins and prints one line per change until SIGINT or SIGTERM, then leaves. A closed stdout
+/// Joins and prints one line per change until a stop signal (see [`Shutdown`]), then leaves. A
+/// closed stdout
 /// ends it the same way (quietly); another write error after leaving, with status 1.
 pub async fn run(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     match args.mode {
@@ -244,24 +245,4 @@ fn interval_line(group: &str, status: &IntervalStatus, live: Option<usize>) -> s
         "phase": status.phase.as_str(),
         "error": status.last_error,
     })
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() -> Result<(), Error> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())
-            .map_err(|e| Error::config(format!("cannot listen for SIGTERM: {e}")))?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.map_err(|e| Error::config(format!("cannot listen for SIGINT: {e}"))),
-            _ = term.recv() => Ok(()),
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        tokio::signal::ctrl_c()
-            .await
-            .map_err(|e| Error::config(format!("cannot listen for Ctrl-C: {e}")))
-    }
 }
