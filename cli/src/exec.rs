@@ -76,9 +76,10 @@ enum Ended {
 }
 
 /// Runs the command under the member's share until it exits, or a stop signal (SIGINT,
-/// SIGTERM, SIGHUP, SIGQUIT: the command gets SIGTERM and its grace). Everything
-/// that can be checked without the group (the command exists and is executable, the events
-/// file opens) is checked before joining, so a typo costs the others no view change.
+/// SIGTERM, SIGHUP, SIGQUIT: the command gets SIGTERM and its grace). Everything that can be
+/// checked without the group (the group name, member id and TTL, the command exists and is
+/// executable, the events file opens) is checked before connecting, so a typo is a usage error
+/// even with the store down, and costs the others no view change.
 pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
     let Some(program) = args.command.first() else {
         return Err(Error::invalid(
@@ -91,16 +92,17 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
             Error::invalid(format!("--grace {:?} is above {MAX_GRACE:?}", args.grace)).into(),
         );
     }
-    check_command(program)?;
-    let events = Events::open(args.events.as_deref())?;
-    let store = headcount::connect(&url).await?;
-    let mut shutdown = Shutdown::new()?;
-    let mut user_signals = UserSignals::new()?;
     let ttl = args.ttl.unwrap_or(crate::util::DEFAULT_GROUP_TTL);
     // The grant is held while the command stops: let the hand-off wait for the whole grace (and
     // a heartbeat to reap it) before the member gives up its lease, instead of one TTL.
     let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
         .with_drain_timeout(ttl.max(args.grace.saturating_add(ttl / 3)));
+    config.validate()?;
+    check_command(program)?;
+    let events = Events::open(args.events.as_deref())?;
+    let store = headcount::connect(&url).await?;
+    let mut shutdown = Shutdown::new()?;
+    let mut user_signals = UserSignals::new()?;
     let member = Group::join(store, config).await?;
     tracing::info!(member = member.member(), "joined");
     let mut watch = member.watch();

