@@ -10,8 +10,9 @@ use std::process::ExitCode;
 use headcount::{Error, ErrorKind};
 
 /// The command ran and failed for good: a store refused us (authentication, a foreign value, a
-/// member id already in use), a member gave up, a conformance case failed, the demo
-/// lost or duplicated a task, or stdout could not be written. Restarting as is will not help.
+/// member id already in use), the URL names a server of another protocol, a member gave up, a
+/// conformance case failed, the demo lost or duplicated a task, or stdout could not be written.
+/// Restarting as is will not help.
 pub const FAILURE: u8 = 1;
 /// A usage or configuration error: a bad flag, URL, name or value, or no store given where one
 /// is required. Nothing was written to the store.
@@ -30,8 +31,9 @@ pub const NOT_FOUND: u8 = 127;
 pub const EXIT_CODES_HELP: &str = "\
 Exit status:
   0    success, or stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT (run, exec, status --watch)
-  1    failed for good: the store refused us (auth, a foreign value, member id in use), a
-       member gave up, a conformance case failed, output could not be written
+  1    failed for good: the store refused us (auth, a foreign value, member id in use), the
+       URL names a server of another protocol, a member gave up, a conformance case failed,
+       output could not be written
   2    usage or configuration error: bad flag, URL or value, a database that is not ours or
        does not exist (read-only commands), no --store where one is required
   75   the store is unreachable or timed out: retry later

@@ -8,6 +8,8 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
+
 fn headcount() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_headcount"));
     for var in [
@@ -82,4 +84,35 @@ fn usage_errors_are_found_before_connecting() {
         }
     }
     assert!(!never.exists(), "a store was opened for a usage error");
+}
+
+/// `postgres://` and `etcd://` URLs that point at a Redis port: the server will never speak
+/// the protocol, so the command fails for good (1, not 75) and says what it found.
+#[test]
+fn a_server_of_another_protocol_is_a_permanent_failure() {
+    let started = KvStore::redis(None);
+    let Some(redis) = skip_unless_required(ServerKind::Redis, "another protocol", started) else {
+        return;
+    };
+    let port = redis.servers[0].port;
+    let mut urls = vec![(
+        format!("postgres://u:secret@127.0.0.1:{port}/db?timeout=2s"),
+        "PostgreSQL",
+    )];
+    if cfg!(feature = "etcd") {
+        urls.push((format!("etcd://127.0.0.1:{port}?timeout=2s"), "etcd"));
+    }
+    for (url, needle) in urls {
+        for command in [&["status", "--group", "g"][..], &["run", "--group", "g"]] {
+            let out = headcount()
+                .args(command)
+                .args(["--store", &url])
+                .output()
+                .unwrap();
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{command:?} {url}: {stderr}");
+            assert!(stderr.contains(needle), "{stderr}");
+            assert!(!stderr.contains("secret"), "{stderr}");
+        }
+    }
 }
