@@ -140,22 +140,22 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
     tracing::info!(member = member.member(), "joined");
     let mut watch = member.watch();
     let mut output;
-    let failed = loop {
+    let ended = loop {
         let assignment = watch.borrow_and_update().clone();
         output = emit(group_line(&args.group, &assignment));
         if output.is_err() {
-            break false;
+            break Ended::Output;
         }
         if assignment.phase == GroupPhase::Failed {
-            break true;
+            break Ended::Failed;
         }
         tokio::select! {
             changed = watch.changed() => {
                 if changed.is_err() {
-                    break true;
+                    break Ended::Failed;
                 }
             }
-            () = shutdown.recv() => break false,
+            () = shutdown.recv() => break Ended::Signal,
         }
     };
     let last = member.assignment();
@@ -174,12 +174,38 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
             ..last
         },
     ))?;
-    left?;
-    Ok(if failed {
+    match ended {
+        Ended::Signal => stopped_anyway(left),
+        Ended::Output | Ended::Failed => left?,
+    }
+    Ok(if ended == Ended::Failed {
         ExitCode::from(crate::exit::FAILURE)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Why `run` stopped following the group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// A stop signal: the stop was asked for.
+    Signal,
+    /// Stdout failed (closed by its reader, or full).
+    Output,
+    /// The member gave up.
+    Failed,
+}
+
+/// After a stop that was asked for, a failure to leave (the store is down) is logged, not the
+/// command's failure: the process did stop, and a supervisor that sees a "retry" status for
+/// it would start it again. The others take the slot over when its lease expires.
+fn stopped_anyway(left: Result<(), Error>) {
+    if let Err(e) = left {
+        tracing::warn!(
+            error = %e,
+            "stopped without leaving: the others take the slot over when its lease expires"
+        );
+    }
 }
 
 /// One line of `run --mode group`.
@@ -206,6 +232,7 @@ async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, CliErr
     let mut watch = peer.watch();
     let mut last_printed = None;
     let mut output = Ok(());
+    let mut asked = false;
     loop {
         let status = watch.borrow_and_update().clone();
         let key = (status.pair.map(|p| (p.index, p.replicas)), status.phase);
@@ -223,7 +250,10 @@ async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, CliErr
                     break;
                 }
             }
-            () = shutdown.recv() => break,
+            () = shutdown.recv() => {
+                asked = true;
+                break;
+            }
         }
     }
     let member = peer.member().to_owned();
@@ -239,7 +269,11 @@ async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, CliErr
         },
         None,
     ))?;
-    stopped?;
+    if asked {
+        stopped_anyway(stopped);
+    } else {
+        stopped?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -5,10 +5,14 @@
 //! conformance harness where one is needed.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // tests fail by panicking
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
+use headcount_conformance::wait::exit_within;
+use serde_json::Value;
 
 fn headcount() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_headcount"));
@@ -115,4 +119,59 @@ fn a_server_of_another_protocol_is_a_permanent_failure() {
             assert!(!stderr.contains("secret"), "{stderr}");
         }
     }
+}
+
+/// SIGTERM while the store is down: the stop was asked for, so `run` and `exec` exit 0 (the
+/// leave's failure is in the last line, and logged).
+#[test]
+fn a_requested_stop_exits_0_while_the_store_is_down() {
+    let started = KvStore::redis(Some(Duration::from_millis(300)));
+    let Some(redis) = skip_unless_required(ServerKind::Redis, "stop with the store down", started)
+    else {
+        return;
+    };
+    let url = redis.url();
+    let mut run = headcount()
+        .args(["run", "--store", &url, "--group", "g", "--ttl", "3s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut run_lines = BufReader::new(run.stdout.take().unwrap()).lines();
+    let first: Value = serde_json::from_str(&run_lines.next().unwrap().unwrap()).unwrap();
+    assert!(first["phase"].is_string(), "{first}");
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let mut exec = headcount()
+        .args(["exec", "--store", &url, "--group", "e", "--ttl", "3s"])
+        .args(["--grace", "1s", "--", "sh", "-c"])
+        .arg(format!(
+            "touch {}; exec sleep 60",
+            started.to_str().unwrap()
+        ))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !started.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "exec never ran its command"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    redis.servers[0].kill().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    for child in [&run, &exec] {
+        let _ = Command::new("kill").arg(child.id().to_string()).status();
+    }
+    let status = exit_within(&mut run, "run", Duration::from_secs(15));
+    let rest: Vec<Value> = run_lines
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect();
+    assert_eq!(status.code(), Some(0), "{rest:?}");
+    let last = rest.last().expect("a stopped line");
+    assert_eq!(last["phase"], "stopped", "{last}");
+    let status = exit_within(&mut exec, "exec", Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "{status}");
 }
