@@ -146,6 +146,50 @@ pub fn emit_raw(text: &[u8]) -> Result<(), CliError> {
         .map_err(stdout_error)
 }
 
+/// Fails when stdout cannot be written at all: descriptor 1 is closed (`>&-`) or open for
+/// reading only. A closed descriptor 1 never reaches us as such: Rust's runtime opens
+/// `/dev/null` in its place (for reading and writing) before `main`, so every write "succeeds"
+/// and lost output looks delivered. So `/dev/null` open for reading and writing counts as
+/// closed; `> /dev/null` (write only) is a choice and passes. A command whose output is what
+/// it spends (an ID) asks first.
+#[allow(unsafe_code)]
+pub fn check_stdout_writable() -> Result<(), CliError> {
+    // SAFETY: fcntl(2) with F_GETFL reads the descriptor's flags and touches no memory of ours.
+    let flags = unsafe { libc::fcntl(libc::STDOUT_FILENO, libc::F_GETFL) };
+    let why = if flags == -1 {
+        "stdout is closed"
+    } else if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        "stdout is open for reading only"
+    } else if flags & libc::O_ACCMODE == libc::O_RDWR && stdout_is_dev_null() {
+        "stdout is closed (or /dev/null opened for reading and writing, which is what Rust's \
+         runtime puts in place of a closed one; `> /dev/null` is accepted)"
+    } else {
+        return Ok(());
+    };
+    Err(CliError::Exit {
+        code: FAILURE,
+        message: why.to_owned(),
+    })
+}
+
+/// Whether descriptor 1 is the `/dev/null` device.
+#[allow(unsafe_code)]
+fn stdout_is_dev_null() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(null) = std::fs::metadata("/dev/null") else {
+        return false;
+    };
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat(2) writes only the struct it is given, read below only when it succeeded.
+    let rc = unsafe { libc::fstat(libc::STDOUT_FILENO, stat.as_mut_ptr()) };
+    if rc != 0 {
+        return false;
+    }
+    // SAFETY: fstat returned 0, so it filled the struct.
+    let stat = unsafe { stat.assume_init() };
+    stat.st_mode & libc::S_IFMT == libc::S_IFCHR && stat.st_rdev == null.rdev()
+}
+
 fn stdout_error(e: std::io::Error) -> CliError {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         CliError::StdoutClosed

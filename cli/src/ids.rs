@@ -133,6 +133,7 @@ async fn next(args: NextArgs) -> std::result::Result<ExitCode, CliError> {
     if args.n == 0 {
         return Err(Error::invalid("-n must be at least 1").into());
     }
+    no_id_without_stdout()?;
     let ids = generator(
         &args.stores,
         args.key,
@@ -158,12 +159,22 @@ async fn next_from_servers(args: NextArgs) -> std::result::Result<ExitCode, CliE
     if args.n == 0 {
         return Err(Error::invalid("-n must be at least 1").into());
     }
+    no_id_without_stdout()?;
     let client = IdsClient::new(&args.server, args.deadline)?;
     let ids = client.next_block(&args.key, args.n).await?;
     for (delivered, id) in ids.enumerate() {
         deliver(id, delivered as u64, args.n)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses to draw IDs that could not be printed: an ID drawn is spent whether or not anyone
+/// reads it.
+fn no_id_without_stdout() -> std::result::Result<(), CliError> {
+    crate::exit::check_stdout_writable().map_err(|e| CliError::Exit {
+        code: e.code(),
+        message: format!("{}: no ID drawn", e.message().unwrap_or_default()),
+    })
 }
 
 /// Prints one ID. An ID the reader never got is still spent: say so, and never exit 0.

@@ -175,3 +175,39 @@ fn a_requested_stop_exits_0_while_the_store_is_down() {
     let status = exit_within(&mut exec, "exec", Duration::from_secs(15));
     assert_eq!(status.code(), Some(0), "{status}");
 }
+
+/// `ids next >&-`: with no stdout to print on, no ID is drawn (the next call gets the first);
+/// the same for a stdout open for reading only. `> /dev/null` is a choice: it draws.
+#[test]
+fn ids_next_with_stdout_closed_draws_no_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = ["a.db", "b.db", "c.db"]
+        .map(|f| sqlite(dir.path(), f))
+        .join(",");
+    let next_with = |redirect: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("exec \"$@\" {redirect}"), "sh"])
+            .arg(env!("CARGO_BIN_EXE_headcount"))
+            .args(["ids", "next", "--stores", &stores, "--allow-non-durable"])
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap()
+    };
+    for redirect in [">&-", "1</dev/null"] {
+        let out = next_with(redirect);
+        let line = one_error_line(&out, 1);
+        assert!(line.contains("stdout") && line.contains("no ID"), "{line}");
+    }
+    let out = headcount()
+        .args(["ids", "next", "--stores", &stores, "--allow-non-durable"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "1\n",
+        "an ID was spent on the closed stdout"
+    );
+    let out = next_with(">/dev/null");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
