@@ -2,7 +2,7 @@
 //! needs next to it (register a service, run one, manage work units, read the table).
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use headcount::recipes::distributor::{
     self, grpc, Distributor, DistributorConfig, Liveness, Registration,
@@ -10,7 +10,7 @@ use headcount::recipes::distributor::{
 use headcount::{DynStore, Error, Keyspace};
 
 use crate::exit::{emit, CliError};
-use crate::util::Shutdown;
+use crate::util::{rfc3339, Shutdown};
 
 /// The namespaces shared by the daemon and the commands. Each flag also reads a `HEADCOUNT_`
 /// environment variable, and then the article's unprefixed one (`SERVICES_NAMESPACE`, ...),
@@ -458,7 +458,12 @@ async fn service(
         tokio::select! {
             a = watch.changed() => {
                 let line = match a {
-                    Ok(a) => serde_json::json!({"service": name, "version": a.version, "units": a.units}),
+                    Ok(a) => serde_json::json!({
+                        "service": name,
+                        "version": a.version,
+                        "units": a.units,
+                        "at": rfc3339(SystemTime::now()),
+                    }),
                     Err(e) => break Err(e.into()),
                 };
                 if let Err(e) = emit(line) {

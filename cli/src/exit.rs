@@ -6,6 +6,8 @@
 use std::fmt::Display;
 use std::io::Write as _;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
 
 use headcount::{Error, ErrorKind};
 
@@ -104,28 +106,56 @@ pub fn code_of(e: &Error) -> u8 {
     }
 }
 
-/// Prints the one error line on stderr.
-pub fn print_error(message: &str) {
-    // stderr may be closed too: there is nowhere left to say so.
-    let _ = writeln!(std::io::stderr().lock(), "headcount: error: {message}");
+/// Whether the error and warning lines are JSON (`--log-format json`).
+static JSON_LINES: AtomicBool = AtomicBool::new(false);
+
+/// Writes the error and warning lines as JSON objects from now on, shaped like the log lines
+/// of `--log-format json`, so that a log pipeline reading stderr gets no line of text.
+pub fn json_lines(on: bool) {
+    JSON_LINES.store(on, Ordering::Relaxed);
+}
+
+/// Prints the one error line on stderr, with the exit status it ends the command with.
+pub fn print_error(message: &str, code: u8) {
+    print_line("ERROR", "error", message, Some(code));
 }
 
 /// Prints a warning line on stderr.
 pub fn print_warning(message: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "headcount: warning: {message}");
+    print_line("WARN", "warning", message, None);
+}
+
+fn print_line(level: &str, word: &str, message: &str, code: Option<u8>) {
+    let line = if JSON_LINES.load(Ordering::Relaxed) {
+        let mut fields = serde_json::json!({ "message": message });
+        if let Some(code) = code {
+            fields["exit_code"] = code.into();
+        }
+        serde_json::json!({
+            "timestamp": crate::util::rfc3339(SystemTime::now()),
+            "level": level,
+            "fields": fields,
+            "target": "headcount",
+        })
+        .to_string()
+    } else {
+        format!("headcount: {word}: {message}")
+    };
+    // stderr may be closed too: there is nowhere left to say so.
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// Ends the process for `e`: the error line, then the status (`exec` maps headcount's own
 /// failures to [`EXEC_FAILED`]).
 pub fn report(e: &CliError, exec: bool) -> ExitCode {
-    if let Some(message) = e.message() {
-        print_error(&message);
-    }
     let code = match e.code() {
         code @ (0 | NOT_EXECUTABLE | NOT_FOUND) => code,
         _ if exec => EXEC_FAILED,
         code => code,
     };
+    if let Some(message) = e.message() {
+        print_error(&message, code);
+    }
     ExitCode::from(code)
 }
 
