@@ -6,46 +6,16 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)] // tests fail by panicking
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
 use headcount_conformance::wait::exit_within;
 use serde_json::Value;
 
-fn headcount() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_headcount"));
-    for var in [
-        "HEADCOUNT_STORE",
-        "HEADCOUNT_GROUP",
-        "HEADCOUNT_MEMBER",
-        "HEADCOUNT_TTL",
-        "HEADCOUNT_LOG_FORMAT",
-        "RUST_LOG",
-    ] {
-        c.env_remove(var);
-    }
-    c.stdin(Stdio::null());
-    c
-}
+mod common;
 
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// One `headcount: error:` line on stderr, with exit status `code`; returns the line.
-fn one_error_line(out: &Output, code: i32) -> String {
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    assert!(stderr.starts_with("headcount: error: "), "{stderr}");
-    stderr
-}
-
-fn sqlite(dir: &Path, file: &str) -> String {
-    format!("sqlite://{}/{file}", dir.display())
-}
+use common::{headcount, one_error_line, sqlite, text};
 
 /// Nothing listens on port 1: connecting fails at once, retryably.
 const DOWN: &str = "redis://127.0.0.1:1/?timeout=500ms";

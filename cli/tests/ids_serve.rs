@@ -28,7 +28,7 @@ struct Server {
 
 impl Server {
     fn start(stores: &str) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_headcount"))
+        let child = Command::new(env!("CARGO_BIN_EXE_headcount"))
             .args([
                 "ids",
                 "serve",
@@ -43,6 +43,11 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start ids serve");
+        Server::listening(child)
+    }
+
+    /// The server `child` is, once it printed the address it listens on.
+    fn listening(mut child: Child) -> Server {
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)
@@ -194,16 +199,7 @@ fn serve_limited(
         let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut text);
         text
     });
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read the address");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("ids serve printed {line:?}"))
-        .to_owned();
-    (Server { child, addr }, logs)
+    (Server::listening(child), logs)
 }
 
 /// One `ids next --server addr`: the ID printed, or the error line.

@@ -18,20 +18,9 @@ use serde_json::Value;
 const TTL: &str = "30s";
 const WITHIN: Duration = Duration::from_secs(15);
 
-fn headcount() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_headcount"));
-    for var in [
-        "HEADCOUNT_STORE",
-        "HEADCOUNT_GROUP",
-        "HEADCOUNT_MEMBER",
-        "HEADCOUNT_TTL",
-        "HEADCOUNT_LOG_FORMAT",
-    ] {
-        c.env_remove(var);
-    }
-    c.stdin(Stdio::null());
-    c
-}
+mod common;
+
+use common::{headcount, members};
 
 fn url(dir: &Path) -> String {
     format!("sqlite://{}/signals.db", dir.display())
@@ -44,26 +33,6 @@ fn signal(child: &Child, sig: &str) {
         .status()
         .expect("kill");
     assert!(ok.success(), "kill -{sig}");
-}
-
-/// The members `status` lists in `group`.
-fn members(url: &str, group: &str) -> Vec<String> {
-    let out = headcount()
-        .args(["status", "--store", url, "--group", group, "--json"])
-        .output()
-        .expect("status");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
-    v["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|m| m["member"].as_str().map(str::to_owned))
-        .collect()
 }
 
 /// A `run` whose stdout lines arrive on the returned channel.
