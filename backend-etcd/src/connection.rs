@@ -24,7 +24,7 @@ pub(crate) const CLIENT_DEFAULTS: &str = "etcd://localhost";
 pub(crate) async fn open(config: &EtcdConfig) -> Result<(KvClient, Leases)> {
     match connect(config).await {
         Err(e) if e.is_retryable() && !config.tls() => {
-            match probe::not_http2(config.endpoints()).await {
+            match probe::not_http2(config.endpoints(), config.timeout()).await {
                 Some(found) => Err(Error::Rejected {
                     backend: BACKEND,
                     message: format!(

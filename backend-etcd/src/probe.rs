@@ -9,6 +9,8 @@
 //! SETTINGS frame first, always. Only an answer that is not one makes the failure permanent;
 //! silence, a closed or refused connection leave it as it was.
 
+use std::time::Duration;
+
 use headcount_core::backend::probe::{first_bytes, quote_reply, PROBE_TIMEOUT};
 
 /// The client connection preface, then an empty SETTINGS frame.
@@ -22,10 +24,12 @@ const SETTINGS: u8 = 0x04;
 
 /// The first of `endpoints` (host, port) that answers HTTP/2's preface as no HTTP/2 server
 /// would, with what it answered: `127.0.0.1:6379 answered "-ERR unknown command ..."`. `None`
-/// when every endpoint is silent, closes the connection, is unreachable, or speaks HTTP/2.
-pub(crate) async fn not_http2(endpoints: &[(String, u16)]) -> Option<String> {
+/// when every endpoint is silent, closes the connection, is unreachable, or speaks HTTP/2. Each
+/// endpoint gets at most `within` (and [`PROBE_TIMEOUT`]) to answer.
+pub(crate) async fn not_http2(endpoints: &[(String, u16)], within: Duration) -> Option<String> {
+    let within = within.min(PROBE_TIMEOUT);
     for (host, port) in endpoints {
-        let reply = first_bytes(host, *port, PREFACE, FRAME_HEADER, PROBE_TIMEOUT).await;
+        let reply = first_bytes(host, *port, PREFACE, FRAME_HEADER, within).await;
         if let Some(reply) = reply {
             if !may_be_http2(&reply) {
                 return Some(format!("{host}:{port} answered {}", quote_reply(&reply)));

@@ -11,6 +11,8 @@
 //! HTTP `HTTP/1.1 400`. Only an answer that PostgreSQL never gives makes the failure permanent;
 //! silence, a closed or refused connection, or an error message leave it the timeout it was.
 
+use std::time::Duration;
+
 use headcount_core::backend::probe::{first_bytes, quote_reply, PROBE_TIMEOUT};
 use tokio_postgres::config::Host;
 
@@ -19,8 +21,10 @@ const PROBE: &[u8] = b"headcount-probe\r\n";
 
 /// The first TCP host of `pg` that answers the probe as no PostgreSQL server would, with what it
 /// answered: `127.0.0.1:6379 answered "-ERR unknown command ..."`. `None` when every host is
-/// silent, closes the connection, is unreachable, or answers with an error message.
-pub(crate) async fn not_postgres(pg: &tokio_postgres::Config) -> Option<String> {
+/// silent, closes the connection, is unreachable, or answers with an error message. Each host
+/// gets at most `within` (and [`PROBE_TIMEOUT`]) to answer.
+pub(crate) async fn not_postgres(pg: &tokio_postgres::Config, within: Duration) -> Option<String> {
+    let within = within.min(PROBE_TIMEOUT);
     let ports = pg.get_ports();
     for (i, host) in pg.get_hosts().iter().enumerate() {
         let Host::Tcp(name) = host else { continue };
@@ -29,7 +33,7 @@ pub(crate) async fn not_postgres(pg: &tokio_postgres::Config) -> Option<String> 
             .or(ports.first())
             .copied()
             .unwrap_or(super::DEFAULT_PORT);
-        if let Some(reply) = first_bytes(name, port, PROBE, 1, PROBE_TIMEOUT).await {
+        if let Some(reply) = first_bytes(name, port, PROBE, 1, within).await {
             if !may_be_postgres(&reply) {
                 return Some(format!("{name}:{port} answered {}", quote_reply(&reply)));
             }

@@ -58,17 +58,19 @@ impl PostgresStore {
         let (pool, gc_pool) = connection::pools(&config).await?;
         let pg = config.pg.clone();
         match Self::over(pool, Some(gc_pool), config).await {
-            Err(Error::Timeout { backend, op, after }) => match probe::not_postgres(&pg).await {
-                Some(found) => Err(Error::Rejected {
-                    backend: BACKEND,
-                    message: format!(
-                        "connecting timed out after {after:?}, and {found} to a line of text: \
+            Err(Error::Timeout { backend, op, after }) => {
+                match probe::not_postgres(&pg, after).await {
+                    Some(found) => Err(Error::Rejected {
+                        backend: BACKEND,
+                        message: format!(
+                            "connecting timed out after {after:?}, and {found} to a line of text: \
                          is this the port of a PostgreSQL server?"
-                    ),
-                    source: None,
-                }),
-                None => Err(Error::Timeout { backend, op, after }),
-            },
+                        ),
+                        source: None,
+                    }),
+                    None => Err(Error::Timeout { backend, op, after }),
+                }
+            }
             other => other,
         }
     }

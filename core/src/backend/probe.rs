@@ -12,7 +12,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-/// How long a probe waits for an answer: a server that speaks answers a probe at once.
+/// The longest a probe waits for an answer: a server that speaks answers a probe at once. A
+/// backend gives it no more than its own operation deadline either, so that a failure to
+/// connect still ends within about twice the deadline.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Connects to `host:port`, sends `message`, and returns what the server answered: up to
