@@ -8,16 +8,39 @@ use etcd_client::{Client, ConnectOptions, KvClient, TlsOptions};
 use headcount_core::{Error, Result};
 
 use crate::config::EtcdConfig;
-use crate::errors;
+use crate::errors::{self, BACKEND};
 use crate::leases::Leases;
+use crate::probe;
 
 /// The placeholder URL of a store over an application's client: only its default options are
 /// used.
 pub(crate) const CLIENT_DEFAULTS: &str = "etcd://localhost";
 
 /// Connects to the cluster `config` names, authenticates, and measures the server's minimum
-/// lease TTL, within the deadline.
+/// lease TTL, within the deadline. When that fails retryably, each plain-text endpoint is asked
+/// whether it speaks HTTP/2 at all: one that answers as no HTTP/2 server does (a Redis, an
+/// HTTP/1 service behind a wrong port) makes the failure [`Error::Rejected`], since retrying
+/// will not help.
 pub(crate) async fn open(config: &EtcdConfig) -> Result<(KvClient, Leases)> {
+    match connect(config).await {
+        Err(e) if e.is_retryable() && !config.tls() => {
+            match probe::not_http2(config.endpoints(), config.timeout()).await {
+                Some(found) => Err(Error::Rejected {
+                    backend: BACKEND,
+                    message: format!(
+                        "{found} to HTTP/2's opening, which etcd's gRPC API runs on: is this the \
+                     port of an etcd server? (connecting: {e})"
+                    ),
+                    source: None,
+                }),
+                None => Err(e),
+            }
+        }
+        other => other,
+    }
+}
+
+async fn connect(config: &EtcdConfig) -> Result<(KvClient, Leases)> {
     let timeout = config.timeout();
     let mut options = ConnectOptions::new()
         .with_timeout(timeout)

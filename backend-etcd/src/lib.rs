@@ -4,6 +4,7 @@ mod config;
 mod connection;
 mod errors;
 mod leases;
+mod probe;
 mod store;
 
 pub use config::{EtcdConfig, DEFAULT_PORT};

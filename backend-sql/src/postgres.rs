@@ -7,6 +7,7 @@ mod config;
 mod connection;
 mod errors;
 mod fence;
+mod probe;
 mod sql;
 mod store;
 mod tls;

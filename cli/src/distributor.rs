@@ -2,7 +2,7 @@
 //! needs next to it (register a service, run one, manage work units, read the table).
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use headcount::recipes::distributor::{
     self, grpc, Distributor, DistributorConfig, Liveness, Registration,
@@ -10,7 +10,7 @@ use headcount::recipes::distributor::{
 use headcount::{DynStore, Error, Keyspace};
 
 use crate::exit::{emit, CliError};
-use crate::run::shutdown_signal;
+use crate::util::{rfc3339, Shutdown};
 
 /// The namespaces shared by the daemon and the commands. Each flag also reads a `HEADCOUNT_`
 /// environment variable, and then the article's unprefixed one (`SERVICES_NAMESPACE`, ...),
@@ -160,7 +160,7 @@ enum Action {
         name: String,
     },
     /// Run a service: serve the gRPC health endpoint, register, and print one JSON line per
-    /// change of its units until SIGINT or SIGTERM.
+    /// change of its units until SIGINT, SIGTERM, SIGHUP or SIGQUIT.
     Service {
         #[command(flatten)]
         namespaces: Namespaces,
@@ -425,21 +425,8 @@ async fn daemon(
         ?ping_timeout,
         "distributor started"
     );
-    let (tx, rx) = tokio::sync::oneshot::channel::<Result<(), Error>>();
-    let signal = tokio::spawn(async move {
-        let _ = tx.send(shutdown_signal().await);
-    });
-    let mut failed = None;
-    d.run(async {
-        if let Ok(Err(e)) = rx.await {
-            failed = Some(e);
-        }
-    })
-    .await;
-    signal.abort();
-    if let Some(e) = failed {
-        return Err(e.into());
-    }
+    let mut shutdown = Shutdown::new()?;
+    d.run(async move { shutdown.recv().await }).await;
     tracing::info!("distributor stopped");
     Ok(ExitCode::SUCCESS)
 }
@@ -452,6 +439,7 @@ async fn service(
     advertise: Option<String>,
     watch_interval: Duration,
 ) -> Result<ExitCode, CliError> {
+    let mut shutdown = Shutdown::new()?;
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .map_err(|e| Error::config(format!("cannot listen on {listen}: {e}")))?;
@@ -464,21 +452,25 @@ async fn service(
         name.clone(),
         watch_interval,
     )?;
-    let mut stop = Box::pin(shutdown_signal());
     // A closed stdout stops the service like a signal: its health endpoint goes away, so the
     // distributor moves its units.
     let ended: Result<(), CliError> = loop {
         tokio::select! {
             a = watch.changed() => {
                 let line = match a {
-                    Ok(a) => serde_json::json!({"service": name, "version": a.version, "units": a.units}),
+                    Ok(a) => serde_json::json!({
+                        "service": name,
+                        "version": a.version,
+                        "units": a.units,
+                        "at": rfc3339(SystemTime::now()),
+                    }),
                     Err(e) => break Err(e.into()),
                 };
                 if let Err(e) = emit(line) {
                     break Err(e);
                 }
             }
-            s = &mut stop => break s.map_err(CliError::from),
+            () = shutdown.recv() => break Ok(()),
         }
     };
     server.shutdown().await?;

@@ -24,7 +24,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
 use crate::exit::{CliError, EXEC_FAILED, NOT_EXECUTABLE, NOT_FOUND};
-use crate::util::{group_config, rfc3339, AssignorArg, Shutdown};
+use crate::util::{group_config, rfc3339, AssignorArg, Shutdown, UserSignals};
 
 /// How often a running command's grant is re-checked between assignment changes: the lease
 /// deadline passes on the local clock without any notification.
@@ -69,15 +69,17 @@ pub struct ExecArgs {
 enum Ended {
     /// The grant stopped being valid: restart under the next one.
     Revoked,
-    /// SIGINT or SIGTERM to headcount.
+    /// A stop signal to headcount (SIGINT, SIGTERM, SIGHUP, SIGQUIT).
     Signal,
     /// The command exited on its own.
     Exited(ExitStatus),
 }
 
-/// Runs the command under the member's share until it exits, or SIGINT/SIGTERM. Everything
-/// that can be checked without the group (the command exists and is executable, the events
-/// file opens) is checked before joining, so a typo costs the others no view change.
+/// Runs the command under the member's share until it exits, or a stop signal (SIGINT,
+/// SIGTERM, SIGHUP, SIGQUIT: the command gets SIGTERM and its grace). Everything that can be
+/// checked without the group (the group name, member id and TTL, the command exists and is
+/// executable, the events file opens) is checked before connecting, so a typo is a usage error
+/// even with the store down, and costs the others no view change.
 pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
     let Some(program) = args.command.first() else {
         return Err(Error::invalid(
@@ -90,15 +92,17 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
             Error::invalid(format!("--grace {:?} is above {MAX_GRACE:?}", args.grace)).into(),
         );
     }
-    check_command(program)?;
-    let events = Events::open(args.events.as_deref())?;
-    let store = headcount::connect(&url).await?;
-    let mut shutdown = Shutdown::new()?;
     let ttl = args.ttl.unwrap_or(crate::util::DEFAULT_GROUP_TTL);
     // The grant is held while the command stops: let the hand-off wait for the whole grace (and
     // a heartbeat to reap it) before the member gives up its lease, instead of one TTL.
     let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
         .with_drain_timeout(ttl.max(args.grace.saturating_add(ttl / 3)));
+    config.validate()?;
+    check_command(program)?;
+    let events = Events::open(args.events.as_deref())?;
+    let store = headcount::connect(&url).await?;
+    let mut shutdown = Shutdown::new()?;
+    let mut user_signals = UserSignals::new()?;
     let member = Group::join(store, config).await?;
     tracing::info!(member = member.member(), "joined");
     let mut watch = member.watch();
@@ -114,7 +118,8 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
         ));
     };
     let code = loop {
-        let Some((grant, assignment)) = wait_for_share(&member, &mut watch, &mut shutdown).await
+        let Some((grant, assignment)) =
+            wait_for_share(&member, &mut watch, &mut shutdown, &mut user_signals).await
         else {
             break stopped_code(&member);
         };
@@ -129,7 +134,15 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
         let pid = child.id();
         let mut dog = Watchdog::start(pid, &grant);
         event("start", &assignment, &grant, pid, None, None);
-        let ended = supervise(&mut child, &grant, &mut dog, &mut watch, &mut shutdown).await;
+        let ended = supervise(
+            &mut child,
+            &grant,
+            &mut dog,
+            &mut watch,
+            &mut shutdown,
+            &mut user_signals,
+        )
+        .await;
         // A command killed by the watchdog while exec was stopped looks like one that exited by
         // itself: the lapsed lease tells the two apart, and the share is revoked, not left.
         let ended = match ended {
@@ -173,16 +186,26 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
             Ended::Exited(status) => break exit_code(status),
         }
     };
-    member.leave().await?;
+    // The code is decided: the command's own status, 0 after a stop signal, 125 when the
+    // member gave up. A failure to leave (the store is down) changes none of them: it is
+    // logged, and the others take the slot over when its lease expires.
+    if let Err(e) = member.leave().await {
+        tracing::warn!(
+            error = %e,
+            "stopped without leaving: the others take the slot over when its lease expires"
+        );
+    }
     Ok(code)
 }
 
 /// Waits for a share grant whose pair the published assignment agrees with; `None` on a
-/// signal or when the member gave up.
+/// signal or when the member gave up. SIGUSR1 and SIGUSR2 meanwhile find no command to pass
+/// them on to: they are dropped, not kept for the next command.
 async fn wait_for_share(
     member: &Member,
     watch: &mut watch::Receiver<Assignment>,
     shutdown: &mut Shutdown,
+    user_signals: &mut UserSignals,
 ) -> Option<(Grant, Assignment)> {
     loop {
         let assignment = watch.borrow_and_update().clone();
@@ -209,18 +232,23 @@ async fn wait_for_share(
             }
             () = tokio::time::sleep(CHECK_EVERY) => {}
             () = shutdown.recv() => return None,
+            sig = user_signals.recv() => {
+                tracing::info!(signal = sig, "no command is running to pass the signal on to");
+            }
         }
     }
 }
 
-/// Waits until the command exits, the grant stops being valid, or a signal comes; tells the
-/// watchdog the lease time left at every check.
+/// Waits until the command exits, the grant stops being valid, or a stop signal comes; tells
+/// the watchdog the lease time left at every check, and passes SIGUSR1 and SIGUSR2 on to the
+/// command's process group.
 async fn supervise(
     child: &mut Child,
     grant: &Grant,
     dog: &mut Watchdog,
     watch: &mut watch::Receiver<Assignment>,
     shutdown: &mut Shutdown,
+    user_signals: &mut UserSignals,
 ) -> Ended {
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -247,6 +275,11 @@ async fn supervise(
             }
             _ = tick.tick() => {}
             () = shutdown.recv() => return Ended::Signal,
+            sig = user_signals.recv() => {
+                if let Some(pid) = child.id() {
+                    signal_group(pid, Signal::User(sig));
+                }
+            }
         }
     }
 }
@@ -578,6 +611,8 @@ pub fn watchdog(pgid: u32, left: Duration) -> ExitCode {
 enum Signal {
     Term,
     Kill,
+    /// SIGUSR1 or SIGUSR2, passed on.
+    User(libc::c_int),
 }
 
 /// Sends a signal to the process group `pgid` (the command's pid: it leads its own group).
@@ -593,6 +628,7 @@ fn signal_group(pgid: u32, signal: Signal) {
     let sig = match signal {
         Signal::Term => libc::SIGTERM,
         Signal::Kill => libc::SIGKILL,
+        Signal::User(sig) => sig,
     };
     // SAFETY: kill(2) takes plain integers and touches no memory of ours.
     let rc = unsafe { libc::kill(-pgid, sig) };

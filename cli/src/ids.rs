@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use headcount::recipes::ids::{
-    DurabilityPolicy, IdsClient, IdsConfig, IdsService, MajorityIds, MediatedIds,
+    DurabilityPolicy, IdsClient, IdsConfig, IdsService, MajorityIds, MediatedIds, ServeOptions,
+    DEFAULT_MAX_CONNECTIONS,
 };
 use headcount::{redact_url, Capabilities, DynStore, Error, Result};
 
@@ -21,7 +22,8 @@ pub enum IdsCommand {
     /// Serve IDs over gRPC (`headcount.ids.v1.Ids/Next`, and the standard health service): the
     /// seed's IDs server, which takes one majority round for every caller waiting (group
     /// commit). Several servers over the same stores are safe at once; clients fail over
-    /// between them (`ids next --server A,B`). Stops on SIGINT or SIGTERM after the calls under
+    /// between them (`ids next --server A,B`). Stops on SIGINT, SIGTERM, SIGHUP or SIGQUIT after
+    /// the calls under
     /// way.
     Serve(ServeArgs),
 }
@@ -45,6 +47,15 @@ pub struct ServeArgs {
     /// How long one call may take on the server, waiting for its round included.
     #[arg(long, default_value = "5s", value_parser = crate::util::parse_duration)]
     pub deadline: Duration,
+    /// The most client connections open at once [default: 512, or half the open-files limit
+    /// (`ulimit -n`) when that is lower]. At the cap a new connection closes the one idle
+    /// longest (or itself, when every connection has a call in flight).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// How long a connection with no call in flight may stay silent before the server closes
+    /// it (clients connect again at their next call).
+    #[arg(long, default_value = "60s", value_parser = crate::util::parse_duration)]
+    pub idle_timeout: Duration,
     #[command(flatten)]
     pub metrics: crate::observe::MetricsArgs,
 }
@@ -122,6 +133,7 @@ async fn next(args: NextArgs) -> std::result::Result<ExitCode, CliError> {
     if args.n == 0 {
         return Err(Error::invalid("-n must be at least 1").into());
     }
+    no_id_without_stdout()?;
     let ids = generator(
         &args.stores,
         args.key,
@@ -147,12 +159,22 @@ async fn next_from_servers(args: NextArgs) -> std::result::Result<ExitCode, CliE
     if args.n == 0 {
         return Err(Error::invalid("-n must be at least 1").into());
     }
+    no_id_without_stdout()?;
     let client = IdsClient::new(&args.server, args.deadline)?;
     let ids = client.next_block(&args.key, args.n).await?;
     for (delivered, id) in ids.enumerate() {
         deliver(id, delivered as u64, args.n)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses to draw IDs that could not be printed: an ID drawn is spent whether or not anyone
+/// reads it.
+fn no_id_without_stdout() -> std::result::Result<(), CliError> {
+    crate::exit::check_stdout_writable().map_err(|e| CliError::Exit {
+        code: e.code(),
+        message: format!("{}: no ID drawn", e.message().unwrap_or_default()),
+    })
 }
 
 /// Prints one ID. An ID the reader never got is still spent: say so, and never exit 0.
@@ -173,6 +195,7 @@ fn deliver(id: i64, delivered: u64, n: u64) -> std::result::Result<(), CliError>
 
 /// `ids serve`.
 async fn serve(args: ServeArgs) -> std::result::Result<ExitCode, CliError> {
+    let options = serve_options(&args)?;
     let urls = check_urls(&args.stores)?;
     if urls.len() % 2 == 0 {
         return Err(Error::invalid(format!(
@@ -198,9 +221,15 @@ async fn serve(args: ServeArgs) -> std::result::Result<ExitCode, CliError> {
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| Error::config(format!("cannot listen on {}: {e}", args.listen)))?;
-    let server = headcount::recipes::ids::serve(listener, service).await?;
+    let server = headcount::recipes::ids::serve_with(listener, service, options).await?;
     crate::exit::emit(format_args!("listening on {}", server.local_addr()))?;
-    tracing::info!(addr = %server.local_addr(), keys = ?args.keys, "serving IDs");
+    tracing::info!(
+        addr = %server.local_addr(),
+        keys = ?args.keys,
+        max_connections = options.max_connections(),
+        idle_timeout = ?options.idle_timeout(),
+        "serving IDs"
+    );
     tokio::select! {
         () = shutdown.recv() => {
             tracing::info!("stopping: finishing the calls under way");
@@ -209,6 +238,40 @@ async fn serve(args: ServeArgs) -> std::result::Result<ExitCode, CliError> {
         ended = server.wait() => ended?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The connection cap and idle timeout of `ids serve`, checked before anything is opened. The
+/// default cap leaves at least half the process's file descriptors to everything else (the
+/// stores' connections, the listener, logs): a cap at the limit would leave no room to accept.
+fn serve_options(args: &ServeArgs) -> Result<ServeOptions> {
+    let max = match args.max_connections {
+        Some(0) => return Err(Error::invalid("--max-connections must be at least 1")),
+        Some(max) => max,
+        None => match open_files_limit() {
+            Some(limit) => {
+                DEFAULT_MAX_CONNECTIONS.min(usize::try_from(limit / 2).unwrap_or(1).max(1))
+            }
+            None => DEFAULT_MAX_CONNECTIONS,
+        },
+    };
+    if args.idle_timeout.is_zero() {
+        return Err(Error::invalid("--idle-timeout must be above zero"));
+    }
+    Ok(ServeOptions::default()
+        .with_max_connections(max)
+        .with_idle_timeout(args.idle_timeout))
+}
+
+/// The soft limit on open files (`ulimit -n`), if there is one.
+#[allow(unsafe_code)]
+fn open_files_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) writes only the struct it is given, which lives on this stack.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
 }
 
 /// The schemes that start a new URL in `--stores`; any other piece continues a host list.

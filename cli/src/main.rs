@@ -70,8 +70,8 @@ struct Cli {
 enum Command {
     /// Join a group; print one JSON line per change of index, replicas or phase
     ///
-    /// Join a group and print one JSON line per change of index, replicas or phase; SIGINT or
-    /// SIGTERM leaves the group and exits 0.
+    /// Join a group and print one JSON line per change of index, replicas or phase; SIGINT,
+    /// SIGTERM, SIGHUP or SIGQUIT leaves the group and exits 0 (SIGUSR1/SIGUSR2 are ignored).
     Run(run::RunArgs),
     /// Run a command with this member's HEADCOUNT_INDEX/REPLICAS/EPOCH; restart it on a change
     ///
@@ -170,6 +170,8 @@ fn cli_command() -> clap::Command {
 }
 
 fn main() -> ExitCode {
+    // Before clap: its own errors are printed in the chosen format too.
+    exit::json_lines(json_asked_for());
     let cli = match cli_command()
         .try_get_matches()
         .and_then(|m| Cli::from_arg_matches(&m))
@@ -189,14 +191,17 @@ fn main() -> ExitCode {
     let log_format = match observe::LogFormat::parse(cli.log_format.as_deref()) {
         Ok(f) => f,
         Err(e) => {
-            exit::print_error(&e);
-            return ExitCode::from(if is_exec {
+            let code = if is_exec {
                 exit::EXEC_FAILED
             } else {
                 exit::USAGE
-            });
+            };
+            exit::json_lines(false);
+            exit::print_error(&e, code);
+            return ExitCode::from(code);
         }
     };
+    exit::json_lines(log_format == observe::LogFormat::Json);
     // Logs on stderr; stdout is reserved for the command's output. No colours when stderr is
     // not a terminal. The metrics line says where the endpoint listens (port 0 picks one).
     let default_filter = format!("{default_filter},{}=info", observe::METRICS_LOG_TARGET);
@@ -255,9 +260,30 @@ fn clap_error(e: &clap::Error) -> ExitCode {
         Some(sub) => message.push_str(&format!(" (see `headcount {sub} --help`)")),
         None => message.push_str(" (see `headcount --help`)"),
     }
-    exit::print_error(&message);
     let exec = sub.as_deref() == Some("exec");
-    ExitCode::from(if exec { exit::EXEC_FAILED } else { exit::USAGE })
+    let code = if exec { exit::EXEC_FAILED } else { exit::USAGE };
+    exit::print_error(&message, code);
+    ExitCode::from(code)
+}
+
+/// Whether `--log-format json` (or `HEADCOUNT_LOG_FORMAT=json`) is asked for, found without
+/// clap, for the lines printed before clap has parsed the command line (or when it fails to).
+fn json_asked_for() -> bool {
+    let mut asked = std::env::var("HEADCOUNT_LOG_FORMAT").is_ok_and(|v| v.trim() == "json");
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            // What follows is `exec`'s command's.
+            "--" => break,
+            "--log-format" => asked = args.next().is_some_and(|v| v.trim() == "json"),
+            _ => {
+                if let Some(v) = arg.strip_prefix("--log-format=") {
+                    asked = v.trim() == "json";
+                }
+            }
+        }
+    }
+    asked
 }
 
 /// The subcommand named on the command line, found without clap (which just failed).

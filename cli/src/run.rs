@@ -55,27 +55,48 @@ pub struct RunArgs {
     pub metrics: crate::observe::MetricsArgs,
 }
 
-/// Refuses the flags of the other mode, before any store is opened.
+/// Refuses the flags of the other mode and checks the configuration (group name, member id,
+/// TTL or interval), before any store is opened: a usage error stays one when the store is down.
 pub fn check(args: &RunArgs) -> Result<(), Error> {
     match args.mode {
-        Mode::Group => refuse(
-            &[
-                (args.interval.is_some(), "--interval"),
-                (args.capacity.is_some(), "--capacity"),
-            ],
-            "applies to --mode interval; group mode takes --ttl",
-        ),
-        Mode::Interval => refuse(
-            &[
-                (args.ttl.is_some(), "--ttl (or HEADCOUNT_TTL)"),
-                (args.assignor.is_some(), "--assignor"),
-            ],
-            "applies to --mode group; the interval indexer's keys live three intervals",
-        ),
+        Mode::Group => {
+            refuse(
+                &[
+                    (args.interval.is_some(), "--interval"),
+                    (args.capacity.is_some(), "--capacity"),
+                ],
+                "applies to --mode interval; group mode takes --ttl",
+            )?;
+            group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor).validate()
+        }
+        Mode::Interval => {
+            refuse(
+                &[
+                    (args.ttl.is_some(), "--ttl (or HEADCOUNT_TTL)"),
+                    (args.assignor.is_some(), "--assignor"),
+                ],
+                "applies to --mode group; the interval indexer's keys live three intervals",
+            )?;
+            interval_config(args).validate()
+        }
     }
 }
 
-/// Joins and prints one line per change until SIGINT or SIGTERM, then leaves. A closed stdout
+/// The interval indexer's configuration of `run --mode interval`.
+fn interval_config(args: &RunArgs) -> IntervalConfig {
+    let mut config = IntervalConfig::new(
+        args.group.clone(),
+        args.interval.unwrap_or(DEFAULT_INTERVAL),
+    )
+    .with_capacity(args.capacity.unwrap_or(1));
+    if let Some(member) = &args.member {
+        config = config.with_member(member.clone());
+    }
+    config
+}
+
+/// Joins and prints one line per change until a stop signal (see [`Shutdown`]), then leaves. A
+/// closed stdout
 /// ends it the same way (quietly); another write error after leaving, with status 1.
 pub async fn run(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     match args.mode {
@@ -119,22 +140,22 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
     tracing::info!(member = member.member(), "joined");
     let mut watch = member.watch();
     let mut output;
-    let failed = loop {
+    let ended = loop {
         let assignment = watch.borrow_and_update().clone();
         output = emit(group_line(&args.group, &assignment));
         if output.is_err() {
-            break false;
+            break Ended::Output;
         }
         if assignment.phase == GroupPhase::Failed {
-            break true;
+            break Ended::Failed;
         }
         tokio::select! {
             changed = watch.changed() => {
                 if changed.is_err() {
-                    break true;
+                    break Ended::Failed;
                 }
             }
-            () = shutdown.recv() => break false,
+            () = shutdown.recv() => break Ended::Signal,
         }
     };
     let last = member.assignment();
@@ -153,12 +174,38 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
             ..last
         },
     ))?;
-    left?;
-    Ok(if failed {
+    match ended {
+        Ended::Signal => stopped_anyway(left),
+        Ended::Output | Ended::Failed => left?,
+    }
+    Ok(if ended == Ended::Failed {
         ExitCode::from(crate::exit::FAILURE)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Why `run` stopped following the group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// A stop signal: the stop was asked for.
+    Signal,
+    /// Stdout failed (closed by its reader, or full).
+    Output,
+    /// The member gave up.
+    Failed,
+}
+
+/// After a stop that was asked for, a failure to leave (the store is down) is logged, not the
+/// command's failure: the process did stop, and a supervisor that sees a "retry" status for
+/// it would start it again. The others take the slot over when its lease expires.
+fn stopped_anyway(left: Result<(), Error>) {
+    if let Err(e) = left {
+        tracing::warn!(
+            error = %e,
+            "stopped without leaving: the others take the slot over when its lease expires"
+        );
+    }
 }
 
 /// One line of `run --mode group`.
@@ -180,19 +227,12 @@ fn group_line(group: &str, a: &Assignment) -> serde_json::Value {
 
 async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
-    let mut config = IntervalConfig::new(
-        args.group.clone(),
-        args.interval.unwrap_or(DEFAULT_INTERVAL),
-    )
-    .with_capacity(args.capacity.unwrap_or(1));
-    if let Some(member) = &args.member {
-        config = config.with_member(member.clone());
-    }
-    let peer = IntervalIndexer::join(store, config).await?;
+    let peer = IntervalIndexer::join(store, interval_config(&args)).await?;
     tracing::info!(member = peer.member(), skew = ?peer.skew(), "joined");
     let mut watch = peer.watch();
     let mut last_printed = None;
     let mut output = Ok(());
+    let mut asked = false;
     loop {
         let status = watch.borrow_and_update().clone();
         let key = (status.pair.map(|p| (p.index, p.replicas)), status.phase);
@@ -210,7 +250,10 @@ async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, CliErr
                     break;
                 }
             }
-            () = shutdown.recv() => break,
+            () = shutdown.recv() => {
+                asked = true;
+                break;
+            }
         }
     }
     let member = peer.member().to_owned();
@@ -226,7 +269,11 @@ async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, CliErr
         },
         None,
     ))?;
-    stopped?;
+    if asked {
+        stopped_anyway(stopped);
+    } else {
+        stopped?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -244,24 +291,4 @@ fn interval_line(group: &str, status: &IntervalStatus, live: Option<usize>) -> s
         "phase": status.phase.as_str(),
         "error": status.last_error,
     })
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() -> Result<(), Error> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())
-            .map_err(|e| Error::config(format!("cannot listen for SIGTERM: {e}")))?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.map_err(|e| Error::config(format!("cannot listen for SIGINT: {e}"))),
-            _ = term.recv() => Ok(()),
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        tokio::signal::ctrl_c()
-            .await
-            .map_err(|e| Error::config(format!("cannot listen for Ctrl-C: {e}")))
-    }
 }

@@ -18,7 +18,8 @@ pub struct StatusArgs {
     /// One JSON object (per refresh with `--watch`) instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Re-print every second until SIGINT; a store outage is reported and watched through.
+    /// Re-print every second until SIGINT (or SIGTERM, SIGHUP, SIGQUIT); a store outage is
+    /// reported and watched through.
     #[arg(long)]
     pub watch: bool,
     /// How many keys (`0`..`N-1` as decimal strings) to map to slots for the ownership summary.

@@ -64,14 +64,35 @@ pub fn group_config(
     config
 }
 
-/// SIGINT and SIGTERM, listened for from creation on: a signal that arrives before the first
+/// The signals that stop a long-running command (`run`, `exec`, `status --watch`, `ids serve`,
+/// the distributor), listened for from creation on: a signal that arrives before the first
 /// `recv` is not lost (and does not kill the process with the default action).
+///
+/// SIGINT and SIGTERM, and SIGHUP and SIGQUIT too: a terminal that closes, a supervisor or GNU
+/// `timeout` that forwards SIGHUP, or a Ctrl-\ must not kill a member on the spot (its command
+/// SIGKILLed, its slot left for the others to wait out). SIGUSR1 and SIGUSR2, whose default
+/// action is to terminate, are ignored from creation on (`exec` passes them on to its command,
+/// see [`UserSignals`]).
 #[derive(Debug)]
 pub struct Shutdown {
     #[cfg(unix)]
-    term: tokio::signal::unix::Signal,
-    #[cfg(unix)]
-    int: tokio::signal::unix::Signal,
+    signals: [tokio::signal::unix::Signal; 4],
+}
+
+#[cfg(unix)]
+const STOP_SIGNALS: [(i32, &str); 4] = [
+    (libc::SIGTERM, "SIGTERM"),
+    (libc::SIGINT, "SIGINT"),
+    (libc::SIGHUP, "SIGHUP"),
+    (libc::SIGQUIT, "SIGQUIT"),
+];
+
+/// Installs tokio's handler for `signal`: from then on the signal never takes its default
+/// action in this process (tokio never removes its handler), whether or not it is received.
+#[cfg(unix)]
+fn listen(signal: i32, name: &str) -> Result<tokio::signal::unix::Signal, Error> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(signal))
+        .map_err(|e| Error::config(format!("cannot listen for {name}: {e}")))
 }
 
 impl Shutdown {
@@ -79,13 +100,16 @@ impl Shutdown {
     pub fn new() -> Result<Shutdown, Error> {
         #[cfg(unix)]
         {
-            use tokio::signal::unix::{signal, SignalKind};
-            let listen = |kind: SignalKind, name: &str| {
-                signal(kind).map_err(|e| Error::config(format!("cannot listen for {name}: {e}")))
-            };
+            // Handled by nobody unless `exec` listens: ignored.
+            UserSignals::new()?;
+            let [a, b, c, d] = STOP_SIGNALS;
             Ok(Shutdown {
-                term: listen(SignalKind::terminate(), "SIGTERM")?,
-                int: listen(SignalKind::interrupt(), "SIGINT")?,
+                signals: [
+                    listen(a.0, a.1)?,
+                    listen(b.0, b.1)?,
+                    listen(c.0, c.1)?,
+                    listen(d.0, d.1)?,
+                ],
             })
         }
         #[cfg(not(unix))]
@@ -94,18 +118,64 @@ impl Shutdown {
         }
     }
 
-    /// Resolves at the next SIGINT or SIGTERM.
+    /// Resolves at the next stop signal (see [`Shutdown`]).
     pub async fn recv(&mut self) {
         #[cfg(unix)]
         {
-            tokio::select! {
-                _ = self.term.recv() => {}
-                _ = self.int.recv() => {}
-            }
+            let [term, int, hup, quit] = &mut self.signals;
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+                _ = hup.recv() => "SIGHUP",
+                _ = quit.recv() => "SIGQUIT",
+            };
+            tracing::info!(signal = name, "stopping");
         }
         #[cfg(not(unix))]
         {
             let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// SIGUSR1 and SIGUSR2, listened for: `exec` passes them on to its command's process group
+/// (log rotation and the like are the command's business); every other command ignores them.
+#[derive(Debug)]
+pub struct UserSignals {
+    #[cfg(unix)]
+    usr1: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    usr2: tokio::signal::unix::Signal,
+}
+
+impl UserSignals {
+    /// Installs the handlers (inside the runtime).
+    pub fn new() -> Result<UserSignals, Error> {
+        #[cfg(unix)]
+        {
+            Ok(UserSignals {
+                usr1: listen(libc::SIGUSR1, "SIGUSR1")?,
+                usr2: listen(libc::SIGUSR2, "SIGUSR2")?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(UserSignals {})
+        }
+    }
+
+    /// The next SIGUSR1 or SIGUSR2 received, as its number.
+    pub async fn recv(&mut self) -> i32 {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.usr1.recv() => libc::SIGUSR1,
+                _ = self.usr2.recv() => libc::SIGUSR2,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            std::future::pending().await
         }
     }
 }

@@ -28,7 +28,7 @@ struct Server {
 
 impl Server {
     fn start(stores: &str) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_headcount"))
+        let child = Command::new(env!("CARGO_BIN_EXE_headcount"))
             .args([
                 "ids",
                 "serve",
@@ -43,6 +43,11 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start ids serve");
+        Server::listening(child)
+    }
+
+    /// The server `child` is, once it printed the address it listens on.
+    fn listening(mut child: Child) -> Server {
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)
@@ -158,4 +163,83 @@ async fn servers_fail_over_and_ids_stay_unique_and_linearizable() {
     );
     check_history(&calls);
     drop(b);
+}
+
+/// `ids serve` under `ulimit -n 64` with `extra` arguments, over three SQLite files in `dir`;
+/// its stderr is collected in the returned thread.
+fn serve_limited(
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> (Server, std::thread::JoinHandle<String>) {
+    let stores = ["a.db", "b.db", "c.db"]
+        .map(|f| format!("sqlite://{}/{f}", dir.display()))
+        .join(",");
+    let mut child = Command::new("sh")
+        .args(["-c", "ulimit -n 64 && exec \"$@\"", "sh"])
+        .arg(env!("CARGO_BIN_EXE_headcount"))
+        .args([
+            "ids",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--stores",
+            &stores,
+        ])
+        .args(["--allow-non-durable"])
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .env_remove("HEADCOUNT_LOG_FORMAT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ids serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let logs = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut text);
+        text
+    });
+    (Server::listening(child), logs)
+}
+
+/// One `ids next --server addr`: the ID printed, or the error line.
+fn next_from(addr: &str) -> Result<i64, String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_headcount"))
+        .args(["ids", "next", "--server", addr, "--deadline", "5s"])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("ids next");
+    if out.status.success() {
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim().parse().map_err(|e| format!("{text:?}: {e}"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// A hundred connections that never say a word, against a server allowed 64 open files (the
+/// default limit is 1,024): it keeps serving, by its default connection cap (half the limit)
+/// and, with a cap set above the limit, by backing off (and saying so) when `accept` runs out
+/// of file descriptors and closing its idlest connection, instead of retrying at once.
+#[test]
+fn silent_connections_cannot_starve_ids_serve() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for extra in [&[][..], &["--max-connections", "1000"]] {
+        let (server, logs) = serve_limited(dir.path(), extra);
+        let silent: Vec<std::net::TcpStream> = (0..100)
+            .map(|_| std::net::TcpStream::connect(&server.addr).expect("connect"))
+            .collect();
+        let id = next_from(&server.addr);
+        assert!(id.is_ok(), "{extra:?}: {id:?}");
+        drop(silent);
+        drop(server);
+        let logs = logs.join().expect("stderr");
+        if !extra.is_empty() {
+            assert!(
+                logs.contains("cannot accept a connection") && logs.contains("file descriptors"),
+                "no warning about the descriptors: {logs}"
+            );
+        }
+        assert!(!logs.contains("panicked"), "{logs}");
+    }
 }

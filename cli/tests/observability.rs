@@ -192,3 +192,111 @@ fn passwords_never_reach_the_logs() {
         assert!(!stderr.contains("hunter2"), "{stderr}");
     }
 }
+
+/// With `--log-format json`, every line on stderr is JSON, the fatal error line included (a
+/// usage error found by clap, one found before connecting, and a store error).
+#[test]
+fn the_fatal_line_is_json_under_log_format_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/j.db", dir.path().display());
+    for (args, code) in [
+        (vec!["run", "--store", &url, "--grup", "g"], 2),
+        (vec!["run", "--store", &url, "--group", "bad group"], 2),
+        (
+            vec![
+                "status",
+                "--store",
+                "redis://127.0.0.1:1/?timeout=200ms",
+                "--group",
+                "g",
+            ],
+            75,
+        ),
+        (
+            vec![
+                "exec",
+                "--store",
+                &url,
+                "--group",
+                "g",
+                "--",
+                "/nonexistent",
+            ],
+            127,
+        ),
+    ] {
+        for how in ["flag", "env"] {
+            let mut c = headcount();
+            match how {
+                "flag" => c.args(["--log-format", "json"]),
+                _ => c.env("HEADCOUNT_LOG_FORMAT", "json"),
+            };
+            let out = c.args(&args).output().expect("run headcount");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+            let lines: Vec<&str> = stderr.lines().collect();
+            assert!(!lines.is_empty(), "{args:?}: nothing on stderr");
+            for line in &lines {
+                let v: serde_json::Value = serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("{args:?} ({how}): not JSON ({e}): {line:?}"));
+                assert!(v["timestamp"].is_string(), "{line}");
+            }
+            let last: serde_json::Value =
+                serde_json::from_str(lines[lines.len() - 1]).expect("JSON");
+            assert_eq!(last["level"], "ERROR", "{last}");
+            assert!(
+                last["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{last}"
+            );
+            assert_eq!(last["fields"]["exit_code"], code, "{last}");
+        }
+    }
+}
+
+/// `distributor service` prints one line per change of its units, stamped like `run`'s.
+#[test]
+fn distributor_service_lines_carry_a_timestamp() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/d.db", dir.path().display());
+    let added = headcount()
+        .args(["--store", &url, "distributor", "units", "add", "u1"])
+        .output()
+        .expect("add a unit");
+    assert!(added.status.success(), "{added:?}");
+    let daemon = headcount()
+        .args(["--store", &url, "distributor", "--poll-interval", "200ms"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the daemon");
+    let _daemon = Reap(daemon);
+    let child = headcount()
+        .args(["--store", &url, "distributor", "service", "--name", "s1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the service");
+    let mut reap = Reap(child);
+    let stdout = reap.0.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    // The registration line, then the line of its units once the daemon gave it `u1`.
+    let mut seen = Vec::new();
+    while let Some(Ok(line)) = lines.next() {
+        let v: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+        let is_units = v["units"].as_array().is_some_and(|u| !u.is_empty());
+        seen.push(v);
+        if is_units {
+            break;
+        }
+    }
+    let last = seen.last().expect("a line");
+    assert!(last.get("units").is_some(), "{seen:?}");
+    let at = last["at"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no `at` in {last}"));
+    assert!(at.ends_with('Z') && at.len() == 24, "{at}");
+}

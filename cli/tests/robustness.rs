@@ -6,60 +6,22 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use headcount_conformance::wait::{eventually_blocking, exit_within};
 use serde_json::Value;
 
-fn headcount() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_headcount"));
-    for var in [
-        "HEADCOUNT_STORE",
-        "HEADCOUNT_GROUP",
-        "HEADCOUNT_MEMBER",
-        "HEADCOUNT_TTL",
-        "WORKUNITS_NAMESPACE",
-        "HEADCOUNT_WORKUNITS_NAMESPACE",
-    ] {
-        c.env_remove(var);
-    }
-    c.stdin(Stdio::null());
-    c
-}
+mod common;
 
-fn output(c: &mut Command) -> Output {
-    c.output().expect("run headcount")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::{headcount, one_error_line, output, status_json, text};
 
 fn url(dir: &Path, file: &str) -> String {
-    format!("sqlite://{}/{file}", dir.display())
-}
-
-/// One `headcount: error:` line on stderr, with exit status `code`.
-fn one_error_line(out: &Output, code: i32) -> String {
-    let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    assert!(stderr.starts_with("headcount: error: "), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    stderr
-}
-
-fn status_json(url: &str, group: &str) -> Value {
-    let out = output(headcount().args(["status", "--store", url, "--group", group, "--json"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("status JSON")
+    common::sqlite(dir, file)
 }
 
 fn members(url: &str, group: &str) -> usize {
-    status_json(url, group)["members"]
-        .as_array()
-        .map_or(0, Vec::len)
+    common::members(url, group).len()
 }
 
 #[test]

@@ -856,3 +856,73 @@ async fn a_heartbeat_task_that_panics_fails_the_member_instead_of_hanging_its_wa
     assert_eq!(err.kind(), ErrorKind::Stopped, "{err}");
     assert!(err.to_string().contains("panicked"), "{err}");
 }
+
+/// `status` keeps reporting the epoch each live member acknowledged after its acknowledgement
+/// record expired (four TTLs without a view change): the settled mark of the published view
+/// says every slot in that view acknowledged it, so `acked` never goes back to the epoch the
+/// slot was claimed at.
+#[tokio::test]
+async fn status_keeps_the_acknowledged_epoch_after_the_acknowledgements_expire() {
+    use headcount_core::recipes::group::{status, GroupPhase, GroupStatus};
+    use headcount_core::{Clock, ManualClock};
+    let clock = ManualClock::at_unix_secs(1_000_000);
+    let clock_dyn: Arc<dyn Clock> = Arc::new(clock.clone());
+    let store: DynStore = Arc::new(MemoryStore::with_clock(clock_dyn.clone()));
+    let config = || GroupConfig::new("g", TTL).with_clock(clock_dyn.clone());
+    let a = Group::join(store.clone(), config()).await.expect("a joins");
+    let b = Group::join(store.clone(), config()).await.expect("b joins");
+    let step = || async {
+        clock.advance(TTL / 10);
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    };
+    let read = || async {
+        status(&store, "hc", "g", AssignorKind::JumpBackFailover, 0)
+            .await
+            .expect("status")
+    };
+    let view_epoch = |s: &GroupStatus| s.table.view.as_ref().map(|v| v.epoch);
+    let mut steps = 0;
+    let settled = loop {
+        let s = read().await;
+        let both = [&a, &b]
+            .iter()
+            .all(|m| m.assignment().phase == GroupPhase::Active && m.assignment().replicas == 2);
+        if both && s.table.settled.map(|m| m.epoch) == view_epoch(&s) && s.view_current {
+            break s;
+        }
+        step().await;
+        steps += 1;
+        assert!(steps < 2000, "never settled: {s:?}");
+    };
+    let epoch = view_epoch(&settled).expect("a view");
+    assert_eq!(settled.table.slots.len(), 2);
+    for &slot in settled.table.slots.keys() {
+        assert_eq!(
+            settled.acked(slot),
+            Some(epoch),
+            "slot {slot} before: {settled:?}"
+        );
+    }
+    // Six TTLs of heartbeats and no view change: the acknowledgements (kept four TTLs) expire.
+    for _ in 0..60 {
+        step().await;
+    }
+    let later = read().await;
+    assert_eq!(
+        view_epoch(&later),
+        Some(epoch),
+        "the view changed: {later:?}"
+    );
+    assert!(later.acks.is_empty(), "the acknowledgements did not expire");
+    for &slot in later.table.slots.keys() {
+        assert_eq!(
+            later.acked(slot),
+            Some(epoch),
+            "slot {slot} went back: {later:?}"
+        );
+    }
+    a.leave().await.expect("a leaves");
+    b.leave().await.expect("b leaves");
+}

@@ -16,6 +16,7 @@ use tokio_postgres::Row;
 use super::config::PostgresConfig;
 use super::connection::{self, Connections};
 use super::errors::BACKEND;
+use super::probe;
 use super::sql::prefix_patterns;
 
 /// A [`Store`](headcount_core::Store) in a PostgreSQL table, shared by any number of processes and machines.
@@ -49,9 +50,29 @@ impl PostgresStore {
     }
 
     /// Like [`connect`](Self::connect) with an already parsed configuration.
+    ///
+    /// When connecting times out, each host is asked once more whether it speaks PostgreSQL at
+    /// all: a server that answers as PostgreSQL never does (a Redis, an HTTP service behind a
+    /// wrong port) makes the failure [`Error::Rejected`], since retrying will not help.
     pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
         let (pool, gc_pool) = connection::pools(&config).await?;
-        Self::over(pool, Some(gc_pool), config).await
+        let pg = config.pg.clone();
+        match Self::over(pool, Some(gc_pool), config).await {
+            Err(Error::Timeout { backend, op, after }) => {
+                match probe::not_postgres(&pg, after).await {
+                    Some(found) => Err(Error::Rejected {
+                        backend: BACKEND,
+                        message: format!(
+                            "connecting timed out after {after:?}, and {found} to a line of text: \
+                         is this the port of a PostgreSQL server?"
+                        ),
+                        source: None,
+                    }),
+                    None => Err(Error::Timeout { backend, op, after }),
+                }
+            }
+            other => other,
+        }
     }
 
     /// A store over a `deadpool-postgres` pool the application already has (re-exported as

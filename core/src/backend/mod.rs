@@ -1,6 +1,7 @@
 //! For implementors of a store: the [`Backend`] trait and the helpers backends share (argument
 //! checks, TTLs in milliseconds, counters, directory listings here; operation deadlines in
-//! [`Deadline`]; URL parsing, credentials and redacted secrets in [`url`]).
+//! [`Deadline`]; URL parsing, credentials and redacted secrets in [`url`]; asking a server that
+//! failed to connect what protocol it speaks in [`probe`]).
 //! Users of headcount never need this module; they call [`Store`], which every `Backend` is.
 //!
 //! A backend implements [`Backend`]: the primitives of the [`Store`] contract, with the same
@@ -64,6 +65,7 @@
 //! ```
 
 mod deadline;
+pub mod probe;
 pub mod url;
 
 pub use deadline::Deadline;

@@ -123,6 +123,15 @@ impl GroupConfig {
         self.ttl
     }
 
+    /// Checks the configuration as [`Group::join`](super::Group::join) will, without a store:
+    /// the group name and prefix, the TTL, the member id, the slot limit and the drain timeout
+    /// ([`Error::InvalidArgument`] or [`Error::InvalidConfig`] naming the bad one). A command
+    /// line checks it before connecting, so a typo is a usage error even when the store is
+    /// down.
+    pub fn validate(&self) -> Result<()> {
+        self.check().map(|_| ())
+    }
+
     pub(super) fn check(&self) -> Result<Keyspace> {
         let keys = Keyspace::with_prefix(&self.prefix, &self.group)?;
         if self.ttl < MIN_LEASE_TTL || self.ttl > MAX_LEASE_TTL {

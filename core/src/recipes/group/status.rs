@@ -21,20 +21,37 @@ pub struct GroupStatus {
     pub acks: BTreeMap<u32, AckRecord>,
     /// Whether the published view names exactly the live slots.
     pub view_current: bool,
+    /// Whether the settled mark settles the published view (its epoch and its holders): then
+    /// every holder that view names acknowledged it.
+    pub view_settled: bool,
     /// For each live slot of the published view, how many of the sampled keys it owns.
     pub sample_owned: Vec<(u32, u64)>,
 }
 
 impl GroupStatus {
-    /// The newest epoch the holder of `slot` acknowledged: in its acknowledgement, or in its
-    /// slot record (the epoch it claimed at).
+    /// The newest epoch the holder of `slot` is known to have acknowledged: in its
+    /// acknowledgement, in its slot record (the epoch it claimed at), or by the settled mark of
+    /// the published view when that view names this claim. Acknowledgements expire four TTLs
+    /// after they are written, and a steady group writes none: without the settled mark a
+    /// member's `acked` would fall back to its claim's epoch, as if its hand-off were stuck.
     pub fn acked(&self, slot: u32) -> Option<u64> {
         let record = self.table.slots.get(&slot)?;
-        Some(
-            self.acks
-                .get(&slot)
-                .map_or(record.acked, |a| a.acked.max(record.acked)),
-        )
+        let own = self
+            .acks
+            .get(&slot)
+            .map_or(record.acked, |a| a.acked.max(record.acked));
+        let settled = self
+            .table
+            .view
+            .as_ref()
+            .filter(|_| self.view_settled)
+            .filter(|v| {
+                v.holders
+                    .binary_search_by_key(&slot, |h| h.slot)
+                    .is_ok_and(|i| v.holders[i] == record.holder(slot))
+            })
+            .map_or(0, |v| v.epoch);
+        Some(own.max(settled))
     }
 }
 
@@ -56,6 +73,10 @@ pub async fn status(
         .view
         .as_ref()
         .is_some_and(|v| v.holders == table.live());
+    let view_settled = match (&table.view, table.settled) {
+        (Some(v), Some(mark)) => mark.settles(v.epoch, v.digest()),
+        _ => false,
+    };
     let mut sample_owned = Vec::new();
     if let Some(v) = &table.view {
         // The view names the assignor its publisher used; `assignor` is for older views.
@@ -72,6 +93,67 @@ pub async fn status(
         table,
         acks,
         view_current,
+        view_settled,
         sample_owned,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recipes::group::records::{Holder, SettledRecord, SlotRecord, ViewRecord};
+
+    fn record(nonce: u64, acked: u64) -> SlotRecord {
+        SlotRecord {
+            member: format!("m{nonce}"),
+            nonce,
+            since_ms: 1,
+            ttl_ms: 1000,
+            acked,
+            view: 0,
+        }
+    }
+
+    /// Slots 0 (nonce 10, claimed at epoch 1) and 1 (nonce 11, claimed at epoch 4), no
+    /// acknowledgement left, and a view of epoch 5 over `holders` settled or not.
+    fn status_of(holders: Vec<Holder>, settled: bool) -> GroupStatus {
+        let mut table = Table::default();
+        table.slots.insert(0, record(10, 1));
+        table.slots.insert(1, record(11, 4));
+        let view = ViewRecord {
+            epoch: 5,
+            holders,
+            assignor: None,
+        };
+        table.settled = Some(SettledRecord {
+            epoch: 5,
+            view: if settled { view.digest() } else { 7 },
+        });
+        let view_settled = table.settled.is_some_and(|m| m.settles(5, view.digest()));
+        table.view = Some(view);
+        GroupStatus {
+            table,
+            acks: BTreeMap::new(),
+            view_current: true,
+            view_settled,
+            sample_owned: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_settled_view_vouches_for_the_claims_it_names_only() {
+        let both = vec![Holder { slot: 0, nonce: 10 }, Holder { slot: 1, nonce: 11 }];
+        let s = status_of(both.clone(), true);
+        assert_eq!((s.acked(0), s.acked(1)), (Some(5), Some(5)));
+        // A mark for other holders than the published view's vouches for nobody.
+        let s = status_of(both, false);
+        assert_eq!((s.acked(0), s.acked(1)), (Some(1), Some(4)));
+        // Slot 1's claim is not the one the view names (it was claimed again since).
+        let s = status_of(
+            vec![Holder { slot: 0, nonce: 10 }, Holder { slot: 1, nonce: 99 }],
+            true,
+        );
+        assert_eq!((s.acked(0), s.acked(1)), (Some(5), Some(4)));
+        assert_eq!(s.acked(2), None);
+    }
 }

@@ -132,6 +132,8 @@
 
 mod answers;
 mod config;
+#[cfg(feature = "grpc")]
+mod connections;
 mod majority;
 mod mediated;
 mod round;
@@ -146,7 +148,10 @@ pub use config::{
 pub use majority::{IdsStats, MajorityIds};
 pub use mediated::MediatedIds;
 #[cfg(feature = "grpc")]
-pub use service::{serve, IdsClient, IdsServer, IdsService, RunningIdsServer};
+pub use service::{
+    serve, serve_with, IdsClient, IdsServer, IdsService, RunningIdsServer, ServeOptions,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+};
 
 /// The name errors of this recipe give as their `backend`.
 const RECIPE: &str = "majority ids";

@@ -32,9 +32,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, Service, StdError};
 
+use super::connections::{self, ConnectionInfo, Registry};
 use super::{check_block, MediatedIds, RECIPE};
 use crate::error::{with_sources, Error, Result};
 use crate::task::{stop_requested, Background, OnDrop};
@@ -201,7 +201,13 @@ where
             });
         }
         let method = NextMethod(self.service.clone());
+        // A connection waiting for its answer is not idle, however long the round takes.
+        let busy = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .map(ConnectionInfo::busy);
         Box::pin(async move {
+            let _busy = busy;
             let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
             Ok(grpc.unary(method, request).await)
         })
@@ -217,12 +223,18 @@ impl tonic::server::NamedService for IdsServer {
 pub struct RunningIdsServer {
     addr: SocketAddr,
     task: Background,
+    registry: Arc<Registry>,
 }
 
 impl RunningIdsServer {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The connections open now (see [`ServeOptions`]).
+    pub fn open_connections(&self) -> usize {
+        self.registry.len()
     }
 
     /// Stops accepting calls, lets the calls under way finish, and waits for the server.
@@ -237,9 +249,92 @@ impl RunningIdsServer {
     }
 }
 
+/// The most connections an IDs server keeps open by default (see [`ServeOptions`]).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// How long a connection may sit idle by default before the server closes it (see
+/// [`ServeOptions`]).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How an IDs server treats its connections.
+///
+/// * **Idle timeout**: a connection with no call in flight that sends and receives nothing for
+///   this long is closed ([`IdsClient`] connects again at its next call).
+/// * **Connection cap**: when a connection arrives with this many open, the one idle longest
+///   (no call in flight) is closed to make room, or the newcomer when every connection has a
+///   call in flight. Keep it well below the process's file descriptor limit (`ulimit -n`): the
+///   stores' connections need descriptors too.
+///
+/// When `accept` fails for want of file descriptors anyway, the server closes its idlest
+/// connection, logs a warning (at most one every 10 s) and waits before the next attempt
+/// (5 ms doubling to 1 s), instead of retrying at once and spinning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeOptions {
+    max_connections: usize,
+    idle_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+}
+
+impl ServeOptions {
+    /// The most connections open at once (at least 1; default [`DEFAULT_MAX_CONNECTIONS`]).
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// How long a connection may sit idle (above zero; default [`DEFAULT_IDLE_TIMEOUT`]). Calls
+    /// in flight do not count as idleness, whatever their deadline.
+    pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = idle;
+        self
+    }
+
+    /// The connection cap.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+    }
+
+    /// The idle timeout.
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.max_connections == 0 {
+            return Err(Error::invalid(
+                "an IDs server needs a connection cap of at least 1",
+            ));
+        }
+        if self.idle_timeout.is_zero() {
+            return Err(Error::invalid(
+                "an IDs server needs an idle timeout above zero",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Serves `service` and the standard health service on `listener`, in a task (call it within a
-/// Tokio runtime).
+/// Tokio runtime), with the default [`ServeOptions`].
 pub async fn serve(listener: TcpListener, service: IdsService) -> Result<RunningIdsServer> {
+    serve_with(listener, service, ServeOptions::default()).await
+}
+
+/// [`serve`] with a connection cap and idle timeout of one's own.
+pub async fn serve_with(
+    listener: TcpListener,
+    service: IdsService,
+    options: ServeOptions,
+) -> Result<RunningIdsServer> {
+    options.check()?;
     let addr = listener
         .local_addr()
         .map_err(|e| Error::invalid(format!("the listener has no local address: {e}")))?;
@@ -252,12 +347,18 @@ pub async fn serve(listener: TcpListener, service: IdsService) -> Result<Running
         .await;
     let what = format!("the IDs server on {addr}");
     let failed = what.clone();
+    let registry = Registry::new(options.max_connections, options.idle_timeout);
+    let incoming = connections::incoming(listener, registry.clone());
+    let closing = registry.clone();
     let task = Background::spawn(what, OnDrop::Stop, |stop| async move {
         tonic::transport::Server::builder()
             .add_service(health)
             .add_service(IdsServer::new(service))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            .serve_with_incoming_shutdown(incoming, async move {
                 stop_requested(stop).await;
+                // The shutdown waits for each connection to finish its calls; one that never
+                // spoke would keep it waiting until its idle timeout.
+                closing.close_silent();
                 // Keep answering health checks as NOT_SERVING while the calls under way end.
                 reporter
                     .set_service_status(SERVICE_NAME, tonic_health::ServingStatus::NotServing)
@@ -266,7 +367,11 @@ pub async fn serve(listener: TcpListener, service: IdsService) -> Result<Running
             .await
             .map_err(|e| Error::stopped(failed, format!("it failed: {}", with_sources(&e))))
     });
-    Ok(RunningIdsServer { addr, task })
+    Ok(RunningIdsServer {
+        addr,
+        task,
+        registry,
+    })
 }
 
 /// A client of one or more IDs servers over the same stores: calls go to the server that
@@ -431,5 +536,140 @@ impl IdsClient {
             ),
             source: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Instant;
+
+    use tokio::io::AsyncReadExt as _;
+
+    use super::*;
+    use crate::memory::MemoryStore;
+    use crate::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds};
+    use crate::sim::{Faults, FaultyStore};
+    use crate::{DynStore, SystemClock};
+
+    const IDLE: Duration = Duration::from_millis(400);
+
+    /// Generator `default` over three in-memory stores whose calls `faults` can hold.
+    async fn service(faults: &Arc<Faults>) -> IdsService {
+        let stores: Vec<DynStore> = (0..3)
+            .map(|_| {
+                Arc::new(FaultyStore::new(
+                    Arc::new(MemoryStore::new()),
+                    faults.clone(),
+                    Arc::new(SystemClock::new()),
+                )) as DynStore
+            })
+            .collect();
+        let config = IdsConfig::new("default")
+            .with_durability(DurabilityPolicy::AllowNonDurable)
+            .with_deadline(Duration::from_secs(10));
+        let ids = MajorityIds::new(stores, config).await.unwrap();
+        IdsService::new(vec![MediatedIds::new(ids)]).unwrap()
+    }
+
+    /// A server of [`service`] with a cap of four connections and a short idle timeout.
+    async fn server(faults: &Arc<Faults>) -> RunningIdsServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let options = ServeOptions::default()
+            .with_max_connections(4)
+            .with_idle_timeout(IDLE);
+        serve_with(listener, service(faults).await, options)
+            .await
+            .unwrap()
+    }
+
+    /// Reads until the server closes the connection (end of file, or a reset); panics after 5 s.
+    async fn closed_by_the_server(stream: &mut tokio::net::TcpStream) {
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        });
+        read.await
+            .expect("the server never closed a silent connection");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silent_connections_are_closed_and_a_real_client_still_gets_in() {
+        let faults = Faults::new(1);
+        let server = server(&faults).await;
+        let addr = server.local_addr();
+        let mut silent = Vec::new();
+        for _ in 0..20 {
+            silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        let client = IdsClient::new(&[addr.to_string()], Duration::from_secs(5)).unwrap();
+        let first = client
+            .next("default")
+            .await
+            .expect("an ID past 20 silent connections");
+        for stream in &mut silent {
+            closed_by_the_server(stream).await;
+        }
+        // The client's own connection, idle past the timeout, was closed too: its channel
+        // connects again.
+        tokio::time::sleep(IDLE * 2).await;
+        let second = client.next("default").await.expect("an ID after idling");
+        assert!(second > first);
+        // Thirty more that say nothing: at most the cap stays open.
+        let mut more = Vec::new();
+        for _ in 0..30 {
+            more.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            server.open_connections() <= 5,
+            "{} open",
+            server.open_connections()
+        );
+        server.shutdown().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_in_flight_is_not_idleness() {
+        let faults = Faults::new(1);
+        let server = server(&faults).await;
+        let client = Arc::new(
+            IdsClient::new(&[server.local_addr().to_string()], Duration::from_secs(10)).unwrap(),
+        );
+        client.next("default").await.unwrap();
+        // The stores hold every call for three idle timeouts: the connection stays open.
+        faults.pause();
+        let call = tokio::spawn({
+            let client = client.clone();
+            async move { client.next("default").await }
+        });
+        let held = Instant::now();
+        tokio::time::sleep(IDLE * 3).await;
+        faults.resume();
+        let id = call
+            .await
+            .unwrap()
+            .expect("a call held past the idle timeout");
+        assert!(id >= 2 && held.elapsed() >= IDLE * 3);
+        server.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn options_are_checked() {
+        let service = service(&Faults::new(1)).await;
+        for options in [
+            ServeOptions::default().with_max_connections(0),
+            ServeOptions::default().with_idle_timeout(Duration::ZERO),
+        ] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let e = serve_with(listener, service.clone(), options).await;
+            assert!(matches!(e, Err(Error::InvalidArgument { .. })), "{e:?}");
+        }
     }
 }

@@ -126,6 +126,14 @@ impl IntervalConfig {
         self
     }
 
+    /// Checks the configuration as [`IntervalIndexer::join`](super::IntervalIndexer::join)
+    /// will, without a store: the group name and prefix, the interval, the skew, the capacity
+    /// and the member id. A command line checks it before connecting, so a typo is a usage
+    /// error even when the store is down.
+    pub fn validate(&self) -> Result<()> {
+        self.check().map(|_| ())
+    }
+
     pub(super) fn check(&self) -> Result<Keyspace> {
         let keys = Keyspace::with_prefix(&self.prefix, &self.group)?;
         if self.interval < MIN_INTERVAL {
