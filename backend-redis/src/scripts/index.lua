@@ -20,6 +20,11 @@
 -- server time in microseconds, or one above its last value if that is higher: so a version never
 -- comes back, even after a flush. A group member's heartbeat reads it (renew_check.lua) and
 -- reads the directory only when it changed.
+--
+-- The index is data like any other: it can be deleted, evicted, or left behind when keys are
+-- copied or restored without it. So it heals: every script that finds a live key missing from it
+-- (a renewal, a sweep, a write, a write refused because the key exists) puts the key back and
+-- changes its directory's version, so the next look of every member lists it (see repair).
 -- A replay-protected call on Cluster (REPLAY, with a request id as its last argument) has its
 -- request key last, after the index keys or, for a key without an index, right after its data.
 local NX = #KEYS - D
@@ -135,10 +140,10 @@ local function read_string(k)
   return nil, redis.error_reply(type(v) == 'table' and v.err or tostring(v))
 end
 
--- Records that key k's directory changed.
+-- Records that key k's directory changed (once per script: one new version says it).
 local function changed(k)
   local vk = version_key(k)
-  if vk then bump(vk) end
+  if vk and not bumped[vk] then bump(vk) end
 end
 
 -- Gives the index keys the expiry of the last key they hold when every one of those keys has a
@@ -166,6 +171,25 @@ local function score(k, p)
   return added
 end
 
+-- Puts key k, found live by this script, back in the index when the index lost it (deleted,
+-- evicted, copied or restored without it) or never held it (written by another client): scored
+-- by its TTL, and its directory's version changed, so that every member's next look lists it
+-- and a write refused because k exists is followed by a read that shows why. One ZADD when the
+-- index holds k, as it nearly always does. Returns whether k was missing.
+local function repair(k)
+  if not IDX or redis.call('ZADD', IDX, 0, k) == 0 then return false end
+  local p = redis.call('PTTL', k)
+  if p == -2 then
+    -- Not live after all: nothing to list.
+    redis.call('ZREM', IDX, k)
+    return false
+  end
+  if p >= 0 then score(k, p) else redis.call('ZREM', EXP, k) end
+  changed(k)
+  settle()
+  return true
+end
+
 -- Forgets key k (deleted, or found gone). Returns whether the index held it: its directory
 -- changed then.
 local function untrack(k)
@@ -180,24 +204,34 @@ end
 
 -- Removes up to `limit` (default SWEEP) names whose expiry has passed and whose key is gone. A
 -- key still there was renewed (a heartbeat scores its renewal early, by up to a quiet marker's
--- life: see heartbeat) or given another expiry by another client: it is re-scored instead.
+-- life: see heartbeat) or given another expiry by another client: it is re-scored instead, and
+-- put back in the index if the index lost it (the expiry index survived it), which changes its
+-- directory's version.
 local function sweep(limit)
   if not IDX then return 0 end
   local due = redis.call('ZRANGEBYSCORE', EXP, '-inf', now(), 'LIMIT', 0, limit or SWEEP)
+  local repaired = false
   for _, k in ipairs(due) do
     local p = redis.call('PTTL', k)
     if p == -2 then
       untrack(k)
-    elseif p == -1 then
-      -- Persisted by another client: so is the index, which must not expire before it.
-      redis.call('ZREM', EXP, k)
-      redis.call('PERSIST', IDX)
-      redis.call('PERSIST', EXP)
     else
-      redis.call('ZADD', EXP, now() + p, k)
-      if p < MAX_QUIET_MS then due_by(now() + p) end
+      if p == -1 then
+        -- Persisted by another client: so is the index, which must not expire before it.
+        redis.call('ZREM', EXP, k)
+        redis.call('PERSIST', IDX)
+        redis.call('PERSIST', EXP)
+      else
+        redis.call('ZADD', EXP, now() + p, k)
+        if p < MAX_QUIET_MS then due_by(now() + p) end
+      end
+      if redis.call('ZADD', IDX, 0, k) == 1 then
+        changed(k)
+        repaired = true
+      end
     end
   end
+  if repaired then settle() end
   return #due
 end
 
@@ -229,9 +263,11 @@ local function track(k, p, moved)
   if not IDX then return end
   local fresh = redis.call('ZADD', IDX, 0, k) == 1
   if fresh then
-    -- Created, or written before by a client that keeps no index; the index keys may be new
-    -- too, so their expiry is set from what they hold.
+    -- Created, written before by a client that keeps no index, or lost by the index: new to
+    -- every listing either way. The index keys may be new too, so their expiry is set from
+    -- what they hold.
     if p >= 0 then score(k, p) else redis.call('ZREM', EXP, k) end
+    changed(k)
     settle()
   elseif moved then
     if p < 0 then
