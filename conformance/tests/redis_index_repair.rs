@@ -1,7 +1,8 @@
-//! The Redis key index heals itself (issue 32, finding 1): a live key missing from the index
-//! (the index deleted, evicted, or the keys copied to a server without it, or a key written by
-//! another client) is put back by the first script that touches it, with its directory's version
-//! changed so the next look lists it.
+//! The Redis key index heals itself (issue 32, findings 1 and 13): a live key missing from the
+//! index (the index deleted, evicted, or the keys copied to a server without it, or a key
+//! written by another client) is put back by the first script that touches it, with its
+//! directory's version changed so the next look lists it; and a foreign value at the index's
+//! own name is an error that names it.
 #![cfg(feature = "redis")]
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -9,7 +10,7 @@
 use std::time::Duration;
 
 use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member};
-use headcount::DynStore;
+use headcount::{DynStore, ErrorKind};
 use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
 use headcount_conformance::wait::{eventually, EVERY};
 use redis::aio::MultiplexedConnection;
@@ -239,4 +240,49 @@ async fn a_refused_write_shows_what_refused_it() {
         .await
         .unwrap();
     assert!(score.is_some(), "the repaired key has no expiry score");
+}
+
+/// Finding 13: a foreign value at the name of the index (or of the expiry index) is an error
+/// that names that key, for writes, listings and heartbeats alike, not a `WRONGTYPE` that names
+/// a script's line (or blames the caller's own key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_value_at_the_index_names_the_index() {
+    let Some((_server, conn, store)) = redis_with_store().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(10);
+    assert!(store
+        .compare_and_set("hc:{f}:slot:0", None, "me", Some(ttl))
+        .await
+        .unwrap());
+    for (index, foreign) in [
+        ("headcount:index", ["SET", "headcount:index", "oops"]),
+        ("headcount:expiry", ["SET", "headcount:expiry", "oops"]),
+    ] {
+        lose_the_index(&conn).await;
+        raw(&conn, &foreign).await;
+        let errors = [
+            store.incr("hc:{f}:n", None).await.unwrap_err(),
+            store
+                .compare_and_set("hc:{f}:k", None, "v", Some(ttl))
+                .await
+                .unwrap_err(),
+            store.list("hc:{f}:").await.unwrap_err(),
+            store
+                .renew_and_versions("hc:{f}:slot:0", "me", ttl, &[("hc:{f}:slot:", None)])
+                .await
+                .unwrap_err(),
+        ];
+        for e in errors {
+            assert_eq!(e.kind(), ErrorKind::ForeignValue, "{index}: {e}");
+            let text = e.to_string();
+            assert!(text.contains(index), "{index}: {text}");
+            assert!(!text.contains("script:"), "{index}: {text}");
+        }
+        raw(&conn, &["DEL", index]).await;
+    }
+    // Removed, the index is rebuilt by the writes that follow. (The writes refused above may
+    // have changed their own keys: a script updates the index after its key.)
+    store.incr("hc:{f}:n", None).await.unwrap();
+    assert_eq!(store.list("hc:{f}:n").await.unwrap().len(), 1);
 }

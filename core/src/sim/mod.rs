@@ -1,0 +1,259 @@
+//! Tools for testing code that uses headcount under faults: a clock for deterministic
+//! simulations ([`SimClock`]) and a fault layer over any store ([`FaultyStore`]).
+//!
+//! headcount's own protocol simulation (`core/tests/simulation.rs`) runs the recipes on a
+//! single-threaded Tokio runtime with paused time, where the runtime jumps to the next timer
+//! whenever every task waits: a run of minutes takes milliseconds and, for one seed, always
+//! takes the same steps. It wraps a [`MemoryStore`](crate::memory::MemoryStore) in a
+//! [`FaultyStore`] per member, so each call can be delayed (replies come back reordered),
+//! fail before reaching the store, or be applied with its reply lost; it rolls the store back
+//! with [`MemoryStore::restore`](crate::memory::MemoryStore::restore), steps the store's clock
+//! with [`SimClock::step_wall`], and pauses a member with [`Faults::pause`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+
+use crate::clock::Clock;
+use crate::decorated::{Decorated, Hooks};
+use crate::error::{Error, Result};
+use crate::{DynStore, Op};
+
+/// A clock on Tokio's time (so a runtime with paused time drives it) whose wall clock can be
+/// stepped. Clones share the wall-clock step.
+#[derive(Debug, Clone)]
+pub struct SimClock {
+    origin: tokio::time::Instant,
+    wall_origin: SystemTime,
+    /// Milliseconds added to the wall clock (a step forward).
+    step_ms: Arc<AtomicU64>,
+}
+
+impl SimClock {
+    /// A clock whose monotonic time starts now (Tokio's) and whose wall time starts at `wall`.
+    /// Create it inside the runtime that drives it.
+    pub fn new(wall: SystemTime) -> Self {
+        SimClock {
+            origin: tokio::time::Instant::now(),
+            wall_origin: wall,
+            step_ms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Steps the wall clock forward by `d` (as NTP stepping a host's clock would); the monotonic
+    /// clock and sleeps are untouched.
+    pub fn step_wall(&self, d: Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.step_ms.fetch_add(ms, Ordering::Relaxed);
+    }
+}
+
+#[async_trait]
+impl Clock for SimClock {
+    fn now(&self) -> SystemTime {
+        let step = Duration::from_millis(self.step_ms.load(Ordering::Relaxed));
+        self.wall_origin + self.origin.elapsed() + step
+    }
+
+    fn monotonic(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    async fn sleep(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    async fn sleep_until(&self, deadline: Duration) {
+        tokio::time::sleep_until(self.origin + deadline).await;
+    }
+}
+
+/// How often each kind of fault strikes a call through a [`FaultyStore`]: probabilities in
+/// `0.0..=1.0`, and the longest delay.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FaultRates {
+    /// A call fails with [`Error::Unavailable`] before it reaches the store.
+    pub fail_before: f64,
+    /// A call is applied but its reply is lost: the caller gets [`Error::Timeout`].
+    pub fail_after: f64,
+    /// A call is delayed (before and after it is applied) by up to [`FaultRates::max_delay`].
+    pub delay: f64,
+    /// The longest delay.
+    pub max_delay: Duration,
+}
+
+impl FaultRates {
+    /// No faults at all.
+    pub const NONE: FaultRates = FaultRates {
+        fail_before: 0.0,
+        fail_after: 0.0,
+        delay: 0.0,
+        max_delay: Duration::ZERO,
+    };
+}
+
+/// The controls of one [`FaultyStore`]: its fault rates, its random generator and whether it is
+/// paused. Shared by the store and whoever drives the faults.
+#[derive(Debug)]
+pub struct Faults {
+    rng: Mutex<StdRng>,
+    rates: Mutex<FaultRates>,
+    paused: watch::Sender<bool>,
+    down: AtomicBool,
+    injected: AtomicU64,
+}
+
+impl Faults {
+    /// Controls with no faults, drawing from a generator seeded with `seed`.
+    pub fn new(seed: u64) -> Arc<Faults> {
+        Arc::new(Faults {
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            rates: Mutex::new(FaultRates::NONE),
+            paused: watch::Sender::new(false),
+            down: AtomicBool::new(false),
+            injected: AtomicU64::new(0),
+        })
+    }
+
+    fn lock_rates(&self) -> MutexGuard<'_, FaultRates> {
+        self.rates.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replaces the fault rates.
+    pub fn set_rates(&self, rates: FaultRates) {
+        *self.lock_rates() = rates;
+    }
+
+    /// Holds every call (new ones and those waiting to be applied) until [`Faults::resume`]: a
+    /// process stopped by SIGSTOP, or a connection that stalls.
+    pub fn pause(&self) {
+        self.paused.send_replace(true);
+    }
+
+    /// Lets held calls go on.
+    pub fn resume(&self) {
+        self.paused.send_replace(false);
+    }
+
+    /// While true, every call fails with [`Error::Unavailable`] before reaching the store (a
+    /// store that is down or unreachable).
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::Relaxed);
+    }
+
+    /// How many faults (failures and delays) were injected so far.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::Relaxed)
+    }
+
+    /// Draws whether a call fails with the given probability, and whether (and how long) it is
+    /// delayed.
+    fn roll(&self, fail: impl Fn(&FaultRates) -> f64) -> (bool, Option<Duration>) {
+        let rates = *self.lock_rates();
+        let mut rng = self.rng.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut chance = |p: f64| p > 0.0 && rng.random_bool(p.min(1.0));
+        let failed = chance(fail(&rates));
+        let delayed = chance(rates.delay) && !rates.max_delay.is_zero();
+        let delay = delayed.then(|| {
+            let max = u64::try_from(rates.max_delay.as_micros()).unwrap_or(u64::MAX);
+            Duration::from_micros(rng.random_range(0..=max))
+        });
+        if failed || delayed {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+        }
+        (failed, delay)
+    }
+
+    /// Before a call: whether it fails before the store, and its delay.
+    fn draw(&self) -> (bool, Option<Duration>) {
+        self.roll(|r| r.fail_before)
+    }
+
+    /// After a call: whether its reply is lost, and its delay.
+    fn draw_after(&self) -> (bool, Option<Duration>) {
+        self.roll(|r| r.fail_after)
+    }
+
+    async fn wait_unpaused(&self) {
+        let mut rx = self.paused.subscribe();
+        // The sender lives in `self`, which outlives this call.
+        let _ = rx.wait_for(|paused| !*paused).await;
+    }
+}
+
+/// The [`Hooks`] of a [`FaultyStore`]: the shared [`Faults`] and the clock that times delays.
+#[derive(Debug, Clone)]
+pub struct Faulty {
+    faults: Arc<Faults>,
+    clock: Arc<dyn Clock>,
+    backend: &'static str,
+}
+
+/// A [`Store`](crate::Store) that injects faults into every call to the store it wraps, under
+/// the control of a shared [`Faults`]: before the call, a pause, a delay, or a failure that
+/// never reaches the store; after it, a delay, a pause, or a lost reply. Delays sleep on the
+/// given clock, so under a simulation's paused time they cost nothing and reorder replies
+/// deterministically.
+pub type FaultyStore = Decorated<Faulty>;
+
+impl Decorated<Faulty> {
+    /// Wraps `inner`; `faults` decides what happens to each call, `clock` times the delays.
+    pub fn new(inner: DynStore, faults: Arc<Faults>, clock: Arc<dyn Clock>) -> Self {
+        let backend = inner.capabilities().backend;
+        Decorated::with(
+            inner,
+            Faulty {
+                faults,
+                clock,
+                backend,
+            },
+        )
+    }
+
+    /// The controls.
+    pub fn faults(&self) -> &Arc<Faults> {
+        &self.hooks().faults
+    }
+}
+
+#[async_trait]
+impl Hooks for Faulty {
+    async fn before(&self, op: Op) -> Result<()> {
+        self.faults.wait_unpaused().await;
+        let (fail, delay) = self.faults.draw();
+        if let Some(d) = delay {
+            self.clock.sleep(d).await;
+            self.faults.wait_unpaused().await;
+        }
+        if fail || self.faults.down.load(Ordering::Relaxed) {
+            return Err(Error::Unavailable {
+                backend: self.backend,
+                message: format!("injected fault: `{op}` failed before reaching the store"),
+                source: None,
+            });
+        }
+        Ok(())
+    }
+
+    async fn after(&self, op: Op, _took: Duration) -> Result<()> {
+        let (lost, delay) = self.faults.draw_after();
+        if let Some(d) = delay {
+            self.clock.sleep(d).await;
+        }
+        // A paused process does not see the reply until it runs again.
+        self.faults.wait_unpaused().await;
+        if lost {
+            return Err(Error::Timeout {
+                backend: self.backend,
+                op: op.name(),
+                after: delay.unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+}
