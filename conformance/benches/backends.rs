@@ -30,10 +30,9 @@
 //! Lua script that does the same (`INCR` + `PEXPIRE NX` in one `MULTI` for incr, a `SCAN` of the
 //! prefix for list; no key index), on etcd the same `Txn`s (with one
 //! lease granted up front), on PostgreSQL the adapter's statements (the same checks and
-//! `RETURNING` clauses, so the server does the same work; before 25 November raw skipped the
-//! canonical-counter check and the `RETURNING`s) prepared up front on one connection per task, on
-//! SQLite the adapter's statements (from the last runs of 25 November; before, simpler SQL
-//! without the liveness and counter checks) through `spawn_blocking`; on every backend each raw
+//! `RETURNING` clauses, so the server does the same work) prepared up front on one connection
+//! per task, on SQLite the adapter's statements (the same liveness and counter checks) through
+//! `spawn_blocking`; on every backend each raw
 //! call runs within a 5 s deadline, as the adapter's do (see `raw_deadline`). The adapter adds argument checks, a
 //! pool checkout, error mapping and, for etcd, lease sharing and per-key turn-taking; on Redis its
 //! scripts also keep the key index (see backend-redis/README.md).
@@ -107,11 +106,10 @@ fn key(t: &Target, what: &str, task: usize) -> String {
 }
 
 /// The deadline of each raw call: 5 s (the adapter's default `timeout`), as a production client
-/// bounds every call; `HEADCOUNT_BENCH_RAW_DEADLINE=none` runs raw calls unbounded, as runs before
-/// 25 November did. A pending timer is not free: tokio then parks with a timeout, which costs
-/// the kernel a timer arm and cancel per wake-up (10–18 µs per PostgreSQL call, measured on the
-/// test machine on 25 November), so a
-/// raw side without one measures less than any real client does.
+/// bounds every call; `HEADCOUNT_BENCH_RAW_DEADLINE=none` runs raw calls unbounded. A pending timer
+/// is not free: tokio then parks with a timeout, which costs the kernel a timer arm and cancel per
+/// wake-up (docs/benchmarks.md has the measurement), so a raw side without one measures less than
+/// any real client does.
 /// Read once: the environment is not consulted per call.
 fn raw_deadline() -> Option<Duration> {
     static DEADLINE: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
@@ -727,10 +725,9 @@ fn unrelated() -> usize {
 /// Makes sure the keys `primitive`'s row reads are there, each with a whole [`TTL`] to live, as
 /// the row's calls expect: the counters `get` and `expire` find, the value "x" every
 /// compare-and-set expects (each side writes it back), the 10 keys `list` lists. Called at setup
-/// and before each side's measurement: a row comes minutes after setup, longer than the TTL.
-/// Before the last run of 25 November the bench called it only at setup, so in a full run the
-/// keys had expired by then and the `compare_and_set` rows measured a compare that found no key,
-/// the `list` rows an empty prefix.
+/// and before each side's measurement: a row comes minutes after setup, longer than the TTL, and
+/// its keys must not expire under it (docs/benchmarks.md says what the rows measured when they
+/// did).
 async fn keep_alive(t: &Target, primitive: Op) {
     let s = &t.adapter;
     let refreshed = |k: String, v: &'static str| async move {

@@ -115,6 +115,7 @@ impl Runner {
                 return false;
             }
         };
+        self.note_twin_acks(acks.values());
         // An acknowledgement above the published view (the store lost the view it acknowledged)
         // raises the floor of the next epoch this member publishes.
         let acked = acks.values().map(|a| a.acked).max().unwrap_or(0);
@@ -156,9 +157,14 @@ impl Runner {
                 self.settler.stalled = None;
                 true
             }
-            // Changed since the listing: read again at the next beat.
-            Ok(false) => false,
+            // Changed since the listing: read the view directory again at the next beat,
+            // whatever version the store answers (as after a lost view write).
+            Ok(false) => {
+                self.forget_seen();
+                false
+            }
             Err(e) => {
+                self.forget_seen();
                 self.set_error(Some(&e));
                 false
             }

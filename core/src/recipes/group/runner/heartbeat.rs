@@ -21,6 +21,9 @@ pub(super) struct Heard {
     /// Whether its slots were read in this heartbeat, after its view (not kept from an earlier
     /// one): only then may the member compare them with the view, publish or settle.
     fresh: bool,
+    /// Whether its slots came from a listing in this heartbeat, not from the copy held (which
+    /// the store's version said was still current).
+    listed: bool,
 }
 
 impl Heard {
@@ -31,6 +34,7 @@ impl Heard {
             table: Arc::new(table),
             changed: true,
             fresh: true,
+            listed: true,
         }
     }
 }
@@ -77,12 +81,18 @@ impl Runner {
             result.as_ref().err(),
         );
         let result = match result {
-            // A renewal refused on a copy of the table: read the table itself to decide.
+            // A renewal refused, judged on a table not listed in this heartbeat (a copy, or a
+            // version that says nothing changed although the slot did): read the table itself
+            // to decide, and the directories whole at the next beat.
             Ok(Heard {
                 renewed: false,
-                fresh: false,
+                listed: false,
                 ..
-            }) => self.list().await.map(|table| Heard::listed(false, table)),
+            }) => {
+                self.forget_seen();
+                self.cache.slots = None;
+                self.list().await.map(|table| Heard::listed(false, table))
+            }
             other => other,
         };
         let heard = match result {
@@ -238,6 +248,8 @@ impl Runner {
         // Taken out of the cache, the copy is usually the only reference to the table, so a new
         // view is set in place instead of on a clone of every slot record.
         let held = self.cache.slots.take().map(|s| s.table);
+        // With no copy held, the slots are listed below whatever the store answered.
+        let listed = rebuilt.is_some() || held.is_none();
         let (table, changed) = match (rebuilt, held) {
             (None, Some(held)) => match views {
                 None => (held, std::mem::take(&mut self.cache.unseen_change)),
@@ -275,6 +287,7 @@ impl Runner {
             table,
             changed,
             fresh,
+            listed,
         })
     }
 
