@@ -286,3 +286,51 @@ async fn a_foreign_value_at_the_index_names_the_index() {
     store.incr("hc:{f}:n", None).await.unwrap();
     assert_eq!(store.list("hc:{f}:n").await.unwrap().len(), 1);
 }
+
+/// Finding 7: a directory's version never repeats, even after a rollback on a server whose
+/// clock is behind the versions it minted (a backward clock step, a failover to a replica whose
+/// clock lags): versions minted as "one above the last" then walked the same numbers again for
+/// other contents. The lagging clock is played by a version set far ahead of the server's
+/// clock; the rollback by putting back the version and the keys a replica would have had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_never_repeat_after_a_rollback() {
+    let Some((_server, conn, store)) = redis_with_store().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(10);
+    let dir = "hc:{v}:slot:";
+    let vk = "headcount:version:hc:{v}:slot:";
+    assert!(store
+        .compare_and_set("hc:{v}:slot:0", None, "me", Some(ttl))
+        .await
+        .unwrap());
+    // Minted by a clock 10^12 µs (11 days) ahead of the server's.
+    let ahead = "9000000000000000";
+    raw(&conn, &["SET", vk, ahead]).await;
+    assert!(store
+        .compare_and_set("hc:{v}:slot:1", None, "b", Some(ttl))
+        .await
+        .unwrap());
+    let first = store
+        .renew_and_list_if_changed("hc:{v}:slot:0", "me", ttl, dir, None)
+        .await
+        .unwrap();
+    // A failover to a replica that had the version before that write, and not the write.
+    raw(&conn, &["SET", vk, ahead]).await;
+    raw(&conn, &["DEL", "hc:{v}:slot:1"]).await;
+    raw(&conn, &["ZREM", "headcount:index", "hc:{v}:slot:1"]).await;
+    raw(&conn, &["ZREM", "headcount:expiry", "hc:{v}:slot:1"]).await;
+    assert!(store
+        .compare_and_set("hc:{v}:slot:2", None, "c", Some(ttl))
+        .await
+        .unwrap());
+    let second = store
+        .renew_and_list_if_changed("hc:{v}:slot:0", "me", ttl, dir, Some(&first.version))
+        .await
+        .unwrap();
+    assert_ne!(
+        second.version, first.version,
+        "one version for two contents: {:?} then {:?}",
+        first.listing, second.listing
+    );
+}

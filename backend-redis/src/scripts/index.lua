@@ -16,10 +16,10 @@
 --
 -- Each directory (the text of a key up to its last ':') also has a version, a string key in the
 -- same slot, `<index name less 'index'>version:<directory>`, which every write that creates,
--- deletes or changes a key of the directory (and every sweep that finds one expired) sets to the
--- server time in microseconds, or one above its last value if that is higher: so a version never
--- comes back, even after a flush. A group member's heartbeat reads it (renew_check.lua) and
--- reads the directory only when it changed.
+-- deletes or changes a key of the directory (and every sweep that finds one expired) sets to
+-- `<µs>.<random>`: the server time in microseconds, or one above its last value if that is
+-- higher, then a random number (see bump). A group member's heartbeat reads it (renew_check.lua)
+-- and reads the directory only when it changed.
 --
 -- The index is data like any other: it can be deleted, evicted, or left behind when keys are
 -- copied or restored without it. So it heals: every script that finds a live key missing from it
@@ -82,23 +82,30 @@ local VERSION_TTL_MS = 3600000
 -- The versions this script set, by version key.
 local bumped = {}
 
--- Sets version key vk to a new version, above its last and the clock: one SET ... GET (Redis 6.2
--- and later), and a second SET only in the rare call whose clock reads at or below the last
--- version (a clock stepped back, or a second change in one microsecond).
+-- Sets version key vk to a new version, `<n>.<random>` with n above its last number and the
+-- clock: one SET ... GET (Redis 6.2 and later), and a second SET only in the rare call whose
+-- clock reads at or below the last version (a clock stepped back, or a second change in one
+-- microsecond). The number alone would repeat after a rollback on a server whose clock is behind
+-- the versions it minted (a backward step, a failover to a replica whose clock lags): "one above
+-- the last" walks the same numbers again, for other contents. The random part (Redis 7 seeds
+-- the scripts' generator afresh for every call; before 7 it is the same each call, and versions
+-- rely on the clock alone) makes two versions equal only by a 2^-31 chance.
 local function bump(vk)
   now()
   local v = now_us
-  local text = ms(v)
+  local tag = '.' .. string.format('%x', math.random(0, 2147483647))
+  local text = ms(v) .. tag
   local ok, old = pcall(redis.call, 'SET', vk, text, 'PX', VERSION_TTL_MS, 'GET')
   if not ok then
     -- A server before 6.2 (no GET option) or another Redis type at vk: SET wrote nothing.
     old = redis.pcall('GET', vk)
     if type(old) ~= 'string' then old = nil end
   end
-  local last = tonumber(old)
+  -- The number of `<n>.<random>`, or of a bare number (written by an earlier version).
+  local last = type(old) == 'string' and tonumber(string.match(old, '^%d+')) or nil
   if last and last >= v then
     v = last + 1
-    text = ms(v)
+    text = ms(v) .. tag
   end
   bumped[vk] = text
   if not ok or v ~= now_us then
