@@ -21,7 +21,9 @@ use crate::config::RedisConfig;
 use crate::connection::{self, Conn, CLUSTER_DEFAULTS, SINGLE_DEFAULTS};
 use crate::durability::{durability_of, replication_ids, replication_of};
 use crate::errors::{self, BACKEND};
-use crate::index::{hash_tag, is_index_name, sweep_period, tag_of, IndexKeys, REQUEST_INFIX};
+use crate::index::{
+    dir_of, hash_tag, is_index_name, sweep_period, tag_of, IndexKeys, REQUEST_INFIX,
+};
 use crate::replies::{foreign_reply, list_reply, unexpected, written_or_foreign};
 use crate::scripts::{ttl_arg, Scripts};
 
@@ -144,7 +146,9 @@ impl RedisStore {
     }
 
     /// Adds the keys a replay-protected write of `key` touches besides its data keys: the
-    /// index of `key` (see [`RedisStore::index_for_key`]) and, on Cluster, the key its answer is
+    /// index of `key` (see [`RedisStore::index_for_key`]) with its quiet marker and the versions
+    /// of the directories of `key` and of `also` (a key the script reads, see
+    /// [`IndexKeys::declare`]) and, on Cluster, the key its answer is
     /// recorded at, in `key`'s slot (declared, so the call is redirected with the slot during a
     /// migration like every other key it touches). Returns the request id, the script's last
     /// argument: empty on a single server, whose connection manager never sends a request
@@ -154,10 +158,12 @@ impl RedisStore {
         &self,
         call: &mut ScriptInvocation<'_>,
         key: &str,
+        also: Option<&str>,
     ) -> Result<(String, Option<IndexKeys>)> {
         let index = self.index_for_key(key)?;
         if let Some(index) = &index {
             index.add_to(call);
+            index.declare(call, dir_of(key).into_iter().chain(also.and_then(dir_of)));
         }
         if !self.is_cluster() {
             return Ok((String::new(), index));
@@ -283,7 +289,7 @@ impl RedisStore {
         // Reading the counter itself as the second key keeps the script's single slot.
         let mut call = script.key(key);
         call.key(key);
-        let (request, index) = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(by).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
             .run(
@@ -344,6 +350,7 @@ impl backend::Backend for RedisStore {
         let period = sweep_period(ttl);
         let mut call = self.inner.scripts.renew_check.key(key);
         list_index.add_to(&mut call);
+        list_index.declare(&mut call, std::iter::once(dir).chain(dir_of(key)));
         call.arg(dir)
             .arg(holder)
             .arg(ttl_millis(ttl))
@@ -405,6 +412,7 @@ impl backend::Backend for RedisStore {
         let period = sweep_period(ttl);
         let mut call = self.inner.scripts.renew_versions.key(key);
         index.add_to(&mut call);
+        index.declare(&mut call, dirs.iter().map(|(d, _)| *d).chain(dir_of(key)));
         call.arg(holder)
             .arg(ttl_millis(ttl))
             .arg(ttl_millis(period));
@@ -463,6 +471,7 @@ impl backend::Backend for RedisStore {
         let script = &self.inner.scripts.renew_and_list;
         let mut call = script.key(key);
         list_index.add_to(&mut call);
+        list_index.declare(&mut call, dir_of(key).into_iter().chain(dir_of(prefix)));
         call.arg(prefix).arg(holder).arg(ttl_millis(ttl));
         let reply: Value = self
             .run(
@@ -505,7 +514,7 @@ impl backend::Backend for RedisStore {
         let script = &self.inner.scripts.incr_and_get;
         let mut call = script.key(incr_key);
         call.key(get_key);
-        let (request, index) = self.index_and_request(&mut call, incr_key)?;
+        let (request, index) = self.index_and_request(&mut call, incr_key, Some(get_key))?;
         call.arg(by).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
             .run(
@@ -547,7 +556,7 @@ impl backend::Backend for RedisStore {
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
         let mut call = self.inner.scripts.incr.key(key);
-        let (request, index) = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
             .run(Op::Incr, Some(key), index.as_ref(), |mut c| async move {
@@ -587,6 +596,7 @@ impl backend::Backend for RedisStore {
         let index = self.index_for_key(key)?;
         if let Some(index) = &index {
             index.add_to(&mut call);
+            index.declare(&mut call, dir_of(key));
         }
         call.arg(ttl_millis(ttl));
         let n: i64 = self
@@ -605,7 +615,7 @@ impl backend::Backend for RedisStore {
         ttl: Option<Duration>,
     ) -> Result<bool> {
         let mut call = self.inner.scripts.cas.key(key);
-        let (request, index) = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(expected.unwrap_or_default())
             .arg(new)
             .arg(ttl_arg(ttl))
@@ -624,7 +634,7 @@ impl backend::Backend for RedisStore {
 
     async fn delete(&self, key: &str) -> Result<bool> {
         let mut call = self.inner.scripts.delete.key(key);
-        let (request, index) = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(request);
         let n: i64 = self
             .run(Op::Delete, Some(key), index.as_ref(), |mut c| async move {
@@ -636,7 +646,7 @@ impl backend::Backend for RedisStore {
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
         let mut call = self.inner.scripts.compare_and_delete.key(key);
-        let (request, index) = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(expected).arg(request);
         let reply: Value = self
             .run(
@@ -656,7 +666,9 @@ impl backend::Backend for RedisStore {
         let index = self.index_for_prefix(prefix)?;
         // The index keys are the script's KEYS: on Cluster they route it to the prefix's slot.
         let mut call = self.inner.scripts.list.key(&index.index);
-        call.key(&index.expiry).arg(prefix);
+        call.key(&index.expiry);
+        index.declare(&mut call, dir_of(prefix));
+        call.arg(prefix);
         let reply: Value = self
             .run(Op::List, None, Some(&index), |mut c| async move {
                 call.invoke_async(&mut c).await
@@ -667,7 +679,7 @@ impl backend::Backend for RedisStore {
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
         let mut call = self.inner.scripts.set_max.key(key);
-        let (request, index) = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(value).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
             .run(Op::SetMax, Some(key), index.as_ref(), |mut c| async move {

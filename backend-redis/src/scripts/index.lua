@@ -197,6 +197,18 @@ local function repair(k)
   return true
 end
 
+-- On Cluster a script may touch only the keys of its node. The callers declare the keys of the
+-- steady path (the index keys, the quiet marker, the versions of the directories they write or
+-- read: store.rs), so that while the slot migrates and one of them has moved Redis answers
+-- TRYAGAIN or ASK before the script runs. What a sweep touches (a due name, the version of its
+-- directory) cannot be declared, and touching it once it has moved would fail the whole call
+-- ("non local key") after its renewal: the sweep stops before such a key instead, and a later
+-- call sweeps what is left. Whether key k can be touched here (always, on a single server).
+local CLUSTER = IDX ~= nil and string.sub(IDX, 1, 1) == '{'
+local function here(k)
+  return not CLUSTER or k == nil or (pcall(redis.call, 'EXISTS', k))
+end
+
 -- Forgets key k (deleted, or found gone). Returns whether the index held it: its directory
 -- changed then.
 local function untrack(k)
@@ -219,6 +231,7 @@ local function sweep(limit)
   local due = redis.call('ZRANGEBYSCORE', EXP, '-inf', now(), 'LIMIT', 0, limit or SWEEP)
   local repaired = false
   for _, k in ipairs(due) do
+    if not here(k) or not here(version_key(k)) then break end
     local p = redis.call('PTTL', k)
     if p == -2 then
       untrack(k)
