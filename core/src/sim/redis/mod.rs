@@ -193,15 +193,11 @@ impl RedisModel {
 
 #[async_trait]
 impl backend::Backend for RedisModel {
+    /// The in-memory store's, and a version per directory as Redis keeps.
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::new(BACKEND);
-        caps.native_set_max = true;
-        caps.native_incr_and_get = true;
-        caps.native_renew_and_list = true;
-        caps.native_compare_and_delete = true;
+        let mut caps = backend::Backend::capabilities(&self.data);
+        caps.backend = BACKEND;
         caps.native_change_version = true;
-        caps.native_renew_and_versions = true;
-        caps.shared = false;
         caps
     }
 
