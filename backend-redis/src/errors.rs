@@ -70,6 +70,12 @@ pub(crate) fn classify(
         _ if e.is_connection_dropped() || e.is_connection_refusal() => {
             Error::unavailable(BACKEND, message, e)
         }
+        // A Cluster slot migrating under a script: a key it touches is on the other node now
+        // (a key it could not declare, or one the client's retries of TRYAGAIN gave up on).
+        // Once the slot has moved the call goes through.
+        _ if message.contains("non local key") || code == "TRYAGAIN" || code == "ASK" => {
+            Error::unavailable(BACKEND, message, e)
+        }
         _ => Error::rejected(BACKEND, message, e),
     }
 }
@@ -104,6 +110,12 @@ mod tests {
         assert!(!e.is_retryable() && e.to_string().contains("RESP"), "{e}");
         let loading = RedisError::from((ErrorKind::BusyLoadingError, "loading"));
         assert!(classify(loading, "get", t, None).is_retryable());
+        let migrating = RedisError::from((
+            ErrorKind::ResponseError,
+            "An error was signalled by the server",
+            "Script attempted to access a non local key in a cluster node script: 72403c7e, on @user_script:444.".to_owned(),
+        ));
+        assert!(classify(migrating, "renew_and_versions", t, None).is_retryable());
         let replica = RedisError::from((ErrorKind::ReadOnly, "You can't write against a replica"));
         let e = classify(replica, "incr", t, None);
         assert!(

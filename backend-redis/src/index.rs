@@ -45,6 +45,37 @@ impl IndexKeys {
     pub(crate) fn add_to(&self, call: &mut ScriptInvocation<'_>) {
         call.key(&self.index).key(&self.expiry);
     }
+
+    /// Appends, after the index keys, the other keys of this index a script reads or writes on
+    /// its steady path: the quiet marker and the versions of `dirs` (each once). The scripts
+    /// find them by name, not by position: they are declared so that on Cluster, while the slot
+    /// migrates and one of them has moved, Redis answers `TRYAGAIN` or `ASK` before the script
+    /// runs instead of failing it halfway ("Script attempted to access a non local key").
+    pub(crate) fn declare<'a>(
+        &self,
+        call: &mut ScriptInvocation<'_>,
+        dirs: impl IntoIterator<Item = &'a str>,
+    ) {
+        let base = self.base();
+        call.key(format!("{base}quiet"));
+        let mut seen: Vec<&str> = Vec::new();
+        for dir in dirs {
+            if !seen.contains(&dir) {
+                seen.push(dir);
+                call.key(format!("{base}version:{dir}"));
+            }
+        }
+    }
+
+    /// The index's name up to `index`: the marker and the versions are named from it.
+    fn base(&self) -> &str {
+        self.index.strip_suffix("index").unwrap_or(&self.index)
+    }
+}
+
+/// The directory of `key` (its text up to its last `:`), whose version a write of it changes.
+pub(crate) fn dir_of(key: &str) -> Option<&str> {
+    key.rfind(':').map(|i| &key[..=i])
 }
 
 /// The shortest life of the quiet marker a heartbeat's sweep sets (index.lua): an index is swept
@@ -110,6 +141,18 @@ mod tests {
         assert_eq!(tag_of("hc:{g"), None);
         assert_eq!(tag_of("hc:{}:x}"), None);
         assert_eq!(tag_of("hc:"), None);
+    }
+
+    #[test]
+    fn declared_keys_are_the_ones_the_scripts_name() {
+        let ix = IndexKeys::of_tag("g");
+        for name in ["{g}:headcount:quiet", "{g}:headcount:version:hc:{g}:slot:"] {
+            assert!(is_index_name(name), "{name}");
+        }
+        assert_eq!(IndexKeys::database().base(), "headcount:");
+        assert_eq!(ix.base(), "{g}:headcount:");
+        assert_eq!(dir_of("hc:{g}:slot:3"), Some("hc:{g}:slot:"));
+        assert_eq!(dir_of("plain"), None);
     }
 
     #[test]

@@ -21,7 +21,9 @@ use crate::config::RedisConfig;
 use crate::connection::{self, Conn, CLUSTER_DEFAULTS, SINGLE_DEFAULTS};
 use crate::durability::{durability_of, replication_ids, replication_of};
 use crate::errors::{self, BACKEND};
-use crate::index::{hash_tag, is_index_name, sweep_period, tag_of, IndexKeys, REQUEST_INFIX};
+use crate::index::{
+    dir_of, hash_tag, is_index_name, sweep_period, tag_of, IndexKeys, REQUEST_INFIX,
+};
 use crate::replies::{foreign_reply, list_reply, unexpected, written_or_foreign};
 use crate::scripts::{ttl_arg, Scripts};
 
@@ -144,27 +146,37 @@ impl RedisStore {
     }
 
     /// Adds the keys a replay-protected write of `key` touches besides its data keys: the
-    /// index of `key` (see [`RedisStore::index_for_key`]) and, on Cluster, the key its answer is
+    /// index of `key` (see [`RedisStore::index_for_key`]) with its quiet marker and the versions
+    /// of the directories of `key` and of `also` (a key the script reads, see
+    /// [`IndexKeys::declare`]) and, on Cluster, the key its answer is
     /// recorded at, in `key`'s slot (declared, so the call is redirected with the slot during a
     /// migration like every other key it touches). Returns the request id, the script's last
     /// argument: empty on a single server, whose connection manager never sends a request
-    /// twice, and for a key whose slot no name of ours can share (a `}` without a hash tag).
-    fn index_and_request(&self, call: &mut ScriptInvocation<'_>, key: &str) -> Result<String> {
-        if let Some(index) = self.index_for_key(key)? {
+    /// twice, and for a key whose slot no name of ours can share (a `}` without a hash tag);
+    /// and the index added.
+    fn index_and_request(
+        &self,
+        call: &mut ScriptInvocation<'_>,
+        key: &str,
+        also: Option<&str>,
+    ) -> Result<(String, Option<IndexKeys>)> {
+        let index = self.index_for_key(key)?;
+        if let Some(index) = &index {
             index.add_to(call);
+            index.declare(call, dir_of(key).into_iter().chain(also.and_then(dir_of)));
         }
         if !self.is_cluster() {
-            return Ok(String::new());
+            return Ok((String::new(), index));
         }
         let id = self.inner.requests.next();
         let request_key = match tag_of(key) {
             Some(tag) => format!("{{{tag}}}{REQUEST_INFIX}{id}"),
             // An untagged key: the whole name in braces hashes like the name.
             None if !key.contains(['{', '}']) => format!("{{{key}}}{REQUEST_INFIX}{id}"),
-            None => return Ok(String::new()),
+            None => return Ok((String::new(), index)),
         };
         call.key(request_key);
-        Ok(id)
+        Ok((id, index))
     }
 
     /// Where a write of `key` is recorded: the database's index on a single server, the index of
@@ -200,24 +212,69 @@ impl RedisStore {
         }
     }
 
-    /// Runs `call` on a clone of the connection within the deadline, mapping errors.
-    async fn run<T, F, Fut>(&self, op: Op, key: Option<&str>, call: F) -> Result<T>
+    /// Runs `call` on a clone of the connection within the deadline, mapping errors. `key` is
+    /// the caller's key and `index` the index the call updates: Redis's `WRONGTYPE` names
+    /// neither, so it is blamed on an index key that holds another type (found with `TYPE`, on
+    /// this rare path only), else on `key`.
+    async fn run<T, F, Fut>(
+        &self,
+        op: Op,
+        key: Option<&str>,
+        index: Option<&IndexKeys>,
+        call: F,
+    ) -> Result<T>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let deadline = self.inner.config.deadline();
         let work = async {
-            call(self.inner.conn.clone()).await.map_err(|e| match key {
-                Some(key) if errors::is_wrong_type(&e) => Error::foreign(
-                    key,
-                    "a string (the key holds another Redis type)",
-                    "another Redis type",
-                ),
-                _ => errors::classify(e, op.name(), deadline, self.inner.config.password()),
-            })
+            let e = match call(self.inner.conn.clone()).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            if errors::is_wrong_type(&e) {
+                if let Some(foreign) = self.foreign_index(index).await {
+                    return Err(foreign);
+                }
+                if let Some(key) = key {
+                    return Err(Error::foreign(
+                        key,
+                        "a string (the key holds another Redis type)",
+                        "another Redis type",
+                    ));
+                }
+            }
+            Err(errors::classify(
+                e,
+                op.name(),
+                deadline,
+                self.inner.config.password(),
+            ))
         };
         deadline.run(op.name(), work).await
+    }
+
+    /// The error to report when an index key holds another Redis type than the sorted set
+    /// headcount keeps there (written by another client): a [`Error::ForeignValue`] naming it.
+    async fn foreign_index(&self, index: Option<&IndexKeys>) -> Option<Error> {
+        for name in [&index?.index, &index?.expiry] {
+            let mut conn = self.inner.conn.clone();
+            let kind: String = redis::cmd("TYPE")
+                .arg(name)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            if kind != "zset" && kind != "none" {
+                return Some(Error::foreign(
+                    name,
+                    "a sorted set, headcount's key index (delete the key: headcount rebuilds \
+                     the index as it touches its keys)",
+                    &format!("a Redis {kind}"),
+                ));
+            }
+        }
+        None
     }
 }
 
@@ -232,12 +289,15 @@ impl RedisStore {
         // Reading the counter itself as the second key keeps the script's single slot.
         let mut call = script.key(key);
         call.key(key);
-        let request = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(by).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
-            .run(Op::IncrAndGet, Some(key), |mut c| async move {
-                call.invoke_async(&mut c).await
-            })
+            .run(
+                Op::IncrAndGet,
+                Some(key),
+                index.as_ref(),
+                |mut c| async move { call.invoke_async(&mut c).await },
+            )
             .await?;
         match reply {
             Value::Array(items) => match (items.first(), items.get(1)) {
@@ -290,15 +350,19 @@ impl backend::Backend for RedisStore {
         let period = sweep_period(ttl);
         let mut call = self.inner.scripts.renew_check.key(key);
         list_index.add_to(&mut call);
+        list_index.declare(&mut call, std::iter::once(dir).chain(dir_of(key)));
         call.arg(dir)
             .arg(holder)
             .arg(ttl_millis(ttl))
             .arg(since.unwrap_or_default())
             .arg(ttl_millis(period));
         let reply: Value = self
-            .run(Op::RenewAndListIfChanged, Some(key), |mut c| async move {
-                call.invoke_async(&mut c).await
-            })
+            .run(
+                Op::RenewAndListIfChanged,
+                Some(key),
+                Some(&list_index),
+                |mut c| async move { call.invoke_async(&mut c).await },
+            )
             .await?;
         let Value::Array(mut items) = reply else {
             return Err(unexpected(reply));
@@ -348,6 +412,7 @@ impl backend::Backend for RedisStore {
         let period = sweep_period(ttl);
         let mut call = self.inner.scripts.renew_versions.key(key);
         index.add_to(&mut call);
+        index.declare(&mut call, dirs.iter().map(|(d, _)| *d).chain(dir_of(key)));
         call.arg(holder)
             .arg(ttl_millis(ttl))
             .arg(ttl_millis(period));
@@ -355,9 +420,12 @@ impl backend::Backend for RedisStore {
             call.arg(*dir);
         }
         let reply: Value = self
-            .run(Op::RenewAndVersions, Some(key), |mut c| async move {
-                call.invoke_async(&mut c).await
-            })
+            .run(
+                Op::RenewAndVersions,
+                Some(key),
+                Some(&index),
+                |mut c| async move { call.invoke_async(&mut c).await },
+            )
             .await?;
         let Value::Array(items) = reply else {
             return Err(unexpected(reply));
@@ -403,11 +471,15 @@ impl backend::Backend for RedisStore {
         let script = &self.inner.scripts.renew_and_list;
         let mut call = script.key(key);
         list_index.add_to(&mut call);
+        list_index.declare(&mut call, dir_of(key).into_iter().chain(dir_of(prefix)));
         call.arg(prefix).arg(holder).arg(ttl_millis(ttl));
         let reply: Value = self
-            .run(Op::RenewAndList, Some(key), |mut c| async move {
-                call.invoke_async(&mut c).await
-            })
+            .run(
+                Op::RenewAndList,
+                Some(key),
+                Some(&list_index),
+                |mut c| async move { call.invoke_async(&mut c).await },
+            )
             .await?;
         let Value::Array(mut items) = reply else {
             return Err(unexpected(reply));
@@ -442,12 +514,15 @@ impl backend::Backend for RedisStore {
         let script = &self.inner.scripts.incr_and_get;
         let mut call = script.key(incr_key);
         call.key(get_key);
-        let request = self.index_and_request(&mut call, incr_key)?;
+        let (request, index) = self.index_and_request(&mut call, incr_key, Some(get_key))?;
         call.arg(by).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
-            .run(Op::IncrAndGet, Some(incr_key), |mut c| async move {
-                call.invoke_async(&mut c).await
-            })
+            .run(
+                Op::IncrAndGet,
+                Some(incr_key),
+                index.as_ref(),
+                |mut c| async move { call.invoke_async(&mut c).await },
+            )
             .await?;
         let Value::Array(items) = reply else {
             return Err(unexpected(reply));
@@ -481,10 +556,10 @@ impl backend::Backend for RedisStore {
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
         let mut call = self.inner.scripts.incr.key(key);
-        let request = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
-            .run(Op::Incr, Some(key), |mut c| async move {
+            .run(Op::Incr, Some(key), index.as_ref(), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -504,7 +579,7 @@ impl backend::Backend for RedisStore {
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
         let bytes: Option<Vec<u8>> = self
-            .run(Op::Get, Some(key), |mut c| async move {
+            .run(Op::Get, Some(key), None, |mut c| async move {
                 redis::cmd("GET").arg(key).query_async(&mut c).await
             })
             .await?;
@@ -518,12 +593,14 @@ impl backend::Backend for RedisStore {
 
     async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
         let mut call = self.inner.scripts.expire.key(key);
-        if let Some(index) = self.index_for_key(key)? {
+        let index = self.index_for_key(key)?;
+        if let Some(index) = &index {
             index.add_to(&mut call);
+            index.declare(&mut call, dir_of(key));
         }
         call.arg(ttl_millis(ttl));
         let n: i64 = self
-            .run(Op::Expire, Some(key), |mut c| async move {
+            .run(Op::Expire, Some(key), index.as_ref(), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -538,26 +615,29 @@ impl backend::Backend for RedisStore {
         ttl: Option<Duration>,
     ) -> Result<bool> {
         let mut call = self.inner.scripts.cas.key(key);
-        let request = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(expected.unwrap_or_default())
             .arg(new)
             .arg(ttl_arg(ttl))
             .arg(if expected.is_none() { "1" } else { "0" })
             .arg(request);
         let reply: Value = self
-            .run(Op::CompareAndSet, Some(key), |mut c| async move {
-                call.invoke_async(&mut c).await
-            })
+            .run(
+                Op::CompareAndSet,
+                Some(key),
+                index.as_ref(),
+                |mut c| async move { call.invoke_async(&mut c).await },
+            )
             .await?;
         written_or_foreign(key, "a string (the key holds another Redis type)", reply)
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
         let mut call = self.inner.scripts.delete.key(key);
-        let request = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(request);
         let n: i64 = self
-            .run(Op::Delete, Some(key), |mut c| async move {
+            .run(Op::Delete, Some(key), index.as_ref(), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -566,12 +646,15 @@ impl backend::Backend for RedisStore {
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
         let mut call = self.inner.scripts.compare_and_delete.key(key);
-        let request = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(expected).arg(request);
         let reply: Value = self
-            .run(Op::CompareAndDelete, Some(key), |mut c| async move {
-                call.invoke_async(&mut c).await
-            })
+            .run(
+                Op::CompareAndDelete,
+                Some(key),
+                index.as_ref(),
+                |mut c| async move { call.invoke_async(&mut c).await },
+            )
             .await?;
         written_or_foreign(key, "a string (the key holds another Redis type)", reply)
     }
@@ -583,9 +666,11 @@ impl backend::Backend for RedisStore {
         let index = self.index_for_prefix(prefix)?;
         // The index keys are the script's KEYS: on Cluster they route it to the prefix's slot.
         let mut call = self.inner.scripts.list.key(&index.index);
-        call.key(&index.expiry).arg(prefix);
+        call.key(&index.expiry);
+        index.declare(&mut call, dir_of(prefix));
+        call.arg(prefix);
         let reply: Value = self
-            .run(Op::List, None, |mut c| async move {
+            .run(Op::List, None, Some(&index), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -594,10 +679,10 @@ impl backend::Backend for RedisStore {
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
         let mut call = self.inner.scripts.set_max.key(key);
-        let request = self.index_and_request(&mut call, key)?;
+        let (request, index) = self.index_and_request(&mut call, key, None)?;
         call.arg(value).arg(ttl_arg(ttl)).arg(request);
         let reply: Value = self
-            .run(Op::SetMax, Some(key), |mut c| async move {
+            .run(Op::SetMax, Some(key), index.as_ref(), |mut c| async move {
                 call.invoke_async(&mut c).await
             })
             .await?;
@@ -644,7 +729,7 @@ impl RedisStore {
     /// Runs `cmd` on the server, or on every primary of a Cluster (their replies combined into
     /// one array when `arrays`, else as the client returns them).
     async fn on_every_primary(&self, cmd: redis::Cmd, arrays: bool) -> Result<Value> {
-        self.run(Op::Durability, None, |c| async move {
+        self.run(Op::Durability, None, None, |c| async move {
             match c {
                 Conn::Cluster(mut c) => {
                     let policy = arrays.then_some(ResponsePolicy::CombineArrays);

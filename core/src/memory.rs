@@ -44,9 +44,9 @@ const BACKEND: &str = "memory";
 const SWEEP_EVERY: u64 = 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
-    value: String,
-    expires: Option<SystemTime>,
+pub(crate) struct Entry {
+    pub(crate) value: String,
+    pub(crate) expires: Option<SystemTime>,
 }
 
 impl Entry {
@@ -56,8 +56,8 @@ impl Entry {
 }
 
 #[derive(Debug, Default, Clone)]
-struct Data {
-    map: BTreeMap<String, Entry>,
+pub(crate) struct Data {
+    pub(crate) map: BTreeMap<String, Entry>,
     writes: u64,
 }
 
@@ -68,6 +68,19 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// A copy of `data`, whose lock the caller holds (a store wrapped with more state of its
+    /// own copies both at one instant).
+    pub(crate) fn of(data: &Data) -> Snapshot {
+        Snapshot {
+            map: data.map.clone(),
+        }
+    }
+
+    /// Puts the snapshot's data into `data`, whose lock the caller holds.
+    pub(crate) fn restore_into(&self, data: &mut Data) {
+        data.map = self.map.clone();
+    }
+
     /// How many keys (live or not yet swept) the snapshot holds.
     pub fn len(&self) -> usize {
         self.map.len()
@@ -117,13 +130,13 @@ impl MemoryStore {
         named.entry(name.to_owned()).or_default().clone()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Data> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Data> {
         // Every operation leaves the map consistent before it can panic, so a poisoned lock
         // still guards valid data.
         self.data.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn now(&self) -> SystemTime {
+    pub(crate) fn now(&self) -> SystemTime {
         self.clock.now()
     }
 
@@ -159,7 +172,7 @@ impl MemoryStore {
 
 impl Data {
     /// The live entry at `key`, dropping it first when it has expired.
-    fn live(&mut self, key: &str, now: SystemTime) -> Option<&mut Entry> {
+    pub(crate) fn live(&mut self, key: &str, now: SystemTime) -> Option<&mut Entry> {
         if self.map.get(key).is_some_and(|e| !e.live(now)) {
             self.map.remove(key);
         }
@@ -167,7 +180,13 @@ impl Data {
     }
 
     /// Resets the TTL of `key` if it holds `holder`; whether it did.
-    fn renew(&mut self, key: &str, holder: &str, ttl: Duration, now: SystemTime) -> bool {
+    pub(crate) fn renew(
+        &mut self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        now: SystemTime,
+    ) -> bool {
         match self.live(key, now) {
             Some(e) if e.value == holder => {
                 e.expires = expiry(now, Some(ttl));
@@ -177,7 +196,13 @@ impl Data {
         }
     }
 
-    fn put(&mut self, key: &str, value: String, expires: Option<SystemTime>, now: SystemTime) {
+    pub(crate) fn put(
+        &mut self,
+        key: &str,
+        value: String,
+        expires: Option<SystemTime>,
+        now: SystemTime,
+    ) {
         self.writes += 1;
         if self.writes.is_multiple_of(SWEEP_EVERY) {
             self.map.retain(|_, e| e.live(now));
@@ -185,7 +210,7 @@ impl Data {
         self.map.insert(key.to_owned(), Entry { value, expires });
     }
 
-    fn incr_by(
+    pub(crate) fn incr_by(
         &mut self,
         key: &str,
         by: i64,
@@ -217,7 +242,7 @@ impl Data {
     }
 }
 
-fn expiry(now: SystemTime, ttl: Option<Duration>) -> Option<SystemTime> {
+pub(crate) fn expiry(now: SystemTime, ttl: Option<Duration>) -> Option<SystemTime> {
     // A TTL is at most a year (check_ttl), so this cannot overflow a SystemTime in practice;
     // saturate anyway rather than panic.
     ttl.map(|t| now.checked_add(t).unwrap_or(now))

@@ -150,7 +150,9 @@ pub trait Store: Send + Sync + Debug + 'static + sealed::Sealed {
     /// On Redis, a listing sees the keys written through headcount: the backend records each
     /// key it writes in an index beside it, so a listing costs O(keys under the prefix) on a
     /// database shared with millions of other keys. A key another client created under the
-    /// prefix (`redis-cli SET`) is not listed until headcount writes it, and on Redis Cluster
+    /// prefix (`redis-cli SET`), or one the index lost (deleted, evicted, or a copy of the keys
+    /// without it), is not listed until a headcount call touches it (a write, a write it
+    /// refuses, a renewal), and on Redis Cluster
     /// the prefix must contain a hash tag (`hc:{group}:`), else the listing is
     /// [`Error::Unsupported`]. The other backends list whatever the store holds.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>>;

@@ -1,6 +1,6 @@
 //! The seeded, deterministic simulation of the group recipe.
 //!
-//! Each seed runs a group on the in-memory store for a few virtual seconds, on a single-threaded
+//! Each seed runs a group on a store model for a few virtual seconds, on a single-threaded
 //! Tokio runtime with paused time (the runtime jumps to the next timer whenever every task
 //! waits, so a run takes milliseconds and one seed always takes the same steps). A seeded
 //! schedule joins members, restarts them with the same member id, makes them leave gracefully,
@@ -21,22 +21,31 @@
 //! Checked at the end, after the faults stop: every live member is active under one view, and
 //! every key has exactly one owner, within TTL + two heartbeats + the hand-off.
 //!
+//! The store is the in-memory one or the Redis model (`simulation/models.rs`): half the seeds
+//! run on each, and on half the Redis seeds the model loses index entries, its whole index, or
+//! all its metadata now and then during the faulty phase (a lost index hides keys until they are
+//! touched again, which voids the guarantee like a rollback does: see below).
+//!
 //! `HEADCOUNT_SIM_SEEDS=N` runs N seeds (default 2000), `HEADCOUNT_SIM_SEED=S` replays one seed
 //! with its event log; a failure prints the command that replays it.
 
 mod common;
+#[path = "simulation/models.rs"]
+mod models;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use headcount_core::assign::AssignorKind;
-use headcount_core::memory::{MemoryStore, Snapshot};
 use headcount_core::recipes::group::{Grant, Group, GroupConfig, GroupPhase, Member};
 use headcount_core::sim::{FaultRates, Faults, FaultyStore, SimClock};
 use headcount_core::{Clock, DynStore};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
+
+use headcount_core::sim::ModelFaults;
+use models::{ModelKind, Models, SimSnapshot, SimStore};
 
 const TTL: Duration = Duration::from_millis(900);
 const TICK: Duration = Duration::from_millis(10);
@@ -99,10 +108,10 @@ struct Sim {
     share_rng: StdRng,
     assignor: Option<AssignorKind>,
     clock: SimClock,
-    store: MemoryStore,
+    store: SimStore,
     procs: Vec<Proc>,
     next_member: usize,
-    snapshots: Vec<(Duration, Snapshot)>,
+    snapshots: Vec<(Duration, SimSnapshot)>,
     log: Vec<String>,
     verbose: bool,
     /// When the store last rolled back. A store that loses acknowledged writes voids the lease
@@ -110,7 +119,9 @@ struct Sim {
     /// slot expire before its holder's deadline, and a lost view lets another member mint its
     /// epoch again for other holders. Ownership is not checked for two TTLs after a rollback;
     /// the members must then have detected it (a renewal refused, a re-minted epoch replaced
-    /// by a view above it).
+    /// by a view above it). A Redis index that lost names is such a store too: a listing misses
+    /// a live slot until its holder's next renewal puts it back (at most a heartbeat), and a
+    /// member may publish and activate a view without it meanwhile.
     rolled_back: Option<Duration>,
     /// For each key, the newest fencing token a fence in front of its sink has seen: at every
     /// check each valid key grant held "writes" through it. A valid grant must never be
@@ -145,7 +156,7 @@ impl Sim {
         );
         faults.set_rates(rates);
         let clock: Arc<dyn Clock> = Arc::new(self.clock.clone());
-        let inner: DynStore = Arc::new(self.store.clone());
+        let inner: DynStore = self.store.store();
         let store: DynStore = Arc::new(FaultyStore::new(inner, faults.clone(), clock.clone()));
         // Half the processes read the table only when the store reports a change, the others
         // at every heartbeat, so both heartbeats run against each other (chosen without a draw,
@@ -529,11 +540,11 @@ impl Sim {
     }
 }
 
-async fn run_seed(seed: u64, verbose: bool) -> Result<(), String> {
+async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let plan = Plan::for_seed(&mut rng);
     let clock = SimClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
-    let store = MemoryStore::with_clock(Arc::new(clock.clone()));
+    let store = SimStore::new(&models, &clock, seed);
     // Chosen without a draw, so the seeds' schedules are those of before.
     let assignor = match seed % 4 {
         1 => Some(AssignorKind::Modulo),
@@ -555,7 +566,15 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<(), String> {
         rolled_back: None,
         fences: vec![(0, String::new(), false); KEYS],
     };
-    sim.note(format!("{plan:?} assignor {assignor:?}"));
+    sim.note(format!(
+        "{plan:?} assignor {assignor:?} store {:?}{}",
+        sim.store.kind,
+        if sim.store.loses_index() {
+            " losing its index"
+        } else {
+            ""
+        }
+    ));
     let first = sim.rng.random_range(1..=3);
     for _ in 0..first {
         let id = format!("m{}", sim.next_member);
@@ -566,8 +585,10 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<(), String> {
         let tail: Vec<&String> = sim.log.iter().rev().take(40).collect();
         let tail: Vec<&str> = tail.into_iter().rev().map(String::as_str).collect();
         Err(format!(
-            "seed {seed}: {why}\nlast events:\n  {}\nreplay: HEADCOUNT_SIM_SEED={seed} cargo test -p headcount-core --test simulation -- --nocapture",
-            tail.join("\n  ")
+            "seed {seed} ({:?} store): {why}\nlast events:\n  {}\nreplay: {}HEADCOUNT_SIM_SEED={seed} cargo test -p headcount-core --test simulation -- --nocapture",
+            sim.store.kind,
+            tail.join("\n  "),
+            models.replay_env()
         ))
     };
     while sim.now() < plan.run {
@@ -578,6 +599,10 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<(), String> {
             sim.event(plan.rates, plan.rollbacks);
         }
         sim.work();
+        if let Some(what) = sim.store.index_fault() {
+            sim.rolled_back = Some(sim.now());
+            sim.note(what);
+        }
         if plan.rollbacks
             && sim
                 .snapshots
@@ -635,29 +660,27 @@ async fn run_seed(seed: u64, verbose: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn run_one(seed: u64, verbose: bool) -> Result<(), String> {
+fn run_one(seed: u64, verbose: bool, models: Models) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
-    rt.block_on(run_seed(seed, verbose))
+    rt.block_on(run_seed(seed, verbose, models))
 }
 
-#[test]
-fn group_simulation() {
-    let (seeds, replay) = common::seeds(2000);
-    let count = seeds.len();
+/// Runs `seeds` on up to four threads; the report of each failed seed, in seed order.
+fn run_seeds(seeds: &[u64], verbose: bool, models: Models) -> Vec<String> {
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .min(4);
-    let failures: Vec<String> = std::thread::scope(|s| {
+    let mut failures: Vec<String> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let mine: Vec<u64> = seeds.iter().copied().skip(t).step_by(threads).collect();
                 s.spawn(move || {
                     mine.into_iter()
-                        .filter_map(|seed| run_one(seed, replay).err())
+                        .filter_map(|seed| run_one(seed, verbose, models).err())
                         .collect::<Vec<String>>()
                 })
             })
@@ -670,11 +693,46 @@ fn group_simulation() {
             })
             .collect()
     });
+    failures.sort_by_key(|f| {
+        f.strip_prefix("seed ")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+    });
+    failures
+}
+
+#[test]
+fn group_simulation() {
+    let (seeds, replay) = common::seeds(2000);
+    let failures = run_seeds(&seeds, replay, Models::from_env());
     if !failures.is_empty() {
+        // One line per failed seed, then the whole report of the first.
+        let lines: Vec<&str> = failures.iter().filter_map(|f| f.lines().next()).collect();
         panic!(
-            "{} of {count} seeds failed; the first:\n{}",
+            "{} of {} seeds failed:\n  {}\nthe first:\n{}",
             failures.len(),
+            seeds.len(),
+            lines.join("\n  "),
             failures[0]
         );
     }
+}
+
+/// The Redis model has teeth: with its index as it was before it healed itself (issue 32,
+/// finding 1), a lost index hides the view and members for good, and the simulation finds
+/// members that never become active (seed 0 is one). If this passes no more, the model or the
+/// simulation stopped seeing what the repair fixes.
+#[test]
+fn the_redis_model_finds_an_index_that_never_heals() {
+    let models = Models {
+        only: Some(ModelKind::Redis),
+        repair: false,
+        faults: ModelFaults::default(),
+    };
+    let seeds: Vec<u64> = (0..16).collect();
+    let failures = run_seeds(&seeds, false, models);
+    assert!(
+        failures.iter().any(|f| f.contains("not converged")),
+        "no seed of 0..16 failed to converge without the index repair: {failures:?}"
+    );
 }

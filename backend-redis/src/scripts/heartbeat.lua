@@ -36,7 +36,8 @@ end
 -- A heartbeat's renewal, from `v`, the value its MGET read at `key`: PEXPIRE to `ttl` ms when
 -- it is `holder`. Returns whether it renewed, or nil and the {'foreign', key, type} answer when
 -- the key holds another Redis type (MGET reads nil for it, told apart from absent by TYPE, off
--- the steady path).
+-- the steady path). A key that holds another holder is put back in the index if it is missing
+-- there (see repair), so the listing the caller reads next shows who holds it.
 local function renew_held(key, v, holder, ttl)
   if not v then
     local kt = redis.call('TYPE', key)['ok']
@@ -49,6 +50,7 @@ local function renew_held(key, v, holder, ttl)
     redis.call('PEXPIRE', key, ttl)
     return true
   end
+  repair(key)
   return false
 end
 
@@ -58,9 +60,15 @@ end
 -- score, within [`period`, min(ttl / 2, MAX_QUIET_MS)] ms. Returns the version of every
 -- directory (one never written, or flushed, gets a new version above any earlier one).
 --
--- So the steady state costs EVALSHA, MGET, PEXPIRE and ZADD; a sweep, once per marker life per
--- index however many members, adds TIME, ZRANGEBYSCORE, the earliest and latest score, SET of the
--- marker and PTTL of the index (and, every few sweeps, the index's expiry).
+-- A renewed key missing from the index (the index deleted, evicted, or left behind by a copy or
+-- restore of the keys) is put back, and its directory's version changes, so every member's next
+-- look lists it: a member renews within its TTL, so the index holds every live lease again
+-- within one TTL of losing it.
+--
+-- So the steady state costs EVALSHA, MGET, PEXPIRE and two ZADD (the score, and the name, which
+-- answers whether the index lost it); a sweep, once per marker life per index however many
+-- members, adds TIME, ZRANGEBYSCORE, the earliest and latest score, SET of the marker and PTTL of
+-- the index (and, every few sweeps, the index's expiry).
 local function heartbeat(key, renewed, ttl, period, mark, vks, got)
   local out = {}
   local t
@@ -78,6 +86,10 @@ local function heartbeat(key, renewed, ttl, period, mark, vks, got)
       local score = t + ttl
       redis.call('ZADD', EXP, score, key)
       due_by(score, mark)
+      if redis.call('ZADD', IDX, 0, key) == 1 then
+        changed(key)
+        settle()
+      end
     end
   else
     local limit = 32
@@ -87,8 +99,10 @@ local function heartbeat(key, renewed, ttl, period, mark, vks, got)
     t = now()
     if renewed then
       redis.call('ZADD', EXP, t + ttl, key)
-      -- Back into the index if it was lost (deleted, evicted): nothing else writes a renewed key.
-      if redis.call('ZADD', IDX, 0, key) == 1 then settle() end
+      if redis.call('ZADD', IDX, 0, key) == 1 then
+        changed(key)
+        settle()
+      end
     end
     if n < limit then
       local life = math.min(math.floor(ttl / 2), MAX_QUIET_MS)

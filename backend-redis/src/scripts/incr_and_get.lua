@@ -29,4 +29,6 @@ end
 if t ~= 'string' then
   return {'foreign-read', 'a Redis ' .. t}
 end
+-- A live key read is put back in the index if it is missing there (index.lua, repair).
+repair(KEYS[2])
 return {'ok', n, redis.call('GET', KEYS[2])}

@@ -16,10 +16,15 @@
 --
 -- Each directory (the text of a key up to its last ':') also has a version, a string key in the
 -- same slot, `<index name less 'index'>version:<directory>`, which every write that creates,
--- deletes or changes a key of the directory (and every sweep that finds one expired) sets to the
--- server time in microseconds, or one above its last value if that is higher: so a version never
--- comes back, even after a flush. A group member's heartbeat reads it (renew_check.lua) and
--- reads the directory only when it changed.
+-- deletes or changes a key of the directory (and every sweep that finds one expired) sets to
+-- `<µs>.<random>`: the server time in microseconds, or one above its last value if that is
+-- higher, then a random number (see bump). A group member's heartbeat reads it (renew_check.lua)
+-- and reads the directory only when it changed.
+--
+-- The index is data like any other: it can be deleted, evicted, or left behind when keys are
+-- copied or restored without it. So it heals: every script that finds a live key missing from it
+-- (a renewal, a sweep, a write, a write refused because the key exists) puts the key back and
+-- changes its directory's version, so the next look of every member lists it (see repair).
 -- A replay-protected call on Cluster (REPLAY, with a request id as its last argument) has its
 -- request key last, after the index keys or, for a key without an index, right after its data.
 local NX = #KEYS - D
@@ -77,23 +82,30 @@ local VERSION_TTL_MS = 3600000
 -- The versions this script set, by version key.
 local bumped = {}
 
--- Sets version key vk to a new version, above its last and the clock: one SET ... GET (Redis 6.2
--- and later), and a second SET only in the rare call whose clock reads at or below the last
--- version (a clock stepped back, or a second change in one microsecond).
+-- Sets version key vk to a new version, `<n>.<random>` with n above its last number and the
+-- clock: one SET ... GET (Redis 6.2 and later), and a second SET only in the rare call whose
+-- clock reads at or below the last version (a clock stepped back, or a second change in one
+-- microsecond). The number alone would repeat after a rollback on a server whose clock is behind
+-- the versions it minted (a backward step, a failover to a replica whose clock lags): "one above
+-- the last" walks the same numbers again, for other contents. The random part (Redis 7 seeds
+-- the scripts' generator afresh for every call; before 7 it is the same each call, and versions
+-- rely on the clock alone) makes two versions equal only by a 2^-31 chance.
 local function bump(vk)
   now()
   local v = now_us
-  local text = ms(v)
+  local tag = '.' .. string.format('%x', math.random(0, 2147483647))
+  local text = ms(v) .. tag
   local ok, old = pcall(redis.call, 'SET', vk, text, 'PX', VERSION_TTL_MS, 'GET')
   if not ok then
     -- A server before 6.2 (no GET option) or another Redis type at vk: SET wrote nothing.
     old = redis.pcall('GET', vk)
     if type(old) ~= 'string' then old = nil end
   end
-  local last = tonumber(old)
+  -- The number of `<n>.<random>`, or of a bare number (written by an earlier version).
+  local last = type(old) == 'string' and tonumber(string.match(old, '^%d+')) or nil
   if last and last >= v then
     v = last + 1
-    text = ms(v)
+    text = ms(v) .. tag
   end
   bumped[vk] = text
   if not ok or v ~= now_us then
@@ -135,10 +147,10 @@ local function read_string(k)
   return nil, redis.error_reply(type(v) == 'table' and v.err or tostring(v))
 end
 
--- Records that key k's directory changed.
+-- Records that key k's directory changed (once per script: one new version says it).
 local function changed(k)
   local vk = version_key(k)
-  if vk then bump(vk) end
+  if vk and not bumped[vk] then bump(vk) end
 end
 
 -- Gives the index keys the expiry of the last key they hold when every one of those keys has a
@@ -166,6 +178,37 @@ local function score(k, p)
   return added
 end
 
+-- Puts key k, found live by this script, back in the index when the index lost it (deleted,
+-- evicted, copied or restored without it) or never held it (written by another client): scored
+-- by its TTL, and its directory's version changed, so that every member's next look lists it
+-- and a write refused because k exists is followed by a read that shows why. One ZADD when the
+-- index holds k, as it nearly always does. Returns whether k was missing.
+local function repair(k)
+  if not IDX or redis.call('ZADD', IDX, 0, k) == 0 then return false end
+  local p = redis.call('PTTL', k)
+  if p == -2 then
+    -- Not live after all: nothing to list.
+    redis.call('ZREM', IDX, k)
+    return false
+  end
+  if p >= 0 then score(k, p) else redis.call('ZREM', EXP, k) end
+  changed(k)
+  settle()
+  return true
+end
+
+-- On Cluster a script may touch only the keys of its node. The callers declare the keys of the
+-- steady path (the index keys, the quiet marker, the versions of the directories they write or
+-- read: store.rs), so that while the slot migrates and one of them has moved Redis answers
+-- TRYAGAIN or ASK before the script runs. What a sweep touches (a due name, the version of its
+-- directory) cannot be declared, and touching it once it has moved would fail the whole call
+-- ("non local key") after its renewal: the sweep stops before such a key instead, and a later
+-- call sweeps what is left. Whether key k can be touched here (always, on a single server).
+local CLUSTER = IDX ~= nil and string.sub(IDX, 1, 1) == '{'
+local function here(k)
+  return not CLUSTER or k == nil or (pcall(redis.call, 'EXISTS', k))
+end
+
 -- Forgets key k (deleted, or found gone). Returns whether the index held it: its directory
 -- changed then.
 local function untrack(k)
@@ -180,24 +223,35 @@ end
 
 -- Removes up to `limit` (default SWEEP) names whose expiry has passed and whose key is gone. A
 -- key still there was renewed (a heartbeat scores its renewal early, by up to a quiet marker's
--- life: see heartbeat) or given another expiry by another client: it is re-scored instead.
+-- life: see heartbeat) or given another expiry by another client: it is re-scored instead, and
+-- put back in the index if the index lost it (the expiry index survived it), which changes its
+-- directory's version.
 local function sweep(limit)
   if not IDX then return 0 end
   local due = redis.call('ZRANGEBYSCORE', EXP, '-inf', now(), 'LIMIT', 0, limit or SWEEP)
+  local repaired = false
   for _, k in ipairs(due) do
+    if not here(k) or not here(version_key(k)) then break end
     local p = redis.call('PTTL', k)
     if p == -2 then
       untrack(k)
-    elseif p == -1 then
-      -- Persisted by another client: so is the index, which must not expire before it.
-      redis.call('ZREM', EXP, k)
-      redis.call('PERSIST', IDX)
-      redis.call('PERSIST', EXP)
     else
-      redis.call('ZADD', EXP, now() + p, k)
-      if p < MAX_QUIET_MS then due_by(now() + p) end
+      if p == -1 then
+        -- Persisted by another client: so is the index, which must not expire before it.
+        redis.call('ZREM', EXP, k)
+        redis.call('PERSIST', IDX)
+        redis.call('PERSIST', EXP)
+      else
+        redis.call('ZADD', EXP, now() + p, k)
+        if p < MAX_QUIET_MS then due_by(now() + p) end
+      end
+      if redis.call('ZADD', IDX, 0, k) == 1 then
+        changed(k)
+        repaired = true
+      end
     end
   end
+  if repaired then settle() end
   return #due
 end
 
@@ -229,9 +283,11 @@ local function track(k, p, moved)
   if not IDX then return end
   local fresh = redis.call('ZADD', IDX, 0, k) == 1
   if fresh then
-    -- Created, or written before by a client that keeps no index; the index keys may be new
-    -- too, so their expiry is set from what they hold.
+    -- Created, written before by a client that keeps no index, or lost by the index: new to
+    -- every listing either way. The index keys may be new too, so their expiry is set from
+    -- what they hold.
     if p >= 0 then score(k, p) else redis.call('ZREM', EXP, k) end
+    changed(k)
     settle()
   elseif moved then
     if p < 0 then

@@ -32,8 +32,11 @@ if IDX then
       elseif not v then
         local t = redis.call('TYPE', k)['ok']
         if t == 'none' then
-          untrack(k)
-          removed = removed + 1
+          -- Its directory's version is undeclared when deeper than the prefix (index.lua, here).
+          if here(version_key(k)) then
+            untrack(k)
+            removed = removed + 1
+          end
         else
           return {'foreign', k, 'a Redis ' .. t}
         end

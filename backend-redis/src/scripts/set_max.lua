@@ -37,7 +37,11 @@ if cur then
   local cn, cd = parse(cur)
   if cn == nil then return {'foreign', cur} end
   local nn, nd = parse(ARGV[1])
-  if not less(cn, cd, nn, nd) then return 0 end
+  if not less(cn, cd, nn, nd) then
+    -- Refused by a live key: put back in the index if it is missing there (index.lua).
+    repair(KEYS[1])
+    return 0
+  end
 end
 if ARGV[2] == '' then
   redis.call('SET', KEYS[1], ARGV[1])

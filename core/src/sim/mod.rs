@@ -9,6 +9,12 @@
 //! fail before reaching the store, or be applied with its reply lost; it rolls the store back
 //! with [`MemoryStore::restore`](crate::memory::MemoryStore::restore), steps the store's clock
 //! with [`SimClock::step_wall`], and pauses a member with [`Faults::pause`].
+//!
+//! The in-memory store answers a directory's version with a digest of its contents, which no
+//! fault can make miss a change. [`RedisModel`] answers the way the Redis backend does (a key
+//! index that listings read, per-directory versions that writes bump, expiries noticed by
+//! sweeps) and can lose its index or drop a version change, so the simulation also runs the
+//! group on what Redis can get wrong.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -23,6 +29,10 @@ use crate::clock::Clock;
 use crate::decorated::{Decorated, Hooks};
 use crate::error::{Error, Result};
 use crate::{DynStore, Op};
+
+mod redis;
+
+pub use self::redis::{ModelFaults, ModelSnapshot, RedisModel};
 
 /// A clock on Tokio's time (so a runtime with paused time drives it) whose wall clock can be
 /// stepped. Clones share the wall-clock step.
