@@ -151,10 +151,9 @@ fn config(clock: &Arc<dyn Clock>, member: &str) -> GroupConfig {
         .with_clock(clock.clone())
 }
 
-/// Three members join on one store; the first one's view directory is frozen `settle` after
-/// the first two are active, before the third joins. Panics unless the third and then the first
-/// become active under the third's view.
-async fn a_joiner_is_adopted_despite_missed_changes(settle: Duration) {
+/// Two active members on one in-memory store: `a` through a [`MissedChanges`] wrapper, `b`
+/// directly. Returns the clock, the store, the wrapper and both members.
+async fn two_members() -> (Arc<dyn Clock>, DynStore, Arc<MissedChanges>, Member, Member) {
     let clock: Arc<dyn Clock> = Arc::new(SimClock::new(SystemTime::UNIX_EPOCH));
     let memory: DynStore = Arc::new(MemoryStore::with_clock(clock.clone()));
     let missed = Arc::new(MissedChanges::new(memory.clone()));
@@ -167,6 +166,14 @@ async fn a_joiner_is_adopted_despite_missed_changes(settle: Duration) {
         .expect("b joins");
     active_within(&a, 1, TTL * 10).await.expect("a active");
     active_within(&b, 1, TTL * 10).await.expect("b active");
+    (clock, memory, missed, a, b)
+}
+
+/// Three members join on one store; the first one's view directory is frozen `settle` after
+/// the first two are active, before the third joins. Panics unless the third and then the first
+/// become active under the third's view.
+async fn a_joiner_is_adopted_despite_missed_changes(settle: Duration) {
+    let (clock, memory, missed, a, b) = two_members().await;
     tokio::time::sleep(settle).await;
     let epoch = a.assignment().epoch.max(b.assignment().epoch);
     // From now on a's view directory never reports a change to a version a holds.
@@ -227,18 +234,7 @@ fn a_lost_settled_mark_write_makes_the_member_read_the_view_again() {
 #[test]
 fn a_refused_renewal_is_judged_on_the_store_not_on_the_copy() {
     runtime().block_on(async {
-        let clock: Arc<dyn Clock> = Arc::new(SimClock::new(SystemTime::UNIX_EPOCH));
-        let memory: DynStore = Arc::new(MemoryStore::with_clock(clock.clone()));
-        let missed = Arc::new(MissedChanges::new(memory.clone()));
-        let a_store: DynStore = missed.clone();
-        let a = Group::join(a_store, config(&clock, "a"))
-            .await
-            .expect("a joins");
-        let b = Group::join(memory.clone(), config(&clock, "b"))
-            .await
-            .expect("b joins");
-        active_within(&a, 1, TTL * 10).await.expect("a active");
-        active_within(&b, 1, TTL * 10).await.expect("b active");
+        let (_clock, memory, missed, a, b) = two_members().await;
         // Let both settle into their steady heartbeats, then lose a's slot behind the version.
         tokio::time::sleep(TTL * 2).await;
         let slot = a.assignment().slot.expect("a slot");
