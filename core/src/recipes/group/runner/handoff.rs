@@ -115,7 +115,6 @@ impl Runner {
                 return false;
             }
         };
-        self.note_twin_acks(acks.values());
         // An acknowledgement above the published view (the store lost the view it acknowledged)
         // raises the floor of the next epoch this member publishes.
         let acked = acks.values().map(|a| a.acked).max().unwrap_or(0);

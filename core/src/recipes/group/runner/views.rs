@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::super::records::{AckRecord, Holder, ViewRecord};
+use super::super::records::{Holder, ViewRecord};
 use super::super::table::Table;
 use super::super::view::{Change, GroupPhase, ViewState};
 use super::decide::{
@@ -25,7 +25,7 @@ impl Runner {
         // The floor counts the acknowledgements too: a member that never saw the view (it was
         // lost or overwritten) still must not publish an epoch some member already acted on.
         let floor = self.cache.highest.max(table.highest_epoch());
-        let twin_epoch = self.note_twin_view(table);
+        let twin_epoch = self.note_twins(table, fresh);
         let stale = view_is_stale(table.view.as_ref(), &live, floor, twin_epoch);
         self.cache.highest = floor;
         // A view that went back, is missing or took this member's epoch needs a view above it,
@@ -120,11 +120,11 @@ impl Runner {
         }
     }
 
-    /// Whether the published view is a twin of the view this member works towards: the same
-    /// epoch with other holders, minted twice by a store that lost writes. Breaks the member's
-    /// token runs there (see `State::break_runs_at`). Equal tokens would pass every fence, so
-    /// the caller replaces the twin by a view above both.
-    fn note_twin_view(&self, table: &Table) -> bool {
+    /// Looks for signs that a store which lost writes minted one of this member's epochs twice,
+    /// and breaks its token runs there (see `State::break_runs_at`). Returns whether the
+    /// published view is such a twin: the epoch this member works towards, with other holders.
+    /// Equal tokens would pass every fence, so the caller replaces it by a view above both.
+    fn note_twins(&self, table: &Table, fresh: bool) -> bool {
         let mut st = self.shared.lock();
         let twin = match (st.target(), &table.view) {
             (Some(t), Some(v)) => t.epoch() == v.epoch && t.record().holders != v.holders,
@@ -133,24 +133,27 @@ impl Runner {
         if let (true, Some(v)) = (twin, &table.view) {
             st.break_runs_at(v.epoch);
         }
-        twin
-    }
-
-    /// Another member's acknowledgement of one of this member's epochs under another view's
-    /// digest is the sign of a twin too, left by a member that adopted it (the twin itself may
-    /// already be replaced by a view above both): breaks the member's token runs at each such
-    /// epoch. Read where the member reads the acknowledgements (settling a view).
-    pub(super) fn note_twin_acks<'a>(&self, acks: impl IntoIterator<Item = &'a AckRecord>) {
-        let mut st = self.shared.lock();
-        let mine: HashMap<u64, u64> = st.history.iter().map(|v| (v.epoch(), v.digest())).collect();
-        let twins: Vec<u64> = acks
-            .into_iter()
-            .filter(|a| mine.get(&a.acked).is_some_and(|d| *d != a.view))
-            .map(|a| a.acked)
-            .collect();
-        for e in twins {
-            st.break_runs_at(e);
+        // An acknowledgement of one of this member's epochs under another view's digest is
+        // the same sign, left by a member that adopted the twin (which may already be
+        // replaced by a view above both).
+        if fresh {
+            let mine: HashMap<u64, u64> =
+                st.history.iter().map(|v| (v.epoch(), v.digest())).collect();
+            let twins: Vec<u64> = table
+                .slots
+                .values()
+                .filter(|r| r.view != 0)
+                .filter_map(|r| {
+                    mine.get(&r.acked)
+                        .is_some_and(|d| *d != r.view)
+                        .then_some(r.acked)
+                })
+                .collect();
+            for e in twins {
+                st.break_runs_at(e);
+            }
         }
+        twin
     }
 
     /// Publishes `next` over the view `table` holds, with a compare-and-set against its text, so
