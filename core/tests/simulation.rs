@@ -27,7 +27,8 @@
 //! touched again, which voids the guarantee like a rollback does: see below).
 //!
 //! `HEADCOUNT_SIM_SEEDS=N` runs N seeds (default 2000), `HEADCOUNT_SIM_SEED=S` replays one seed
-//! with its event log; a failure prints the command that replays it.
+//! with its event log; a failure prints the command that replays it. A replay with
+//! `RUST_LOG=headcount_core=debug` prints the members' own log lines among the events.
 
 mod common;
 #[path = "simulation/models.rs"]
@@ -669,6 +670,13 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
 }
 
 fn run_one(seed: u64, verbose: bool, models: Models) -> Result<(), String> {
+    if verbose {
+        // A second replay in one process finds it set already: nothing to do then.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)

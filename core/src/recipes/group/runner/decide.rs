@@ -238,6 +238,18 @@ pub(super) fn view_slot_gone(table: &Table) -> bool {
     })
 }
 
+/// Whether a heartbeat lists the slot directory whole before it acts on `table`: its slots were
+/// read in this heartbeat but came from the copy held (the store's version said they had not
+/// changed), and a slot of the view is missing from them. A member publishes a view without a
+/// slot only on a listing, never on a version: a Redis key index that lost the slot's name and
+/// was then rolled back to before the repair that put it back answers the version of the copy,
+/// whose listing lacked the slot, and members that trusted it would publish views without a
+/// live slot for ever while its holder put itself back (simulation seed 3500). It costs a
+/// listing while a slot of the view is gone, which a crash or a leave ends within a heartbeat.
+pub(super) fn lists_before_dropping(fresh: bool, listed: bool, table: &Table) -> bool {
+    fresh && !listed && view_slot_gone(table)
+}
+
 /// Whether a member that sees the published view stale publishes the next one now: its own
 /// claim or leave changed the table, it holds the lowest live slot, or the same discrepancy has
 /// lasted a heartbeat (the lowest may be the one that died).

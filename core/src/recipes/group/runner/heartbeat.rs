@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::super::records::SettledRecord;
 use super::super::table::Table;
+use super::decide::lists_before_dropping;
 use super::{Claim, Runner, SlotsSeen};
 use crate::error::{Error, Result};
 use crate::store::RenewedListing;
@@ -92,6 +93,14 @@ impl Runner {
                 self.forget_seen();
                 self.cache.slots = None;
                 self.list().await.map(|table| Heard::listed(false, table))
+            }
+            other => other,
+        };
+        let result = match result {
+            Ok(heard) if lists_before_dropping(heard.fresh, heard.listed, &heard.table) => {
+                let renewed = heard.renewed;
+                self.cache.slots = None;
+                self.list().await.map(|table| Heard::listed(renewed, table))
             }
             other => other,
         };

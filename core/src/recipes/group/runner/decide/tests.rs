@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    choose_slot, drain_timed_out, next_view, publishes, settled_at_or_past, unsettled,
-    view_is_stale, view_needs_slots, view_slot_gone, Between, Facts,
+    choose_slot, drain_timed_out, lists_before_dropping, next_view, publishes, settled_at_or_past,
+    unsettled, view_is_stale, view_needs_slots, view_slot_gone, Between, Facts,
 };
 use crate::assign::AssignorKind;
 use crate::recipes::group::records::{Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
@@ -435,6 +435,20 @@ fn a_gone_slot_of_the_view_is_seen_by_slot_and_nonce() {
     t.slots.get_mut(&1).unwrap().nonce = 7;
     assert!(view_slot_gone(&t), "claimed again");
     assert!(view_slot_gone(&table(&[0], None)));
+}
+
+#[test]
+fn a_slot_of_the_view_missing_from_a_kept_copy_is_confirmed_by_a_listing() {
+    let gone = table(&[0], Some((5, &[0, 1])));
+    let whole = table(&[0, 1], Some((5, &[0, 1])));
+    // Read in this heartbeat from the copy the version vouched for, and a slot is missing.
+    assert!(lists_before_dropping(true, false, &gone));
+    // Listed in this heartbeat: the listing is the evidence.
+    assert!(!lists_before_dropping(true, true, &gone));
+    // Slots not read in this heartbeat: nothing is published from them anyway.
+    assert!(!lists_before_dropping(false, false, &gone));
+    // Nothing missing: the steady state lists nothing.
+    assert!(!lists_before_dropping(true, false, &whole));
 }
 
 #[test]
