@@ -20,19 +20,23 @@ pub(crate) fn replication_of(reply: &Value, settings: Durability) -> Durability 
             is_replica = true;
         }
     }
-    if is_replica {
-        return Durability::not_durable(format!(
+    let judged = if is_replica {
+        Durability::not_durable(format!(
             "{}; the server is a replica (read-only)",
             settings.detail
-        ));
-    }
-    if replicas > 0 {
-        return Durability::not_durable(format!(
+        ))
+    } else if replicas > 0 {
+        Durability::not_durable(format!(
             "{}, {replicas} connected replica(s) (Redis replicates asynchronously: a replica promoted after a failover can lack acknowledged writes)",
             settings.detail
-        ));
+        ))
+    } else {
+        Durability::durable(format!("{}, no replicas", settings.detail))
+    };
+    match settings.evicts {
+        Some(why) => judged.with_eviction(why),
+        None => judged,
     }
-    Durability::durable(format!("{}, no replicas", settings.detail))
 }
 
 /// The `master_replid` of each node in `INFO replication`: the id of the data set a server
@@ -58,18 +62,47 @@ pub(crate) fn durability_of(reply: &Value) -> Durability {
     let mut appendonly = Vec::new();
     let mut appendfsync = Vec::new();
     let mut eviction = Vec::new();
+    let mut maxmemory = Vec::new();
     for pair in words.chunks_exact(2) {
         match pair[0].as_str() {
             "appendonly" => appendonly.push(pair[1].clone()),
             "appendfsync" => appendfsync.push(pair[1].clone()),
             "maxmemory-policy" => eviction.push(pair[1].clone()),
+            "maxmemory" => maxmemory.push(pair[1].clone()),
             _ => {}
         }
     }
+    let judged = judge_settings(&appendonly, &appendfsync, &eviction);
+    match evicting(&eviction, &maxmemory) {
+        Some(why) => judged.with_eviction(why),
+        None => judged,
+    }
+}
+
+/// Why a server (or a node of a Cluster) with these settings may evict keys before they
+/// expire: a `maxmemory` limit (`0` is none) with a policy other than `noeviction`. A limit the
+/// server did not report counts as set.
+fn evicting(policies: &[String], maxmemory: &[String]) -> Option<String> {
+    let limited = maxmemory.is_empty() || maxmemory.iter().any(|m| m != "0");
+    let policy = policies.iter().find(|p| *p != "noeviction")?;
+    limited.then(|| {
+        format!(
+            "maxmemory-policy {policy} with maxmemory {} (Redis evicts keys under memory pressure, leases included)",
+            show_settings(maxmemory)
+        )
+    })
+}
+
+/// Judges the persistence settings and, for majority IDs, an `allkeys-*` policy.
+fn judge_settings(
+    appendonly: &[String],
+    appendfsync: &[String],
+    eviction: &[String],
+) -> Durability {
     let detail = format!(
         "appendonly {}, appendfsync {}",
-        show_settings(&appendonly),
-        show_settings(&appendfsync)
+        show_settings(appendonly),
+        show_settings(appendfsync)
     );
     // allkeys-* may evict a key that has no TTL (a majority-IDs counter) under memory pressure:
     // the next ID would start again from the other stores' values, or from 1.
@@ -172,6 +205,23 @@ mod tests {
             ("maxmemory-policy", "volatile-lru"),
         ]);
         assert!(durability_of(&volatile).durable);
+        // Eviction needs a memory limit; one not reported counts as set.
+        assert!(durability_of(&volatile).evicts.is_some());
+        let with = |policy: &str, max: &str| {
+            durability_of(&reply(&[("maxmemory-policy", policy), ("maxmemory", max)])).evicts
+        };
+        assert_eq!(with("noeviction", "100mb"), None);
+        assert_eq!(with("volatile-ttl", "0"), None);
+        let why = with("volatile-ttl", "104857600").unwrap();
+        assert!(
+            why.contains("volatile-ttl") && why.contains("104857600"),
+            "{why}"
+        );
+        assert!(with("allkeys-lru", "1").is_some());
+        assert_eq!(
+            durability_of(&reply(&[("maxmemory-policy", "noeviction")])).evicts,
+            None
+        );
     }
 
     #[test]
@@ -186,6 +236,8 @@ mod tests {
             !d.durable && d.detail.contains("1 connected replica"),
             "{d:?}"
         );
+        let evicting = ok().with_eviction("maxmemory-policy allkeys-lru");
+        assert!(replication_of(&replicated, evicting).evicts.is_some());
         let replica = info("# Replication\r\nrole:slave\r\n");
         assert!(!replication_of(&replica, ok()).durable);
         let cluster = Value::Map(vec![

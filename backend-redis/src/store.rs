@@ -692,9 +692,15 @@ impl backend::Backend for RedisStore {
     /// Durable only with `appendonly yes` and `appendfsync always` (on every primary of a
     /// Cluster): then Redis fsyncs the AOF before it replies. A server that refuses `CONFIG GET`
     /// (disabled or renamed, an ACL without `+config`) cannot tell, and answers not durable.
+    /// A `maxmemory` limit with an evicting `maxmemory-policy` is reported in
+    /// [`Durability::evicts`].
     async fn durability(&self) -> Result<Durability> {
         let mut config = redis::cmd("CONFIG");
-        config.arg("GET").arg("append*").arg("maxmemory-policy");
+        config
+            .arg("GET")
+            .arg("append*")
+            .arg("maxmemory-policy")
+            .arg("maxmemory");
         let settings = match self.on_every_primary(config, true).await {
             Ok(value) => durability_of(&value),
             Err(e) if e.is_retryable() => return Err(e),

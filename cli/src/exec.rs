@@ -47,6 +47,11 @@ pub struct ExecArgs {
     /// if it is still free. In Kubernetes, set HEADCOUNT_MEMBER from the pod name.
     #[arg(long, env = "HEADCOUNT_MEMBER")]
     pub member: Option<String>,
+    /// Join a Redis that may evict keys under memory pressure (a `maxmemory` limit with a
+    /// `maxmemory-policy` other than `noeviction`), which is refused by default: an evicted lease
+    /// lets two members hold one key until the next renewal.
+    #[arg(long)]
+    pub allow_eviction: bool,
     /// How keys map to slots [default: jumpback]; only the member's own keys depend on it,
     /// `HEADCOUNT_INDEX` does not.
     #[arg(long, value_enum)]
@@ -96,6 +101,7 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
     // The grant is held while the command stops: let the hand-off wait for the whole grace (and
     // a heartbeat to reap it) before the member gives up its lease, instead of one TTL.
     let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
+        .with_eviction_allowed(args.allow_eviction)
         .with_drain_timeout(ttl.max(args.grace.saturating_add(ttl / 3)));
     config.validate()?;
     check_command(program)?;

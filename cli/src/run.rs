@@ -51,6 +51,11 @@ pub struct RunArgs {
     /// name.
     #[arg(long, env = "HEADCOUNT_MEMBER")]
     pub member: Option<String>,
+    /// Join a Redis that may evict keys under memory pressure (a `maxmemory` limit with a
+    /// `maxmemory-policy` other than `noeviction`), which is refused by default: an evicted lease
+    /// lets two members hold one key until the next renewal.
+    #[arg(long)]
+    pub allow_eviction: bool,
     #[command(flatten)]
     pub metrics: crate::observe::MetricsArgs,
 }
@@ -67,13 +72,16 @@ pub fn check(args: &RunArgs) -> Result<(), Error> {
                 ],
                 "applies to --mode interval; group mode takes --ttl",
             )?;
-            group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor).validate()
+            group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
+                .with_eviction_allowed(args.allow_eviction)
+                .validate()
         }
         Mode::Interval => {
             refuse(
                 &[
                     (args.ttl.is_some(), "--ttl (or HEADCOUNT_TTL)"),
                     (args.assignor.is_some(), "--assignor"),
+                    (args.allow_eviction, "--allow-eviction"),
                 ],
                 "applies to --mode group; the interval indexer's keys live three intervals",
             )?;
@@ -115,7 +123,8 @@ fn refuse(flags: &[(bool, &str)], why: &str) -> Result<(), Error> {
 
 async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
-    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor);
+    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
+        .with_eviction_allowed(args.allow_eviction);
     let member = match Group::join(store, config).await {
         Ok(member) => member,
         Err(e) => {

@@ -2,7 +2,8 @@
 //! index (the index deleted, evicted, or the keys copied to a server without it, or a key
 //! written by another client) is put back by the first script that touches it, with its
 //! directory's version changed so the next look lists it; and a foreign value at the index's
-//! own name is an error that names it.
+//! own name is an error that names it. A Redis that may evict keys is refused by a group
+//! (finding 8).
 #![cfg(feature = "redis")]
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -333,4 +334,48 @@ async fn versions_never_repeat_after_a_rollback() {
         "one version for two contents: {:?} then {:?}",
         first.listing, second.listing
     );
+}
+
+/// Finding 8: a Redis that may evict keys (a `maxmemory` limit with an evicting policy) is
+/// refused by a joining member, naming the policy, unless the configuration allows it; with
+/// `noeviction`, or no limit, it is joined as before. An evicted lease lets two members hold one
+/// key: with `allkeys-lru` and another client filling memory, two members were active as (1, 1)
+/// under one epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_refuses_a_redis_that_evicts_keys() {
+    let Some((_server, conn, store)) = redis_with_store().await else {
+        return;
+    };
+    let config = || GroupConfig::new("evict", TTL).with_member("a");
+    for policy in ["volatile-ttl", "allkeys-lru"] {
+        raw(&conn, &["CONFIG", "SET", "maxmemory", "100mb"]).await;
+        raw(&conn, &["CONFIG", "SET", "maxmemory-policy", policy]).await;
+        let e = Group::join(store.clone(), config()).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Rejected, "{policy}: {e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(policy) && text.contains("noeviction"),
+            "{policy}: {text}"
+        );
+        let allowed = Group::join(store.clone(), config().with_eviction_allowed(true))
+            .await
+            .unwrap();
+        allowed.leave().await.unwrap();
+    }
+    // No limit: nothing is ever evicted, whatever the policy says.
+    raw(&conn, &["CONFIG", "SET", "maxmemory", "0"]).await;
+    Group::join(store.clone(), config())
+        .await
+        .unwrap()
+        .leave()
+        .await
+        .unwrap();
+    raw(&conn, &["CONFIG", "SET", "maxmemory", "100mb"]).await;
+    raw(&conn, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).await;
+    Group::join(store, config())
+        .await
+        .unwrap()
+        .leave()
+        .await
+        .unwrap();
 }

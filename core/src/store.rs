@@ -299,6 +299,13 @@ pub struct Durability {
     /// SQLite file's path. Two stores that share a name are one failure domain: majority IDs
     /// refuse them as two members of one set. Empty when the backend cannot tell.
     pub servers: Vec<String>,
+    /// Why the store may delete keys on its own before they expire, when it may: a Redis whose
+    /// `maxmemory` is set with a `maxmemory-policy` other than `noeviction` evicts keys under
+    /// memory pressure (leases included, and with `allkeys-*` keys without a TTL too). A group
+    /// refuses such a store unless told otherwise
+    /// ([`GroupConfig::with_eviction_allowed`](crate::recipes::group::GroupConfig::with_eviction_allowed)).
+    /// `None` when the store never evicts, or the backend cannot tell.
+    pub evicts: Option<String>,
 }
 
 impl Durability {
@@ -308,6 +315,7 @@ impl Durability {
             durable: true,
             detail: detail.into(),
             servers: Vec::new(),
+            evicts: None,
         }
     }
 
@@ -317,6 +325,7 @@ impl Durability {
             durable: false,
             detail: detail.into(),
             servers: Vec::new(),
+            evicts: None,
         }
     }
 
@@ -325,6 +334,14 @@ impl Durability {
     #[must_use]
     pub fn with_servers(mut self, servers: Vec<String>) -> Self {
         self.servers = servers;
+        self
+    }
+
+    /// The same answer, saying the store may evict keys before they expire, and why (see
+    /// [`Durability::evicts`]).
+    #[must_use]
+    pub fn with_eviction(mut self, why: impl Into<String>) -> Self {
+        self.evicts = Some(why.into());
         self
     }
 }

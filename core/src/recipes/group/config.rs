@@ -22,6 +22,7 @@ pub struct GroupConfig {
     pub(super) drain_timeout: Option<Duration>,
     pub(super) change_checks: bool,
     pub(super) one_call_versions: bool,
+    pub(super) eviction_allowed: bool,
 }
 
 impl GroupConfig {
@@ -44,6 +45,7 @@ impl GroupConfig {
             drain_timeout: None,
             change_checks: true,
             one_call_versions: true,
+            eviction_allowed: false,
         }
     }
 
@@ -83,6 +85,20 @@ impl GroupConfig {
     /// lease so the others can proceed (default: the TTL).
     pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = Some(timeout);
+        self
+    }
+
+    /// Joins even a store that may evict keys before they expire (a Redis with `maxmemory` and
+    /// a `maxmemory-policy` other than `noeviction`; see
+    /// [`Durability::evicts`](crate::Durability::evicts)). By default [`Group::join`] refuses it
+    /// with [`ErrorKind::Rejected`](crate::ErrorKind::Rejected): an evicted slot record is a
+    /// lease lost while its holder still works, so another member takes its keys and both
+    /// hold them until the holder's next renewal. Allow it only for a store that is never near
+    /// its memory limit; it logs a warning at every join.
+    ///
+    /// [`Group::join`]: super::Group::join
+    pub fn with_eviction_allowed(mut self, allowed: bool) -> Self {
+        self.eviction_allowed = allowed;
         self
     }
 

@@ -25,7 +25,8 @@ impl Group {
     ///
     /// Errors: [`Error::InvalidArgument`] for a bad group, prefix, member id, TTL (also one below
     /// the store's shortest lease) or slot limit; [`Error::Rejected`] when another live process
-    /// holds a slot with the same member id, or the group is full; the store's own error when it
+    /// holds a slot with the same member id, the group is full, or the store may evict keys
+    /// before they expire (see [`GroupConfig::with_eviction_allowed`]); the store's own error when it
     /// cannot be reached.
     pub async fn join(store: DynStore, config: GroupConfig) -> Result<Member> {
         let keys = config.check()?;
@@ -36,6 +37,7 @@ impl Group {
                 config.ttl, caps.backend, caps.min_ttl
             )));
         }
+        check_eviction(&store, &config).await?;
         let member = config
             .member
             .clone()
@@ -70,6 +72,35 @@ impl Group {
             task: Arc::new(task),
         })
     }
+}
+
+/// Refuses a store that may evict keys before they expire (see
+/// [`GroupConfig::with_eviction_allowed`]), or warns when told to allow it. A store that cannot
+/// answer is joined: the check is advice, the join's own calls say whether the store works.
+async fn check_eviction(store: &DynStore, config: &GroupConfig) -> Result<()> {
+    // Bounded like a heartbeat: a store that does not answer is not one to wait on here.
+    let asked = tokio::time::timeout(config.ttl, store.durability()).await;
+    let why = match asked {
+        Ok(Ok(d)) => d.evicts,
+        Err(_) => None,
+        Ok(Err(e)) => {
+            tracing::debug!(group = %config.group, error = %e, "cannot ask the store whether it evicts keys");
+            None
+        }
+    };
+    let Some(why) = why else { return Ok(()) };
+    let backend = store.capabilities().backend;
+    if config.eviction_allowed {
+        tracing::warn!(group = %config.group, backend, "the store may evict keys before they expire ({why}): an evicted lease lets two members hold one key until the next renewal");
+        return Ok(());
+    }
+    Err(Error::Rejected {
+        backend,
+        message: format!(
+            "the store may evict keys before they expire: {why}; a group needs a store that keeps its leases until they expire (set maxmemory-policy noeviction, or allow it explicitly: GroupConfig::with_eviction_allowed, --allow-eviction)"
+        ),
+        source: None,
+    })
 }
 
 /// A member of a group: ask it which keys it owns; it heartbeats in the background until
