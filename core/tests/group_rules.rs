@@ -760,57 +760,6 @@ async fn an_epoch_minted_twice_is_never_a_token_again() {
     a.leave().await.expect("leave");
 }
 
-#[tokio::test]
-async fn an_acknowledgement_of_a_twin_breaks_the_token_run() {
-    // The twin itself was already replaced: what is left of it is another member's
-    // acknowledgement of this member's epoch under another view's digest.
-    let store: DynStore = Arc::new(MemoryStore::new());
-    let (a, epoch, held) = lone_member_with_grants(&store).await;
-    let other = format!(
-        "v1 member=other nonce=0000000000000001 since=1 ttl=10000 acked={epoch} view=0123456789abcdef"
-    );
-    assert!(store
-        .compare_and_set("hc:{g}:slot:9", None, &other, Some(Duration::from_secs(10)))
-        .await
-        .expect("write the other member's slot"));
-    // a publishes a view with slot 9 and keeps the keys that stay its own meanwhile.
-    let mut kept = 0;
-    for (k, _) in &held {
-        let Some(new) = tokio::time::timeout(TTL * 20, async {
-            loop {
-                match a.owns(k) {
-                    Some(g) if g.epoch() > epoch => return Some(g),
-                    None if store
-                        .get("hc:{g}:view:current")
-                        .await
-                        .expect("get")
-                        .is_some_and(|v| v.contains(",9@")) =>
-                    {
-                        return None
-                    }
-                    _ => tokio::time::sleep(Duration::from_millis(5)).await,
-                }
-            }
-        })
-        .await
-        .expect("the view with slot 9 in time") else {
-            continue;
-        };
-        kept += 1;
-        assert!(
-            new.token() > epoch,
-            "{k}: granted under epoch {} with token {}, an epoch another member acknowledged \
-             under another view",
-            new.epoch(),
-            new.token()
-        );
-    }
-    assert!(kept > 0, "some keys stay a's");
-    drop(held);
-    store.delete("hc:{g}:slot:9").await.expect("delete");
-    a.leave().await.expect("leave");
-}
-
 /// A hook that panics in every call once armed: the heartbeat task's next store call panics.
 #[derive(Debug, Default)]
 struct PanicWhenArmed(std::sync::atomic::AtomicBool);

@@ -38,9 +38,9 @@ pub struct SlotRecord {
     /// views in an [`AckRecord`].
     pub acked: u64,
     /// The [digest](ViewRecord::digest) of the view acknowledged under `acked`, or 0 when the
-    /// holder acknowledged every view up to `acked` at once (a fresh claim holds nothing). A
-    /// store that lost writes can mint one epoch twice, for two different views: the digest
-    /// says which of them was acknowledged.
+    /// holder acknowledged every view up to `acked` at once. A claim holds nothing and writes 0;
+    /// later acknowledgements, with their digest, go to an [`AckRecord`]. Read and written back
+    /// as it is, so a record keeps its text.
     pub view: u64,
 }
 

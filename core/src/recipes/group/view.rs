@@ -113,11 +113,6 @@ impl ViewState {
         self.record.epoch
     }
 
-    /// The record's [digest](ViewRecord::digest), computed once.
-    pub(super) fn digest(&self) -> u64 {
-        self.digest
-    }
-
     /// The published record.
     pub fn record(&self) -> &ViewRecord {
         &self.record

@@ -1,7 +1,6 @@
 //! Views: deciding from a table whether to publish the next view, publishing it, adopting the
 //! newest view as pending, and activating it once the hand-off allows.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::super::records::{Holder, ViewRecord};
@@ -25,7 +24,7 @@ impl Runner {
         // The floor counts the acknowledgements too: a member that never saw the view (it was
         // lost or overwritten) still must not publish an epoch some member already acted on.
         let floor = self.cache.highest.max(table.highest_epoch());
-        let twin_epoch = self.note_twins(table, fresh);
+        let twin_epoch = self.note_twins(table);
         let stale = view_is_stale(table.view.as_ref(), &live, floor, twin_epoch);
         self.cache.highest = floor;
         // A view that went back, is missing or took this member's epoch needs a view above it,
@@ -124,7 +123,7 @@ impl Runner {
     /// and breaks its token runs there (see `State::break_runs_at`). Returns whether the
     /// published view is such a twin: the epoch this member works towards, with other holders.
     /// Equal tokens would pass every fence, so the caller replaces it by a view above both.
-    fn note_twins(&self, table: &Table, fresh: bool) -> bool {
+    fn note_twins(&self, table: &Table) -> bool {
         let mut st = self.shared.lock();
         let twin = match (st.target(), &table.view) {
             (Some(t), Some(v)) => t.epoch() == v.epoch && t.record().holders != v.holders,
@@ -132,26 +131,6 @@ impl Runner {
         };
         if let (true, Some(v)) = (twin, &table.view) {
             st.break_runs_at(v.epoch);
-        }
-        // An acknowledgement of one of this member's epochs under another view's digest is
-        // the same sign, left by a member that adopted the twin (which may already be
-        // replaced by a view above both).
-        if fresh {
-            let mine: HashMap<u64, u64> =
-                st.history.iter().map(|v| (v.epoch(), v.digest())).collect();
-            let twins: Vec<u64> = table
-                .slots
-                .values()
-                .filter(|r| r.view != 0)
-                .filter_map(|r| {
-                    mine.get(&r.acked)
-                        .is_some_and(|d| *d != r.view)
-                        .then_some(r.acked)
-                })
-                .collect();
-            for e in twins {
-                st.break_runs_at(e);
-            }
         }
         twin
     }
