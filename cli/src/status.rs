@@ -142,6 +142,7 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
         "settled": s.table.settled.map(|m| m.epoch),
         "sample": args.sample,
         "sample_owned": s.sample_owned.iter().map(|&(slot, n)| serde_json::json!({"slot": slot, "keys": n})).collect::<Vec<_>>(),
+        "unlisted": s.unlisted,
     })
 }
 
@@ -169,6 +170,9 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
             m.epoch
         )?,
         None => emit!("settled  none yet")?,
+    }
+    for key in &s.unlisted {
+        emit!("unlisted  {key} exists, but the store's listing misses it (a Redis key index that lost its name: it comes back when its writer touches it)")?;
     }
     emit("")?;
     if s.table.slots.is_empty() {

@@ -379,3 +379,43 @@ async fn a_group_refuses_a_redis_that_evicts_keys() {
         .await
         .unwrap();
 }
+
+/// Finding 1 in `status`: keys that exist although the index lost their names are reported as
+/// unlisted (the view key when no view was listed, a holder's slot key missing from the
+/// listing), read with one `get` each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_the_keys_the_index_lost() {
+    let Some((_server, conn, store)) = redis_with_store().await else {
+        return;
+    };
+    // A long TTL: no heartbeat puts a name back while the test looks.
+    let a = Group::join(
+        store.clone(),
+        GroupConfig::new("unlisted", Duration::from_secs(30)).with_member("a"),
+    )
+    .await
+    .unwrap();
+    converged(&[&a], 1, Duration::from_secs(10)).await;
+    let status = || async {
+        headcount::recipes::group::status(
+            &store,
+            "hc",
+            "unlisted",
+            headcount::assign::AssignorKind::JumpBackFailover,
+            0,
+        )
+        .await
+        .unwrap()
+    };
+    assert!(status().await.unlisted.is_empty());
+    let slot = "hc:{unlisted}:slot:0";
+    raw(&conn, &["ZREM", "headcount:index", slot]).await;
+    let s = status().await;
+    assert!(s.table.slots.is_empty(), "the listing still shows the slot");
+    assert_eq!(s.unlisted, vec![slot.to_owned()]);
+    lose_the_index(&conn).await;
+    let s = status().await;
+    assert!(s.table.view.is_none(), "the listing still shows the view");
+    assert_eq!(s.unlisted, vec!["hc:{unlisted}:view:current".to_owned()]);
+    a.leave().await.unwrap();
+}

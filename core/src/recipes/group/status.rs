@@ -26,6 +26,12 @@ pub struct GroupStatus {
     pub view_settled: bool,
     /// For each live slot of the published view, how many of the sampled keys it owns.
     pub sample_owned: Vec<(u32, u64)>,
+    /// Keys that exist but the listings did not show: the view key when no view was listed,
+    /// and the slot key of each holder of the view that no listing showed. A store whose
+    /// listings read an index beside the data (Redis) shows them when the index lost their
+    /// names; each comes back when its writer touches it (a slot at its holder's next
+    /// heartbeat). Read with one `get` per missing key, so a healthy group costs nothing more.
+    pub unlisted: Vec<String>,
 }
 
 impl GroupStatus {
@@ -77,6 +83,22 @@ pub async fn status(
         (Some(v), Some(mark)) => mark.settles(v.epoch, v.digest()),
         _ => false,
     };
+    let mut unlisted = Vec::new();
+    let mut missing = Vec::new();
+    match &table.view {
+        None if table.view_text.is_none() => missing.push(keys.view.clone()),
+        None => {}
+        Some(v) => missing.extend(
+            v.slots()
+                .filter(|s| !table.slots.contains_key(s) && !table.foreign.contains_key(s))
+                .map(|s| keys.slot(s)),
+        ),
+    }
+    for key in missing {
+        if store.get(&key).await?.is_some() {
+            unlisted.push(key);
+        }
+    }
     let mut sample_owned = Vec::new();
     if let Some(v) = &table.view {
         // The view names the assignor its publisher used; `assignor` is for older views.
@@ -95,6 +117,7 @@ pub async fn status(
         view_current,
         view_settled,
         sample_owned,
+        unlisted,
     })
 }
 
@@ -137,6 +160,7 @@ mod tests {
             view_current: true,
             view_settled,
             sample_owned: Vec::new(),
+            unlisted: Vec::new(),
         }
     }
 
