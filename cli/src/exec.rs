@@ -596,13 +596,15 @@ pub fn watchdog(pgid: u32, left: Duration) -> ExitCode {
         }
     });
     let mut deadline = Instant::now() + left;
+    let mut news = Instant::now();
     let why = loop {
         match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(left) => deadline = Instant::now() + left,
-            Err(RecvTimeoutError::Timeout) => {
-                break "the lease ran out without news from exec (is it stopped?)"
+            Ok(left) => {
+                news = Instant::now();
+                deadline = news + left;
             }
-            Err(RecvTimeoutError::Disconnected) => break "exec closed the pipe",
+            Err(RecvTimeoutError::Timeout) => break lapse_cause(news.elapsed()),
+            Err(RecvTimeoutError::Disconnected) => break "exec closed the pipe".to_owned(),
         }
     };
     let _ = writeln!(
@@ -611,6 +613,22 @@ pub fn watchdog(pgid: u32, left: Duration) -> ExitCode {
     );
     signal_group(pgid, Signal::Kill);
     ExitCode::SUCCESS
+}
+
+/// Why the lease ran out, as the watchdog can tell from when exec last reported: recent news
+/// means exec was running and counting the lease down (its renewals did not reach the store in
+/// time, which exec reports itself); none for longer than exec's reports take means exec is
+/// stopped or stuck, which only the watchdog can say.
+fn lapse_cause(since_news: Duration) -> String {
+    // exec reports every 100 ms; a few missed reports are a busy machine, not a stopped exec.
+    if since_news < Duration::from_millis(500) {
+        "the lease ran out (renewals did not reach the store in time)".to_owned()
+    } else {
+        format!(
+            "the lease ran out with no news from exec for {} ms (exec is stopped or stuck)",
+            since_news.as_millis()
+        )
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -690,4 +708,22 @@ fn event_line(
         "signal": status.and_then(|s| s.signal()),
         "at": rfc3339(SystemTime::now()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lapse_is_blamed_on_exec_only_when_exec_went_quiet() {
+        // exec kept reporting while the lease ran down: the store is to blame, not exec.
+        let ran_down = lapse_cause(Duration::from_millis(100));
+        assert!(!ran_down.contains("stopped"), "{ran_down}");
+        assert!(ran_down.contains("renewals"), "{ran_down}");
+        let quiet = lapse_cause(Duration::from_millis(850));
+        assert!(
+            quiet.contains("stopped or stuck") && quiet.contains("850 ms"),
+            "{quiet}"
+        );
+    }
 }
