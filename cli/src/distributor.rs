@@ -128,6 +128,10 @@ pub struct DistributorArgs {
     /// PING_TIMEOUT].
     #[arg(long, env = "HEADCOUNT_PING_TIMEOUT", value_parser = crate::util::parse_duration)]
     ping_timeout: Option<Duration>,
+    /// How many pings in a row a service that holds units must fail before its units move
+    /// [default: 2]; 1 moves them at the first failed ping, as the article's distributor does.
+    #[arg(long, env = "HEADCOUNT_DOWN_AFTER", value_name = "PINGS")]
+    down_after: Option<u32>,
     #[command(flatten)]
     pub metrics: crate::observe::MetricsArgs,
     #[command(subcommand)]
@@ -239,6 +243,14 @@ impl DistributorArgs {
                         "--poll-interval and --ping-timeout must be above zero",
                     ));
                 }
+                if let Some(n) = self.down_after {
+                    if !(1..=distributor::MAX_DOWN_AFTER).contains(&n) {
+                        return Err(Error::invalid(format!(
+                            "--down-after {n} is outside 1..={}",
+                            distributor::MAX_DOWN_AFTER
+                        )));
+                    }
+                }
                 Ok(())
             }
             Some(Action::Register {
@@ -298,7 +310,8 @@ pub async fn distributor(store: DynStore, args: DistributorArgs) -> Result<ExitC
         None => {
             let poll = duration_twin(args.poll_interval, "POLL_INTERVAL", DEFAULT_POLL)?;
             let ping = duration_twin(args.ping_timeout, "PING_TIMEOUT", DEFAULT_POLL)?;
-            daemon(store, args.namespaces, poll, ping).await
+            let down_after = args.down_after.unwrap_or(distributor::DEFAULT_DOWN_AFTER);
+            daemon(store, args.namespaces, poll, ping, down_after).await
         }
         Some(Action::Register {
             namespaces,
@@ -408,6 +421,7 @@ async fn daemon(
     namespaces: Namespaces,
     poll_interval: Duration,
     ping_timeout: Duration,
+    down_after: u32,
 ) -> Result<ExitCode, CliError> {
     let config = DistributorConfig::new(
         namespaces.services_names(),
@@ -415,7 +429,8 @@ async fn daemon(
         namespaces.distribution_name(),
     )
     .with_poll_interval(poll_interval)
-    .with_ping_timeout(ping_timeout);
+    .with_ping_timeout(ping_timeout)
+    .with_down_after(down_after);
     let d = Distributor::new(store, config)?;
     tracing::info!(
         services = ?namespaces.services_names(),
@@ -423,6 +438,7 @@ async fn daemon(
         distribution = %namespaces.distribution_name(),
         ?poll_interval,
         ?ping_timeout,
+        down_after,
         "distributor started"
     );
     let mut shutdown = Shutdown::new()?;

@@ -410,8 +410,10 @@ async fn bad_input(backend: ServerKind) {
     want.sort();
     assert_eq!(got, want);
 
-    // Every service down: the last good table stays.
+    // Every service down: the last good table stays. One failed ping moves nothing (the
+    // default `down_after` is 2); the second finds no healthy service.
     server.shutdown().await.unwrap();
+    assert_eq!(d.poll().await.unwrap(), PollOutcome::Unchanged { version });
     assert_eq!(
         d.poll().await.unwrap(),
         PollOutcome::KeptNoHealthyService { version }

@@ -16,6 +16,12 @@ pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// The longest poll interval accepted (one day).
 pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 
+/// Failed pings in a row before a service that holds units counts as down, by default.
+pub const DEFAULT_DOWN_AFTER: u32 = 2;
+
+/// The most failed pings in a row [`DistributorConfig::with_down_after`] accepts.
+pub const MAX_DOWN_AFTER: u32 = 100;
+
 /// The shortest ping timeout accepted.
 pub const MIN_PING_TIMEOUT: Duration = Duration::from_millis(1);
 
@@ -30,6 +36,7 @@ pub struct DistributorConfig {
     distribution_namespace: String,
     pub(super) poll_interval: Duration,
     pub(super) ping_timeout: Duration,
+    pub(super) down_after: u32,
     prefix: String,
     pub(super) prober: Option<Arc<dyn Prober>>,
     pub(super) clock: Arc<dyn Clock>,
@@ -43,6 +50,7 @@ impl fmt::Debug for DistributorConfig {
             .field("distribution_namespace", &self.distribution_namespace)
             .field("poll_interval", &self.poll_interval)
             .field("ping_timeout", &self.ping_timeout)
+            .field("down_after", &self.down_after)
             .field("prefix", &self.prefix)
             .field("prober", &self.prober)
             .field("clock", &self.clock)
@@ -65,6 +73,7 @@ impl DistributorConfig {
             distribution_namespace: distribution_namespace.into(),
             poll_interval: Duration::from_secs(1),
             ping_timeout: Duration::from_secs(1),
+            down_after: DEFAULT_DOWN_AFTER,
             prefix: DEFAULT_PREFIX.to_owned(),
             prober: None,
             clock: Arc::new(SystemClock::new()),
@@ -80,6 +89,15 @@ impl DistributorConfig {
     /// How long a health check may take before the service counts as down.
     pub fn with_ping_timeout(mut self, timeout: Duration) -> Self {
         self.ping_timeout = timeout;
+        self
+    }
+
+    /// How many pings in a row a service that holds units must fail before it counts as down
+    /// and its units move (default [`DEFAULT_DOWN_AFTER`], 1 to [`MAX_DOWN_AFTER`]). `1` is the
+    /// article's distributor: one failed ping moves all of a service's units. A service that
+    /// holds none (new, or already down) counts as down at its first failed ping either way.
+    pub fn with_down_after(mut self, pings: u32) -> Self {
+        self.down_after = pings;
         self
     }
 
@@ -128,6 +146,12 @@ impl DistributorConfig {
             return Err(Error::config(format!(
                 "the distribution namespace `{}` is also a services namespace: both keep records under `service:`, so the table would overwrite the registrations",
                 self.distribution_namespace
+            )));
+        }
+        if !(1..=MAX_DOWN_AFTER).contains(&self.down_after) {
+            return Err(Error::config(format!(
+                "down after {} failed pings is outside 1..={MAX_DOWN_AFTER}",
+                self.down_after
             )));
         }
         if !(MIN_POLL_INTERVAL..=MAX_POLL_INTERVAL).contains(&self.poll_interval) {

@@ -52,6 +52,13 @@ pub enum PollOutcome {
     },
 }
 
+/// Whether a service whose last `misses` pings failed in a row counts as down: at once when the
+/// current table gives it no units (nothing moves), else once `down_after` pings in a row
+/// failed, so one slow answer (a pause, a lost packet) does not move every unit it holds.
+fn counts_as_down(misses: u32, down_after: u32, in_table: bool) -> bool {
+    misses > 0 && (!in_table || misses >= down_after)
+}
+
 /// The daemon: polls, probes, recomputes and writes the table. Several may run at once on the
 /// same namespaces.
 pub struct Distributor {
@@ -62,7 +69,9 @@ pub struct Distributor {
     poll_interval: Duration,
     ping_timeout: Duration,
     prober: Arc<dyn Prober>,
-    health: Mutex<BTreeMap<String, bool>>,
+    down_after: u32,
+    /// Per service: whether the last poll counted it up, and how many pings in a row failed.
+    health: Mutex<BTreeMap<String, (bool, u32)>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -100,6 +109,7 @@ impl Distributor {
             poll_interval: config.poll_interval,
             ping_timeout: config.ping_timeout,
             prober,
+            down_after: config.down_after,
             health: Mutex::new(BTreeMap::new()),
             clock: config.clock,
         })
@@ -184,11 +194,11 @@ impl Distributor {
             let registered = self.registered().await?;
             let units = list_units(&self.store, &self.units).await?;
             let health = self.probe(&registered).await;
-            self.log_health(&registered, &health);
+            let up = self.judge(&registered, &health, current.as_ref());
             let mut healthy = Vec::new();
             let mut down = BTreeSet::new();
-            for (s, h) in registered.iter().zip(&health) {
-                if h.is_serving() {
+            for (s, up) in registered.iter().zip(up) {
+                if up {
                     healthy.push(s.name.clone());
                 } else {
                     down.insert(s.name.clone());
@@ -262,27 +272,53 @@ impl Distributor {
         Err(contended(&key))
     }
 
-    fn log_health(&self, services: &[Service], health: &[Health]) {
+    /// Whether each service counts as up in this poll, from its health and the pings it failed
+    /// in a row before (see [`counts_as_down`]), logging each change once.
+    fn judge(
+        &self,
+        services: &[Service],
+        health: &[Health],
+        current: Option<&DistributionTable>,
+    ) -> Vec<bool> {
         let mut last = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         let mut seen = BTreeMap::new();
+        let mut verdicts = Vec::with_capacity(services.len());
         for (s, h) in services.iter().zip(health) {
-            let up = h.is_serving();
-            match (last.get(&s.name), h) {
-                (Some(true), Health::Down(why)) | (None, Health::Down(why)) => {
-                    tracing::warn!(service = %s.name, reason = %why, "service is down")
+            let before = last.get(&s.name).copied();
+            let misses = match h {
+                Health::Serving => 0,
+                Health::Down(_) => before.map_or(0, |(_, m)| m).saturating_add(1),
+            };
+            let in_table = current
+                .is_some_and(|t| t.services.contains_key(&s.name) && !t.down.contains(&s.name));
+            let up = !counts_as_down(misses, self.down_after, in_table);
+            match (before.map(|(up, _)| up), up, h) {
+                (Some(true) | None, false, Health::Down(why)) => {
+                    tracing::warn!(service = %s.name, reason = %why, misses, "service is down")
                 }
-                (Some(false), Health::Serving) => {
+                (_, true, Health::Down(why)) => tracing::info!(
+                    service = %s.name,
+                    reason = %why,
+                    misses,
+                    down_after = self.down_after,
+                    "ping failed; the service keeps its units until it fails down_after in a row"
+                ),
+                (Some(false), true, Health::Serving) => {
                     tracing::info!(service = %s.name, "service answers again")
                 }
-                (None, Health::Serving) => tracing::info!(service = %s.name, "service is up"),
+                (None, true, Health::Serving) => {
+                    tracing::info!(service = %s.name, "service is up")
+                }
                 _ => {}
             }
-            seen.insert(s.name.clone(), up);
+            seen.insert(s.name.clone(), (up, misses));
+            verdicts.push(up);
         }
         for gone in last.keys().filter(|n| !seen.contains_key(*n)) {
             tracing::info!(service = %gone, "service deregistered");
         }
         *last = seen;
+        verdicts
     }
 
     /// Every per-service record under the distribution namespace, by service name.
@@ -427,5 +463,89 @@ impl RunningDistributor {
     /// Stops after the current poll's store call and waits for the task.
     pub async fn stop(self) {
         let _ = self.task.stop().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::{Arc, Mutex};
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::memory::MemoryStore;
+    use crate::recipes::distributor::{
+        add_unit, namespace, register, DistributorConfig, Health, Liveness, Prober, Service,
+    };
+
+    /// Answers `Down` for the services named in its set, `Serving` for the others.
+    #[derive(Debug, Default)]
+    struct Failing(Mutex<BTreeSet<String>>);
+
+    #[async_trait]
+    impl Prober for Failing {
+        async fn check(&self, service: &Service) -> Health {
+            if self.0.lock().unwrap().contains(&service.name) {
+                Health::Down("no answer (this test)".into())
+            } else {
+                Health::Serving
+            }
+        }
+    }
+
+    #[test]
+    fn a_service_with_units_is_down_only_after_its_misses_in_a_row() {
+        assert!(!counts_as_down(0, 2, true));
+        assert!(!counts_as_down(1, 2, true));
+        assert!(counts_as_down(2, 2, true));
+        assert!(counts_as_down(1, 1, true), "the article's distributor");
+        assert!(counts_as_down(1, 2, false), "no units: nothing moves");
+    }
+
+    /// Two services, four units; `b` misses one ping, then two in a row, with `down_after`.
+    async fn moves_after(down_after: u32) -> (usize, usize) {
+        let store: DynStore = Arc::new(MemoryStore::new());
+        let services = namespace("hc", "services", "svc").unwrap();
+        let units = namespace("hc", "workunits", "work").unwrap();
+        for u in ["u1", "u2", "u3", "u4"] {
+            add_unit(&store, &units, u).await.unwrap();
+        }
+        for name in ["a", "b"] {
+            register(&store, &services, name, &Liveness::Heartbeat)
+                .await
+                .unwrap();
+        }
+        let prober = Arc::new(Failing::default());
+        let config = DistributorConfig::new(["svc"], "work", "dist")
+            .with_prober(prober.clone())
+            .with_down_after(down_after);
+        let d = Distributor::new(store, config).unwrap();
+        assert!(matches!(
+            d.poll().await.unwrap(),
+            PollOutcome::Written { .. }
+        ));
+        let moved = |o: PollOutcome| match o {
+            PollOutcome::Written { moved, .. } => moved,
+            _ => 0,
+        };
+        prober.0.lock().unwrap().insert("b".into());
+        let first = moved(d.poll().await.unwrap());
+        let second = moved(d.poll().await.unwrap());
+        (first, second)
+    }
+
+    #[tokio::test]
+    async fn one_missed_ping_moves_nothing_by_default() {
+        assert_eq!(
+            moves_after(2).await,
+            (0, 2),
+            "b's two units move at the second miss"
+        );
+        assert_eq!(
+            moves_after(1).await,
+            (2, 0),
+            "the article: at the first miss"
+        );
     }
 }

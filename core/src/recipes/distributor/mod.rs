@@ -75,7 +75,8 @@ pub use assignment::{
     ServiceAssignmentWatch,
 };
 pub use config::{
-    DistributorConfig, MAX_PING_TIMEOUT, MAX_POLL_INTERVAL, MIN_PING_TIMEOUT, MIN_POLL_INTERVAL,
+    DistributorConfig, DEFAULT_DOWN_AFTER, MAX_DOWN_AFTER, MAX_PING_TIMEOUT, MAX_POLL_INTERVAL,
+    MIN_PING_TIMEOUT, MIN_POLL_INTERVAL,
 };
 pub use daemon::{Distributor, PollOutcome, RunningDistributor, DEPARTED_RECORD_TTL};
 pub use keys::{assignment_key, heartbeat_key, namespace, service_key, table_key, unit_key};
