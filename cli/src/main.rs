@@ -85,6 +85,13 @@ enum Command {
     /// Show a group's members, leases, published view and ownership of a sample of keys. It
     /// only reads: a store that does not exist yet (a missing SQLite file) is an error.
     Status(status::StatusArgs),
+    /// Delete a stopped group's keys (its view, settled mark and acknowledgements)
+    ///
+    /// Delete what a group leaves behind once every member has stopped: the published view, the
+    /// settled mark and the acknowledgements (slot records expire with their leases). Refuses,
+    /// with status 1, while any member is live. A group joined again afterwards starts at epoch
+    /// 1, so fencing tokens start over.
+    RemoveGroup(status::RemoveGroupArgs),
     /// Peers join, scale, leave, crash and pause while tasks flow; print a summary
     ///
     /// Peers join in stages, scale up, one leaves, one crashes, one pauses past its lease,
@@ -368,6 +375,11 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             let url = util::read_only(&store_url(store, false)?);
             let store = headcount::connect(&url).await?;
             status::status(store, args).await
+        }
+        Command::RemoveGroup(args) => {
+            headcount::validate_group(&args.group)?;
+            let store = headcount::connect(&store_url(store, false)?).await?;
+            status::remove_group(store, args).await
         }
         Command::Demo(args) => demo::demo(store, args).await,
         Command::Distributor(args) => {

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use headcount::recipes::group::{status as group_status, GroupStatus};
+use headcount::recipes::group::{remove, status as group_status, GroupStatus};
 use headcount::{DynStore, Error, DEFAULT_PREFIX};
 
 use crate::exit::{emit, CliError};
@@ -28,6 +28,45 @@ pub struct StatusArgs {
     /// The assignor the group's members use, for views that do not name theirs.
     #[arg(long, value_enum, default_value = "jumpback")]
     pub assignor: AssignorArg,
+}
+
+/// The arguments of `remove-group`.
+#[derive(Debug, clap::Args)]
+pub struct RemoveGroupArgs {
+    /// The group to remove: every member must have stopped.
+    #[arg(long, env = "HEADCOUNT_GROUP")]
+    pub group: String,
+    /// One JSON object instead of lines of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Deletes a stopped group's view, settled mark and acknowledgements (see
+/// [`headcount::recipes::group::remove`]); refuses, with status 1, while a member is live.
+pub async fn remove_group(store: DynStore, args: RemoveGroupArgs) -> Result<ExitCode, CliError> {
+    headcount::validate_group(&args.group)?;
+    let removed = remove(&store, DEFAULT_PREFIX, &args.group).await?;
+    if args.json {
+        emit(serde_json::json!({
+            "group": args.group,
+            "removed": removed.keys,
+            "kept": removed.kept,
+        }))?;
+    } else {
+        for key in &removed.keys {
+            emit!("removed  {key}")?;
+        }
+        for key in &removed.kept {
+            emit!("kept     {key} (not a record of ours, or written meanwhile)")?;
+        }
+        emit!(
+            "group {}: {} key(s) removed, {} kept",
+            args.group,
+            removed.keys.len(),
+            removed.kept.len()
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The most keys `--sample` may map: beyond this the summary costs more than it tells.

@@ -580,3 +580,50 @@ fn a_stopped_exec_s_command_dies_by_the_lease_deadline() {
     signal(&procs.0[0], "-TERM");
     let _ = procs.0[0].wait();
 }
+
+/// `remove-group` refuses while members run (status 1, naming them), and once they stopped
+/// deletes the view and what else they left, so `status` shows no view.
+#[test]
+fn remove_group_deletes_a_stopped_group_and_refuses_a_live_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = store_url(dir.path());
+    let remove = || {
+        headcount()
+            .args(["remove-group", "--store", &url, "--group", "gone", "--json"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("remove-group")
+    };
+    let (mut procs, _rx, _) = two_active_runs(&url, "gone");
+    let refused = remove();
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("m0") && stderr.contains("live"), "{stderr}");
+    for p in &mut procs.0 {
+        signal(p, "-TERM");
+        let _ = p.wait();
+    }
+    let out = remove();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let removed: Vec<&str> = v["removed"]
+        .as_array()
+        .expect("removed")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(removed.contains(&"hc:{gone}:view:current"), "{v}");
+    let status = headcount()
+        .args(["status", "--store", &url, "--group", "gone", "--json"])
+        .output()
+        .expect("status");
+    let s: Value = serde_json::from_slice(&status.stdout).expect("status JSON");
+    assert!(
+        s["view"].is_null() && s["members"].as_array().is_some_and(Vec::is_empty),
+        "{s}"
+    );
+}

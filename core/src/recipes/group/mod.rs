@@ -60,13 +60,14 @@
 //! `table` (the slot [`Table`] as read), `view` (a view as members hold it, [`Assignment`] and
 //! [`Change`]), `grants` (the member's shared state and [`Grant`]), `member` ([`Group::join`] and
 //! the [`Member`] handle), `runner/` (the heartbeat task, a state machine: see its front page)
-//! and `status` (what `headcount status` shows).
+//! `status` (what `headcount status` shows) and `remove` ([`remove`], a stopped group's keys).
 
 mod config;
 mod grants;
 mod keys;
 mod member;
 mod records;
+mod remove;
 mod runner;
 mod status;
 mod table;
@@ -82,6 +83,7 @@ pub use config::GroupConfig;
 pub use grants::Grant;
 pub use member::{Group, Member};
 pub use records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
+pub use remove::{remove, Removed};
 pub use status::{status, GroupStatus};
 pub use table::Table;
 pub use view::{Assignment, Change, GroupPhase, ViewState};
