@@ -30,9 +30,19 @@ use crate::decorated::{Decorated, Hooks};
 use crate::error::{Error, Result};
 use crate::{DynStore, Op};
 
+mod etcd;
 mod redis;
+mod sql;
 
+pub use self::etcd::{EtcdModel, EtcdSnapshot};
 pub use self::redis::{ModelFaults, ModelSnapshot, RedisModel};
+pub use self::sql::SqlModel;
+
+/// Locks a model's state. Every call leaves the state consistent before it can panic, so a
+/// poisoned lock still guards valid state.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A clock on Tokio's time (so a runtime with paused time drives it) whose wall clock can be
 /// stepped. Clones share the wall-clock step.
@@ -131,7 +141,7 @@ impl Faults {
     }
 
     fn lock_rates(&self) -> MutexGuard<'_, FaultRates> {
-        self.rates.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.rates)
     }
 
     /// Replaces the fault rates.
@@ -165,7 +175,7 @@ impl Faults {
     /// delayed.
     fn roll(&self, fail: impl Fn(&FaultRates) -> f64) -> (bool, Option<Duration>) {
         let rates = *self.lock_rates();
-        let mut rng = self.rng.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut rng = lock(&self.rng);
         let mut chance = |p: f64| p > 0.0 && rng.random_bool(p.min(1.0));
         let failed = chance(fail(&rates));
         let delayed = chance(rates.delay) && !rates.max_delay.is_zero();
