@@ -11,10 +11,17 @@
 //! with [`SimClock::step_wall`], and pauses a member with [`Faults::pause`].
 //!
 //! The in-memory store answers a directory's version with a digest of its contents, which no
-//! fault can make miss a change. [`RedisModel`] answers the way the Redis backend does (a key
-//! index that listings read, per-directory versions that writes bump, expiries noticed by
-//! sweeps) and can lose its index or drop a version change, so the simulation also runs the
-//! group on what Redis can get wrong.
+//! fault can make miss a change. The models answer the way a backend does, so the simulation
+//! also runs the group on what each backend's change detection can get wrong:
+//!
+//! * [`RedisModel`]: a key index that listings read, per-directory versions that writes bump,
+//!   expiries noticed by sweeps; it can lose its index or drop a version change;
+//! * [`EtcdModel`]: a store revision and per-key mod revisions, versions of count and newest
+//!   revision, one client per process watching the responses' revisions
+//!   ([`RevisionWatch`](crate::backend::RevisionWatch)); it can be restored from a snapshot
+//!   with its revision (handing the lost revisions out again) or past it (`--bump-revision`),
+//!   and checks that no client answers a version for other contents than before;
+//! * [`SqlModel`]: the SQL backends' digests, one directory per call.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
