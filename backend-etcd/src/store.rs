@@ -13,7 +13,9 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KvClient, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse,
 };
-use headcount_core::backend::{self, direct_entries, parse_counter};
+use headcount_core::backend::{
+    self, direct_entries, parse_counter, revision_version, RevisionWatch,
+};
 use headcount_core::store::RenewedListing;
 use headcount_core::{Capabilities, Durability, Error, Op, Result};
 
@@ -40,6 +42,9 @@ struct Inner {
     owned: Owned,
     config: EtcdConfig,
     counters: Counters,
+    /// The highest revision a response carried, and how often one went back (a restore that
+    /// reused revisions): the generation every directory version carries.
+    revisions: RevisionWatch,
     /// Built over an application's client, whose endpoints this store does not know.
     over_client: bool,
 }
@@ -115,6 +120,7 @@ impl EtcdStore {
                 owned: Owned::default(),
                 config,
                 counters: Counters::default(),
+                revisions: RevisionWatch::new(),
                 over_client,
             }),
         }
@@ -137,6 +143,23 @@ impl EtcdStore {
             self.inner.config.deadline(),
             self.inner.config.password(),
         )
+    }
+
+    /// Sends a key-value request (again while it was never sent, [`retry_unsent`]) and notes
+    /// the revision its response carries: one below what this handle saw before sending it means
+    /// the store went back in time, and starts a new generation of versions ([`RevisionWatch`]).
+    async fn send<R, F, Fut>(&self, mut call: F) -> std::result::Result<R, etcd_client::Error>
+    where
+        R: Headed,
+        F: FnMut(KvClient) -> Fut,
+        Fut: Future<Output = std::result::Result<R, etcd_client::Error>>,
+    {
+        let sent = self.inner.revisions.send();
+        let resp = retry_unsent(|| call(self.inner.kv.clone())).await?;
+        if let Some(revision) = resp.revision() {
+            self.inner.revisions.receive(sent, revision);
+        }
+        Ok(resp)
     }
 
     /// Runs `work` within the deadline.
@@ -162,12 +185,12 @@ impl EtcdStore {
             }
             .map_err(|e| self.classify(e, op))?;
             let txn = build(lease);
-            match retry_unsent(|| {
-                let mut kv = self.inner.kv.clone();
-                let txn = txn.clone();
-                async move { kv.txn(txn).await }
-            })
-            .await
+            match self
+                .send(|mut kv| {
+                    let txn = txn.clone();
+                    async move { kv.txn(txn).await }
+                })
+                .await
             {
                 Ok(r) => return Ok(r),
                 Err(e) if !fresh && ttl.is_some() && errors::is_lease_not_found(&e) => {
@@ -180,7 +203,7 @@ impl EtcdStore {
     }
 }
 
-/// A range that answers a directory's [version](dir_version) in constant bytes: the number of
+/// A range that answers a directory's [version](range_version) in constant bytes: the number of
 /// keys under `dir` and the newest of them by revision (keys only, one of them).
 fn version_range(dir: &str) -> TxnOp {
     TxnOp::get(
@@ -195,28 +218,52 @@ fn version_range(dir: &str) -> TxnOp {
     )
 }
 
-/// A directory's version: the cluster, the number of keys under it and the newest
-/// `mod_revision` among them. etcd revisions only grow, so a later state with the same count and
-/// newest revision holds the same keys at the same revisions (every key at or below that revision
-/// was there, unchanged, before; the counts match, so there are no others): the same keys and
-/// values. Keys deeper than the directory count too, which only makes the version change more
-/// often than the contract requires. A snapshot restore that reuses revisions would break this;
-/// etcd's own guidance for restores that clients watch is `etcdutl snapshot restore
-/// --bump-revision --mark-compacted`, which keeps them growing.
-fn dir_version(cluster: u64, count: i64, newest: i64) -> String {
-    format!("{cluster:x}.{count}.{newest}")
-}
-
-/// The count and newest revision of a range answer, as [`dir_version`] takes them.
-fn range_version(cluster: u64, range: &etcd_client::GetResponse) -> String {
+/// A directory's version ([`revision_version`]): the cluster, this handle's generation, the
+/// number of keys under the directory and the newest `mod_revision` among them. etcd revisions
+/// only grow, so a later state with the same count and newest revision holds the same keys at the
+/// same revisions (every key at or below that revision was there, unchanged, before; the counts
+/// match, so there are no others): the same keys and values. Keys deeper than the directory count
+/// too, which only makes the version change more often than the contract requires.
+///
+/// A snapshot restore that does not move the revision on (`etcdutl snapshot restore` without
+/// `--bump-revision`, or a copy of an older data directory) hands the lost revisions out again,
+/// to other writes, and would repeat versions for other contents. Every response carries the
+/// store's revision: the first one this handle sees below what it saw before starts a new
+/// generation ([`RevisionWatch`]), so every version it answered before differs from every one it
+/// answers after. A restored store that reaches the revision this handle last saw before this
+/// handle's next response is not noticed (see the crate docs, "Snapshot restores"); etcd's own
+/// guidance, `etcdutl snapshot restore --bump-revision --mark-compacted`, keeps revisions growing
+/// and needs nothing of this.
+fn range_version(cluster: u64, generation: u64, range: &etcd_client::GetResponse) -> String {
     let newest = range
         .kvs()
         .iter()
         .map(etcd_client::KeyValue::mod_revision)
         .max()
         .unwrap_or(0);
-    dir_version(cluster, range.count(), newest)
+    revision_version(cluster, generation, range.count(), newest)
 }
+
+/// A response whose header carries the store's revision when it was answered.
+trait Headed {
+    fn revision(&self) -> Option<i64>;
+}
+
+macro_rules! headed {
+    ($($t:ty),*) => {$(
+        impl Headed for $t {
+            fn revision(&self) -> Option<i64> {
+                self.header().map(etcd_client::ResponseHeader::revision)
+            }
+        }
+    )*};
+}
+
+headed!(
+    etcd_client::TxnResponse,
+    etcd_client::GetResponse,
+    etcd_client::DeleteResponse
+);
 
 impl EtcdStore {
     /// Forgets `key`'s own lease and closes its keep-alive stream; the lease expires by itself.
@@ -255,8 +302,7 @@ impl EtcdStore {
                 .when([holds.clone(), Compare::lease(key, CompareOp::Equal, lease)])
                 .and_then(reads.clone())
                 .or_else(otherwise);
-            let run = retry_unsent(|| {
-                let mut kv = self.inner.kv.clone();
+            let run = self.send(|mut kv| {
                 let txn = txn.clone();
                 async move { kv.txn(txn).await }
             });
@@ -336,12 +382,12 @@ impl EtcdStore {
                 .when([Compare::value(key, CompareOp::Equal, holder)])
                 .and_then(then)
                 .or_else(reads.clone());
-            let answer = retry_unsent(|| {
-                let mut kv = self.inner.kv.clone();
-                let txn = txn.clone();
-                async move { kv.txn(txn).await }
-            })
-            .await;
+            let answer = self
+                .send(|mut kv| {
+                    let txn = txn.clone();
+                    async move { kv.txn(txn).await }
+                })
+                .await;
             let resp = match answer {
                 Ok(resp) => resp,
                 // Our lease is gone (it expired while this member was paused, or the cluster
@@ -439,13 +485,13 @@ impl EtcdStore {
                             Some(PutOptions::new().with_ignore_lease()),
                         )]))
                         .or_else(with_also(vec![TxnOp::get(key, None)]));
-                    let resp = retry_unsent(|| {
-                        let mut kv = self.inner.kv.clone();
-                        let txn = txn.clone();
-                        async move { kv.txn(txn).await }
-                    })
-                    .await
-                    .map_err(|e| self.classify(e, op))?;
+                    let resp = self
+                        .send(|mut kv| {
+                            let txn = txn.clone();
+                            async move { kv.txn(txn).await }
+                        })
+                        .await
+                        .map_err(|e| self.classify(e, op))?;
                     if resp.succeeded() {
                         *seen = resp.header().map(|h| (next, h.revision()));
                         return Ok((next, read_also(&resp, 0)?));
@@ -494,12 +540,10 @@ impl EtcdStore {
                         if read {
                             return Ok(false);
                         }
-                        let resp = retry_unsent(|| {
-                            let mut kv = self.inner.kv.clone();
-                            async move { kv.get(key, None).await }
-                        })
-                        .await
-                        .map_err(|e| self.classify(e, OP))?;
+                        let resp = self
+                            .send(|mut kv| async move { kv.get(key, None).await })
+                            .await
+                            .map_err(|e| self.classify(e, OP))?;
                         known = resp
                             .kvs()
                             .first()
@@ -619,12 +663,10 @@ impl backend::Backend for EtcdStore {
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
         self.deadline(Op::Get, async {
-            let resp = retry_unsent(|| {
-                let mut kv = self.inner.kv.clone();
-                async move { kv.get(key, None).await }
-            })
-            .await
-            .map_err(|e| self.classify(e, Op::Get))?;
+            let resp = self
+                .send(|mut kv| async move { kv.get(key, None).await })
+                .await
+                .map_err(|e| self.classify(e, Op::Get))?;
             resp.kvs()
                 .first()
                 .map(|kv| utf8(key, kv.value().to_vec()))
@@ -681,12 +723,10 @@ impl backend::Backend for EtcdStore {
 
     async fn delete(&self, key: &str) -> Result<bool> {
         self.deadline(Op::Delete, async {
-            let resp = retry_unsent(|| {
-                let mut kv = self.inner.kv.clone();
-                async move { kv.delete(key, None).await }
-            })
-            .await
-            .map_err(|e| self.classify(e, Op::Delete))?;
+            let resp = self
+                .send(|mut kv| async move { kv.delete(key, None).await })
+                .await
+                .map_err(|e| self.classify(e, Op::Delete))?;
             Ok(resp.deleted() > 0)
         })
         .await
@@ -712,12 +752,12 @@ impl backend::Backend for EtcdStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         self.deadline(Op::List, async {
-            let resp = retry_unsent(|| {
-                let mut kv = self.inner.kv.clone();
-                async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
-            })
-            .await
-            .map_err(|e| self.classify(e, Op::List))?;
+            let resp = self
+                .send(|mut kv| async move {
+                    kv.get(prefix, Some(GetOptions::new().with_prefix())).await
+                })
+                .await
+                .map_err(|e| self.classify(e, Op::List))?;
             pairs(prefix, resp.kvs())
         })
         .await
@@ -777,7 +817,11 @@ impl backend::Backend for EtcdStore {
             let version = answers
                 .into_iter()
                 .find_map(|r| match r {
-                    TxnOpResponse::Get(g) => Some(range_version(cluster, &g)),
+                    TxnOpResponse::Get(g) => Some(range_version(
+                        cluster,
+                        self.inner.revisions.generation(),
+                        &g,
+                    )),
                     _ => None,
                 })
                 .ok_or_else(|| {
@@ -790,14 +834,14 @@ impl backend::Backend for EtcdStore {
             if since == Some(version.as_str()) {
                 return Ok(RenewedListing::new(renewed, version, None));
             }
-            let resp = retry_unsent(|| {
-                let mut kv = self.inner.kv.clone();
-                async move { kv.get(dir, Some(GetOptions::new().with_prefix())).await }
-            })
-            .await
-            .map_err(|e| self.classify(e, Op::RenewAndListIfChanged))?;
+            let resp =
+                self.send(|mut kv| async move {
+                    kv.get(dir, Some(GetOptions::new().with_prefix())).await
+                })
+                .await
+                .map_err(|e| self.classify(e, Op::RenewAndListIfChanged))?;
             let cluster = resp.header().map_or(cluster, |h| h.cluster_id());
-            let version = range_version(cluster, &resp);
+            let version = range_version(cluster, self.inner.revisions.generation(), &resp);
             let entries = direct_entries(dir, pairs(dir, resp.kvs())?);
             let listing = (since != Some(version.as_str())).then_some(entries);
             Ok(RenewedListing::new(renewed, version, listing))

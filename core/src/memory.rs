@@ -232,7 +232,7 @@ impl Data {
         Ok(next)
     }
 
-    fn list(&mut self, prefix: &str, now: SystemTime) -> Vec<(String, String)> {
+    pub(crate) fn list(&mut self, prefix: &str, now: SystemTime) -> Vec<(String, String)> {
         self.map
             .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))

@@ -1,7 +1,8 @@
 //! For implementors of a store: the [`Backend`] trait and the helpers backends share (argument
 //! checks, TTLs in milliseconds, counters, directory listings here; operation deadlines in
 //! [`Deadline`]; URL parsing, credentials and redacted secrets in [`url`]; asking a server that
-//! failed to connect what protocol it speaks in [`probe`]).
+//! failed to connect what protocol it speaks in [`probe`]; versions built from a store-wide
+//! revision, and noticing a store that went back in time, in [`RevisionWatch`]).
 //! Users of headcount never need this module; they call [`Store`], which every `Backend` is.
 //!
 //! A backend implements [`Backend`]: the primitives of the [`Store`] contract, with the same
@@ -66,9 +67,11 @@
 
 mod deadline;
 pub mod probe;
+mod revisions;
 pub mod url;
 
 pub use deadline::Deadline;
+pub use revisions::{revision_version, RevisionWatch, Sent};
 
 use std::fmt::Debug;
 use std::time::Duration;

@@ -11,10 +11,17 @@
 //! with [`SimClock::step_wall`], and pauses a member with [`Faults::pause`].
 //!
 //! The in-memory store answers a directory's version with a digest of its contents, which no
-//! fault can make miss a change. [`RedisModel`] answers the way the Redis backend does (a key
-//! index that listings read, per-directory versions that writes bump, expiries noticed by
-//! sweeps) and can lose its index or drop a version change, so the simulation also runs the
-//! group on what Redis can get wrong.
+//! fault can make miss a change. The models answer the way a backend does, so the simulation
+//! also runs the group on what each backend's change detection can get wrong:
+//!
+//! * [`RedisModel`]: a key index that listings read, per-directory versions that writes bump,
+//!   expiries noticed by sweeps; it can lose its index or drop a version change;
+//! * [`EtcdModel`]: a store revision and per-key mod revisions, versions of count and newest
+//!   revision, one client per process watching the responses' revisions
+//!   ([`RevisionWatch`](crate::backend::RevisionWatch)); it can be restored from a snapshot
+//!   with its revision (handing the lost revisions out again) or past it (`--bump-revision`),
+//!   and checks that no client answers a version for other contents than before;
+//! * [`SqlModel`]: the SQL backends' digests, one directory per call.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -30,9 +37,19 @@ use crate::decorated::{Decorated, Hooks};
 use crate::error::{Error, Result};
 use crate::{DynStore, Op};
 
+mod etcd;
 mod redis;
+mod sql;
 
+pub use self::etcd::{EtcdModel, EtcdSnapshot};
 pub use self::redis::{ModelFaults, ModelSnapshot, RedisModel};
+pub use self::sql::SqlModel;
+
+/// Locks a model's state. Every call leaves the state consistent before it can panic, so a
+/// poisoned lock still guards valid state.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A clock on Tokio's time (so a runtime with paused time drives it) whose wall clock can be
 /// stepped. Clones share the wall-clock step.
@@ -131,7 +148,7 @@ impl Faults {
     }
 
     fn lock_rates(&self) -> MutexGuard<'_, FaultRates> {
-        self.rates.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.rates)
     }
 
     /// Replaces the fault rates.
@@ -165,7 +182,7 @@ impl Faults {
     /// delayed.
     fn roll(&self, fail: impl Fn(&FaultRates) -> f64) -> (bool, Option<Duration>) {
         let rates = *self.lock_rates();
-        let mut rng = self.rng.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut rng = lock(&self.rng);
         let mut chance = |p: f64| p > 0.0 && rng.random_bool(p.min(1.0));
         let failed = chance(fail(&rates));
         let delayed = chance(rates.delay) && !rates.max_delay.is_zero();

@@ -25,7 +25,7 @@
 mod script;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -33,6 +33,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use self::script::Script;
+use super::lock;
 use crate::backend::{self, direct_entries, parse_counter};
 use crate::error::Result;
 use crate::memory::{expiry, MemoryStore, Snapshot};
@@ -98,11 +99,6 @@ pub struct RedisModel {
 pub struct ModelSnapshot {
     data: Snapshot,
     meta: Meta,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every call leaves the state consistent before it can panic.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl RedisModel {

@@ -1,0 +1,114 @@
+//! [`SqlModel`]: the in-memory store answering as the SQL backends do.
+//!
+//! A SQL backend's directory version is a digest of the directory's entries, computed with the
+//! listing it stands for: SQLite's is the provided `renew_and_list_if_changed` (one transaction
+//! that renews and lists, then [`listing_digest`](crate::backend::listing_digest)), PostgreSQL's
+//! a SHA-256 the server computes in the statement that renews and lists. Like the in-memory
+//! store's, such a version has no counter, index or clock of its own, so nothing but the data
+//! can make it miss a change, and a rollback of the data (which the simulation does to every
+//! model) is all there is to it. What differs is what the group sees of it: neither SQL backend
+//! answers several directories' versions in one call (no native
+//! [`renew_and_versions`](crate::Store::renew_and_versions): one renewal and digest per
+//! directory), where the in-memory store does. The model is the in-memory store with the SQL
+//! backends' capabilities, so the group takes the path it takes on them.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::memory::MemoryStore;
+use crate::store::{Capabilities, Durability};
+
+const BACKEND: &str = "sql-model";
+
+/// A [`MemoryStore`] whose capabilities are the SQL backends': versions digested one directory
+/// at a time. Clones share the data, which the simulation rolls back through the memory store.
+#[derive(Debug, Clone)]
+pub struct SqlModel {
+    data: MemoryStore,
+}
+
+impl SqlModel {
+    /// A model over `data`.
+    pub fn new(data: MemoryStore) -> Self {
+        SqlModel { data }
+    }
+}
+
+#[async_trait]
+impl Backend for SqlModel {
+    /// SQLite's and PostgreSQL's, with the in-memory store's TTLs.
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Backend::capabilities(&self.data);
+        caps.backend = BACKEND;
+        caps.native_renew_and_versions = false;
+        caps.native_change_version = false;
+        caps
+    }
+
+    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
+        Backend::incr(&self.data, key, ttl).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<String>> {
+        Backend::get(&self.data, key).await
+    }
+
+    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
+        Backend::expire(&self.data, key, ttl).await
+    }
+
+    async fn compare_and_set(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        new: &str,
+        ttl: Option<Duration>,
+    ) -> Result<bool> {
+        Backend::compare_and_set(&self.data, key, expected, new, ttl).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool> {
+        Backend::delete(&self.data, key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
+        Backend::list(&self.data, prefix).await
+    }
+
+    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
+        Backend::set_max(&self.data, key, value, ttl).await
+    }
+
+    async fn incr_and_get(
+        &self,
+        incr_key: &str,
+        by: i64,
+        ttl: Option<Duration>,
+        get_key: &str,
+    ) -> Result<(i64, Option<String>)> {
+        Backend::incr_and_get(&self.data, incr_key, by, ttl, get_key).await
+    }
+
+    async fn renew_and_list(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        prefix: &str,
+    ) -> Result<(bool, Vec<(String, String)>)> {
+        Backend::renew_and_list(&self.data, key, holder, ttl, prefix).await
+    }
+
+    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
+        Backend::compare_and_delete(&self.data, key, expected).await
+    }
+
+    async fn durability(&self) -> Result<Durability> {
+        Ok(Durability::not_durable(
+            "the SQL model keeps its data in this process only",
+        ))
+    }
+}
