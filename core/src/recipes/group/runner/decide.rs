@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::super::records::{Holder, SettledRecord, ViewRecord, MAX_EPOCH};
 use super::super::table::Table;
-use super::{Claim, Discrepancy, Handoff, Settler, TableCache, SLOT_READS};
+use super::{Claim, Discrepancy, Handoff, Settler, TableCache, REREAD_AFTER, SLOT_READS};
 use crate::assign::AssignorKind;
 
 /// The part of a runner's state its scheduling decisions read, borrowed at one instant.
@@ -67,6 +67,29 @@ impl Facts<'_> {
                 .settler
                 .acks_read
                 .is_none_or(|t| self.now.saturating_sub(t) >= self.heartbeat)
+    }
+
+    /// Whether this heartbeat reads both directories whole, whatever their versions say: a
+    /// hand-off or a discrepancy has lasted [`REREAD_AFTER`] heartbeats, and no heartbeat read
+    /// them whole for as long. A version is only as good as the store that answers it: one
+    /// that missed a change (a Redis version bump lost with its write's reply, a key index
+    /// rolled back) answers the version the member holds for contents it no longer has, and the
+    /// member would wait for ever on a slot that left or a mark it cannot see. Only a member
+    /// that waits that long pays for it (two listings every [`REREAD_AFTER`] heartbeats), so the
+    /// steady state costs what it did.
+    pub(super) fn rereads_whole(&self) -> bool {
+        let waiting_since = match (self.handoff, self.discrepancy) {
+            (Some(h), Some(d)) => h.adopted_at.min(d.since),
+            (Some(h), None) => h.adopted_at,
+            (None, Some(d)) => d.since,
+            (None, None) => return false,
+        };
+        let long = self.heartbeat * REREAD_AFTER;
+        self.now.saturating_sub(waiting_since) >= long
+            && self
+                .cache
+                .whole_read
+                .is_none_or(|t| self.now.saturating_sub(t) >= long)
     }
 
     /// Whether this heartbeat reads the slot table (when its version changed) besides the

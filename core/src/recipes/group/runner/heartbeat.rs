@@ -68,6 +68,16 @@ impl Runner {
             return Ok(());
         }
         let sent = self.cfg.clock.monotonic();
+        if self.facts().rereads_whole() {
+            tracing::debug!(
+                group = self.cfg.keys.group(),
+                member = %self.cfg.member,
+                "waited long on a hand-off or a discrepancy: reading the table whole"
+            );
+            self.forget_seen();
+            self.cache.slots = None;
+            self.cache.whole_read = Some(sent);
+        }
         self.cache.beats += 1;
         self.cache.last_beat = Some(sent);
         let result = if self.cfg.change_checks {

@@ -58,6 +58,11 @@ const NUDGES_PER_BEAT: usize = 8;
 /// this many heartbeats, at a beat set by its slot, so in a large group the reads spread out.
 const SLOT_READS: u64 = 4;
 
+/// A member that has waited this many heartbeats on one hand-off or discrepancy reads both
+/// directories whole at its next heartbeat, and again every this many (see
+/// [`decide::Facts::rereads_whole`]).
+const REREAD_AFTER: u32 = 6;
+
 /// How many times a join tries to claim a slot before it reports contention.
 const CLAIM_ATTEMPTS: u32 = 32;
 
@@ -161,6 +166,9 @@ struct TableCache {
     beats: u64,
     /// When the last full heartbeat started (monotonic).
     last_beat: Option<Duration>,
+    /// When a heartbeat last read both directories whole because the member had waited long
+    /// (monotonic; see [`decide::Facts::rereads_whole`]).
+    whole_read: Option<Duration>,
     /// The view calls for a look at the slot table (it went back, or another view took this
     /// member's epoch) and the member's copy may be stale: read it at the next beat.
     need_slots: bool,

@@ -11,7 +11,9 @@ use super::{
 };
 use crate::assign::AssignorKind;
 use crate::recipes::group::records::{Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
-use crate::recipes::group::runner::{Claim, Discrepancy, Handoff, Settler, SlotsSeen, TableCache};
+use crate::recipes::group::runner::{
+    Claim, Discrepancy, Handoff, Settler, SlotsSeen, TableCache, REREAD_AFTER,
+};
 use crate::recipes::group::table::Table;
 
 const HB: Duration = Duration::from_millis(300);
@@ -215,6 +217,36 @@ fn a_hand_off_is_overdue_after_two_heartbeats_once_a_heartbeat() {
     );
     f.settler.acks_read = Some(f.now - HB);
     assert!(f.facts().settle_overdue());
+}
+
+#[test]
+fn a_long_wait_reads_the_table_whole_once_per_stretch() {
+    let long = HB * REREAD_AFTER;
+    let mut f = Fixture::steady(6, &[0, 6]);
+    assert!(!f.facts().rereads_whole(), "nothing to wait on");
+    f.handoff = Some(Handoff {
+        since: f.now - 2 * long,
+        adopted_at: f.now - long + ms(1),
+    });
+    assert!(!f.facts().rereads_whole(), "the pending view is recent");
+    f.handoff = Some(Handoff {
+        since: f.now - 2 * long,
+        adopted_at: f.now - long,
+    });
+    assert!(f.facts().rereads_whole());
+    f.cache.whole_read = Some(f.now - long + ms(1));
+    assert!(!f.facts().rereads_whole(), "read whole lately");
+    f.cache.whole_read = Some(f.now - long);
+    assert!(f.facts().rereads_whole());
+    // A discrepancy that lasts counts the same, from the earlier of the two.
+    f.handoff = None;
+    f.cache.whole_read = None;
+    f.discrepancy = Some(Discrepancy {
+        live: Vec::new(),
+        since: f.now - long,
+        fast: false,
+    });
+    assert!(f.facts().rereads_whole());
 }
 
 #[test]
