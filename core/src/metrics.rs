@@ -31,7 +31,8 @@ pub const GROUP_HEARTBEAT_DURATION: &str = "headcount_group_heartbeat_duration_s
 pub const GROUP_HEARTBEAT_FAILURES: &str = "headcount_group_heartbeat_failures_total";
 /// Counter of views this member activated, label `group`.
 pub const GROUP_VIEW_CHANGES: &str = "headcount_group_view_changes_total";
-/// Gauge of the epoch of the member's active view (the fencing token), label `group`.
+/// Gauge of the epoch of the member's active view (the token of its share grants; a key grant's
+/// token is this or older), label `group`.
 pub const GROUP_EPOCH: &str = "headcount_group_epoch";
 /// Gauge of the live members (slots) in the member's active view, label `group`.
 pub const GROUP_MEMBERS_LIVE: &str = "headcount_group_members_live";
@@ -114,7 +115,7 @@ pub fn describe() {
     describe_counter!(GROUP_VIEW_CHANGES, "Views a group member activated.");
     describe_gauge!(
         GROUP_EPOCH,
-        "Epoch of the member's active view: the fencing token of its grants."
+        "Epoch of the member's active view: the token of its share grants (a key grant's token is this or older)."
     );
     describe_gauge!(
         GROUP_MEMBERS_LIVE,
