@@ -55,12 +55,6 @@ pub struct MetricsArgs {
     pub metrics_addr: Option<String>,
 }
 
-/// The bucket bounds (seconds) of every histogram: all of headcount's are durations, from a
-/// local SQLite call to a hand-off that waits out a lease.
-pub const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-
 /// The log target of the "serving metrics" line, on by default so a user of port 0 learns the
 /// port.
 pub const METRICS_LOG_TARGET: &str = "headcount::metrics";
@@ -78,7 +72,7 @@ pub async fn serve_metrics(addr: &str) -> Result<SocketAddr, Error> {
     let handle = PrometheusBuilder::new()
         // Buckets make every histogram a Prometheus histogram (aggregatable across members)
         // instead of a per-process summary.
-        .set_buckets(LATENCY_BUCKETS)
+        .set_buckets(headcount::metrics::DURATION_BUCKETS)
         .map_err(|e| Error::config(format!("cannot set up the metrics buckets: {e}")))?
         .install_recorder()
         .map_err(|e| Error::config(format!("cannot install the metrics recorder: {e}")))?;
