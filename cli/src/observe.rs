@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use headcount::Error;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -71,8 +71,12 @@ pub async fn serve_metrics(addr: &str) -> Result<SocketAddr, Error> {
         .map_err(|e| Error::config(format!("cannot serve metrics on {addr}: {e}")))?;
     let handle = PrometheusBuilder::new()
         // Buckets make every histogram a Prometheus histogram (aggregatable across members)
-        // instead of a per-process summary.
-        .set_buckets(headcount::metrics::DURATION_BUCKETS)
+        // instead of a per-process summary. The same call docs/observability.md gives
+        // applications.
+        .set_buckets_for_metric(
+            Matcher::Prefix(headcount::metrics::NAME_PREFIX.to_owned()),
+            headcount::metrics::DURATION_BUCKETS,
+        )
         .map_err(|e| Error::config(format!("cannot set up the metrics buckets: {e}")))?
         .install_recorder()
         .map_err(|e| Error::config(format!("cannot install the metrics recorder: {e}")))?;
