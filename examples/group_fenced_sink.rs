@@ -1,7 +1,8 @@
 //! Group membership with a fenced PostgreSQL sink: each instance joins the group `orders`,
 //! processes the orders it owns, and writes each result behind a fence in the same statement,
 //! so an instance that lost an order without knowing it (paused past its lease) cannot
-//! overwrite the new owner's result: its token (the epoch of its view) is older.
+//! overwrite the new owner's result: its token (the first epoch of its unbroken ownership of the
+//! order) is older than the new owner's.
 //!
 //! The store and the sink share the application's own connection pool (`from_pool`). Needs a
 //! PostgreSQL server; run it in two or three terminals and stop one:

@@ -19,7 +19,9 @@ const FENCE_LUA: &str = include_str!("scripts/fence.lua");
 /// A fencing guard for a Redis sink: a set-if-greater-or-equal script over a fence key, which can
 /// write the guarded data in the same atomic step.
 ///
-/// Every grant headcount hands out carries a fencing token (its epoch, a `u64`). The fence key
+/// Every grant headcount hands out carries a fencing token, a `u64` (`Grant::token`: for a key,
+/// the first epoch of the member's unbroken ownership of it; for a whole share, the epoch of its
+/// view). The fence key
 /// holds the highest token admitted for one resource, as decimal text (`redis-cli GET` shows it).
 /// A write whose token is at least that is admitted (equal tokens: the same owner writes again)
 /// and the token recorded; an older one is refused, however late it arrives. Fence keys never
@@ -42,7 +44,7 @@ const FENCE_LUA: &str = include_str!("scripts/fence.lua");
 ///     .await
 ///     .map_err(|e| headcount_core::Error::config(e.to_string()))?;
 /// let fence = RedisFence::new();
-/// // The grant's fencing token (its epoch) guards the write of customer 42's report.
+/// // The grant's fencing token (grant.token()) guards the write of customer 42's report.
 /// let written = fence
 ///     .fenced_set(&mut conn, "fence:{customer:42}", token, "report:{customer:42}", "...", None)
 ///     .await?;

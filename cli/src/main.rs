@@ -82,8 +82,9 @@ enum Command {
     Exec(exec::ExecArgs),
     /// Show a group's members, leases, published view and key ownership
     ///
-    /// Show a group's members, leases, published view and ownership of a sample of keys. It
-    /// only reads: a store that does not exist yet (a missing SQLite file) is an error.
+    /// Show a group's members, leases, published view, ownership of a sample of keys and, with
+    /// `--key`, the owner of each key named. It only reads: a store that does not exist yet (a
+    /// missing SQLite file) is an error.
     Status(status::StatusArgs),
     /// Delete a stopped group's keys (its view, settled mark and acknowledgements)
     ///

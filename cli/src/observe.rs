@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use headcount::Error;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -55,12 +55,6 @@ pub struct MetricsArgs {
     pub metrics_addr: Option<String>,
 }
 
-/// The bucket bounds (seconds) of every histogram: all of headcount's are durations, from a
-/// local SQLite call to a hand-off that waits out a lease.
-pub const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-
 /// The log target of the "serving metrics" line, on by default so a user of port 0 learns the
 /// port.
 pub const METRICS_LOG_TARGET: &str = "headcount::metrics";
@@ -77,8 +71,12 @@ pub async fn serve_metrics(addr: &str) -> Result<SocketAddr, Error> {
         .map_err(|e| Error::config(format!("cannot serve metrics on {addr}: {e}")))?;
     let handle = PrometheusBuilder::new()
         // Buckets make every histogram a Prometheus histogram (aggregatable across members)
-        // instead of a per-process summary.
-        .set_buckets(LATENCY_BUCKETS)
+        // instead of a per-process summary. The same call docs/observability.md gives
+        // applications.
+        .set_buckets_for_metric(
+            Matcher::Prefix(headcount::metrics::NAME_PREFIX.to_owned()),
+            headcount::metrics::DURATION_BUCKETS,
+        )
         .map_err(|e| Error::config(format!("cannot set up the metrics buckets: {e}")))?
         .install_recorder()
         .map_err(|e| Error::config(format!("cannot install the metrics recorder: {e}")))?;

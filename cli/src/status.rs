@@ -1,9 +1,10 @@
-//! `headcount status`: a group's slots, leases, view and the ownership of a sample of keys.
+//! `headcount status`: a group's slots, leases, view, the ownership of a sample of keys and the
+//! owners of the keys asked for with `--key`.
 
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use headcount::recipes::group::{remove, status as group_status, GroupStatus};
+use headcount::recipes::group::{remove, status as group_status, GroupStatus, KeyOwner};
 use headcount::{DynStore, Error, DEFAULT_PREFIX};
 
 use crate::exit::{emit, CliError};
@@ -28,6 +29,11 @@ pub struct StatusArgs {
     /// The assignor the group's members use, for views that do not name theirs.
     #[arg(long, value_enum, default_value = "jumpback")]
     pub assignor: AssignorArg,
+    /// Print this key's owner under the published view (slot, index, member and the view's
+    /// epoch); repeat the flag or separate keys with commas. The key is hashed as the members'
+    /// `owns(key)` hashes it.
+    #[arg(long = "key", value_name = "NAME", value_delimiter = ',')]
+    pub keys: Vec<String>,
 }
 
 /// The arguments of `remove-group`.
@@ -172,7 +178,7 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
     serde_json::json!({
         "group": args.group,
         "at": rfc3339(now),
-        "assignor": args.assignor.0.name(),
+        "assignor": s.assignor.name(),
         "members": members,
         "foreign": foreign,
         "view": view,
@@ -182,7 +188,62 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
         "sample": args.sample,
         "sample_owned": s.sample_owned.iter().map(|&(slot, n)| serde_json::json!({"slot": slot, "keys": n})).collect::<Vec<_>>(),
         "unlisted": s.unlisted,
+        "keys": args.keys.iter().map(|k| key_json(k, s)).collect::<Vec<_>>(),
     })
+}
+
+/// The owner of `key` under the published view, or the error that kept it from being mapped.
+fn key_owner(s: &GroupStatus, key: &str) -> Result<Option<KeyOwner>, String> {
+    s.key_owner(key).map_err(|e| e.to_string())
+}
+
+fn key_json(key: &str, s: &GroupStatus) -> serde_json::Value {
+    match key_owner(s, key) {
+        Ok(Some(o)) => serde_json::json!({
+            "key": key,
+            "slot": o.slot,
+            "index": o.index,
+            "replicas": o.replicas,
+            "member": o.member,
+            "view_epoch": o.view_epoch,
+        }),
+        Ok(None) => serde_json::json!({"key": key, "slot": null, "member": null}),
+        Err(e) => serde_json::json!({"key": key, "slot": null, "member": null, "error": e}),
+    }
+}
+
+fn print_keys(args: &StatusArgs, s: &GroupStatus) -> Result<(), CliError> {
+    if args.keys.is_empty() {
+        return Ok(());
+    }
+    emit("")?;
+    let width = args.keys.iter().map(String::len).max().unwrap_or(3).max(3);
+    emit!(
+        "{:<width$}  {:>4}  {:>7}  {:<16}  {:>10}",
+        "key",
+        "slot",
+        "index",
+        "member",
+        "view epoch"
+    )?;
+    for key in &args.keys {
+        match key_owner(s, key) {
+            Ok(Some(o)) => emit!(
+                "{:<width$}  {:>4}  {:>7}  {:<16}  {:>10}",
+                key,
+                o.slot,
+                format!("{}/{}", o.index, o.replicas),
+                o.member.as_deref().unwrap_or("- (slot gone)"),
+                o.view_epoch
+            )?,
+            Ok(None) => emit!("{key:<width$}  no owner: no view with live slots is published")?,
+            Err(e) => emit!("{key:<width$}  cannot map: {e}")?,
+        }
+    }
+    emit!(
+        "view epoch: a grant of the key under this view carries a token of at most this epoch \
+         (the epoch since which its owner has held the key without a break, which only the owner knows)"
+    )
 }
 
 fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<(), CliError> {
@@ -263,6 +324,7 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
     emit!(
         "owns: of {} sample keys under the published view ({} assignor)",
         args.sample,
-        args.assignor.0.name()
-    )
+        s.assignor.name()
+    )?;
+    print_keys(args, s)
 }

@@ -180,6 +180,21 @@ fn two_active_runs(url: &str, group: &str) -> (Reap, Lines, Vec<Option<Value>>) 
     (procs, rx, latest)
 }
 
+/// `headcount status --json` of `group` with `extra` arguments: its one JSON object.
+fn status_json(url: &str, group: &str, extra: &[&str]) -> Value {
+    let out = headcount()
+        .args(["status", "--store", url, "--group", group, "--json"])
+        .args(extra)
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
 fn check_line(v: &Value) {
     for key in [
         "group", "member", "mode", "slot", "index", "replicas", "epoch", "live", "phase", "at",
@@ -228,17 +243,7 @@ fn two_runs_hand_over(url: &str, group: &str) {
     let epoch = active(&latest[1]).unwrap().2;
 
     // status --json names both members and a view that matches them.
-    let out = headcount()
-        .args(["status", "--store", &url, "--group", group, "--json"])
-        .args(["--sample", "1000"])
-        .output()
-        .expect("status");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let s: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let s = status_json(&url, group, &["--sample", "1000"]);
     let mut members: Vec<&str> = s["members"]
         .as_array()
         .unwrap()
@@ -273,6 +278,65 @@ fn two_runs_hand_over(url: &str, group: &str) {
                 && active(&l[1]).is_some_and(|(i, r, e)| i == 1 && r == 1 && e > epoch)
         },
     );
+}
+
+/// `status --key` (repeated and comma-separated) names each key's owner under the published
+/// view, in JSON and in the table, with the index its owner's own `run` reports.
+#[test]
+fn status_names_each_keys_owner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = store_url(dir.path());
+    let (_procs, _rx, latest) = two_active_runs(&url, "keyed");
+    // The index each member's own run reports, by member id.
+    let index_of = |member: &str| {
+        latest
+            .iter()
+            .flatten()
+            .find(|v| v["member"] == member)
+            .and_then(|v| v["index"].as_u64())
+    };
+    let keys: Vec<String> = (0..16).map(|k| format!("order-{k}")).collect();
+    let (first, rest) = (keys[..8].join(","), keys[8..].join(","));
+    let s = status_json(&url, "keyed", &["--key", &first, "--key", &rest]);
+    let listed = s["keys"].as_array().expect("a keys array");
+    assert_eq!(listed.len(), keys.len(), "{s}");
+    let mut owners = std::collections::BTreeSet::new();
+    for (k, o) in keys.iter().zip(listed) {
+        assert_eq!(o["key"], k.as_str(), "{s}");
+        let member = o["member"].as_str().expect("a member");
+        assert_eq!(o["index"].as_u64(), index_of(member), "{o} vs {latest:?}");
+        assert_eq!(o["replicas"], 2, "{o}");
+        assert_eq!(o["view_epoch"], s["view"]["epoch"], "{s}");
+        let slot = s["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["member"] == member)
+            .map(|m| m["slot"].clone());
+        assert_eq!(Some(o["slot"].clone()), slot, "{s}");
+        owners.insert(member.to_owned());
+    }
+    assert_eq!(owners.len(), 2, "16 keys all on one member: {s}");
+
+    // The table: one line per key, naming the same member.
+    let out = headcount()
+        .args(["status", "--store", &url, "--group", "keyed"])
+        .args(["--key", "order-0", "--key", "order-1"])
+        .output()
+        .expect("status");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for (k, o) in keys.iter().zip(listed).take(2) {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(k.as_str()))
+            .unwrap_or_else(|| panic!("no line for {k}: {text}"));
+        assert!(
+            line.contains(o["member"].as_str().unwrap()),
+            "{line} vs {o}"
+        );
+    }
+    assert!(text.contains("view epoch"), "{text}");
 }
 
 #[test]

@@ -2,8 +2,14 @@
 //! carrying an older one, so a member that lost its grant without knowing it (paused past its
 //! lease, cut off from the store) cannot overwrite the work of the member that took over.
 //!
-//! Every [`Grant`](crate::recipes::group::Grant) carries its epoch as the token. A token equal to
-//! the newest is admitted (the same owner writes several times); an older one is refused.
+//! Every [`Grant`](crate::recipes::group::Grant) carries a token ([`Grant::token`]): for a key,
+//! the first epoch of the member's unbroken ownership of it (it stays the same across view
+//! changes that leave the key where it is, and a key that moved gets a newer token than every
+//! earlier owner's); for the member's whole share, the epoch of the view it was taken under. A
+//! token equal to the newest is admitted (the same owner writes several times); an older one is
+//! refused.
+//!
+//! [`Grant::token`]: crate::recipes::group::Grant::token
 //!
 //! The same rule for shared sinks lives next to the backends: `headcount_sql`'s PostgreSQL fence
 //! (a check in the same statement as the write) and `headcount_redis`'s set-if-greater script.
@@ -16,8 +22,8 @@
 //! ```
 //! use headcount_core::fence::Fence;
 //! let fence = Fence::new();
-//! assert!(fence.admit("orders/42", 7));  // the owner under epoch 7 writes
-//! assert!(fence.admit("orders/42", 8));  // the new owner, epoch 8
+//! assert!(fence.admit("orders/42", 7));  // the owner since epoch 7 writes
+//! assert!(fence.admit("orders/42", 8));  // the key moved: the new owner's token is 8
 //! assert!(!fence.admit("orders/42", 7)); // the old owner wakes up: refused
 //! assert_eq!(fence.current("orders/42"), Some(8));
 //! ```

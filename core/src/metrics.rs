@@ -9,6 +9,31 @@
 //! Call [`describe`] once after installing a recorder so exporters that print help text (such as
 //! Prometheus') have it.
 //!
+//! **The `metrics` version.** headcount records through the `metrics` crate version 0.24. The
+//! recorder your application installs must be built on the same version (for Prometheus,
+//! `metrics-exporter-prometheus` 0.18, which the `headcount` command uses, is): a recorder built
+//! on another `metrics` version (0.23, 0.25) is installed in that version's own global slot, so
+//! headcount records nothing into it, and nothing says so. `cargo tree -i metrics` shows one
+//! version with headcount and your exporter under it; when it says the name is ambiguous, your
+//! build has two versions of `metrics`.
+//!
+//! **Histograms.** Every histogram headcount records is a duration in seconds. Exporters that
+//! need bucket bounds (Prometheus') export a histogram without them as a summary, which cannot be
+//! aggregated across members; give them [`DURATION_BUCKETS`] for the names starting with
+//! [`NAME_PREFIX`]:
+//!
+//! ```ignore
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//!
+//! let handle = PrometheusBuilder::new()
+//!     .set_buckets_for_metric(
+//!         Matcher::Prefix(headcount::metrics::NAME_PREFIX.to_string()),
+//!         headcount::metrics::DURATION_BUCKETS,
+//!     )?
+//!     .install_recorder()?;
+//! headcount::metrics::describe();
+//! ```
+//!
 //! The store metrics are recorded by [`Instrumented`](crate::instrumented::Instrumented), which
 //! `headcount::connect` wraps around every store. The group metrics are recorded through
 //! [`GroupMetrics`]; the fences, the majority IDs and the distributor record their own.
@@ -17,6 +42,18 @@ use std::time::Duration;
 
 use crate::error::{Error, ErrorKind};
 use crate::Op;
+
+/// The start of every metric name headcount records, for an exporter's per-name settings (for
+/// example `metrics_exporter_prometheus::Matcher::Prefix`).
+pub const NAME_PREFIX: &str = "headcount_";
+
+/// The bucket bounds, in seconds, for every histogram headcount records (all of them are
+/// durations, from a local SQLite call to a hand-off that waits out a lease): 0.5 ms to 30 s.
+/// The `headcount` command's Prometheus endpoint uses them; see the module docs for installing
+/// them in your application's exporter.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 /// Histogram (seconds) of every store operation, labels `backend`, `operation`.
 pub const STORE_OPERATION_DURATION: &str = "headcount_store_operation_duration_seconds";
@@ -31,7 +68,8 @@ pub const GROUP_HEARTBEAT_DURATION: &str = "headcount_group_heartbeat_duration_s
 pub const GROUP_HEARTBEAT_FAILURES: &str = "headcount_group_heartbeat_failures_total";
 /// Counter of views this member activated, label `group`.
 pub const GROUP_VIEW_CHANGES: &str = "headcount_group_view_changes_total";
-/// Gauge of the epoch of the member's active view (the fencing token), label `group`.
+/// Gauge of the epoch of the member's active view (the token of its share grants; a key grant's
+/// token is this or older), label `group`.
 pub const GROUP_EPOCH: &str = "headcount_group_epoch";
 /// Gauge of the live members (slots) in the member's active view, label `group`.
 pub const GROUP_MEMBERS_LIVE: &str = "headcount_group_members_live";
@@ -114,7 +152,7 @@ pub fn describe() {
     describe_counter!(GROUP_VIEW_CHANGES, "Views a group member activated.");
     describe_gauge!(
         GROUP_EPOCH,
-        "Epoch of the member's active view: the fencing token of its grants."
+        "Epoch of the member's active view: the token of its share grants (a key grant's token is this or older)."
     );
     describe_gauge!(
         GROUP_MEMBERS_LIVE,
@@ -253,7 +291,10 @@ impl GroupMetrics {
 mod tests {
     use std::time::Duration;
 
-    use super::{describe, record_fence_rejection, record_store_operation, GroupMetrics, ALL};
+    use super::{
+        describe, record_fence_rejection, record_store_operation, GroupMetrics, ALL,
+        DURATION_BUCKETS, NAME_PREFIX,
+    };
     use crate::error::{Error, ErrorKind};
     use crate::Op;
 
@@ -262,13 +303,19 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for name in ALL {
             assert!(seen.insert(*name), "{name} twice");
-            assert!(name.starts_with("headcount_"), "{name}");
+            assert!(name.starts_with(NAME_PREFIX), "{name}");
             assert!(
                 name.chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn duration_buckets_increase() {
+        assert!(!DURATION_BUCKETS.is_empty());
+        assert!(DURATION_BUCKETS.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]

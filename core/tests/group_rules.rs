@@ -863,3 +863,50 @@ async fn status_keeps_the_acknowledged_epoch_after_the_acknowledgements_expire()
     a.leave().await.expect("a leaves");
     b.leave().await.expect("b leaves");
 }
+
+/// `status`'s `key_owner` names, for each key, the member whose `owns` grants it: the owner
+/// read from the store alone agrees with the members' own view of who owns what.
+#[tokio::test]
+async fn status_names_the_member_that_grants_each_key() {
+    use headcount_core::recipes::group::status;
+
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let a = join_active(store.clone(), GroupConfig::new("g", TTL).with_member("a")).await;
+    let b = join_active(store.clone(), GroupConfig::new("g", TTL).with_member("b")).await;
+    let keys: Vec<String> = (0..32).map(|k| format!("order-{k}")).collect();
+    // Once b's arrival is settled, every key is granted by exactly one of them.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !keys
+        .iter()
+        .all(|k| a.would_grant(k).is_some() != b.would_grant(k).is_some())
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never settled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let s = status(
+        &store,
+        headcount_core::DEFAULT_PREFIX,
+        "g",
+        AssignorKind::JumpBackFailover,
+        0,
+    )
+    .await
+    .expect("status");
+    let mut by = std::collections::BTreeMap::new();
+    for k in &keys {
+        let owner = s.key_owner(k).expect("maps").expect("an owner");
+        let granter = if a.would_grant(k).is_some() { "a" } else { "b" };
+        assert_eq!(owner.member.as_deref(), Some(granter), "{k}: {owner:?}");
+        assert_eq!(owner.view_epoch, a.assignment().epoch, "{owner:?}");
+        // The token a grant would carry is never newer than the view's epoch.
+        let token = a
+            .would_grant(k)
+            .or_else(|| b.would_grant(k))
+            .expect("granted");
+        assert!(token <= owner.view_epoch, "{k}: token {token} > {owner:?}");
+        *by.entry(granter).or_insert(0) += 1;
+    }
+    assert_eq!(by.len(), 2, "32 keys all on one member: {by:?}");
+    a.leave().await.expect("leave");
+    b.leave().await.expect("leave");
+}

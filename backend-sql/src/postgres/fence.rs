@@ -15,7 +15,9 @@ const MAX_IDENTIFIER_LEN: usize = 63;
 /// bigint not null)` rows: the check of a grant's fencing token and the write it guards in one
 /// statement.
 ///
-/// Every grant headcount hands out carries a fencing token (its epoch, a `u64`). A sink that
+/// Every grant headcount hands out carries a fencing token, a `u64` (`Grant::token`: for a key,
+/// the first epoch of the member's unbroken ownership of it; for a whole share, the epoch of its
+/// view). A sink that
 /// accepts writes from whoever currently owns a resource keeps, per resource, the highest token it
 /// has admitted, admits a write whose token is at least that (equal tokens: the same owner writes
 /// again), records it, and refuses older ones. An owner that was paused past its lease and wakes
@@ -40,7 +42,7 @@ const MAX_IDENTIFIER_LEN: usize = 63;
 ///         client,
 ///         "INSERT INTO invoices (customer, total, token) SELECT $3, $4, token FROM hc_fence",
 ///         "customer:42",
-///         token, // the grant's fencing token (its epoch)
+///         token, // the grant's fencing token: grant.token()
 ///         &[&"customer:42", &1999_i64],
 ///     )
 ///     .await?;

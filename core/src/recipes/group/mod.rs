@@ -84,7 +84,7 @@ pub use grants::Grant;
 pub use member::{Group, Member};
 pub use records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
 pub use remove::{remove, Removed};
-pub use status::{status, GroupStatus};
+pub use status::{status, GroupStatus, KeyOwner};
 pub use table::Table;
 pub use view::{Assignment, Change, GroupPhase, ViewState};
 

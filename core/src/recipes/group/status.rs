@@ -32,6 +32,30 @@ pub struct GroupStatus {
     /// names; each comes back when its writer touches it (a slot at its holder's next
     /// heartbeat). Read with one `get` per missing key, so a healthy group costs nothing more.
     pub unlisted: Vec<String>,
+    /// The assignor that maps keys to the published view's slots: the one the view names, or
+    /// the one [`status`] was given for a view that names none.
+    pub assignor: AssignorKind,
+}
+
+/// Who owns one key under the published view: what `headcount status --key` prints
+/// ([`GroupStatus::key_owner`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyOwner {
+    /// The slot the view's assignor maps the key to.
+    pub slot: u32,
+    /// The slot's 1-based rank among the view's slots.
+    pub index: u32,
+    /// How many slots the view has.
+    pub replicas: u32,
+    /// The member id of the slot's claim when it is the claim the view names; `None` when the
+    /// slot's holder is gone or claimed the slot again since (the key waits for the next view).
+    pub member: Option<String>,
+    /// The published view's epoch. A key grant taken under this view carries a token of at most
+    /// this epoch: the first epoch since which its owner has held the key without a break
+    /// ([`Grant::token`](super::Grant::token)), which only the owner knows. The store keeps no
+    /// earlier views, so the token cannot be computed from it; it equals this epoch when the
+    /// key moved to its owner in this view.
+    pub view_epoch: u64,
 }
 
 impl GroupStatus {
@@ -58,6 +82,57 @@ impl GroupStatus {
             })
             .map_or(0, |v| v.epoch);
         Some(own.max(settled))
+    }
+
+    /// The owner of `key` under the published view, as [`Member::owns`](super::Member::owns)
+    /// hashes it; `None` when no view is published or it has no slot. During a hand-off (the
+    /// view not yet settled) the key's previous owner may still be finishing its grants, and the
+    /// owner named here starts the key only once they are done.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> headcount_core::Result<()> {
+    /// use std::sync::Arc;
+    ///
+    /// use headcount_core::assign::AssignorKind;
+    /// use headcount_core::recipes::group::{status, Group, GroupConfig, DEFAULT_GROUP_TTL};
+    /// use headcount_core::{DynStore, MemoryStore, DEFAULT_PREFIX};
+    ///
+    /// let store: DynStore = Arc::new(MemoryStore::new());
+    /// let member =
+    ///     Group::join(store.clone(), GroupConfig::new("orders", DEFAULT_GROUP_TTL)).await?;
+    /// member.active(0).await?;
+    /// let s = status(&store, DEFAULT_PREFIX, "orders", AssignorKind::JumpBackFailover, 0).await?;
+    /// let owner = s.key_owner("order-42")?.expect("a view is published");
+    /// assert_eq!(owner.member.as_deref(), Some(member.assignment().member.as_str()));
+    /// member.leave().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn key_owner(&self, key: impl AsRef<[u8]>) -> Result<Option<KeyOwner>> {
+        let Some(view) = &self.table.view else {
+            return Ok(None);
+        };
+        let state = ViewState::build(view.clone(), self.assignor)?;
+        let Some(slot) = state.owner(hash_bytes(key.as_ref())) else {
+            return Ok(None);
+        };
+        let Some((index, replicas)) = state.pair(slot) else {
+            return Ok(None);
+        };
+        let member = view
+            .holders
+            .iter()
+            .find(|h| h.slot == slot)
+            .and_then(|h| self.table.slots.get(&slot).filter(|r| r.holder(slot) == *h))
+            .map(|r| r.member.clone());
+        Ok(Some(KeyOwner {
+            slot,
+            index,
+            replicas,
+            member,
+            view_epoch: view.epoch,
+        }))
     }
 }
 
@@ -100,9 +175,14 @@ pub async fn status(
         }
     }
     let mut sample_owned = Vec::new();
+    // The view names the assignor its publisher used; `assignor` is for older views.
+    let assignor = table
+        .view
+        .as_ref()
+        .and_then(|v| v.assignor)
+        .unwrap_or(assignor);
     if let Some(v) = &table.view {
-        // The view names the assignor its publisher used; `assignor` is for older views.
-        let state = ViewState::build(v.clone(), v.assignor.unwrap_or(assignor))?;
+        let state = ViewState::build(v.clone(), assignor)?;
         let mut counts: std::collections::BTreeMap<u32, u64> = v.slots().map(|s| (s, 0)).collect();
         for k in 0..sample {
             if let Some(owner) = state.owner(hash_bytes(k.to_string().as_bytes())) {
@@ -118,6 +198,7 @@ pub async fn status(
         view_settled,
         sample_owned,
         unlisted,
+        assignor,
     })
 }
 
@@ -161,6 +242,7 @@ mod tests {
             view_settled,
             sample_owned: Vec::new(),
             unlisted: Vec::new(),
+            assignor: AssignorKind::JumpBackFailover,
         }
     }
 
@@ -179,5 +261,44 @@ mod tests {
         );
         assert_eq!((s.acked(0), s.acked(1)), (Some(5), Some(4)));
         assert_eq!(s.acked(2), None);
+    }
+
+    #[test]
+    fn a_keys_owner_is_the_slot_the_view_maps_it_to() {
+        let both = vec![Holder { slot: 0, nonce: 10 }, Holder { slot: 1, nonce: 11 }];
+        let s = status_of(both, true);
+        let state = ViewState::build(
+            s.table.view.clone().expect("a view"),
+            AssignorKind::JumpBackFailover,
+        )
+        .expect("a view state");
+        let mut seen = [false; 2];
+        for k in 0..64 {
+            let key = format!("order-{k}");
+            let owner = s.key_owner(&key).expect("no error").expect("an owner");
+            assert_eq!(Some(owner.slot), state.owner(hash_bytes(key.as_bytes())));
+            assert_eq!((owner.index, owner.replicas), (owner.slot + 1, 2));
+            assert_eq!(owner.member, Some(format!("m{}", 10 + owner.slot)));
+            assert_eq!(owner.view_epoch, 5);
+            seen[owner.slot as usize] = true;
+        }
+        assert_eq!(seen, [true, true], "64 keys all on one slot");
+        // Slot 1 claimed again since the view: its keys have no member until the next view.
+        let s = status_of(
+            vec![Holder { slot: 0, nonce: 10 }, Holder { slot: 1, nonce: 99 }],
+            true,
+        );
+        let on_1 = (0..64)
+            .map(|k| format!("order-{k}"))
+            .find(|k| s.key_owner(k).ok().flatten().is_some_and(|o| o.slot == 1))
+            .expect("a key on slot 1");
+        assert_eq!(
+            s.key_owner(&on_1).ok().flatten().and_then(|o| o.member),
+            None
+        );
+        // No view, no owner.
+        let mut s = s;
+        s.table.view = None;
+        assert_eq!(s.key_owner("order-1").ok().flatten(), None);
     }
 }
