@@ -67,13 +67,41 @@ async fn wait_converged(members: &[Member], n: u32, within: Duration, what: &str
     start.elapsed()
 }
 
-/// Three members, each over its own `redis+sentinel://` store, converge; `SENTINEL FAILOVER`
-/// promotes the replica; within [`FAILOVER_BOUND`] every member is active under one view again,
-/// and stays so for two more TTLs (its renewals, which write, reach the new primary: a replica
-/// refuses them).
+/// How the primary is replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failover {
+    /// `SENTINEL FAILOVER`: the primary lives on as a replica of the new one.
+    Command,
+    /// SIGKILL of the primary: the Sentinels agree it is down (quorum 2, 500 ms) and elect one
+    /// of them to promote the replica.
+    Kill,
+}
+
+/// `SENTINEL FAILOVER` under a group; see [`survives`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn group_survives_a_failover() {
-    let Some(servers) = sentinels("redis_sentinel::group_survives_a_failover").await else {
+    survives(
+        "redis_sentinel::group_survives_a_failover",
+        Failover::Command,
+    )
+    .await;
+}
+
+/// The primary killed under a group; see [`survives`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_survives_the_primary_killed() {
+    survives(
+        "redis_sentinel::group_survives_the_primary_killed",
+        Failover::Kill,
+    )
+    .await;
+}
+
+/// Three members, each over its own `redis+sentinel://` store, converge; the replica is promoted
+/// (`how`); within [`FAILOVER_BOUND`] every member is active under one view again, and stays so
+/// for two more TTLs (its renewals, which write, reach the new primary: a replica refuses them).
+async fn survives(label: &str, how: Failover) {
+    let Some(servers) = sentinels(label).await else {
         return;
     };
     let url = servers.url();
@@ -92,12 +120,21 @@ async fn group_survives_a_failover() {
     let client = redis::Client::open(format!("redis://127.0.0.1:{}", sentinel_ports[0])).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let started = Instant::now();
-    let () = redis::cmd("SENTINEL")
-        .arg("FAILOVER")
-        .arg(SENTINEL_MASTER)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    match how {
+        Failover::Command => redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(SENTINEL_MASTER)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap(),
+        Failover::Kill => {
+            let s = Arc::clone(&servers);
+            tokio::task::spawn_blocking(move || s.servers[0].kill())
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    }
     // The Sentinels name the replica...
     loop {
         if primary_port(sentinel_ports[0]).await.ok() == Some(servers.servers[1].port) {
@@ -119,9 +156,8 @@ async fn group_survives_a_failover() {
     let write = headcount::connect(&url).await.unwrap();
     write.incr("hc:{failover}:after", None).await.unwrap();
     eprintln!(
-        "redis_sentinel::group_survives_a_failover: Sentinels switched after {switched:?}, \
-         members active under one view {active:?} after SENTINEL FAILOVER, and still two TTLs \
-         later"
+        "{label}: Sentinels switched after {switched:?}, members active under one view \
+         {active:?} after the failover began ({how:?}), and still two TTLs later"
     );
     for m in members {
         m.leave().await.unwrap();
