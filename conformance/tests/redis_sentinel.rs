@@ -215,3 +215,101 @@ async fn unreachable_sentinels_are_retryable_within_the_deadline() {
     }
     drop(silent);
 }
+
+/// A fake Sentinel: answers `SENTINEL …` with `127.0.0.1:<names>` and `+OK` to anything else
+/// (the client's connection set-up).
+async fn fake_sentinel(names: u16) -> (u16, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let serve = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while let Ok(n) = socket.read(&mut chunk).await {
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some((words, used)) = parse_request(&buf) {
+                        buf.drain(..used);
+                        let reply = if words
+                            .first()
+                            .is_some_and(|w| w.eq_ignore_ascii_case("SENTINEL"))
+                        {
+                            let port = names.to_string();
+                            format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
+                        } else {
+                            "+OK\r\n".to_owned()
+                        };
+                        if socket.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (port, serve)
+}
+
+/// One RESP request (an array of bulk strings) at the start of `buf`, and its length.
+fn parse_request(buf: &[u8]) -> Option<(Vec<String>, usize)> {
+    fn line(buf: &[u8], at: usize) -> Option<(&str, usize)> {
+        let end = buf.get(at..)?.windows(2).position(|w| w == b"\r\n")? + at;
+        Some((std::str::from_utf8(&buf[at..end]).ok()?, end + 2))
+    }
+    let (head, mut at) = line(buf, 0)?;
+    let count: usize = head.strip_prefix('*')?.parse().ok()?;
+    let mut words = Vec::new();
+    for _ in 0..count {
+        let (len, start) = line(buf, at)?;
+        let len: usize = len.strip_prefix('$')?.parse().ok()?;
+        let word = buf.get(start..start + len)?;
+        words.push(String::from_utf8_lossy(word).into_owned());
+        at = start + len + 2;
+        if buf.len() < at {
+            return None;
+        }
+    }
+    Some((words, at))
+}
+
+/// Sentinels that disagree: one (fake) names the replica. With the three real ones in the URL
+/// the address most Sentinels name wins; with one real one (a tie) the `ROLE` check still picks
+/// the primary; alone, it names only a replica: the retryable `Unavailable`, saying so, within
+/// the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn disagreeing_sentinels_resolve_to_the_primary() {
+    let Some(servers) =
+        sentinels("redis_sentinel::disagreeing_sentinels_resolve_to_the_primary").await
+    else {
+        return;
+    };
+    let (fake, serve) = fake_sentinel(servers.servers[1].port).await;
+    let real: Vec<String> = servers
+        .sentinel_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    for sentinels in [
+        format!("127.0.0.1:{fake},{}", real.join(",")),
+        format!("127.0.0.1:{fake},{}", real[0]),
+    ] {
+        let url = format!("redis+sentinel://{sentinels}/mymaster?timeout=2s");
+        let store = headcount::connect(&url).await.unwrap();
+        // A write: the replica would refuse it.
+        store.incr("hc:{disagree}:n", None).await.unwrap();
+    }
+    let started = Instant::now();
+    let err = headcount::connect(&format!(
+        "redis+sentinel://127.0.0.1:{fake}/mymaster?timeout=2s"
+    ))
+    .await
+    .unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("replica"), "{err}");
+    assert!(started.elapsed() < OP_TIMEOUT, "{:?}", started.elapsed());
+    serve.abort();
+}
