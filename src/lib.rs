@@ -39,7 +39,7 @@ pub use headcount_etcd as etcd;
 /// |---|---|---|
 /// | `sqlite://relative/path.db`, `sqlite:///absolute/path.db`, `sqlite::memory:` | embedded SQLite | `sqlite` (default) |
 /// | `postgres://…`, `postgresql://…` | PostgreSQL | `postgres` |
-/// | `redis://…`, `rediss://…`, `redis+cluster://…`, `rediss+cluster://…` | Redis, Redis Cluster | `redis` |
+/// | `redis://…`, `rediss://…`, `redis+cluster://…`, `rediss+cluster://…`, `redis+sentinel://…`, `rediss+sentinel://…` | Redis, Redis Cluster, Redis behind Sentinel | `redis` |
 /// | `etcd://…`, `etcds://…` | etcd | `etcd` |
 /// | `memory://` or `memory://NAME` | [`MemoryStore`]: this process only, for tests; one store per name | always |
 ///
@@ -60,11 +60,12 @@ pub async fn connect_plain(url: &str) -> Result<DynStore> {
     match scheme.as_str() {
         "sqlite" => connect_sqlite(url).await,
         "postgres" | "postgresql" => connect_postgres(url).await,
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => connect_redis(url, scheme).await,
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
+        | "rediss+sentinel" => connect_redis(url, scheme).await,
         "etcd" | "etcds" => connect_etcd(url, scheme).await,
         "memory" => connect_memory(url),
         _ => Err(Error::config(format!(
-            "unknown store scheme `{scheme}`: expected sqlite, postgres, postgresql, redis, rediss, redis+cluster, rediss+cluster, etcd, etcds or memory"
+            "unknown store scheme `{scheme}`: expected sqlite, postgres, postgresql, redis, rediss, redis+cluster, rediss+cluster, redis+sentinel, rediss+sentinel, etcd, etcds or memory"
         ))),
     }
 }

@@ -1,4 +1,5 @@
-//! Parsing `redis://`, `rediss://`, `redis+cluster://` and `rediss+cluster://` URLs into a
+//! Parsing `redis://`, `rediss://`, `redis+cluster://`, `rediss+cluster://`, `redis+sentinel://`
+//! and `rediss+sentinel://` URLs into a
 //! [`RedisConfig`], over the URL rules every backend shares ([`StoreUrl`]). No error message here
 //! contains the password, nor any raw piece of the URL's authority that could be part of a
 //! mistyped one.
@@ -15,6 +16,9 @@ use crate::errors::BACKEND;
 /// The port used when a URL names none.
 pub const DEFAULT_PORT: u16 = 6379;
 
+/// The port of a Sentinel when a `redis+sentinel://` URL names none.
+pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
+
 /// Single server or Cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -24,6 +28,10 @@ pub enum Deployment {
     /// Redis Cluster, discovered from one or more seed nodes: `redis+cluster://`,
     /// `rediss+cluster://`.
     Cluster,
+    /// A primary with replicas watched by Redis Sentinel: the store asks the Sentinels for the
+    /// current primary of a master name, and again after any connection fault or `READONLY`
+    /// answer: `redis+sentinel://`, `rediss+sentinel://`.
+    Sentinel,
 }
 
 /// A parsed Redis store configuration. Its `Debug` never shows the password.
@@ -34,6 +42,7 @@ pub struct RedisConfig {
     insecure: bool,
     endpoints: Vec<(String, u16)>,
     db: i64,
+    master_name: Option<String>,
     username: Option<String>,
     password: Option<Secret>,
     timeout: Duration,
@@ -43,7 +52,7 @@ pub struct RedisConfig {
 const URL_KIND: &str = "Redis URL";
 
 /// What a Redis URL looks like, for error messages.
-const USAGE: &str = "redis://[user:password@]host:port/db, rediss://..., redis+cluster://host:port,host:port or rediss+cluster://...";
+const USAGE: &str = "redis://[user:password@]host:port/db, rediss://..., redis+cluster://host:port,host:port, rediss+cluster://..., redis+sentinel://host:26379,host:26379/master-name[/db] or rediss+sentinel://...";
 
 impl RedisConfig {
     /// Parses a Redis URL; see the crate README for the forms and options.
@@ -61,7 +70,12 @@ impl RedisConfig {
         self.tls
     }
 
-    /// The server (or the Cluster's seed nodes), as host and port.
+    /// The master name the Sentinels watch (`redis+sentinel://`), else `None`.
+    pub fn master_name(&self) -> Option<&str> {
+        self.master_name.as_deref()
+    }
+
+    /// The server (or the Cluster's seed nodes, or the Sentinels), as host and port.
     pub fn endpoints(&self) -> &[(String, u16)] {
         &self.endpoints
     }
@@ -89,6 +103,17 @@ impl RedisConfig {
     /// The password, for scrubbing it from messages; never shown.
     pub(crate) fn password(&self) -> Option<&str> {
         self.password.as_ref().map(Secret::expose)
+    }
+
+    /// The connection info for one Sentinel: TLS as for the servers, database 0, no
+    /// credentials (the URL's are the servers').
+    pub(crate) fn sentinel_connection_info(&self, host: &str, port: u16) -> ConnectionInfo {
+        let mut info = self.connection_info(host, port);
+        info.redis = RedisConnectionInfo {
+            protocol: ProtocolVersion::RESP2,
+            ..RedisConnectionInfo::default()
+        };
+        info
     }
 
     /// The redis crate's connection info for one node.
@@ -119,14 +144,23 @@ fn parse(url: &str) -> Result<RedisConfig> {
     let url = StoreUrl::parse(
         url,
         URL_KIND,
-        &["redis", "rediss", "redis+cluster", "rediss+cluster"],
+        &[
+            "redis",
+            "rediss",
+            "redis+cluster",
+            "rediss+cluster",
+            "redis+sentinel",
+            "rediss+sentinel",
+        ],
         USAGE,
     )?;
     let (deployment, tls) = match url.scheme.as_str() {
         "redis" => (Deployment::Single, false),
         "rediss" => (Deployment::Single, true),
         "redis+cluster" => (Deployment::Cluster, false),
-        _ => (Deployment::Cluster, true),
+        "rediss+cluster" => (Deployment::Cluster, true),
+        "redis+sentinel" => (Deployment::Sentinel, false),
+        _ => (Deployment::Sentinel, true),
     };
 
     // `:password@` logs in as the default user.
@@ -137,10 +171,17 @@ fn parse(url: &str) -> Result<RedisConfig> {
         ));
     }
 
-    let endpoints = url.endpoints(
-        DEFAULT_PORT,
-        "redis://host:6379 (or a comma list of host:port for Cluster)",
-    )?;
+    let endpoints = if deployment == Deployment::Sentinel {
+        url.endpoints(
+            DEFAULT_SENTINEL_PORT,
+            "redis+sentinel://host:26379,host:26379/master-name",
+        )?
+    } else {
+        url.endpoints(
+            DEFAULT_PORT,
+            "redis://host:6379 (or a comma list of host:port for Cluster)",
+        )?
+    };
     if deployment == Deployment::Single && endpoints.len() > 1 {
         return Err(url.invalid(format!(
             "{} hosts for a single server: use redis+cluster:// for Redis Cluster",
@@ -148,7 +189,27 @@ fn parse(url: &str) -> Result<RedisConfig> {
         )));
     }
 
-    let db = match url.path.strip_prefix('/') {
+    // Sentinel: `/master-name[/db]`.
+    let mut path = url.path.as_str();
+    let mut master_name = None;
+    if deployment == Deployment::Sentinel {
+        let rest = path.strip_prefix('/').unwrap_or(path);
+        let (name, db) = match rest.split_once('/') {
+            Some((name, db)) => (name, Some(db)),
+            None => (rest, None),
+        };
+        if name.is_empty() {
+            return Err(url.invalid(
+                "no master name: redis+sentinel://host:26379,host:26379/master-name[/db]",
+            ));
+        }
+        master_name = Some(name.to_owned());
+        path = match db {
+            Some(db) if !db.is_empty() => &url.path[url.path.len() - db.len() - 1..],
+            _ => "",
+        };
+    }
+    let db = match path.strip_prefix('/') {
         None | Some("") => 0,
         Some(text) => match text.parse::<i64>() {
             Ok(n) if n >= 0 && text.bytes().all(|b| b.is_ascii_digit()) => n,
@@ -167,7 +228,9 @@ fn parse(url: &str) -> Result<RedisConfig> {
             "insecure" => {
                 insecure = parse_bool(key, value)?;
                 if !tls {
-                    return Err(url.invalid("option `insecure` only applies to rediss:// URLs"));
+                    return Err(url.invalid(
+                        "option `insecure` only applies to rediss:// (and rediss+...) URLs",
+                    ));
                 }
             }
             k => return Err(url.unknown_option(k, &["timeout", "insecure"])),
@@ -180,6 +243,7 @@ fn parse(url: &str) -> Result<RedisConfig> {
         insecure,
         endpoints,
         db,
+        master_name,
         username,
         password: url.password,
         timeout,
@@ -264,6 +328,29 @@ mod tests {
     }
 
     #[test]
+    fn sentinel_urls() {
+        let c = ok("redis+sentinel://:s3cr3t@a:26380,b,c:26381/mymaster/2?timeout=2s");
+        assert_eq!(c.deployment(), Deployment::Sentinel);
+        assert!(!c.tls());
+        assert_eq!(c.master_name(), Some("mymaster"));
+        assert_eq!(c.db(), 2);
+        assert_eq!(
+            c.endpoints(),
+            &[
+                ("a".to_owned(), 26380),
+                ("b".to_owned(), 26379),
+                ("c".to_owned(), 26381)
+            ]
+        );
+        assert_eq!(c.password(), Some("s3cr3t"));
+        let c = ok("rediss+sentinel://h/m?insecure=true");
+        assert!(c.tls());
+        assert_eq!((c.master_name(), c.db()), (Some("m"), 0));
+        assert_eq!(ok("redis+sentinel://h/m/").db(), 0);
+        assert_eq!(ok("redis://h").master_name(), None);
+    }
+
+    #[test]
     fn bad_urls() {
         for (url, needle) in [
             ("redis://u:s3cr3t@h/db?bogus=1", "database number"),
@@ -283,6 +370,10 @@ mod tests {
             ("redis://u:s3cr3t@h?insecure=true", "rediss://"),
             ("redis://u:s3cr3t@h?timeout=1s&timeout=2s", "more than once"),
             ("redis://u@h", "without a password"),
+            ("redis+sentinel://u:s3cr3t@h", "no master name"),
+            ("redis+sentinel://u:s3cr3t@h/", "no master name"),
+            ("redis+sentinel://u:s3cr3t@h/m/x", "database number"),
+            ("redis+sentinel://u:s3cr3t@h/m?insecure=true", "rediss://"),
             ("redis://u:s3cr3t@[::1", "IPv6"),
             ("redis://u:s3cr3t%zz@h", "percent-escape"),
             ("redis://u:s3cr3t@h#frag", "fragment"),

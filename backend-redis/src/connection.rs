@@ -1,6 +1,7 @@
-//! Connecting to a single server or to a Cluster, checking that it speaks the Redis protocol, and
+//! Connecting to a single server, to a Cluster or through Sentinels, checking that it speaks the Redis protocol, and
 //! the connection every call of a store goes through.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use headcount_core::{Error, Result};
@@ -11,6 +12,7 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 use crate::config::{Deployment, RedisConfig};
 use crate::errors::{self, BACKEND};
+use crate::sentinel::SentinelConn;
 
 /// The placeholder URLs of the stores over an application's client: only their default
 /// options are used.
@@ -20,10 +22,13 @@ pub(crate) const CLUSTER_DEFAULTS: &str = "redis+cluster://localhost:6379";
 /// A connection to a single server or to a Cluster. Both reconnect by themselves: the
 /// `ConnectionManager` replaces a broken connection on the next call, the Cluster connection
 /// re-resolves its slot map and reconnects to nodes as needed.
+/// A Sentinel connection asks the Sentinels for the primary again after a fault (see
+/// [`crate::sentinel`]).
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelConn>),
 }
 
 impl ConnectionLike for Conn {
@@ -31,6 +36,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.request(cmd),
         }
     }
 
@@ -43,6 +49,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Sentinel(c) => c.request_many(cmd, offset, count),
         }
     }
 
@@ -50,6 +57,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.db(),
         }
     }
 }
@@ -144,6 +152,10 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Conn> {
                     .await
                     .map_err(classify)?;
                 Conn::Cluster(conn)
+            }
+            Deployment::Sentinel => {
+                let conn = SentinelConn::open(config.clone()).await.map_err(classify)?;
+                Conn::Sentinel(conn)
             }
         };
         Ok::<_, Error>(conn)

@@ -39,6 +39,9 @@ pub(crate) fn classify(
             e,
         ),
         ErrorKind::InvalidClientConfig => Error::config(message),
+        // Every Sentinel that answered watches no master of the URL's name: a typo, or a
+        // Sentinel set up for other masters. Asking again gives the same answer.
+        ErrorKind::MasterNameNotFoundBySentinel => Error::rejected(BACKEND, message, e),
         // A replica refuses writes for as long as the URL names it (after a failover the old
         // primary stays a replica): retrying cannot help, pointing the URL at the primary does.
         ErrorKind::ReadOnly => Error::rejected(

@@ -145,6 +145,10 @@ impl RedisStore {
         matches!(self.inner.conn, Conn::Cluster(_))
     }
 
+    fn is_sentinel(&self) -> bool {
+        matches!(self.inner.conn, Conn::Sentinel(_))
+    }
+
     /// Adds the keys a replay-protected write of `key` touches besides its data keys: the
     /// index of `key` (see [`RedisStore::index_for_key`]) with its quiet marker and the versions
     /// of the directories of `key` and of `also` (a key the script reads, see
@@ -244,6 +248,18 @@ impl RedisStore {
                         "another Redis type",
                     ));
                 }
+            }
+            // Behind Sentinel a replica's READONLY means the primary changed under this
+            // connection: it is dropped, and the next call asks the Sentinels again.
+            if e.kind() == redis::ErrorKind::ReadOnly && self.is_sentinel() {
+                return Err(Error::unavailable(
+                    BACKEND,
+                    format!(
+                        "the server became a replica (a Sentinel failover): the next call asks \
+                         the Sentinels for the new primary ({e})"
+                    ),
+                    e,
+                ));
             }
             Err(errors::classify(
                 e,
@@ -715,11 +731,20 @@ impl backend::Backend for RedisStore {
         match self.on_every_primary(info, false).await {
             Ok(value) => {
                 let servers = replication_ids(&value);
-                let d = if settings.durable {
+                let mut d = if settings.durable {
                     replication_of(&value, settings)
                 } else {
                     settings
                 };
+                if self.is_sentinel() {
+                    d.durable = false;
+                    d.detail.push_str(&format!(
+                        "; behind Redis Sentinel (master `{}`): a failover promotes a replica, \
+                         and Redis replicates asynchronously, so the new primary can lack \
+                         writes the old one acknowledged",
+                        self.inner.config.master_name().unwrap_or_default()
+                    ));
+                }
                 Ok(d.with_servers(servers))
             }
             Err(e) if e.is_retryable() => Err(e),
@@ -745,7 +770,7 @@ impl RedisStore {
                     )
                     .await
                 }
-                Conn::Single(mut c) => cmd.query_async(&mut c).await,
+                mut c @ (Conn::Single(_) | Conn::Sentinel(_)) => cmd.query_async(&mut c).await,
             }
         })
         .await

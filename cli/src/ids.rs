@@ -283,6 +283,8 @@ const SCHEMES: &[&str] = &[
     "rediss",
     "redis+cluster",
     "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
     "etcd",
     "etcds",
 ];
@@ -442,14 +444,15 @@ mod tests {
         assert_eq!(
             check_urls(&list(&[
                 "redis+cluster://h:7000,h:7001, etcd://e:2379,e2:2379,sqlite://c.db",
-                "redis://r:6379",
+                "redis://r:6379,redis+sentinel://s1,s2:26380/m/1",
             ]))
             .ok(),
             Some(list(&[
                 "redis+cluster://h:7000,h:7001",
                 "etcd://e:2379,e2:2379",
                 "sqlite://c.db",
-                "redis://r:6379"
+                "redis://r:6379",
+                "redis+sentinel://s1,s2:26380/m/1"
             ]))
         );
     }

@@ -29,12 +29,13 @@ const DEFAULT_STORE: &str = "sqlite://headcount.db";
 #[command(name = "headcount", after_help = exit::EXIT_CODES_HELP)]
 struct Cli {
     /// Store URL: sqlite://PATH.db, sqlite::memory:, postgres://, redis://, rediss://,
-    /// redis+cluster://, etcd://, memory://
+    /// redis+cluster://, redis+sentinel://, etcd://, memory://
     ///
     /// The store URL, by scheme: sqlite://relative/path.db, sqlite:///absolute/path.db,
     /// sqlite::memory: (this process only); postgres://user:password@host:5432/db (or
     /// postgresql://); redis://:password@host:6379/0, rediss://host:6380 (TLS),
-    /// redis+cluster://h1:7000,h2:7001 (or rediss+cluster://); etcd://h1:2379,h2:2379 (or
+    /// redis+cluster://h1:7000,h2:7001 (or rediss+cluster://);
+    /// redis+sentinel://s1:26379,s2:26379/mymaster (or rediss+sentinel://); etcd://h1:2379,h2:2379 (or
     /// etcds://; needs the `etcd` build feature); memory:// (this process only). `--version`
     /// lists the backends of this build.
     ///
@@ -150,7 +151,10 @@ fn version() -> String {
     for (enabled, name) in [
         (cfg!(feature = "sqlite"), "sqlite"),
         (cfg!(feature = "postgres"), "postgres"),
-        (cfg!(feature = "redis"), "redis (rediss, redis+cluster)"),
+        (
+            cfg!(feature = "redis"),
+            "redis (rediss, redis+cluster, redis+sentinel)",
+        ),
         (cfg!(feature = "etcd"), "etcd"),
     ] {
         if enabled {

@@ -170,6 +170,9 @@ macro_rules! conformance_tests {
     ($module:ident, $backend:expr, cluster $(,)?) => {
         $crate::for_each_case!($crate::__conformance_tests! $module, $backend, cluster,);
     };
+    ($module:ident, $backend:expr, sentinel $(,)?) => {
+        $crate::for_each_case!($crate::__conformance_tests! $module, $backend, sentinel,);
+    };
 }
 
 #[doc(hidden)]
@@ -210,6 +213,14 @@ macro_rules! __conformance_test {
     };
     (ClusterMember, embedded, $($test:tt)*) => {
         #[ignore = "embedded store: there is no cluster whose member could be killed"]
+        $($test)*
+    };
+    (ServerControl, sentinel, $($test:tt)*) => {
+        #[ignore = "behind Sentinel a killed or cut primary is a failover: tests/redis_sentinel.rs runs one and checks a group survives it"]
+        $($test)*
+    };
+    (ClusterMember, sentinel, $($test:tt)*) => {
+        #[ignore = "losing the primary behind Sentinel is a failover, with calls failing until it completes: tests/redis_sentinel.rs tests that"]
         $($test)*
     };
     (ClusterMember, server, $($test:tt)*) => {

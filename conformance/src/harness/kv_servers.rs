@@ -1,4 +1,4 @@
-//! Redis (single and Cluster) and etcd (single member and 3-member cluster) from their own
+//! Redis (single, Cluster, and a primary with a replica behind three Sentinels) and etcd (single member and 3-member cluster) from their own
 //! binaries (`redis-server`, `redis-cli`, `etcd`), each in a temp dir on free loopback ports,
 //! with the same cleanup guarantees as PostgreSQL (see [`super::process`]).
 
@@ -16,6 +16,9 @@ use super::process::{self, ServerProcess};
 use super::Unavailable;
 use crate::ServerControl;
 
+/// The master name the Sentinels of [`KvStore::redis_sentinel`] watch.
+pub const SENTINEL_MASTER: &str = "mymaster";
+
 /// How long a server may take to accept requests.
 const READY_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -31,7 +34,11 @@ fn find_bin(name: &str) -> Option<PathBuf> {
 /// What kind of server process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    Redis { cluster: bool },
+    Redis {
+        cluster: bool,
+    },
+    /// `redis-server <dir>/sentinel.conf --sentinel`: Sentinel mode of the same binary.
+    Sentinel,
     Etcd,
 }
 
@@ -107,6 +114,11 @@ impl KvServer {
                     }
                 }
             }
+            Kind::Sentinel => {
+                command
+                    .arg(self.root.join("sentinel.conf"))
+                    .arg("--sentinel");
+            }
             Kind::Etcd => {
                 let client = format!("http://127.0.0.1:{}", self.port);
                 let peer = format!("http://127.0.0.1:{}", self.peer_port);
@@ -176,7 +188,7 @@ impl KvServer {
 
     fn ready(&self) -> bool {
         match self.kind {
-            Kind::Redis { .. } => {
+            Kind::Redis { .. } | Kind::Sentinel => {
                 request(self.port, b"PING\r\n").is_ok_and(|r| r.starts_with("+PONG"))
             }
             Kind::Etcd => request(
@@ -269,8 +281,11 @@ pub struct KvStore {
     pub servers: Vec<KvServer>,
     scheme: &'static str,
     op_timeout: Option<Duration>,
-    /// The ports the URL names instead of the servers' own (proxies in front of them).
+    /// The ports the URL names instead of the servers' own (proxies in front of them, or the
+    /// Sentinels).
     url_ports: Option<Vec<u16>>,
+    /// The URL's path: `/mymaster` for Sentinel, else empty.
+    path: &'static str,
 }
 
 impl KvStore {
@@ -281,7 +296,7 @@ impl KvStore {
             None => self.servers.iter().map(|s| s.port).collect(),
         };
         let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let mut url = format!("{}://{}", self.scheme, hosts.join(","));
+        let mut url = format!("{}://{}{}", self.scheme, hosts.join(","), self.path);
         if let Some(t) = self.op_timeout {
             url.push_str(&format!("?timeout={}ms", t.as_millis()));
         }
@@ -312,6 +327,7 @@ impl KvStore {
             scheme: "redis",
             op_timeout,
             url_ports: None,
+            path: "",
         })
     }
 
@@ -383,7 +399,88 @@ impl KvStore {
             scheme: "redis+cluster",
             op_timeout,
             url_ports,
+            path: "",
         })
+    }
+
+    /// A primary, one replica (`replicaof`) and three Sentinels watching them as
+    /// [`SENTINEL_MASTER`] (quorum 2, `down-after-milliseconds` 500, `failover-timeout` 3 s);
+    /// the URL is `redis+sentinel://<the three Sentinels>/mymaster`. `servers` holds the
+    /// primary, the replica, then the Sentinels ([`KvStore::sentinel_ports`]).
+    pub fn redis_sentinel(op_timeout: Option<Duration>) -> Result<KvStore, Unavailable> {
+        retry_busy_ports(|| Self::redis_sentinel_once(op_timeout))
+    }
+
+    fn redis_sentinel_once(op_timeout: Option<Duration>) -> Result<KvStore, Unavailable> {
+        let bin = redis_bin()?;
+        let failed = |e: io::Error| Unavailable::Failed(format!("Redis Sentinel: {e}"));
+        let redis = Kind::Redis { cluster: false };
+        let primary = KvServer::new(redis, bin.clone(), "redis-sentinel").map_err(failed)?;
+        let mut replica = KvServer::new(redis, bin.clone(), "redis-sentinel").map_err(failed)?;
+        let primary_port = primary.port.to_string();
+        replica.extra_args = ["--replicaof", "127.0.0.1", &primary_port]
+            .map(str::to_owned)
+            .to_vec();
+        let mut servers = vec![primary, replica];
+        for _ in 0..3 {
+            let s = KvServer::new(Kind::Sentinel, bin.clone(), "redis-sentinel").map_err(failed)?;
+            let conf = format!(
+                "port {}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\ndir {}\nlogfile {}\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary_port} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 500\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 3000\n\
+                 sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
+                s.port,
+                s.root.display(),
+                s.log.display()
+            );
+            std::fs::write(s.root.join("sentinel.conf"), conf).map_err(failed)?;
+            servers.push(s);
+        }
+        for s in &servers {
+            s.spawn().map_err(failed)?;
+        }
+        for s in &servers {
+            s.wait_ready().map_err(failed)?;
+        }
+        let store = KvStore {
+            servers,
+            scheme: "redis+sentinel",
+            op_timeout,
+            url_ports: None,
+            path: "",
+        };
+        let sentinels = store.sentinel_ports();
+        // Ready once every Sentinel sees the replica and the other two: a failover needs both.
+        let end = Instant::now() + READY_DEADLINE;
+        for port in &sentinels {
+            while !request(*port, b"INFO sentinel\r\n")
+                .is_ok_and(|r| r.contains("status=ok") && r.contains("slaves=1,sentinels=3"))
+            {
+                if Instant::now() > end {
+                    return Err(Unavailable::Failed(format!(
+                        "the Sentinels did not all see the replica and each other within \
+                         {READY_DEADLINE:?}: {}",
+                        request(*port, b"INFO sentinel\r\n").unwrap_or_default()
+                    )));
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(KvStore {
+            url_ports: Some(sentinels),
+            path: "/mymaster",
+            ..store
+        })
+    }
+
+    /// The Sentinels' ports of a [`KvStore::redis_sentinel`] store (empty for other stores).
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.servers
+            .iter()
+            .filter(|s| s.kind == Kind::Sentinel)
+            .map(|s| s.port)
+            .collect()
     }
 
     /// An etcd cluster of `members` members (1 or 3).
@@ -441,6 +538,7 @@ impl KvStore {
             scheme: "etcd",
             op_timeout,
             url_ports: None,
+            path: "",
         })
     }
 }

@@ -3,13 +3,15 @@
 //! For each backend, in order:
 //!
 //! 1. `HEADCOUNT_TEST_<BACKEND>_URL` (`HEADCOUNT_TEST_POSTGRES_URL`, `…_SQLITE_URL`,
-//!    `…_REDIS_URL`, `…_REDIS_CLUSTER_URL`, `…_ETCD_URL`, `…_ETCD_CLUSTER_URL`) when set: the
+//!    `…_REDIS_URL`, `…_REDIS_CLUSTER_URL`, `…_REDIS_SENTINEL_URL`, `…_ETCD_URL`,
+//!    `…_ETCD_CLUSTER_URL`) when set: the
 //!    tests use that store, and the fault cases (which must kill the server) are skipped.
 //! 2. Else the server binary (PostgreSQL's `initdb` and `postgres`, from PATH or
 //!    `/usr/lib/postgresql/*/bin`, or only from `HEADCOUNT_TEST_POSTGRES_BIN_DIR` when set, run
 //!    as the `postgres` user when the tests run as root; `redis-server` and `redis-cli`; `etcd`),
 //!    started on free loopback ports in a temp dir: one server, or for the cluster backends a
-//!    3-primary Redis Cluster (`redis-cli --cluster create`) or a 3-member etcd cluster. One
+//!    3-primary Redis Cluster (`redis-cli --cluster create`), a primary and a replica behind three
+//!    Sentinels (`redis-server --sentinel`, no other binary), or a 3-member etcd cluster. One
 //!    shared store per backend per test process, started on first use; each fault case gets one
 //!    of its own, reached through a TCP proxy ([`Proxy`]) so it can also cut the connection.
 //!    SQLite needs no server: a file in a temp dir.
@@ -38,7 +40,7 @@ use std::time::Duration;
 
 use crate::{Case, Ctx, Needs, ServerControl};
 
-pub use kv_servers::{KvControl, KvServer, KvStore};
+pub use kv_servers::{KvControl, KvServer, KvStore, SENTINEL_MASTER};
 pub use postgres::{find_bin_dir as find_postgres_bin_dir, PgControl, PgServer};
 pub use process::cleanup;
 pub use proxy::{Proxied, Proxy, Upstream};
@@ -69,6 +71,9 @@ pub enum ServerKind {
     Redis,
     /// Redis Cluster: three `redis-server` primaries joined by `redis-cli --cluster create`.
     RedisCluster,
+    /// Redis behind Sentinel: a primary, one replica and three Sentinels
+    /// (`redis-server --sentinel`), reached by `redis+sentinel://`.
+    RedisSentinel,
     /// etcd: one member.
     Etcd,
     /// etcd: a cluster of three members.
@@ -116,6 +121,7 @@ impl ServerKind {
             ServerKind::Postgres => "postgres",
             ServerKind::Redis => "redis",
             ServerKind::RedisCluster => "redis_cluster",
+            ServerKind::RedisSentinel => "redis_sentinel",
             ServerKind::Etcd => "etcd",
             ServerKind::EtcdCluster => "etcd_cluster",
         }
@@ -140,7 +146,9 @@ impl ServerKind {
             ServerKind::Memory => true,
             ServerKind::Sqlite => cfg!(feature = "sqlite"),
             ServerKind::Postgres => cfg!(feature = "postgres"),
-            ServerKind::Redis | ServerKind::RedisCluster => cfg!(feature = "redis"),
+            ServerKind::Redis | ServerKind::RedisCluster | ServerKind::RedisSentinel => {
+                cfg!(feature = "redis")
+            }
             ServerKind::Etcd | ServerKind::EtcdCluster => cfg!(feature = "etcd"),
         };
         if on {
@@ -172,16 +180,21 @@ impl ServerKind {
             }
             ServerKind::Redis
             | ServerKind::RedisCluster
+            | ServerKind::RedisSentinel
             | ServerKind::Etcd
             | ServerKind::EtcdCluster => {
                 static REDIS: OnceLock<Result<String, Unavailable>> = OnceLock::new();
                 static REDIS_CLUSTER: OnceLock<Result<String, Unavailable>> = OnceLock::new();
+                static REDIS_SENTINEL: OnceLock<Result<String, Unavailable>> = OnceLock::new();
                 static ETCD: OnceLock<Result<String, Unavailable>> = OnceLock::new();
                 static ETCD_CLUSTER: OnceLock<Result<String, Unavailable>> = OnceLock::new();
                 let (cell, start): (_, fn() -> Result<KvStore, Unavailable>) = match self {
                     ServerKind::Redis => (&REDIS, || KvStore::redis(None)),
                     ServerKind::RedisCluster => {
                         (&REDIS_CLUSTER, || KvStore::redis_cluster(None, None))
+                    }
+                    ServerKind::RedisSentinel => {
+                        (&REDIS_SENTINEL, || KvStore::redis_sentinel(None))
                     }
                     ServerKind::Etcd => (&ETCD, || KvStore::etcd(1, None)),
                     _ => (&ETCD_CLUSTER, || KvStore::etcd(3, None)),
@@ -316,6 +329,12 @@ impl ServerKind {
             }
             // Made by `dedicated_redis_cluster`, which puts the proxies in place first.
             ServerKind::RedisCluster => dedicated_redis_cluster().await,
+            // Its fault cases are `#[ignore]`d (`conformance_tests!(…, sentinel)`): a killed
+            // primary is a failover, which tests/redis_sentinel.rs tests on its own.
+            ServerKind::RedisSentinel => Err(Unavailable::NotApplicable(
+                "a killed Redis primary behind Sentinel is a failover: see tests/redis_sentinel.rs"
+                    .into(),
+            )),
         }
     }
 }

@@ -1,0 +1,315 @@
+//! Redis behind Sentinel (`redis+sentinel://`): every conformance case against a primary with one
+//! replica and three Sentinels (`HEADCOUNT_TEST_REDIS_SENTINEL_URL`, or `redis-server` and
+//! `redis-server --sentinel` processes the harness starts); a group that survives a Sentinel
+//! failover; and bad URLs (an unknown master name, Sentinels that do not answer) failing with a
+//! typed error within the deadline.
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member};
+use headcount::ErrorKind;
+use headcount_conformance::harness::{
+    skip_unless_required, KvStore, ServerKind, Unavailable, SENTINEL_MASTER,
+};
+
+headcount_conformance::conformance_tests!(
+    redis_sentinel,
+    headcount_conformance::harness::ServerKind::RedisSentinel,
+    sentinel
+);
+
+/// The per-operation deadline of the stores of these tests.
+const OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long after `SENTINEL FAILOVER` every member must be active again under one view.
+const FAILOVER_BOUND: Duration = Duration::from_secs(20);
+
+/// A primary, a replica and three Sentinels for one test alone.
+async fn sentinels(label: &str) -> Option<Arc<KvStore>> {
+    let started = tokio::task::spawn_blocking(|| KvStore::redis_sentinel(Some(OP_TIMEOUT)))
+        .await
+        .unwrap_or_else(|e| Err(Unavailable::Failed(format!("starting Sentinel: {e}"))));
+    skip_unless_required(ServerKind::RedisSentinel, label, started).map(Arc::new)
+}
+
+/// The primary's port as the Sentinel at `port` names it.
+async fn primary_port(port: u16) -> redis::RedisResult<u16> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let (_, primary): (String, u16) = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(SENTINEL_MASTER)
+        .query_async(&mut conn)
+        .await?;
+    Ok(primary)
+}
+
+/// Whether every member is active under one epoch with `n` live slots.
+fn converged(members: &[Member], n: u32) -> bool {
+    let all: Vec<_> = members.iter().map(Member::assignment).collect();
+    all.iter()
+        .all(|a| a.phase == GroupPhase::Active && a.epoch == all[0].epoch && a.replicas == n)
+}
+
+async fn wait_converged(members: &[Member], n: u32, within: Duration, what: &str) -> Duration {
+    let start = Instant::now();
+    while !converged(members, n) {
+        let all: Vec<_> = members.iter().map(Member::assignment).collect();
+        assert!(
+            start.elapsed() < within,
+            "{what}: not converged within {within:?}: {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    start.elapsed()
+}
+
+/// How the primary is replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failover {
+    /// `SENTINEL FAILOVER`: the primary lives on as a replica of the new one.
+    Command,
+    /// SIGKILL of the primary: the Sentinels agree it is down (quorum 2, 500 ms) and elect one
+    /// of them to promote the replica.
+    Kill,
+}
+
+/// `SENTINEL FAILOVER` under a group; see [`survives`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_survives_a_failover() {
+    survives(
+        "redis_sentinel::group_survives_a_failover",
+        Failover::Command,
+    )
+    .await;
+}
+
+/// The primary killed under a group; see [`survives`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_survives_the_primary_killed() {
+    survives(
+        "redis_sentinel::group_survives_the_primary_killed",
+        Failover::Kill,
+    )
+    .await;
+}
+
+/// Three members, each over its own `redis+sentinel://` store, converge; the replica is promoted
+/// (`how`); within [`FAILOVER_BOUND`] every member is active under one view again, and stays so
+/// for two more TTLs (its renewals, which write, reach the new primary: a replica refuses them).
+async fn survives(label: &str, how: Failover) {
+    let Some(servers) = sentinels(label).await else {
+        return;
+    };
+    let url = servers.url();
+    let ttl = Duration::from_secs(2);
+    let mut members = Vec::new();
+    for i in 0..3 {
+        let store = headcount::connect(&url).await.unwrap();
+        let config = GroupConfig::new("failover", ttl).with_member(format!("m{i}"));
+        members.push(Group::join(store, config).await.unwrap());
+    }
+    wait_converged(&members, 3, Duration::from_secs(30), "before the failover").await;
+
+    let sentinel_ports = servers.sentinel_ports();
+    let before = primary_port(sentinel_ports[0]).await.unwrap();
+    assert_eq!(before, servers.servers[0].port);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}", sentinel_ports[0])).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let started = Instant::now();
+    match how {
+        Failover::Command => redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(SENTINEL_MASTER)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap(),
+        Failover::Kill => {
+            let s = Arc::clone(&servers);
+            tokio::task::spawn_blocking(move || s.servers[0].kill())
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    }
+    // The Sentinels name the replica...
+    loop {
+        if primary_port(sentinel_ports[0]).await.ok() == Some(servers.servers[1].port) {
+            break;
+        }
+        assert!(
+            started.elapsed() < FAILOVER_BOUND,
+            "the Sentinels did not switch the master within {FAILOVER_BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let switched = started.elapsed();
+    // ... and the members, having renewed on the new primary, are active under one view.
+    let remaining = FAILOVER_BOUND.saturating_sub(started.elapsed());
+    wait_converged(&members, 3, remaining, "after the failover").await;
+    let active = started.elapsed();
+    tokio::time::sleep(ttl * 2).await;
+    wait_converged(&members, 3, remaining, "two TTLs after the failover").await;
+    let write = headcount::connect(&url).await.unwrap();
+    write.incr("hc:{failover}:after", None).await.unwrap();
+    eprintln!(
+        "{label}: Sentinels switched after {switched:?}, members active under one view \
+         {active:?} after the failover began ({how:?}), and still two TTLs later"
+    );
+    for m in members {
+        m.leave().await.unwrap();
+    }
+}
+
+/// A master name no Sentinel watches: `Rejected`, naming it, well within the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unknown_master_is_rejected_by_name() {
+    let Some(servers) = sentinels("redis_sentinel::unknown_master_is_rejected_by_name").await
+    else {
+        return;
+    };
+    let url = servers.url().replace("/mymaster", "/nosuchmaster");
+    let started = Instant::now();
+    let err = headcount::connect(&url).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Rejected, "{err}");
+    assert!(err.to_string().contains("nosuchmaster"), "{err}");
+    assert!(!err.is_retryable(), "{err}");
+    assert!(started.elapsed() < OP_TIMEOUT, "{:?}", started.elapsed());
+}
+
+/// Sentinels that refuse connections, or accept and never answer: a retryable error within the
+/// deadline, naming what was tried, never a stall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_sentinels_are_retryable_within_the_deadline() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    // Accepts (the kernel completes the handshake) and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    for (url, what) in [
+        (
+            format!("redis+sentinel://127.0.0.1:{closed}/mymaster?timeout=1s"),
+            "refused",
+        ),
+        (
+            format!(
+                "redis+sentinel://127.0.0.1:{silent_port},127.0.0.1:{closed}/mymaster?timeout=1s"
+            ),
+            "silent",
+        ),
+    ] {
+        let started = Instant::now();
+        let err = headcount::connect(&url).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(err.is_retryable(), "{what}: {err}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "{what}: took {took:?}: {err}"
+        );
+        assert!(err.to_string().contains("Sentinel"), "{what}: {err}");
+    }
+    drop(silent);
+}
+
+/// A fake Sentinel: answers `SENTINEL …` with `127.0.0.1:<names>` and `+OK` to anything else
+/// (the client's connection set-up).
+async fn fake_sentinel(names: u16) -> (u16, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let serve = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while let Ok(n) = socket.read(&mut chunk).await {
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some((words, used)) = parse_request(&buf) {
+                        buf.drain(..used);
+                        let reply = if words
+                            .first()
+                            .is_some_and(|w| w.eq_ignore_ascii_case("SENTINEL"))
+                        {
+                            let port = names.to_string();
+                            format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
+                        } else {
+                            "+OK\r\n".to_owned()
+                        };
+                        if socket.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (port, serve)
+}
+
+/// One RESP request (an array of bulk strings) at the start of `buf`, and its length.
+fn parse_request(buf: &[u8]) -> Option<(Vec<String>, usize)> {
+    fn line(buf: &[u8], at: usize) -> Option<(&str, usize)> {
+        let end = buf.get(at..)?.windows(2).position(|w| w == b"\r\n")? + at;
+        Some((std::str::from_utf8(&buf[at..end]).ok()?, end + 2))
+    }
+    let (head, mut at) = line(buf, 0)?;
+    let count: usize = head.strip_prefix('*')?.parse().ok()?;
+    let mut words = Vec::new();
+    for _ in 0..count {
+        let (len, start) = line(buf, at)?;
+        let len: usize = len.strip_prefix('$')?.parse().ok()?;
+        let word = buf.get(start..start + len)?;
+        words.push(String::from_utf8_lossy(word).into_owned());
+        at = start + len + 2;
+        if buf.len() < at {
+            return None;
+        }
+    }
+    Some((words, at))
+}
+
+/// Sentinels that disagree: one (fake) names the replica. With the three real ones in the URL
+/// the address most Sentinels name wins; with one real one (a tie) the `ROLE` check still picks
+/// the primary; alone, it names only a replica: the retryable `Unavailable`, saying so, within
+/// the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn disagreeing_sentinels_resolve_to_the_primary() {
+    let Some(servers) =
+        sentinels("redis_sentinel::disagreeing_sentinels_resolve_to_the_primary").await
+    else {
+        return;
+    };
+    let (fake, serve) = fake_sentinel(servers.servers[1].port).await;
+    let real: Vec<String> = servers
+        .sentinel_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    for sentinels in [
+        format!("127.0.0.1:{fake},{}", real.join(",")),
+        format!("127.0.0.1:{fake},{}", real[0]),
+    ] {
+        let url = format!("redis+sentinel://{sentinels}/mymaster?timeout=2s");
+        let store = headcount::connect(&url).await.unwrap();
+        // A write: the replica would refuse it.
+        store.incr("hc:{disagree}:n", None).await.unwrap();
+    }
+    let started = Instant::now();
+    let err = headcount::connect(&format!(
+        "redis+sentinel://127.0.0.1:{fake}/mymaster?timeout=2s"
+    ))
+    .await
+    .unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("replica"), "{err}");
+    assert!(started.elapsed() < OP_TIMEOUT, "{:?}", started.elapsed());
+    serve.abort();
+}
