@@ -9,12 +9,12 @@ use deadpool_postgres::{
     ClientWrapper, Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod,
 };
 use headcount_core::{Error, Op, Result};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::config::PostgresConfig;
 use super::errors::{self, BACKEND};
-use super::sql::{Statements, GC_BATCH};
+use super::sql::{Statement, Statements, GC_BATCH};
 use super::tls;
 
 /// Garbage is collected after every this many writes through one store handle: one slice of
@@ -253,10 +253,12 @@ impl Connections {
     /// looked up, so a role that may use but not create it works.
     async fn ensure_schema(&self, conn: &mut Conn) -> Result<()> {
         let client = conn.client()?;
-        let exists: bool = client
-            .query_one(&self.sql.exists, &[&self.sql.quoted_table])
+        let exists: bool = run(client, &self.sql.exists, &[&self.sql.quoted_table])
             .await
-            .and_then(|row| row.try_get(0))
+            .and_then(|rows| match rows.first() {
+                Some(row) => row.try_get(0),
+                None => Ok(false),
+            })
             .map_err(|e| self.classify(e))?;
         if !exists {
             let created = async {
@@ -278,13 +280,13 @@ impl Connections {
         Ok(())
     }
 
-    /// Runs one prepared statement and returns its rows, within the deadline. `counter` names the
-    /// key whose stored value is cast to a number, so a failed cast becomes
-    /// [`Error::ForeignValue`] for it.
+    /// Runs one statement and returns its rows, within the deadline. `counter` names the key
+    /// whose stored value is cast to a number, so a failed cast becomes [`Error::ForeignValue`]
+    /// for it.
     pub(crate) async fn query(
         &self,
         op: Op,
-        sql: &str,
+        sql: &Statement,
         params: &[&(dyn ToSql + Sync)],
         counter: Option<&str>,
     ) -> Result<Vec<Row>> {
@@ -398,14 +400,33 @@ impl Connections {
             wrapped,
         })
     }
+
 }
 
-/// Prepares (once per connection, cached) and runs `sql`: one round trip once prepared.
+/// Runs `statement` with `params` in one round trip, as the unnamed statement: its SQL goes with
+/// the parameters and their types every time (`Parse`, `Bind`, `Execute`, `Sync` in one go), so
+/// nothing is left on the server connection for a later call. A named prepared statement would
+/// save the server parsing and planning it again, but behind a pooler in transaction mode
+/// (PgBouncer's usual setting) the next call may run on another server connection, which does not
+/// have it (SQLSTATE 26000), or has another client's statement of the same name (42P05).
 async fn run(
-    client: &ClientWrapper,
-    sql: &str,
+    client: &tokio_postgres::Client,
+    statement: &Statement,
     params: &[&(dyn ToSql + Sync)],
 ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
-    let statement = client.prepare_cached(sql).await?;
-    client.query(&statement, params).await
+    client
+        .query_typed(&statement.sql, &typed(statement, params))
+        .await
+}
+
+/// `params` paired with the parameter types of `statement`.
+fn typed<'a>(
+    statement: &Statement,
+    params: &[&'a (dyn ToSql + Sync)],
+) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    params
+        .iter()
+        .copied()
+        .zip(statement.types.iter().cloned())
+        .collect()
 }

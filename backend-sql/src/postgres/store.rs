@@ -404,14 +404,7 @@ impl backend::Backend for PostgresStore {
     async fn durability(&self) -> Result<Durability> {
         let rows = self
             .inner
-            .query(
-                Op::Durability,
-                "SELECT current_setting('fsync'), current_setting('synchronous_commit'),
-                        (SELECT count(*) FROM pg_stat_replication),
-                        current_setting('synchronous_standby_names')",
-                &[],
-                None,
-            )
+            .query(Op::Durability, &self.inner.sql.durability, &[], None)
             .await?;
         let settings = rows
             .first()
@@ -432,18 +425,12 @@ impl backend::Backend for PostgresStore {
                 source: None,
             });
         };
-        // The running server: its databases share the start time (as seconds since 1970, so no
-        // session time zone changes it) and port. (Not
-        // `system_identifier`: clusters copied from one base backup or template share it.)
+        // The running server: its databases share the start time and port (through a pooler,
+        // the server's, not the pooler's). (Not `system_identifier`: clusters copied from one
+        // base backup or template share it.)
         let rows = self
             .inner
-            .query(
-                Op::Durability,
-                "SELECT extract(epoch FROM pg_postmaster_start_time())::text || ' on port ' \
-                 || current_setting('port')",
-                &[],
-                None,
-            )
+            .query(Op::Durability, &self.inner.sql.server, &[], None)
             .await?;
         let servers = rows
             .first()
