@@ -42,18 +42,6 @@ pub(crate) async fn pools(config: &PostgresConfig) -> Result<(Pool, Pool)> {
         }
         Err(_) => tls::connector(config)?,
     };
-    // A collection that waits for a table lock (a caller's `LOCK TABLE`, a migration) gives up
-    // at its deadline; `lock_timeout` makes the server give up too, instead of keeping the
-    // abandoned statement queued for the lock.
-    let mut gc_pg = config.pg.clone();
-    let lock_timeout = format!(
-        "-c lock_timeout={}",
-        config.deadline().after().as_millis().max(1)
-    );
-    match config.pg.get_options() {
-        Some(options) if !options.is_empty() => gc_pg.options(format!("{options} {lock_timeout}")),
-        _ => gc_pg.options(lock_timeout),
-    };
     let pool = |pg: &tokio_postgres::Config, size: usize| {
         let manager = Manager::from_config(
             pg.clone(),
@@ -75,7 +63,7 @@ pub(crate) async fn pools(config: &PostgresConfig) -> Result<(Pool, Pool)> {
             .build()
             .map_err(|e| Error::config(format!("cannot build the PostgreSQL pool: {e}")))
     };
-    Ok((pool(&config.pg, config.pool_size())?, pool(&gc_pg, 1)?))
+    Ok((pool(&config.pg, config.pool_size())?, pool(&config.pg, 1)?))
 }
 
 /// A store's pool, its statements and what it knows of the table.
@@ -359,7 +347,7 @@ impl Connections {
             let mut conn = self
                 .checkout_from(self.gc_pool.as_ref().unwrap_or(&self.pool))
                 .await?;
-            match run(conn.client()?, &self.sql.gc, &[&after]).await {
+            match self.gc_slice(conn.client()?, &after).await {
                 Ok(rows) => {
                     conn.reuse();
                     Ok(rows)
@@ -401,6 +389,27 @@ impl Connections {
         })
     }
 
+    /// One garbage collection's statement in a transaction of its own, whose `lock_timeout`
+    /// (`SET LOCAL`, so it ends with the transaction) is the store's `timeout`: a collection that
+    /// waits for a table lock (a caller's `LOCK TABLE`, a migration) gives up at its deadline,
+    /// and the server gives up too instead of keeping the abandoned statement queued for the
+    /// lock. A setting of the session (a startup `options` parameter) would not do: a pooler in
+    /// transaction mode refuses it, or hands the session to other clients.
+    async fn gc_slice(
+        &self,
+        client: &mut ClientWrapper,
+        after: &[u8],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        let lock_timeout = self.config.deadline().after().as_millis().max(1);
+        let tx = client.transaction().await?;
+        tx.batch_execute(&format!("SET LOCAL lock_timeout = {lock_timeout}"))
+            .await?;
+        let rows = tx
+            .query_typed(&self.sql.gc.sql, &typed(&self.sql.gc, &[&after]))
+            .await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
 }
 
 /// Runs `statement` with `params` in one round trip, as the unnamed statement: its SQL goes with
