@@ -27,6 +27,48 @@ fn with(url: &str, options: &str) -> String {
     format!("{url}{sep}{options}")
 }
 
+/// The store tells a connection through PgBouncer from one to the server itself: through
+/// PgBouncer its statements are sent unnamed (a statement prepared on one server connection is
+/// not there for the next transaction), to the server itself they are prepared.
+#[tokio::test]
+async fn pgbouncer_connections_are_told_from_direct_ones() {
+    use headcount_conformance::harness::PgBouncer;
+    let started = tokio::task::spawn_blocking(|| PgBouncer::start_new(None))
+        .await
+        .unwrap();
+    let Some(bouncer) = headcount_conformance::harness::skip_unless_required(
+        ServerKind::PgBouncer,
+        "pgbouncer_connections_are_told_from_direct_ones",
+        started,
+    ) else {
+        return;
+    };
+    for (url, pooled) in [(bouncer.url(), true), (bouncer.server_url(), false)] {
+        let store = PostgresStore::connect(&url).await.unwrap();
+        // Several calls at once, so that the store opens several connections.
+        let keys: Vec<String> = (0..8).map(|i| format!("hc:{{kinds}}:{i}")).collect();
+        let calls = keys.iter().map(|k| store.incr(k, None));
+        for n in futures::future::join_all(calls).await {
+            n.unwrap();
+        }
+        let (direct, through_pooler) = store.connections_direct_and_pooled();
+        if pooled {
+            assert!(
+                direct == 0 && through_pooler > 0,
+                "{url}: {direct} direct, {through_pooler} pooled"
+            );
+        } else {
+            assert!(
+                direct > 0 && through_pooler == 0,
+                "{url}: {direct} direct, {through_pooler} pooled"
+            );
+        }
+    }
+    tokio::task::spawn_blocking(move || drop(bouncer))
+        .await
+        .unwrap();
+}
+
 /// Garbage collection runs on a connection of its own, which used to set `lock_timeout` as a
 /// startup parameter (`options`): PgBouncer refused that connection ("unsupported startup
 /// parameter: options"), so no expired row was ever deleted through it.

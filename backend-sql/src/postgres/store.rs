@@ -119,6 +119,14 @@ impl PostgresStore {
         self.inner.note_write();
     }
 
+    /// How many of the connections this store has used reach the PostgreSQL server itself (its
+    /// statements are prepared on them) and how many go through a pooler such as PgBouncer (its
+    /// statements are sent unnamed there). For tests; not part of the public API.
+    #[doc(hidden)]
+    pub fn connections_direct_and_pooled(&self) -> (usize, usize) {
+        self.inner.connection_kinds()
+    }
+
     /// Runs one garbage collection now, as the store does in the background every 1000 writes:
     /// deletes the expired rows among the next 1000 rows of the table (in primary key order)
     /// after where the previous one stopped. For tests; not part of the public API.
