@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what headcount's tests need and the machine lacks: the servers the conformance suite
-# starts (PostgreSQL, Redis, etcd) and protoc with the protobuf well-known types (etcd-client
-# compiles etcd's .proto files at build time). Idempotent: installs only what is missing.
+# starts (PostgreSQL, PgBouncer, Redis, etcd) and protoc with the protobuf well-known types
+# (etcd-client compiles etcd's .proto files at build time). Idempotent: installs only what is missing.
 # Uses apt-get when run as root on Debian/Ubuntu; otherwise it says what to install.
 set -euo pipefail
 
@@ -11,6 +11,9 @@ have_postgres() {
 
 missing=()
 have_postgres || missing+=(postgresql)
+# PgBouncer in transaction mode, in front of a PostgreSQL the tests start (Debian puts it in
+# /usr/sbin, which is not on every user's PATH).
+command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
@@ -34,6 +37,7 @@ fi
 # The Debian packages start servers of their own; the tests start theirs on free ports.
 if command -v service >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     [ -d /etc/postgresql ] && { service postgresql stop >/dev/null 2>&1 || true; }
+    [ -f /etc/pgbouncer/pgbouncer.ini ] && { service pgbouncer stop >/dev/null 2>&1 || true; }
     service redis-server stop >/dev/null 2>&1 || true
     service etcd stop >/dev/null 2>&1 || true
 fi

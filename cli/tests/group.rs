@@ -151,31 +151,40 @@ fn active(v: &Option<Value>) -> Option<(u64, u64, u64)> {
     ))
 }
 
-/// Both runs active with replicas 2, indices {1, 2} and one epoch.
-fn both_active(latest: &[Option<Value>]) -> bool {
-    let (Some(a), Some(b)) = (active(&latest[0]), active(&latest[1])) else {
+/// Every run active with replicas the number of runs, indices 1 to that number and one epoch.
+fn all_active(latest: &[Option<Value>]) -> bool {
+    let Some(runs) = latest.iter().map(active).collect::<Option<Vec<_>>>() else {
         return false;
     };
-    a.1 == 2 && b.1 == 2 && a.2 == b.2 && [a.0.min(b.0), a.0.max(b.0)] == [1, 2]
+    let n = runs.len() as u64;
+    let mut indices: Vec<u64> = runs.iter().map(|r| r.0).collect();
+    indices.sort_unstable();
+    runs.iter().all(|r| r.1 == n && r.2 == runs[0].2) && indices == (1..=n).collect::<Vec<_>>()
 }
 
 type Lines = mpsc::Receiver<(usize, Value)>;
 
 /// Starts members `m0` and `m1` of `group` and waits until both are active as 1 and 2 of 2.
 fn two_active_runs(url: &str, group: &str) -> (Reap, Lines, Vec<Option<Value>>) {
+    active_runs(url, group, 2)
+}
+
+/// Starts members `m0` to `m<runs - 1>` of `group` and waits until they are active as 1 to
+/// `runs` of `runs`.
+fn active_runs(url: &str, group: &str, runs: usize) -> (Reap, Lines, Vec<Option<Value>>) {
     let (tx, rx) = mpsc::channel();
     let procs = Reap(
-        (0..2)
+        (0..runs)
             .map(|i| spawn_run(url, group, i, tx.clone()))
             .collect(),
     );
-    let mut latest = vec![None, None];
+    let mut latest = vec![None; runs];
     until(
         &rx,
         &mut latest,
         Duration::from_secs(20),
-        "both active",
-        both_active,
+        &format!("all {runs} active"),
+        all_active,
     );
     (procs, rx, latest)
 }
@@ -232,18 +241,40 @@ fn two_runs_hand_over_on_postgres() {
     two_runs_hand_over(&url, &format!("pair-{}-{nanos}", std::process::id()));
 }
 
-/// Two `run`s reach 1 and 2 of 2 under one epoch, `status --json` shows them, and a SIGTERM to
-/// one leaves the other alone under a newer epoch long before a lease could expire.
-fn two_runs_hand_over(url: &str, group: &str) {
-    let url = url.to_owned();
-    let (mut procs, rx, mut latest) = two_active_runs(&url, group);
-    for v in latest.iter().flatten() {
-        check_line(v);
+/// Three `run`s and `status` through PgBouncer in transaction mode, whose two server connections
+/// the runs' connections take turns on: the runs reach 1, 2 and 3 of 3 under one epoch, stay so
+/// for several heartbeats, and `status` shows them. With named prepared statements, a statement
+/// prepared on one server connection was executed on another ("prepared statement \"s3\" does
+/// not exist") or collided with another process's ("prepared statement \"s0\" already
+/// exists"), and the runs failed for good.
+#[cfg(feature = "postgres")]
+#[test]
+fn three_runs_and_status_through_pgbouncer_in_transaction_mode() {
+    use headcount_conformance::harness::{skip_unless_required, PgBouncer, ServerKind};
+    let label = "three_runs_and_status_through_pgbouncer_in_transaction_mode";
+    let Some(bouncer) =
+        skip_unless_required(ServerKind::PgBouncer, label, PgBouncer::start_new(None))
+    else {
+        return;
+    };
+    let url = bouncer.url();
+    let (procs, rx, mut latest) = active_runs(&url, "pooled", 3);
+    let epoch = active(&latest[0]).unwrap().2;
+    // Each run renews every 300 ms: over 2 s, any line it prints must still say all are active.
+    let end = Instant::now() + Duration::from_secs(2);
+    while let Ok((i, v)) = rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+        latest[i] = Some(v);
+        assert!(all_active(&latest), "no longer all active: {latest:?}");
     }
-    let epoch = active(&latest[1]).unwrap().2;
+    status_shows(&url, "pooled", &["m0", "m1", "m2"], epoch);
+    drop(procs);
+}
 
-    // status --json names both members and a view that matches them.
-    let s = status_json(&url, group, &["--sample", "1000"]);
+/// `status --json` of `group` names exactly `members`, each with the runs' TTL, a view at
+/// `epoch` or later, and owners for every one of 1000 sampled keys.
+fn status_shows(url: &str, group: &str, members: &[&str], epoch: u64) {
+    let s = status_json(url, group, &["--sample", "1000"]);
+    let want = members;
     let mut members: Vec<&str> = s["members"]
         .as_array()
         .unwrap()
@@ -251,7 +282,7 @@ fn two_runs_hand_over(url: &str, group: &str) {
         .map(|m| m["member"].as_str().unwrap())
         .collect();
     members.sort_unstable();
-    assert_eq!(members, ["m0", "m1"], "{s}");
+    assert_eq!(members, want, "{s}");
     assert!(s["view"]["epoch"].as_u64().unwrap() >= epoch, "{s}");
     let owned: u64 = s["sample_owned"]
         .as_array()
@@ -263,6 +294,20 @@ fn two_runs_hand_over(url: &str, group: &str) {
     for m in s["members"].as_array().unwrap() {
         assert_eq!(m["ttl_ms"], 900, "{s}");
     }
+}
+
+/// Two `run`s reach 1 and 2 of 2 under one epoch, `status --json` shows them, and a SIGTERM to
+/// one leaves the other alone under a newer epoch long before a lease could expire.
+fn two_runs_hand_over(url: &str, group: &str) {
+    let url = url.to_owned();
+    let (mut procs, rx, mut latest) = two_active_runs(&url, group);
+    for v in latest.iter().flatten() {
+        check_line(v);
+    }
+    let epoch = active(&latest[1]).unwrap().2;
+
+    // status --json names both members and a view that matches them.
+    status_shows(&url, group, &["m0", "m1"], epoch);
 
     // SIGTERM m0: it leaves at once and says so; m1 is alone well before m0's lease could expire.
     signal(&procs.0[0], "-TERM");

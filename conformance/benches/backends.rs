@@ -31,7 +31,9 @@
 //! prefix for list; no key index), on etcd the same `Txn`s (with one
 //! lease granted up front), on PostgreSQL the adapter's statements (the same checks and
 //! `RETURNING` clauses, so the server does the same work) prepared up front on one connection
-//! per task, on SQLite the adapter's statements (the same liveness and counter checks) through
+//! per task (and, as a third side, `raw-unnamed`, the same statements sent with every call as the
+//! unnamed statement, as the adapter sends them so that it works through a pooler in transaction
+//! mode: the last column is what that costs the server), on SQLite the adapter's statements (the same liveness and counter checks) through
 //! `spawn_blocking`; on every backend each raw
 //! call runs within a 5 s deadline, as the adapter's do (see `raw_deadline`). The adapter adds argument checks, a
 //! pool checkout, error mapping and, for etcd, lease sharing and per-key turn-taking; on Redis its
@@ -71,16 +73,16 @@ const PRIMITIVES: [Op; 7] = [
 
 type BoxFut<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
+/// Each primitive's PostgreSQL statement, prepared on one connection, and its SQL.
+type PgStatements = BTreeMap<Op, (tokio_postgres::Statement, String)>;
+
 /// One raw client per backend.
 enum Raw {
     Redis(redis::aio::MultiplexedConnection),
     Etcd(etcd_client::KvClient, i64),
-    Postgres(
-        Vec<(
-            tokio_postgres::Client,
-            BTreeMap<Op, tokio_postgres::Statement>,
-        )>,
-    ),
+    /// Per connection, each primitive's statement prepared up front, and its SQL (for the
+    /// unnamed side).
+    Postgres(Vec<(tokio_postgres::Client, PgStatements)>),
     Sqlite(Arc<Mutex<rusqlite::Connection>>),
 }
 
@@ -161,6 +163,13 @@ fn adapter_call(t: &Target, primitive: Op, task: usize, n: u64) -> BoxFut<'_> {
 
 /// The same call by hand with the raw client.
 fn raw_call(t: &Target, primitive: Op, task: usize, n: u64) -> BoxFut<'_> {
+    raw_call_as(t, primitive, task, n, false)
+}
+
+/// [`raw_call`], on PostgreSQL with the unnamed statement when `unnamed`: the SQL and its
+/// parameter types sent with every call (`query_typed`), as the adapter does so that it works
+/// through a pooler in transaction mode, instead of the statement prepared up front.
+fn raw_call_as(t: &Target, primitive: Op, task: usize, n: u64, unnamed: bool) -> BoxFut<'_> {
     Box::pin(async move {
         let ttl_ms = TTL.as_millis() as i64;
         match &t.raw {
@@ -317,11 +326,15 @@ fn raw_call(t: &Target, primitive: Op, task: usize, n: u64) -> BoxFut<'_> {
                     Op::List => (format!("{}l:", t.prefix), 0),
                     _ => (k("rm"), n as i64),
                 };
-                drop(
-                    c.query(&statements[&primitive], &[&key, &arg])
+                let (statement, sql) = &statements[&primitive];
+                let rows = if unnamed {
+                    use tokio_postgres::types::Type;
+                    c.query_typed(sql, &[(&key, Type::TEXT), (&arg, Type::INT8)])
                         .await
-                        .unwrap(),
-                );
+                } else {
+                    c.query(statement, &[&key, &arg]).await
+                };
+                drop(rows.unwrap());
             }
             Raw::Sqlite(conn) => {
                 let conn = conn.clone();
@@ -635,6 +648,8 @@ enum Side {
     Floor,
     Records,
     Upkeep,
+    /// PostgreSQL only: the raw client with the unnamed statement ([`raw_call_as`]).
+    Unnamed,
 }
 
 impl Side {
@@ -645,6 +660,7 @@ impl Side {
             Side::Floor => "raw+name-index",
             Side::Records => "raw+records",
             Side::Upkeep => "raw+records+upkeep",
+            Side::Unnamed => "raw-unnamed",
         }
     }
 }
@@ -684,7 +700,8 @@ async fn setup(backend: ServerKind) -> Option<Target> {
                 tokio::spawn(conn);
                 let mut statements = BTreeMap::new();
                 for p in PRIMITIVES {
-                    statements.insert(p, client.prepare(&pg_sql(p)).await.unwrap());
+                    let sql = pg_sql(p);
+                    statements.insert(p, (client.prepare(&sql).await.unwrap(), sql));
                 }
                 clients.push((client, statements));
             }
@@ -916,6 +933,7 @@ fn bench(c: &mut Criterion) {
                     let mut sides = [
                         Side::Adapter,
                         Side::Raw,
+                        Side::Unnamed,
                         Side::Floor,
                         Side::Records,
                         Side::Upkeep,
@@ -929,6 +947,9 @@ fn bench(c: &mut Criterion) {
                     if matches!(side, Side::Floor | Side::Records | Side::Upkeep)
                         && !has_floor(t.backend, primitive)
                     {
+                        continue;
+                    }
+                    if side == Side::Unnamed && t.backend != "postgres" {
                         continue;
                     }
                     let id = if rounds == 1 {
@@ -960,6 +981,9 @@ fn bench(c: &mut Criterion) {
                                                     None
                                                 }
                                                 Side::Raw => Some(raw_call(t, primitive, task, n)),
+                                                Side::Unnamed => {
+                                                    Some(raw_call_as(t, primitive, task, n, true))
+                                                }
                                                 Side::Floor | Side::Records | Side::Upkeep => {
                                                     Some(floor_call(t, side, primitive, task, n))
                                                 }
@@ -1005,8 +1029,8 @@ fn bench(c: &mut Criterion) {
 
 fn print_table(results: &BTreeMap<(String, Op, usize, Side), Stats>) {
     println!();
-    println!("| backend | primitive | conc. | adapter ops/s | p50 | p99 | raw ops/s | p50 | p99 | adapter/raw | per round | raw, slowest/fastest round | raw+name-index/raw | raw+records/raw | raw+records+upkeep/raw |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| backend | primitive | conc. | adapter ops/s | p50 | p99 | raw ops/s | p50 | p99 | adapter/raw | per round | raw, slowest/fastest round | raw+name-index/raw | raw+records/raw | raw+records+upkeep/raw | raw-unnamed/raw (per round) |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
     let rate = |s: &Stats| s.ops as f64 / s.elapsed.as_secs_f64().max(1e-9);
     let round_rate =
@@ -1025,15 +1049,21 @@ fn print_table(results: &BTreeMap<(String, Op, usize, Side), Stats>) {
                 let ratio = rate(a) / rate(r).max(1e-9);
                 // The adapter against raw within each round (measured next to each other), and
                 // how far raw's own rounds differ: a gap smaller than that is noise.
-                let per_round = a
-                    .rounds
-                    .iter()
-                    .filter_map(|(round, ar)| {
-                        let rr = r.rounds.get(round)?;
-                        Some(format!("{:.2}", round_rate(ar) / round_rate(rr).max(1e-9)))
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ");
+                let per_round_of = |x: &Stats| {
+                    x.rounds
+                        .iter()
+                        .filter_map(|(round, xr)| {
+                            let rr = r.rounds.get(round)?;
+                            Some(format!("{:.2}", round_rate(xr) / round_rate(rr).max(1e-9)))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                let per_round = per_round_of(a);
+                // PostgreSQL: the unnamed statement against the one prepared up front.
+                let unnamed = get(Side::Unnamed)
+                    .map(|u| format!("{:.2} ({})", rate(u) / rate(r).max(1e-9), per_round_of(u)))
+                    .unwrap_or_default();
                 let raw_rates = r.rounds.values().map(round_rate);
                 let spread = raw_rates.clone().fold(f64::INFINITY, f64::min)
                     / raw_rates.fold(0.0, f64::max).max(1e-9);
@@ -1048,7 +1078,7 @@ fn print_table(results: &BTreeMap<(String, Op, usize, Side), Stats>) {
                     of_raw(Side::Upkeep),
                 );
                 println!(
-                    "| {backend} | {primitive} | {concurrency} | {:.0} | {} | {} | {:.0} | {} | {} | {:.2}{} | {per_round} | {spread:.2} | {floor} | {records} | {upkeep} |",
+                    "| {backend} | {primitive} | {concurrency} | {:.0} | {} | {} | {:.0} | {} | {} | {:.2}{} | {per_round} | {spread:.2} | {floor} | {records} | {upkeep} | {unnamed} |",
                     rate(a),
                     ms(percentile(&al, 50)),
                     ms(percentile(&al, 99)),

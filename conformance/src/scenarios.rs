@@ -37,6 +37,7 @@ macro_rules! scenario_tests {
         $crate::__scenario_backends! { distributor, $workers, $cases,
             sqlite Sqlite "sqlite",
             postgres Postgres "postgres",
+            pgbouncer PgBouncer "postgres",
             redis Redis "redis",
             redis_cluster RedisCluster "redis",
             etcd Etcd "etcd",
@@ -44,9 +45,14 @@ macro_rules! scenario_tests {
         }
     };
     // PgFence (tests/fence.rs): a guard table inside the sink's own PostgreSQL transaction,
-    // driven through a tokio-postgres client, not a Store. Only PostgreSQL has one.
+    // driven through a tokio-postgres client, not a Store. Only PostgreSQL has one; through
+    // PgBouncer in transaction mode too, where the sink's client has no named prepared
+    // statements.
     (fence_postgres, workers = $workers:literal: $cases:tt) => {
-        $crate::__scenario_backends! { fence_postgres, $workers, $cases, postgres Postgres "postgres", }
+        $crate::__scenario_backends! { fence_postgres, $workers, $cases,
+            postgres Postgres "postgres",
+            pgbouncer PgBouncer "postgres",
+        }
     };
     // RedisFence (tests/fence.rs): a Lua script over a Redis connection, not a Store. One
     // server; the Cluster's one-slot rule is the family below.

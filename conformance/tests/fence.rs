@@ -24,7 +24,9 @@ fn unique(name: &str) -> String {
 #[cfg(feature = "postgres")]
 mod pg_fence {
     use super::*;
+    use headcount::postgres::FencedOutcome;
     use headcount::{ErrorKind, PgFence};
+    use tokio_postgres::types::Type;
     use tokio_postgres::{Client, NoTls};
 
     async fn connect_pg(url: &str) -> Client {
@@ -55,11 +57,34 @@ mod pg_fence {
         format!("INSERT INTO {sink} (resource, token, writer) SELECT $1, token, $3 FROM hc_fence")
     }
 
+    /// `fence.execute_fenced` of `write` by `writer` (its `$3`). Through PgBouncer, whose
+    /// transaction pooling keeps no named prepared statement from one call to the next,
+    /// `execute_fenced_typed`.
+    async fn write_fenced(
+        backend: ServerKind,
+        fence: &PgFence,
+        client: &Client,
+        write: &str,
+        resource: &str,
+        token: u64,
+        writer: i32,
+    ) -> headcount::Result<FencedOutcome> {
+        if backend == ServerKind::PgBouncer {
+            fence
+                .execute_fenced_typed(client, write, resource, token, &[(&writer, Type::INT4)])
+                .await
+        } else {
+            fence
+                .execute_fenced(client, write, resource, token, &[&writer])
+                .await
+        }
+    }
+
     async fn sink_tokens(client: &Client, sink: &str, resource: &str) -> Vec<(i64, i32)> {
         client
-            .query(
+            .query_typed(
                 &format!("SELECT token, writer FROM {sink} WHERE resource = $1 ORDER BY id"),
-                &[&resource],
+                &[(&resource, Type::TEXT)],
             )
             .await
             .unwrap()
@@ -74,20 +99,17 @@ mod pg_fence {
         };
         let (client, fence, sink) = setup(&url).await;
         let write = insert(&sink);
-        let newer = fence
-            .execute_fenced(&client, &write, "r", 5, &[&1_i32])
+        let newer = write_fenced(backend, &fence, &client, &write, "r", 5, 1)
             .await
             .unwrap();
         assert!(newer.admitted);
         assert_eq!(newer.rows, 1);
-        let older = fence
-            .execute_fenced(&client, &write, "r", 3, &[&2_i32])
+        let older = write_fenced(backend, &fence, &client, &write, "r", 3, 2)
             .await
             .unwrap();
         assert!(!older.admitted);
         assert_eq!(older.rows, 0, "a refused write wrote rows");
-        let equal = fence
-            .execute_fenced(&client, &write, "r", 5, &[&3_i32])
+        let equal = write_fenced(backend, &fence, &client, &write, "r", 5, 3)
             .await
             .unwrap();
         assert!(equal.admitted && equal.rows == 1, "{equal:?}");
@@ -96,9 +118,20 @@ mod pg_fence {
 
         // The plain statement of `fenced`, run by the caller: nothing written when refused.
         let sql = fence.fenced(&write);
-        let n = client.execute(&sql, &[&"r", &4_i64, &4_i32]).await.unwrap();
+        let typed = |token: i64, writer: i32| {
+            let (sql, client) = (&sql, &client);
+            async move {
+                let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 3] = [
+                    (&"r", Type::TEXT),
+                    (&token, Type::INT8),
+                    (&writer, Type::INT4),
+                ];
+                client.execute_typed(sql, &params).await.unwrap()
+            }
+        };
+        let n = typed(4, 4).await;
         assert_eq!(n, 0, "the fenced statement wrote with an older token");
-        let n = client.execute(&sql, &[&"r", &6_i64, &5_i32]).await.unwrap();
+        let n = typed(6, 5).await;
         assert_eq!(n, 1);
         assert_eq!(
             sink_tokens(&client, &sink, "r").await,
@@ -141,8 +174,7 @@ mod pg_fence {
                     // Tokens creep up with jitter, as epochs do with owners racing: many are
                     // admitted, and many arrive after a newer one.
                     let token = i * 10 + rand::random_range(0..40_u64);
-                    let out = fence
-                        .execute_fenced(&client, &write, "hot", token, &[&writer])
+                    let out = write_fenced(backend, &fence, &client, &write, "hot", token, writer)
                         .await
                         .unwrap();
                     assert_eq!(out.rows, u64::from(out.admitted), "{out:?}");

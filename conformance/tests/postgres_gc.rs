@@ -25,11 +25,16 @@ fn table(stem: &str) -> String {
     format!("hc_gc_{stem}_{:016x}", rand::random::<u64>())
 }
 
-async fn store(url: &str, table: &str) -> PostgresStore {
+/// A store on `table` with a 10 s timeout, or the URL options `options` (`timeout=1s&...`).
+async fn store_with(url: &str, table: &str, options: &str) -> PostgresStore {
     let sep = if url.contains('?') { '&' } else { '?' };
-    PostgresStore::connect(&format!("{url}{sep}table={table}&timeout=10s"))
+    PostgresStore::connect(&format!("{url}{sep}table={table}&{options}"))
         .await
         .unwrap()
+}
+
+async fn store(url: &str, table: &str) -> PostgresStore {
+    store_with(url, table, "timeout=10s").await
 }
 
 async fn connect(url: &str) -> Client {
@@ -84,6 +89,20 @@ async fn count(client: &Client, table: &str, stem: &str) -> i64 {
         .query_one(
             &format!("SELECT count(*) FROM {table} WHERE starts_with(key, $1)"),
             &[&stem],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// How many garbage collections of `table` wait for a lock on the server.
+async fn collections_waiting_for_a_lock(client: &Client, table: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0
+               AND strpos(query, 'slice') > 0",
+            &[&table],
         )
         .await
         .unwrap()
@@ -453,10 +472,7 @@ async fn postgres_gc_leaves_the_callers_pool_to_the_callers() {
         return;
     };
     let table = table("own");
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let store = PostgresStore::connect(&format!("{url}{sep}table={table}&timeout=10s&pool_size=1"))
-        .await
-        .unwrap();
+    let store = store_with(&url, &table, "timeout=10s&pool_size=1").await;
     let client = connect(&url).await;
     insert(&client, &table, "hc:{gc}:dead", 10, "-1 minute").await;
     store
@@ -476,17 +492,7 @@ async fn postgres_gc_leaves_the_callers_pool_to_the_callers() {
     });
     let started = Instant::now();
     loop {
-        let waiting: i64 = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0
-                   AND strpos(query, 'slice') > 0",
-                &[&table],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting > 0 {
+        if collections_waiting_for_a_lock(&client, &table).await > 0 {
             break;
         }
         assert!(
@@ -509,6 +515,52 @@ async fn postgres_gc_leaves_the_callers_pool_to_the_callers() {
         .unwrap()
         .unwrap();
     assert_eq!(gc.deleted, 10, "{gc:?}");
+    drop(locker);
+    drop_table(&client, &table).await;
+}
+
+/// A collection that waits for a table lock gives up at the store's deadline, and so does the
+/// server: the collection's transaction sets `lock_timeout` to the deadline (`SET LOCAL`, which a
+/// pooler in transaction mode keeps within the transaction), so its statement does not stay
+/// queued for the lock, holding a connection, after the call returned.
+#[tokio::test]
+async fn postgres_gc_waiting_for_a_table_lock_gives_up_on_the_server_too() {
+    let Some(url) = ServerKind::Postgres
+        .shared_or_skip(
+            "postgres_gc::postgres_gc_waiting_for_a_table_lock_gives_up_on_the_server_too",
+        )
+        .await
+    else {
+        return;
+    };
+    let table = table("locked");
+    let store = store_with(&url, &table, "timeout=1s").await;
+    let client = connect(&url).await;
+    insert(&client, &table, "hc:{gc}:dead", 10, "-1 minute").await;
+
+    let mut locker = connect(&url).await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute(&format!("LOCK TABLE {table} IN SHARE MODE"))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let e = store.collect_garbage_now().await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}: {e}",
+        started.elapsed()
+    );
+    // The lock is still held: a statement still waiting for it is the collection's, abandoned.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while collections_waiting_for_a_lock(&client, &table).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the collection's statement still waits for the lock 2 s after the call gave up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lock.commit().await.unwrap();
+    assert_eq!(count(&client, &table, "hc:{gc}:dead").await, 10);
     drop(locker);
     drop_table(&client, &table).await;
 }

@@ -2,6 +2,7 @@
 //! dropping it when that broke or timed out), creating the table, running statements within the
 //! deadline, and collecting expired rows now and then.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -9,12 +10,13 @@ use deadpool_postgres::{
     ClientWrapper, Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod,
 };
 use headcount_core::{Error, Op, Result};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::config::PostgresConfig;
 use super::errors::{self, BACKEND};
-use super::sql::{Statements, GC_BATCH};
+use super::pooler;
+use super::sql::{Statement, Statements, GC_BATCH};
 use super::tls;
 
 /// Garbage is collected after every this many writes through one store handle: one slice of
@@ -26,6 +28,10 @@ const GC_EVERY: u64 = GC_BATCH as u64;
 
 /// The most slices one garbage collection examines.
 const GC_SLICES: usize = 4;
+
+/// The most connections whose kind [`Connections::protocol`] remembers; past that it
+/// forgets them all, and asks again (one round trip each).
+const KINDS_REMEMBERED: usize = 4096;
 
 /// Builds the pools of the server `config` names (connecting lazily): the callers' pool of
 /// `pool_size` connections, and the garbage collection's of one (see [`Connections`]).
@@ -41,18 +47,6 @@ pub(crate) async fn pools(config: &PostgresConfig) -> Result<(Pool, Pool)> {
                 .map_err(|e| Error::unavailable(BACKEND, "cannot set up TLS", e))??
         }
         Err(_) => tls::connector(config)?,
-    };
-    // A collection that waits for a table lock (a caller's `LOCK TABLE`, a migration) gives up
-    // at its deadline; `lock_timeout` makes the server give up too, instead of keeping the
-    // abandoned statement queued for the lock.
-    let mut gc_pg = config.pg.clone();
-    let lock_timeout = format!(
-        "-c lock_timeout={}",
-        config.deadline().after().as_millis().max(1)
-    );
-    match config.pg.get_options() {
-        Some(options) if !options.is_empty() => gc_pg.options(format!("{options} {lock_timeout}")),
-        _ => gc_pg.options(lock_timeout),
     };
     let pool = |pg: &tokio_postgres::Config, size: usize| {
         let manager = Manager::from_config(
@@ -75,7 +69,7 @@ pub(crate) async fn pools(config: &PostgresConfig) -> Result<(Pool, Pool)> {
             .build()
             .map_err(|e| Error::config(format!("cannot build the PostgreSQL pool: {e}")))
     };
-    Ok((pool(&config.pg, config.pool_size())?, pool(&gc_pg, 1)?))
+    Ok((pool(&config.pg, config.pool_size())?, pool(&config.pg, 1)?))
 }
 
 /// A store's pool, its statements and what it knows of the table.
@@ -96,6 +90,20 @@ pub(crate) struct Connections {
     /// The last primary key (`key_hash`) the previous garbage collection examined; empty to start
     /// from the beginning of the table.
     gc_cursor: Mutex<Vec<u8>>,
+    /// Per connection, by the key its handshake announced: whether it reaches the server itself,
+    /// so that statements may be prepared on it (see [`pooler`]).
+    direct: Mutex<HashMap<(i32, i32), bool>>,
+}
+
+/// How a connection runs statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// Prepared once per connection (named, cached), then executed: one round trip, and the
+    /// server parses and plans once.
+    Prepared,
+    /// Sent with every call as the unnamed statement with the parameter types: one round trip,
+    /// nothing left on the server connection, a parse and a plan per call.
+    Unnamed,
 }
 
 /// What one garbage collection did. For tests; not part of the public API.
@@ -157,6 +165,7 @@ impl Connections {
             writes: AtomicU64::new(0),
             gc_running: AtomicBool::new(false),
             gc_cursor: Mutex::new(Vec::new()),
+            direct: Mutex::new(HashMap::new()),
         }
     }
 
@@ -221,6 +230,55 @@ impl Connections {
         self.gc_pool.as_ref().map_or(0, |p| p.status().size)
     }
 
+    /// How `client` runs statements: prepared when its connection reaches the server itself,
+    /// else (through a pooler, or when that cannot be told) unnamed. Asked once per connection,
+    /// with one round trip; remembered by the key its handshake announced.
+    async fn protocol(
+        &self,
+        client: &ClientWrapper,
+    ) -> std::result::Result<Protocol, tokio_postgres::Error> {
+        let Some(key) = pooler::announced_key(client).await else {
+            return Ok(Protocol::Unnamed);
+        };
+        let known = self
+            .direct
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+            .copied();
+        let direct = match known {
+            Some(direct) => direct,
+            None => {
+                let direct = pooler::reaches_the_announced_process(client, key.0).await?;
+                if !direct {
+                    tracing::info!(
+                        "this PostgreSQL connection goes through a pooler: its statements are \
+                         sent unnamed, not prepared"
+                    );
+                }
+                let mut kinds = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
+                if kinds.len() >= KINDS_REMEMBERED {
+                    kinds.clear();
+                }
+                kinds.insert(key, direct);
+                direct
+            }
+        };
+        Ok(if direct {
+            Protocol::Prepared
+        } else {
+            Protocol::Unnamed
+        })
+    }
+
+    /// How many of the connections seen so far reach the server itself, and how many go
+    /// through a pooler. For tests.
+    pub(crate) fn connection_kinds(&self) -> (usize, usize) {
+        let kinds = self.direct.lock().unwrap_or_else(PoisonError::into_inner);
+        let direct = kinds.values().filter(|d| **d).count();
+        (direct, kinds.len() - direct)
+    }
+
     async fn checkout(&self) -> Result<Conn> {
         self.checkout_from(&self.pool).await
     }
@@ -253,11 +311,18 @@ impl Connections {
     /// looked up, so a role that may use but not create it works.
     async fn ensure_schema(&self, conn: &mut Conn) -> Result<()> {
         let client = conn.client()?;
-        let exists: bool = client
-            .query_one(&self.sql.exists, &[&self.sql.quoted_table])
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(|e| self.classify(e))?;
+        let exists: bool = run(
+            client,
+            Protocol::Unnamed,
+            &self.sql.exists,
+            &[&self.sql.quoted_table],
+        )
+        .await
+        .and_then(|rows| match rows.first() {
+            Some(row) => row.try_get(0),
+            None => Ok(false),
+        })
+        .map_err(|e| self.classify(e))?;
         if !exists {
             let created = async {
                 let tx = client.transaction().await?;
@@ -278,13 +343,13 @@ impl Connections {
         Ok(())
     }
 
-    /// Runs one prepared statement and returns its rows, within the deadline. `counter` names the
-    /// key whose stored value is cast to a number, so a failed cast becomes
-    /// [`Error::ForeignValue`] for it.
+    /// Runs one statement and returns its rows, within the deadline. `counter` names the key
+    /// whose stored value is cast to a number, so a failed cast becomes [`Error::ForeignValue`]
+    /// for it.
     pub(crate) async fn query(
         &self,
         op: Op,
-        sql: &str,
+        sql: &Statement,
         params: &[&(dyn ToSql + Sync)],
         counter: Option<&str>,
     ) -> Result<Vec<Row>> {
@@ -293,12 +358,20 @@ impl Connections {
             if !self.schema_ready.load(Ordering::Acquire) {
                 self.ensure_schema(&mut conn).await?;
             }
-            let mut result = run(conn.client()?, sql, params).await;
+            let client = conn.client()?;
+            let mut result = match self.protocol(client).await {
+                Ok(protocol) => run(client, protocol, sql, params).await,
+                Err(e) => Err(e),
+            };
             if matches!(&result, Err(e) if errors::is_undefined_table(e)) {
                 // The table was dropped or the server re-initialised: create it again, once.
                 self.schema_ready.store(false, Ordering::Release);
                 self.ensure_schema(&mut conn).await?;
-                result = run(conn.client()?, sql, params).await;
+                let client = conn.client()?;
+                result = match self.protocol(client).await {
+                    Ok(protocol) => run(client, protocol, sql, params).await,
+                    Err(e) => Err(e),
+                };
             }
             match result {
                 Ok(rows) => {
@@ -330,7 +403,9 @@ impl Connections {
     /// The stored value at `key`, live or not, for a foreign-value report.
     async fn raw_value(&self, conn: &mut Conn, key: &str) -> String {
         let fetched = match conn.client() {
-            Ok(client) => run(client, &self.sql.raw_value, &[&key]).await.ok(),
+            Ok(client) => run(client, Protocol::Unnamed, &self.sql.raw_value, &[&key])
+                .await
+                .ok(),
             Err(_) => None,
         };
         fetched
@@ -357,7 +432,7 @@ impl Connections {
             let mut conn = self
                 .checkout_from(self.gc_pool.as_ref().unwrap_or(&self.pool))
                 .await?;
-            match run(conn.client()?, &self.sql.gc, &[&after]).await {
+            match self.gc_slice(conn.client()?, &after).await {
                 Ok(rows) => {
                     conn.reuse();
                     Ok(rows)
@@ -398,14 +473,66 @@ impl Connections {
             wrapped,
         })
     }
+
+    /// One garbage collection's statement in a transaction of its own, whose `lock_timeout`
+    /// (`SET LOCAL`, so it ends with the transaction) is the store's `timeout`: a collection that
+    /// waits for a table lock (a caller's `LOCK TABLE`, a migration) gives up at its deadline,
+    /// and the server gives up too instead of keeping the abandoned statement queued for the
+    /// lock. A setting of the session (a startup `options` parameter) would not do: a pooler in
+    /// transaction mode refuses it, or hands the session to other clients.
+    async fn gc_slice(
+        &self,
+        client: &mut ClientWrapper,
+        after: &[u8],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        let lock_timeout = self.config.deadline().after().as_millis().max(1);
+        let tx = client.transaction().await?;
+        tx.batch_execute(&format!("SET LOCAL lock_timeout = {lock_timeout}"))
+            .await?;
+        let rows = tx
+            .query_typed(&self.sql.gc.sql, &typed(&self.sql.gc, &[&after]))
+            .await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
 }
 
-/// Prepares (once per connection, cached) and runs `sql`: one round trip once prepared.
+/// Runs `statement` with `params` in one round trip. [`Protocol::Prepared`]: prepared once per
+/// connection (cached, with the statement's parameter types), then executed.
+/// [`Protocol::Unnamed`]: the SQL goes with the parameters and their types every time (`Parse`,
+/// `Bind`, `Execute`, `Sync` in one go), so nothing is left on the server connection for a later
+/// call, which is what a pooler in transaction mode needs: there the next call may run on another
+/// server connection, which does not have a statement prepared earlier (SQLSTATE 26000), or has
+/// another client's statement of the same name (42P05), see [`pooler`].
 async fn run(
     client: &ClientWrapper,
-    sql: &str,
+    protocol: Protocol,
+    statement: &Statement,
     params: &[&(dyn ToSql + Sync)],
 ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
-    let statement = client.prepare_cached(sql).await?;
-    client.query(&statement, params).await
+    match protocol {
+        Protocol::Prepared => {
+            let prepared = client
+                .prepare_typed_cached(&statement.sql, &statement.types)
+                .await?;
+            client.query(&prepared, params).await
+        }
+        Protocol::Unnamed => {
+            client
+                .query_typed(&statement.sql, &typed(statement, params))
+                .await
+        }
+    }
+}
+
+/// `params` paired with the parameter types of `statement`.
+fn typed<'a>(
+    statement: &Statement,
+    params: &[&'a (dyn ToSql + Sync)],
+) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+    params
+        .iter()
+        .copied()
+        .zip(statement.types.iter().cloned())
+        .collect()
 }

@@ -54,6 +54,18 @@ fn retryable_sqlstate(code: &str) -> bool {
         && code != "57P04"
 }
 
+/// What to do about an error that only a connection pooler gives, or `None`. PgBouncer refuses
+/// a startup parameter it does not know (the URL's `options`) with 08P01, a class that is
+/// otherwise retryable, and would be refused again on every attempt.
+fn pooler_hint(code: &str, message: &str) -> Option<&'static str> {
+    (code == "08P01" && message.starts_with("unsupported startup parameter")).then_some(
+        "; a connection pooler (PgBouncer) refuses startup parameters it does not know: \
+         remove that option from the URL (instead of `options`, set the settings on the role \
+         or database: ALTER ROLE ... SET), or list it in the pooler's \
+         ignore_startup_parameters",
+    )
+}
+
 /// Maps a client error. `password` is scrubbed from the message as a last line of defence: no
 /// message we know of contains it.
 pub(crate) fn classify(e: tokio_postgres::Error, password: Option<&str>) -> Error {
@@ -62,6 +74,10 @@ pub(crate) fn classify(e: tokio_postgres::Error, password: Option<&str>) -> Erro
         let mut message = format!("{} (SQLSTATE {code})", db.message());
         if let Some(hint) = db.hint() {
             message.push_str(&format!("; hint: {hint}"));
+        }
+        if let Some(hint) = pooler_hint(&code, db.message()) {
+            message.push_str(hint);
+            return Error::rejected(BACKEND, scrub(message, password), e);
         }
         let message = scrub(message, password);
         return if retryable_sqlstate(&code) {
@@ -136,6 +152,17 @@ mod tests {
         ] {
             assert!(!retryable_sqlstate(code), "{code}");
         }
+    }
+
+    #[test]
+    fn a_refused_startup_parameter_names_the_pooler() {
+        let hint = pooler_hint("08P01", "unsupported startup parameter: options").unwrap();
+        assert!(hint.contains("PgBouncer") && hint.contains("ignore_startup_parameters"));
+        assert_eq!(pooler_hint("08P01", "server conn crashed?"), None);
+        assert_eq!(
+            pooler_hint("08006", "unsupported startup parameter: x"),
+            None
+        );
     }
 
     #[test]

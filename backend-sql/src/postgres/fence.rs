@@ -2,11 +2,11 @@
 //! guards in one statement: [`PgFence`].
 
 use headcount_core::{Error, Result};
-use tokio_postgres::types::ToSql;
-use tokio_postgres::GenericClient;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{GenericClient, Row};
 
 use super::config::is_plain_identifier;
-use super::errors;
+use super::errors::{self, BACKEND};
 
 /// PostgreSQL truncates identifiers longer than this.
 const MAX_IDENTIFIER_LEN: usize = 63;
@@ -136,7 +136,10 @@ impl PgFence {
     ) -> Result<bool> {
         let token = check(resource, token)?;
         let rows = client
-            .query(&self.admit, &[&resource, &token])
+            .query_typed(
+                &self.admit,
+                &[(&resource, Type::TEXT), (&token, Type::INT8)],
+            )
             .await
             .map_err(classify)?;
         if rows.is_empty() {
@@ -154,7 +157,7 @@ impl PgFence {
         check(resource, 0)?;
         let sql = format!("SELECT token FROM {} WHERE resource = $1", self.quoted);
         let row = client
-            .query_opt(&sql, &[&resource])
+            .query_typed_opt(&sql, &[(&resource, Type::TEXT)])
             .await
             .map_err(classify)?;
         row.map(|r| {
@@ -188,7 +191,11 @@ impl PgFence {
     /// `$3`, `$4`, ...) and says whether the fence admitted `token` and how many rows the write
     /// wrote. `write_sql` must be an `INSERT`, `UPDATE` or `DELETE` without a `RETURNING` clause
     /// of its own: it runs as a second data-modifying CTE, `RETURNING 1` appended, so both
-    /// answers come back in one round trip.
+    /// answers come back in one statement.
+    ///
+    /// tokio-postgres prepares the statement first, as a named prepared statement, which a
+    /// pooler in transaction mode (PgBouncer) cannot keep for the execution that follows: through
+    /// one, use [`execute_fenced_typed`](Self::execute_fenced_typed).
     pub async fn execute_fenced<C: GenericClient + Sync>(
         &self,
         client: &C,
@@ -198,26 +205,70 @@ impl PgFence {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<FencedOutcome> {
         let token = check(resource, token)?;
-        let sql = format!(
-            "{}, hc_write AS ({write_sql} RETURNING 1)
-             SELECT (SELECT count(*) FROM hc_fence), (SELECT count(*) FROM hc_write)",
-            self.fence_cte
-        );
         let mut all: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(params.len() + 2);
         all.push(&resource);
         all.push(&token);
         all.extend_from_slice(params);
-        let row = client.query_one(&sql, &all).await.map_err(classify)?;
-        let admitted: i64 = row.try_get(0).map_err(classify)?;
-        let rows: i64 = row.try_get(1).map_err(classify)?;
-        if admitted == 0 {
-            headcount_core::metrics::record_fence_rejection("postgres");
-        }
-        Ok(FencedOutcome {
-            admitted: admitted > 0,
-            rows: u64::try_from(rows).unwrap_or(0),
-        })
+        let row = client
+            .query_one(&self.fenced_write(write_sql), &all)
+            .await
+            .map_err(classify)?;
+        outcome(&row)
     }
+
+    /// [`execute_fenced`](Self::execute_fenced) with the type of each of `params` given
+    /// (`(&value, Type::TEXT)`, as tokio-postgres's `query_typed` takes them): one round trip,
+    /// with the unnamed statement, so it works through a pooler in transaction mode (PgBouncer)
+    /// too.
+    pub async fn execute_fenced_typed<C: GenericClient + Sync>(
+        &self,
+        client: &C,
+        write_sql: &str,
+        resource: &str,
+        token: u64,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<FencedOutcome> {
+        let token = check(resource, token)?;
+        let mut all: Vec<(&(dyn ToSql + Sync), Type)> = Vec::with_capacity(params.len() + 2);
+        all.push((&resource, Type::TEXT));
+        all.push((&token, Type::INT8));
+        all.extend(params.iter().cloned());
+        let rows = client
+            .query_typed(&self.fenced_write(write_sql), &all)
+            .await
+            .map_err(classify)?;
+        match rows.first() {
+            Some(row) => outcome(row),
+            None => Err(Error::rejected(
+                BACKEND,
+                "a fenced write returned no row",
+                "the statement always returns one",
+            )),
+        }
+    }
+
+    /// The statement of [`execute_fenced`](Self::execute_fenced): the fence, `write_sql`, and
+    /// a count of each.
+    fn fenced_write(&self, write_sql: &str) -> String {
+        format!(
+            "{}, hc_write AS ({write_sql} RETURNING 1)
+             SELECT (SELECT count(*) FROM hc_fence), (SELECT count(*) FROM hc_write)",
+            self.fence_cte
+        )
+    }
+}
+
+/// What the row of a fenced write says.
+fn outcome(row: &Row) -> Result<FencedOutcome> {
+    let admitted: i64 = row.try_get(0).map_err(classify)?;
+    let rows: i64 = row.try_get(1).map_err(classify)?;
+    if admitted == 0 {
+        headcount_core::metrics::record_fence_rejection("postgres");
+    }
+    Ok(FencedOutcome {
+        admitted: admitted > 0,
+        rows: u64::try_from(rows).unwrap_or(0),
+    })
 }
 
 /// Checks a resource name and a token, returning the token as PostgreSQL's `bigint`.

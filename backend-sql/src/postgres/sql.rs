@@ -1,5 +1,11 @@
 //! The SQL of every primitive, with the table name filled in: one statement each, with expiry
-//! judged by the server's `now()`.
+//! judged by the server's `now()`, and the types of its parameters.
+
+use tokio_postgres::types::Type;
+
+const TEXT: Type = Type::TEXT;
+const INT8: Type = Type::INT8;
+const BYTEA: Type = Type::BYTEA;
 
 /// How many leading characters of a key the prefix index holds. 512 characters are at most 2 KiB
 /// of UTF-8, safely under the ~2.7 KB limit of a btree entry, while keys may be 4 KiB.
@@ -10,27 +16,55 @@ pub(crate) const KEY_HEAD_CHARS: usize = 512;
 /// (which may hold other deployments' rows).
 pub(crate) const GC_BATCH: u32 = 1000;
 
+/// One statement: its SQL and the types of its parameters (`$1`, `$2`, ...), which go to the
+/// server with every execution (see `connection::run`), so that it needs no named prepared
+/// statement.
+#[derive(Debug)]
+pub(crate) struct Statement {
+    pub(crate) sql: String,
+    pub(crate) types: Vec<Type>,
+}
+
+/// `sql.typed(&[TEXT, INT8])`: the [`Statement`] of `sql` with the parameter types given.
+trait Typed {
+    fn typed(self, types: &[Type]) -> Statement;
+}
+
+impl Typed for String {
+    fn typed(self, types: &[Type]) -> Statement {
+        Statement {
+            sql: self,
+            types: types.to_vec(),
+        }
+    }
+}
+
 /// The SQL of every statement, with the table name filled in.
 #[derive(Debug)]
 pub(crate) struct Statements {
     /// The quoted table name, for `to_regclass`.
     pub(crate) quoted_table: String,
-    pub(crate) exists: String,
+    pub(crate) exists: Statement,
+    /// A batch for the simple-query protocol (no parameters), run in a transaction.
     pub(crate) create: String,
-    pub(crate) incr: String,
-    pub(crate) incr_and_get: String,
-    pub(crate) get: String,
-    pub(crate) expire: String,
-    pub(crate) cas_update: String,
-    pub(crate) cas_insert: String,
-    pub(crate) delete: String,
-    pub(crate) compare_and_delete: String,
-    pub(crate) list: String,
-    pub(crate) renew_and_list: String,
-    pub(crate) renew_if_changed: String,
-    pub(crate) set_max: String,
-    pub(crate) raw_value: String,
-    pub(crate) gc: String,
+    pub(crate) incr: Statement,
+    pub(crate) incr_and_get: Statement,
+    pub(crate) get: Statement,
+    pub(crate) expire: Statement,
+    pub(crate) cas_update: Statement,
+    pub(crate) cas_insert: Statement,
+    pub(crate) delete: Statement,
+    pub(crate) compare_and_delete: Statement,
+    pub(crate) list: Statement,
+    pub(crate) renew_and_list: Statement,
+    pub(crate) renew_if_changed: Statement,
+    pub(crate) set_max: Statement,
+    pub(crate) raw_value: Statement,
+    pub(crate) gc: Statement,
+    /// The settings `durability()` judges.
+    pub(crate) durability: Statement,
+    /// The running server, as `durability()` names it: its start time and port.
+    pub(crate) server: Statement,
 }
 
 impl Statements {
@@ -62,7 +96,7 @@ impl Statements {
         };
         Statements {
             quoted_table: t.clone(),
-            exists: "SELECT to_regclass($1::text) IS NOT NULL".into(),
+            exists: String::from("SELECT to_regclass($1::text) IS NOT NULL").typed(&[TEXT]),
             create: format!(
                 r#"SELECT pg_advisory_xact_lock(hashtext('headcount schema {table}'));
 CREATE TABLE IF NOT EXISTS {t} (
@@ -81,7 +115,8 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                    value = CASE WHEN {live} THEN ({stored_int} + 1)::text ELSE '1' END,
                    expires_at = CASE WHEN {live} THEN cur.expires_at ELSE EXCLUDED.expires_at END
                  RETURNING cur.value::bigint"
-            ),
+            )
+            .typed(&[TEXT, INT8]),
             // One statement: the CTE increments, the outer query reads the other key. The read
             // sees the snapshot the statement started with (READ COMMITTED), which is a point
             // between sending the request and its reply.
@@ -98,27 +133,35 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                                 AND (g.expires_at IS NULL OR g.expires_at > now()))
                  FROM i",
                 get_hash = hash("$4::text"),
-            ),
-            get: format!("SELECT cur.value FROM {t} AS cur WHERE {by_key} AND {live}"),
+            )
+            .typed(&[TEXT, INT8, INT8, TEXT]),
+            get: format!("SELECT cur.value FROM {t} AS cur WHERE {by_key} AND {live}")
+            .typed(&[TEXT]),
             expire: format!(
                 "UPDATE {t} AS cur SET expires_at = {new_expiry} WHERE {by_key} AND {live} RETURNING 1"
-            ),
+            )
+            .typed(&[TEXT, INT8]),
             cas_update: format!(
                 "UPDATE {t} AS cur SET value = $3, expires_at = {new_expiry}
                  WHERE {by_key} AND cur.value = $4 AND {live} RETURNING 1"
-            ),
+            )
+            .typed(&[TEXT, INT8, TEXT, TEXT]),
             cas_insert: format!(
                 "INSERT INTO {t} AS cur (key, value, expires_at) VALUES ($1, $3, {new_expiry})
                  ON CONFLICT (key_hash) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
                  WHERE {expired} RETURNING 1"
-            ),
+            )
+            .typed(&[TEXT, INT8, TEXT]),
             delete: format!(
                 "DELETE FROM {t} AS cur WHERE {by_key} RETURNING {live}"
-            ),
+            )
+            .typed(&[TEXT]),
             compare_and_delete: format!(
                 "DELETE FROM {t} AS cur WHERE {by_key} AND cur.value = $2 AND {live} RETURNING 1"
-            ),
-            list: format!("{} ORDER BY cur.key", listing("$1", "$2")),
+            )
+            .typed(&[TEXT, TEXT]),
+            list: format!("{} ORDER BY cur.key", listing("$1", "$2"))
+            .typed(&[TEXT, TEXT]),
             // One statement: the CTE renews, the outer query lists. The listing reads the
             // snapshot the statement started with, so it does not see the new expiry, but the
             // renewal never changes a value, and `now()` is the same instant for both parts: a
@@ -135,7 +178,8 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                  LEFT JOIN ({listing}) AS l ON true
                  ORDER BY l.key",
                 listing = listing("$4", "$5"),
-            ),
+            )
+            .typed(&[TEXT, INT8, TEXT, TEXT, TEXT]),
             // The renewal, then the keys directly under the directory ($4, $5: its LIKE patterns;
             // $6: the directory, measured by the server in its own encoding's characters, as
             // `substr` counts them) and a SHA-256 of them computed by the server (not md5, which
@@ -163,7 +207,8 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                  FROM v LEFT JOIN l ON v.version IS DISTINCT FROM $7::text
                  ORDER BY l.key",
                 listing = listing("$4", "$5"),
-            ),
+            )
+            .typed(&[TEXT, INT8, TEXT, TEXT, TEXT, TEXT, TEXT]),
             // CASE, not OR: PostgreSQL does not promise to evaluate OR left to right, and the cast
             // must never run on an expired row (it may hold anything).
             set_max: format!(
@@ -171,8 +216,10 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                  ON CONFLICT (key_hash) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
                  WHERE CASE WHEN {expired} THEN true ELSE {stored_int} < $3::bigint END
                  RETURNING 1"
-            ),
-            raw_value: format!("SELECT cur.value FROM {t} AS cur WHERE {by_key}"),
+            )
+            .typed(&[TEXT, INT8, INT8]),
+            raw_value: format!("SELECT cur.value FROM {t} AS cur WHERE {by_key}")
+            .typed(&[TEXT]),
             // Garbage collection over the slice of at most GC_BATCH rows after the cursor $1 in
             // primary key order: an index range scan, never a scan of the whole table (there is
             // no index on `expires_at`). Of those, the rows expired in the statement's snapshot
@@ -196,7 +243,20 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
                  )
                  SELECT (SELECT key_hash FROM slice ORDER BY key_hash DESC LIMIT 1),
                         (SELECT count(*) FROM slice), (SELECT count(*) FROM gone)"
-            ),
+            )
+            .typed(&[BYTEA]),
+            durability: String::from(
+                "SELECT current_setting('fsync'), current_setting('synchronous_commit'),
+                        (SELECT count(*) FROM pg_stat_replication),
+                        current_setting('synchronous_standby_names')",
+            )
+            .typed(&[]),
+            // As seconds since 1970, so no session time zone changes it.
+            server: String::from(
+                "SELECT extract(epoch FROM pg_postmaster_start_time())::text || ' on port ' \
+                 || current_setting('port')",
+            )
+            .typed(&[]),
         }
     }
 }
@@ -242,7 +302,51 @@ mod tests {
     fn statements_quote_the_table() {
         let sql = Statements::new("user");
         assert!(sql.create.contains("CREATE TABLE IF NOT EXISTS \"user\""));
-        assert!(sql.incr.contains("INSERT INTO \"user\" AS cur"));
+        assert!(sql.incr.sql.contains("INSERT INTO \"user\" AS cur"));
         assert_eq!(sql.quoted_table, "\"user\"");
+    }
+
+    /// The highest `$n` in `sql`.
+    fn highest_parameter(sql: &str) -> usize {
+        let mut highest = 0;
+        let mut rest = sql;
+        while let Some(at) = rest.find('$') {
+            rest = &rest[at + 1..];
+            let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            highest = highest.max(rest[..digits].parse().unwrap_or(0));
+        }
+        highest
+    }
+
+    #[test]
+    fn every_parameter_has_a_type() {
+        let sql = Statements::new("kv");
+        let all = [
+            ("exists", &sql.exists),
+            ("incr", &sql.incr),
+            ("incr_and_get", &sql.incr_and_get),
+            ("get", &sql.get),
+            ("expire", &sql.expire),
+            ("cas_update", &sql.cas_update),
+            ("cas_insert", &sql.cas_insert),
+            ("delete", &sql.delete),
+            ("compare_and_delete", &sql.compare_and_delete),
+            ("list", &sql.list),
+            ("renew_and_list", &sql.renew_and_list),
+            ("renew_if_changed", &sql.renew_if_changed),
+            ("set_max", &sql.set_max),
+            ("raw_value", &sql.raw_value),
+            ("gc", &sql.gc),
+            ("durability", &sql.durability),
+            ("server", &sql.server),
+        ];
+        for (name, statement) in all {
+            assert_eq!(
+                highest_parameter(&statement.sql),
+                statement.types.len(),
+                "{name}"
+            );
+        }
+        assert_eq!(highest_parameter("a $1, $12 and $3"), 12);
     }
 }

@@ -119,6 +119,14 @@ impl PostgresStore {
         self.inner.note_write();
     }
 
+    /// How many of the connections this store has used reach the PostgreSQL server itself (its
+    /// statements are prepared on them) and how many go through a pooler such as PgBouncer (its
+    /// statements are sent unnamed there). For tests; not part of the public API.
+    #[doc(hidden)]
+    pub fn connections_direct_and_pooled(&self) -> (usize, usize) {
+        self.inner.connection_kinds()
+    }
+
     /// Runs one garbage collection now, as the store does in the background every 1000 writes:
     /// deletes the expired rows among the next 1000 rows of the table (in primary key order)
     /// after where the previous one stopped. For tests; not part of the public API.
@@ -404,14 +412,7 @@ impl backend::Backend for PostgresStore {
     async fn durability(&self) -> Result<Durability> {
         let rows = self
             .inner
-            .query(
-                Op::Durability,
-                "SELECT current_setting('fsync'), current_setting('synchronous_commit'),
-                        (SELECT count(*) FROM pg_stat_replication),
-                        current_setting('synchronous_standby_names')",
-                &[],
-                None,
-            )
+            .query(Op::Durability, &self.inner.sql.durability, &[], None)
             .await?;
         let settings = rows
             .first()
@@ -432,18 +433,12 @@ impl backend::Backend for PostgresStore {
                 source: None,
             });
         };
-        // The running server: its databases share the start time (as seconds since 1970, so no
-        // session time zone changes it) and port. (Not
-        // `system_identifier`: clusters copied from one base backup or template share it.)
+        // The running server: its databases share the start time and port (through a pooler,
+        // the server's, not the pooler's). (Not `system_identifier`: clusters copied from one
+        // base backup or template share it.)
         let rows = self
             .inner
-            .query(
-                Op::Durability,
-                "SELECT extract(epoch FROM pg_postmaster_start_time())::text || ' on port ' \
-                 || current_setting('port')",
-                &[],
-                None,
-            )
+            .query(Op::Durability, &self.inner.sql.server, &[], None)
             .await?;
         let servers = rows
             .first()

@@ -162,28 +162,13 @@ impl KvServer {
     }
 
     fn wait_ready(&self) -> io::Result<()> {
-        let end = Instant::now() + READY_DEADLINE;
-        loop {
-            if let Some(status) = self.process.exited()? {
-                return Err(io::Error::other(format!(
-                    "{} exited ({status}) while starting:\n{}\n{}",
-                    self.bin.display(),
-                    process::log_tail(&self.log),
-                    process::log_tail(&self.root.join("stdout.log"))
-                )));
-            }
-            if self.ready() {
-                return Ok(());
-            }
-            if Instant::now() > end {
-                return Err(io::Error::other(format!(
-                    "{} did not become ready within {READY_DEADLINE:?}:\n{}",
-                    self.bin.display(),
-                    process::log_tail(&self.root.join("stdout.log"))
-                )));
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
+        let stdout = self.root.join("stdout.log");
+        self.process.wait_ready(
+            &self.bin.display().to_string(),
+            READY_DEADLINE,
+            &[&self.log, &stdout],
+            || self.ready(),
+        )
     }
 
     fn ready(&self) -> bool {

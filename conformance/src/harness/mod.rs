@@ -2,13 +2,14 @@
 //!
 //! For each backend, in order:
 //!
-//! 1. `HEADCOUNT_TEST_<BACKEND>_URL` (`HEADCOUNT_TEST_POSTGRES_URL`, `…_SQLITE_URL`,
-//!    `…_REDIS_URL`, `…_REDIS_CLUSTER_URL`, `…_REDIS_SENTINEL_URL`, `…_ETCD_URL`,
-//!    `…_ETCD_CLUSTER_URL`) when set: the
-//!    tests use that store, and the fault cases (which must kill the server) are skipped.
+//! 1. `HEADCOUNT_TEST_<BACKEND>_URL` (`HEADCOUNT_TEST_POSTGRES_URL`, `…_PGBOUNCER_URL`,
+//!    `…_SQLITE_URL`, `…_REDIS_URL`, `…_REDIS_CLUSTER_URL`, `…_REDIS_SENTINEL_URL`, `…_ETCD_URL`,
+//!    `…_ETCD_CLUSTER_URL`) when set: the tests use that store, and the fault cases (which must
+//!    kill the server) are skipped.
 //! 2. Else the server binary (PostgreSQL's `initdb` and `postgres`, from PATH or
 //!    `/usr/lib/postgresql/*/bin`, or only from `HEADCOUNT_TEST_POSTGRES_BIN_DIR` when set, run
-//!    as the `postgres` user when the tests run as root; `redis-server` and `redis-cli`; `etcd`),
+//!    as the `postgres` user when the tests run as root; `pgbouncer` in front of a PostgreSQL of
+//!    its own; `redis-server` and `redis-cli`; `etcd`),
 //!    started on free loopback ports in a temp dir: one server, or for the cluster backends a
 //!    3-primary Redis Cluster (`redis-cli --cluster create`), a primary and a replica behind three
 //!    Sentinels (`redis-server --sentinel`, no other binary), or a 3-member etcd cluster. One
@@ -26,6 +27,7 @@
 //! thread with `PR_SET_PDEATHSIG`, and an exit hook stops them and removes their directories.
 
 mod kv_servers;
+mod pgbouncer;
 mod postgres;
 mod process;
 mod proxy;
@@ -41,6 +43,7 @@ use std::time::Duration;
 use crate::{Case, Ctx, Needs, ServerControl};
 
 pub use kv_servers::{KvControl, KvServer, KvStore, SENTINEL_MASTER};
+pub use pgbouncer::{PgBouncer, PgBouncerControl};
 pub use postgres::{find_bin_dir as find_postgres_bin_dir, PgControl, PgServer};
 pub use process::cleanup;
 pub use proxy::{Proxied, Proxy, Upstream};
@@ -67,6 +70,9 @@ pub enum ServerKind {
     Sqlite,
     /// PostgreSQL: a server started from its binaries.
     Postgres,
+    /// PostgreSQL through PgBouncer in transaction mode (the PostgreSQL backend, behind the
+    /// pooler most production PostgreSQL sits behind): both started from their binaries.
+    PgBouncer,
     /// Redis: one `redis-server`.
     Redis,
     /// Redis Cluster: three `redis-server` primaries joined by `redis-cli --cluster create`.
@@ -119,6 +125,7 @@ impl ServerKind {
             ServerKind::Memory => "memory",
             ServerKind::Sqlite => "sqlite",
             ServerKind::Postgres => "postgres",
+            ServerKind::PgBouncer => "pgbouncer",
             ServerKind::Redis => "redis",
             ServerKind::RedisCluster => "redis_cluster",
             ServerKind::RedisSentinel => "redis_sentinel",
@@ -145,7 +152,7 @@ impl ServerKind {
         let on = match self {
             ServerKind::Memory => true,
             ServerKind::Sqlite => cfg!(feature = "sqlite"),
-            ServerKind::Postgres => cfg!(feature = "postgres"),
+            ServerKind::Postgres | ServerKind::PgBouncer => cfg!(feature = "postgres"),
             ServerKind::Redis | ServerKind::RedisCluster | ServerKind::RedisSentinel => {
                 cfg!(feature = "redis")
             }
@@ -177,6 +184,12 @@ impl ServerKind {
                 tokio::task::spawn_blocking(|| SHARED.get_or_init(shared_postgres).clone())
                     .await
                     .map_err(|e| Unavailable::Failed(format!("starting PostgreSQL: {e}")))?
+            }
+            ServerKind::PgBouncer => {
+                static SHARED: OnceLock<Result<String, Unavailable>> = OnceLock::new();
+                tokio::task::spawn_blocking(|| SHARED.get_or_init(shared_pgbouncer).clone())
+                    .await
+                    .map_err(|e| Unavailable::Failed(format!("starting PgBouncer: {e}")))?
             }
             ServerKind::Redis
             | ServerKind::RedisCluster
@@ -299,6 +312,18 @@ impl ServerKind {
                     control: Arc::new(PgControl::new(server, FAULT_OP_TIMEOUT)),
                 })
             }
+            ServerKind::PgBouncer => {
+                let bouncer = tokio::task::spawn_blocking(|| {
+                    pgbouncer::PgBouncer::start_new(Some(FAULT_OP_TIMEOUT))
+                })
+                .await
+                .map_err(|e| Unavailable::Failed(format!("starting PgBouncer: {e}")))??;
+                let bouncer = Arc::new(bouncer);
+                Ok(Dedicated {
+                    url: bouncer.url(),
+                    control: Arc::new(PgBouncerControl::new(bouncer, FAULT_OP_TIMEOUT)),
+                })
+            }
             ServerKind::Redis | ServerKind::Etcd => {
                 let redis = self == ServerKind::Redis;
                 let store = tokio::task::spawn_blocking(move || {
@@ -355,6 +380,17 @@ fn shared_postgres() -> Result<String, Unavailable> {
         }),
         Err(e) => Err(e),
     }
+}
+
+/// The shared PgBouncer, with a PostgreSQL server of its own behind it (not the shared
+/// PostgreSQL, which `HEADCOUNT_TEST_POSTGRES_URL` may replace by a server elsewhere).
+fn shared_pgbouncer() -> Result<String, Unavailable> {
+    let bouncer = pgbouncer::PgBouncer::start_new(None)?;
+    let url = bouncer.url();
+    // Lives until the process exits; the exit hook stops both and removes their directories.
+    static BOUNCER: OnceLock<PgBouncer> = OnceLock::new();
+    let _ = BOUNCER.set(bouncer);
+    Ok(url)
 }
 
 /// A Redis Cluster for one fault case, whose nodes announce proxies in front of them: a Cluster

@@ -82,7 +82,7 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// The user to run the server as: ourselves, or `postgres` when we are root.
-fn run_as() -> Result<Option<RunAs>, Unavailable> {
+pub(super) fn run_as() -> Result<Option<RunAs>, Unavailable> {
     if !process::is_root() {
         return Ok(None);
     }
@@ -147,27 +147,12 @@ impl PgServer {
         server
             .prepare(&template)
             .map_err(|e| failed("preparing the data directory", e))?;
-        // A free port can be taken between our probe and the server's bind: try a few.
-        let mut last = None;
-        for _ in 0..5 {
-            let port = process::free_port().map_err(|e| failed("finding a free port", e))?;
+        process::start_on_free_port(&server.log, |port| {
             server.port.store(port, Ordering::SeqCst);
-            match server.start() {
-                Ok(()) => return Ok(server),
-                Err(e) => {
-                    let busy =
-                        fs::read_to_string(&server.log).is_ok_and(|l| process::port_in_use(&l));
-                    last = Some(e);
-                    if !busy {
-                        break;
-                    }
-                }
-            }
-        }
-        Err(failed(
-            "starting the server",
-            last.unwrap_or_else(|| io::Error::other("no attempt made")),
-        ))
+            server.start()
+        })
+        .map_err(|e| failed("starting the server", e))?;
+        Ok(server)
     }
 
     fn prepare(&self, template: &Path) -> io::Result<()> {
@@ -192,6 +177,11 @@ impl PgServer {
             url.push_str(&format!("?timeout={}ms", t.as_millis()));
         }
         url
+    }
+
+    /// The TCP port the server listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port.load(Ordering::SeqCst)
     }
 
     /// The temp dir holding the server's data, socket directory and log; removed at shutdown.
@@ -249,11 +239,8 @@ impl PgServer {
             .arg(&self.sock)
             .args(args.iter().flat_map(|a| a.iter()))
             .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
-            .current_dir(&self.root)
-            .stdin(std::process::Stdio::null());
-        let log = process::open_log(&self.log, self.run_as)?;
-        command.stdout(log.try_clone()?).stderr(log);
-        self.process.spawn(command, self.run_as)?;
+            .current_dir(&self.root);
+        self.process.spawn_logged(command, &self.log, self.run_as)?;
         self.wait_ready()
     }
 

@@ -250,6 +250,29 @@ pub fn port_in_use(text: &str) -> bool {
         || text.contains("could not bind")
 }
 
+/// Starts a server on a free port: `start(port)` starts it on `port`. A free port can be taken
+/// between our probe and the server's bind, so up to five ports are tried while the server's
+/// `log` says its port was taken; returns the last attempt's error otherwise.
+pub fn start_on_free_port(
+    log: &Path,
+    mut start: impl FnMut(u16) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut last = None;
+    for _ in 0..5 {
+        match start(free_port()?) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                let busy = fs::read_to_string(log).is_ok_and(|l| port_in_use(&l));
+                last = Some(e);
+                if !busy {
+                    break;
+                }
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("no attempt made")))
+}
+
 /// One server's main process, which may be killed and started again. Registered so the exit
 /// hook stops it.
 #[derive(Debug)]
@@ -281,6 +304,22 @@ impl ServerProcess {
         Ok(())
     }
 
+    /// [`spawn`](Self::spawn)s `command` with no stdin, its output appended to `log` (owned by
+    /// `run_as`, like the process).
+    pub fn spawn_logged(
+        &self,
+        mut command: Command,
+        log: &Path,
+        run_as: Option<RunAs>,
+    ) -> io::Result<()> {
+        let log = open_log(log, run_as)?;
+        command
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        self.spawn(command, run_as)
+    }
+
     /// The main process's pid while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child().as_ref().map(Child::id)
@@ -298,6 +337,43 @@ impl ServerProcess {
                 }
                 Ok(status)
             }
+        }
+    }
+
+    /// Polls `ready` until it says the server `what` (its binary, for messages) accepts
+    /// connections; fails with the tails of `logs` when the process exits first, or `within`
+    /// passes.
+    pub fn wait_ready(
+        &self,
+        what: &str,
+        within: Duration,
+        logs: &[&Path],
+        mut ready: impl FnMut() -> bool,
+    ) -> io::Result<()> {
+        let end = Instant::now() + within;
+        let tails = || {
+            logs.iter()
+                .map(|l| log_tail(l))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        loop {
+            if let Some(status) = self.exited()? {
+                return Err(io::Error::other(format!(
+                    "{what} exited ({status}) while starting:\n{}",
+                    tails()
+                )));
+            }
+            if ready() {
+                return Ok(());
+            }
+            if Instant::now() > end {
+                return Err(io::Error::other(format!(
+                    "{what} did not become ready within {within:?}:\n{}",
+                    tails()
+                )));
+            }
+            thread::sleep(Duration::from_millis(10));
         }
     }
 

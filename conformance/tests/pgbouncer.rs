@@ -1,0 +1,139 @@
+//! PostgreSQL through PgBouncer in transaction mode, with a pool of two server connections that
+//! every store connection takes turns on: every conformance case, and what the store does beside
+//! its primitives (garbage collection, connecting). PgBouncer is started by the harness in front
+//! of a PostgreSQL server of its own (one shared, plus one pair per fault case, whose faults hit
+//! the server behind PgBouncer), or `HEADCOUNT_TEST_PGBOUNCER_URL` names one.
+//!
+//! A test whose servers are missing prints `SKIP` and passes, unless `HEADCOUNT_REQUIRE_BACKENDS`
+//! requires `pgbouncer` (`all` does): then it fails.
+#![cfg(feature = "postgres")]
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use headcount::postgres::PostgresStore;
+use headcount::{ErrorKind, Store};
+use headcount_conformance::harness::ServerKind;
+
+headcount_conformance::conformance_tests!(
+    pgbouncer,
+    headcount_conformance::harness::ServerKind::PgBouncer
+);
+
+/// `url` with `options` (`key=value&...`) added to its query.
+fn with(url: &str, options: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{options}")
+}
+
+/// The store tells a connection through PgBouncer from one to the server itself: through
+/// PgBouncer its statements are sent unnamed (a statement prepared on one server connection is
+/// not there for the next transaction), to the server itself they are prepared.
+#[tokio::test]
+async fn pgbouncer_connections_are_told_from_direct_ones() {
+    use headcount_conformance::harness::PgBouncer;
+    let started = tokio::task::spawn_blocking(|| PgBouncer::start_new(None))
+        .await
+        .unwrap();
+    let Some(bouncer) = headcount_conformance::harness::skip_unless_required(
+        ServerKind::PgBouncer,
+        "pgbouncer_connections_are_told_from_direct_ones",
+        started,
+    ) else {
+        return;
+    };
+    for (url, pooled) in [(bouncer.url(), true), (bouncer.server_url(), false)] {
+        let store = PostgresStore::connect(&url).await.unwrap();
+        // Several calls at once, so that the store opens several connections.
+        let keys: Vec<String> = (0..8).map(|i| format!("hc:{{kinds}}:{i}")).collect();
+        let calls = keys.iter().map(|k| store.incr(k, None));
+        for n in futures::future::join_all(calls).await {
+            n.unwrap();
+        }
+        let (direct, through_pooler) = store.connections_direct_and_pooled();
+        if pooled {
+            assert!(
+                direct == 0 && through_pooler > 0,
+                "{url}: {direct} direct, {through_pooler} pooled"
+            );
+        } else {
+            assert!(
+                direct > 0 && through_pooler == 0,
+                "{url}: {direct} direct, {through_pooler} pooled"
+            );
+        }
+    }
+    tokio::task::spawn_blocking(move || drop(bouncer))
+        .await
+        .unwrap();
+}
+
+/// Garbage collection runs on a connection of its own, which used to set `lock_timeout` as a
+/// startup parameter (`options`): PgBouncer refused that connection ("unsupported startup
+/// parameter: options"), so no expired row was ever deleted through it.
+#[tokio::test]
+async fn pgbouncer_garbage_collection_deletes_expired_rows() {
+    let Some(url) = ServerKind::PgBouncer
+        .shared_or_skip("pgbouncer_garbage_collection_deletes_expired_rows")
+        .await
+    else {
+        return;
+    };
+    let table = format!("hc_gc_pgbouncer_{:016x}", rand::random::<u64>());
+    let store = PostgresStore::connect(&with(&url, &format!("table={table}")))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        let key = format!("hc:{{gc}}:dead{i}");
+        assert!(store
+            .compare_and_set(&key, None, "v", Some(Duration::from_millis(1)))
+            .await
+            .unwrap());
+    }
+    assert!(store
+        .compare_and_set("hc:{gc}:live", None, "v", None)
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let gc = store.collect_garbage_now().await.unwrap();
+    assert_eq!((gc.examined, gc.deleted), (11, 10), "{gc:?}");
+    assert_eq!(
+        store.get("hc:{gc}:live").await.unwrap().as_deref(),
+        Some("v")
+    );
+
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
+
+/// PgBouncer refuses startup parameters it does not know, such as the URL's `options`, on every
+/// attempt: a permanent error naming the pooler and what to do, not a retryable one (08P01 is a
+/// connection-exception SQLSTATE).
+#[tokio::test]
+async fn pgbouncer_refusing_a_startup_parameter_is_a_permanent_error_naming_it() {
+    let Some(url) = ServerKind::PgBouncer
+        .shared_or_skip("pgbouncer_refusing_a_startup_parameter_is_a_permanent_error_naming_it")
+        .await
+    else {
+        return;
+    };
+    let e = PostgresStore::connect(&with(&url, "options=-c%20statement_timeout%3D1000"))
+        .await
+        .unwrap_err();
+    let message = e.to_string();
+    assert_eq!(e.kind(), ErrorKind::Rejected, "{message}");
+    for needle in [
+        "unsupported startup parameter",
+        "PgBouncer",
+        "ignore_startup_parameters",
+    ] {
+        assert!(message.contains(needle), "{needle:?} not in {message}");
+    }
+}
