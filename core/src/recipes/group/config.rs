@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{DEFAULT_MAX_SLOTS, MAX_LEASE_TTL, MIN_LEASE_TTL};
+use super::{DEFAULT_MAX_SLOTS, MAX_LEASE_TTL, MAX_RESTART_WINDOW, MIN_LEASE_TTL};
 use crate::assign::AssignorKind;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
@@ -20,6 +20,7 @@ pub struct GroupConfig {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) max_slots: u32,
     pub(super) drain_timeout: Option<Duration>,
+    pub(super) restart_window: Option<Duration>,
     pub(super) change_checks: bool,
     pub(super) one_call_versions: bool,
     pub(super) eviction_allowed: bool,
@@ -43,6 +44,7 @@ impl GroupConfig {
             clock: Arc::new(SystemClock::new()),
             max_slots: DEFAULT_MAX_SLOTS,
             drain_timeout: None,
+            restart_window: None,
             change_checks: true,
             one_call_versions: true,
             eviction_allowed: false,
@@ -56,7 +58,10 @@ impl GroupConfig {
     }
 
     /// The member's stable id (1 to 64 characters of `A-Z a-z 0-9 _ - .`): a restarted member
-    /// with the same id gets its slot back if it is still free.
+    /// with the same id gets its slot back if it is still free, and a member that left with
+    /// [`Member::leave_for_restart`](super::Member::leave_for_restart) gets its place in the
+    /// view back, with no view change, when it returns within the restart window. In Kubernetes,
+    /// the pod's name (`HEADCOUNT_MEMBER` from `metadata.name`) in a StatefulSet.
     pub fn with_member(mut self, member: impl Into<String>) -> Self {
         self.member = Some(member.into());
         self
@@ -86,6 +91,22 @@ impl GroupConfig {
     pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = Some(timeout);
         self
+    }
+
+    /// How long a member that left with
+    /// [`Member::leave_for_restart`](super::Member::leave_for_restart) keeps its place in the
+    /// view for the same member id to take back (default: the lease TTL; at most
+    /// [`MAX_RESTART_WINDOW`]). Its keys have no owner meanwhile, so a window much longer than a
+    /// restart only delays the group when the member does not come back: then its slot expires
+    /// at the end of the window and the others take its keys, as after a crash.
+    pub fn with_restart_window(mut self, window: Duration) -> Self {
+        self.restart_window = Some(window);
+        self
+    }
+
+    /// The restart window (see [`GroupConfig::with_restart_window`]).
+    pub fn restart_window(&self) -> Duration {
+        self.restart_window.unwrap_or(self.ttl)
     }
 
     /// Joins even a store that may evict keys before they expire (a Redis with `maxmemory` and
@@ -140,7 +161,8 @@ impl GroupConfig {
     }
 
     /// Checks the configuration as [`Group::join`](super::Group::join) will, without a store:
-    /// the group name and prefix, the TTL, the member id, the slot limit and the drain timeout
+    /// the group name and prefix, the TTL, the member id, the slot limit, the drain timeout and
+    /// the restart window
     /// ([`Error::InvalidArgument`] or [`Error::InvalidConfig`] naming the bad one). A command
     /// line checks it before connecting, so a typo is a usage error even when the store is
     /// down.
@@ -167,6 +189,13 @@ impl GroupConfig {
             if d.is_zero() || d > MAX_LEASE_TTL {
                 return Err(Error::invalid(format!(
                     "drain timeout {d:?} is outside (0, {MAX_LEASE_TTL:?}]"
+                )));
+            }
+        }
+        if let Some(w) = self.restart_window {
+            if w < MIN_LEASE_TTL || w > MAX_RESTART_WINDOW {
+                return Err(Error::invalid(format!(
+                    "restart window {w:?} is outside {MIN_LEASE_TTL:?}..={MAX_RESTART_WINDOW:?}: a member away longer than that is gone, and its keys must not wait for it"
                 )));
             }
         }

@@ -66,6 +66,11 @@ pub(super) struct State {
     pub(super) run_floor: u64,
     pub(super) share_in_flight: usize,
     pub(super) leaving: bool,
+    /// The member is leaving for a restart ([`Member::leave_for_restart`]): it parks its claim
+    /// instead of deleting it.
+    ///
+    /// [`Member::leave_for_restart`]: super::Member::leave_for_restart
+    pub(super) restart: bool,
 }
 
 impl State {

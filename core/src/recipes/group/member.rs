@@ -38,6 +38,14 @@ impl Group {
             )));
         }
         check_eviction(&store, &config).await?;
+        let window = config.restart_window();
+        if window < caps.min_ttl {
+            return Err(Error::invalid(format!(
+                "restart window {window:?} is shorter than the {} store's shortest lease of {:?}",
+                caps.backend, caps.min_ttl
+            )));
+        }
+        let explicit = config.member.is_some();
         let member = config
             .member
             .clone()
@@ -69,6 +77,7 @@ impl Group {
         Ok(Member {
             shared,
             member,
+            explicit,
             task: Arc::new(task),
         })
     }
@@ -110,6 +119,9 @@ async fn check_eviction(store: &DynStore, config: &GroupConfig) -> Result<()> {
 pub struct Member {
     pub(super) shared: Arc<Shared>,
     pub(super) member: String,
+    /// The member id was configured ([`GroupConfig::with_member`]), not drawn at random: only
+    /// then can a restarted process come back as this member.
+    pub(super) explicit: bool,
     pub(super) task: Arc<Background>,
 }
 
@@ -209,6 +221,35 @@ impl Member {
     /// member early, if one did (another process with the same member id). Any handle may
     /// leave; a second call, from another handle, waits for the first and returns `Ok`.
     pub async fn leave(self) -> Result<()> {
+        self.task.stop().await
+    }
+
+    /// Leaves for a restart (static membership): stops granting and waits (up to the drain
+    /// timeout) for grants in flight like [`Member::leave`], but then *parks* its claim instead
+    /// of deleting it: the slot stays reserved, under the same view, for the restart window
+    /// ([`GroupConfig::with_restart_window`], default one lease TTL). A process that joins with
+    /// the same member id within the window takes the claim back: no view change, no key moves,
+    /// and its keys pause only for the restart. If none returns in time the parked claim expires
+    /// and the others take its keys, as after a crash, one window after the leave.
+    ///
+    /// Use it when the process will come back under the same id (a StatefulSet pod, a
+    /// systemd unit restarted in place); use [`Member::leave`] when it will not (a scale-down),
+    /// so the others take its keys at once.
+    ///
+    /// Errors: [`Error::InvalidConfig`] for a member whose id was drawn at random (no later
+    /// process can return as it): it then leaves as [`Member::leave`] does, so its keys move at
+    /// once, and says how to fix it. Grants that did not drain within the drain timeout also
+    /// end in a plain leave: the lease runs out instead of being parked, since the work may
+    /// still be going on. Otherwise as [`Member::leave`].
+    pub async fn leave_for_restart(self) -> Result<()> {
+        if !self.explicit {
+            self.task.stop().await?;
+            return Err(Error::config(format!(
+                "member `{}` has a random id, so no restarted process can come back as it: it left the group instead (give it a stable id: GroupConfig::with_member, --member, HEADCOUNT_MEMBER)",
+                self.member
+            )));
+        }
+        self.shared.lock().restart = true;
         self.task.stop().await
     }
 }

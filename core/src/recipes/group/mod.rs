@@ -100,6 +100,10 @@ pub const MIN_LEASE_TTL: Duration = Duration::from_millis(30);
 /// almost certainly a unit mistake.
 pub const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
 
+/// The longest restart window a group accepts
+/// ([`GroupConfig::with_restart_window`]): a member's keys have no owner while it is away.
+pub const MAX_RESTART_WINDOW: Duration = Duration::from_secs(15 * 60);
+
 /// The default limit on slot numbers (members in one group).
 pub const DEFAULT_MAX_SLOTS: u32 = 4096;
 

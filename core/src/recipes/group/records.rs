@@ -20,7 +20,9 @@ pub const MAX_EPOCH: u64 = i64::MAX as u64 - 1;
 
 /// One live slot's record: who holds it, since when, and the newest epoch it acknowledged.
 ///
-/// `v1 member=<id> nonce=<16 hex> since=<unix ms> ttl=<ms> acked=<epoch> view=<16 hex>`
+/// `v1 member=<id> nonce=<16 hex> since=<unix ms> ttl=<ms> acked=<epoch> view=<16 hex>`, with
+/// ` parked=<unix ms>` at the end while the member is away for a restart (see
+/// [`SlotRecord::parked`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotRecord {
     /// The member's stable id.
@@ -42,6 +44,13 @@ pub struct SlotRecord {
     /// later acknowledgements, with their digest, go to an [`AckRecord`]. Read and written back
     /// as it is, so a record keeps its text.
     pub view: u64,
+    /// Set while the claim is *parked*: its member left for a restart
+    /// ([`Member::leave_for_restart`](super::Member::leave_for_restart)) after releasing every
+    /// grant, and the record (kept for the restart window instead of the lease TTL) reserves the
+    /// slot, under the same claim, for the same member id to take back. When the member left,
+    /// wall clock, milliseconds since the Unix epoch. A parked claim holds nothing and grants
+    /// nothing until it is taken back, so it counts as having acknowledged every view.
+    pub parked: Option<u64>,
 }
 
 impl SlotRecord {
@@ -59,7 +68,14 @@ impl SlotRecord {
     /// caller computed once: checking every record of a large group against one view must not
     /// recompute the view's digest per record.
     pub fn has_acked_digest(&self, epoch: u64, digest: u64) -> bool {
-        (self.view == 0 && self.acked >= epoch) || (self.acked == epoch && self.view == digest)
+        self.parked.is_some()
+            || (self.view == 0 && self.acked >= epoch)
+            || (self.acked == epoch && self.view == digest)
+    }
+
+    /// Whether the claim is parked for a restart (see [`SlotRecord::parked`]).
+    pub fn is_parked(&self) -> bool {
+        self.parked.is_some()
     }
 
     /// Parses a slot record; `None` for anything else (a foreign value).
@@ -78,8 +94,13 @@ impl SlotRecord {
             ttl_ms: fields.get("ttl")?.parse().ok()?,
             acked: fields.get("acked")?.parse().ok()?,
             view: u64::from_str_radix(fields.get("view")?, 16).ok()?,
+            parked: match fields.get("parked") {
+                Some(ms) => Some(ms.parse().ok()?),
+                None => None,
+            },
         };
-        (fields.len() == 6 && record.acked <= MAX_EPOCH).then_some(record)
+        let expected = 6 + usize::from(record.parked.is_some());
+        (fields.len() == expected && record.acked <= MAX_EPOCH).then_some(record)
     }
 
     /// The holder: member and nonce, as a view names it.
@@ -97,7 +118,11 @@ impl fmt::Display for SlotRecord {
             f,
             "{TAG} member={} nonce={:016x} since={} ttl={} acked={} view={:016x}",
             self.member, self.nonce, self.since_ms, self.ttl_ms, self.acked, self.view
-        )
+        )?;
+        match self.parked {
+            Some(ms) => write!(f, " parked={ms}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -337,13 +362,28 @@ mod tests {
             ttl_ms: 3000,
             acked: 7,
             view: 0x1f,
+            parked: None,
         };
         let text = r.to_string();
         assert_eq!(
             text,
             "v1 member=web-1 nonce=0000000000000abc since=1700000000000 ttl=3000 acked=7 view=000000000000001f"
         );
-        assert_eq!(SlotRecord::parse(&text), Some(r));
+        assert_eq!(SlotRecord::parse(&text), Some(r.clone()));
+        // Parked for a restart: one more field, and every view counts as acknowledged.
+        let parked = SlotRecord {
+            parked: Some(1_700_000_005_000),
+            ..r.clone()
+        };
+        let text = parked.to_string();
+        assert!(text.ends_with(" view=000000000000001f parked=1700000005000"));
+        assert_eq!(SlotRecord::parse(&text), Some(parked.clone()));
+        assert!(parked.has_acked_digest(99, 0x1234) && !r.has_acked_digest(99, 0x1234));
+        assert_eq!(SlotRecord::parse(&format!("{text} parked=1")), None);
+        assert_eq!(
+            SlotRecord::parse(&text.replace("parked=1700000005000", "parked=x")),
+            None
+        );
         for bad in [
             "",
             "garbage",

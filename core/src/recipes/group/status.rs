@@ -215,6 +215,7 @@ mod tests {
             ttl_ms: 1000,
             acked,
             view: 0,
+            parked: None,
         }
     }
 

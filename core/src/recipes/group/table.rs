@@ -128,6 +128,16 @@ impl Table {
         self.slots.iter().map(|(&s, r)| r.holder(s)).collect()
     }
 
+    /// The slots whose claims are working, ascending: every live slot but those parked for a
+    /// restart ([`SlotRecord::parked`]). The lowest of them publishes and settles views, and the
+    /// two lowest watch the table: a parked claim is in the view but does nothing.
+    pub fn working(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slots
+            .iter()
+            .filter(|(_, r)| !r.is_parked())
+            .map(|(&s, _)| s)
+    }
+
     /// The lowest slot number at or above `from` that holds no key (neither a member nor a
     /// foreign value).
     pub fn lowest_free(&self, from: u32) -> u32 {
@@ -156,6 +166,7 @@ mod tests {
                 ttl_ms: 1000,
                 acked: 0,
                 view: 0,
+                parked: None,
             }
             .to_string()
         };

@@ -4,26 +4,37 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use super::super::records::SlotRecord;
+use super::super::records::{Holder, SlotRecord, ViewRecord};
 use super::super::table::Table;
 use super::super::view::GroupPhase;
 use super::super::MIN_LEASE_TTL;
-use super::decide::choose_slot;
+use super::decide::{choose_slot, next_view};
 use super::{Claim, Runner, CLAIM_ATTEMPTS};
 use crate::error::{Error, Result};
 
 impl Runner {
-    /// The join: waits out a previous incarnation's lease, then claims.
+    /// The join: takes back a claim this member id parked for a restart, or waits out a
+    /// previous incarnation's lease, then claims.
     pub(in crate::recipes::group) async fn first_claim(&mut self) -> Result<()> {
         let mut table = self.list().await?;
         self.check_assignor(&table)?;
         let mine =
             |t: &Table, m: &str| t.slots.iter().find(|(_, r)| r.member == m).map(|(&s, _)| s);
-        if let Some(slot) = mine(&table, &self.cfg.member) {
-            self.claims.preferred = Some(slot);
+        if mine(&table, &self.cfg.member).is_some() {
             let give_up =
                 self.cfg.clock.monotonic() + self.cfg.effective_ttl + 2 * self.cfg.heartbeat;
-            while mine(&table, &self.cfg.member).is_some() {
+            while let Some(slot) = mine(&table, &self.cfg.member) {
+                self.claims.preferred = Some(slot);
+                let parked = table.slots.get(&slot).filter(|r| r.is_parked()).cloned();
+                if let Some(parked) = parked {
+                    if self.resume(&table, slot, parked).await? {
+                        return Ok(());
+                    }
+                    // Taken by another process with this id (a twin, which the loop then
+                    // waits out), or expired since the listing.
+                    table = self.list().await?;
+                    continue;
+                }
                 if self.cfg.clock.monotonic() >= give_up {
                     return Err(self.rejected(format!(
                         "member id `{}` holds slot {slot} and kept it past its lease TTL: another live process uses the same member id",
@@ -93,19 +104,16 @@ impl Runner {
         let record = SlotRecord {
             member: self.cfg.member.clone(),
             nonce: rand::random(),
-            since_ms: self
-                .cfg
-                .clock
-                .now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
+            since_ms: self.now_ms(),
             ttl_ms: self.cfg.ttl.as_millis() as u64,
             // Holding nothing, it has let go of everything under any view up to this one.
             acked: self.cache.highest,
             view: 0,
+            parked: None,
         };
         self.claims.remember_nonce(record.nonce);
+        self.claims.floor = 0;
+        self.claims.republished = None;
         let sent = self.cfg.clock.monotonic();
         let key = self.cfg.keys.slot(slot);
         if !self
@@ -116,6 +124,106 @@ impl Runner {
         {
             return Ok(false);
         }
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, "claimed a slot");
+        self.hold(slot, record, sent, table).await;
+        Ok(true)
+    }
+
+    /// Takes back the claim `parked`, which this member id parked at `slot` for a restart
+    /// ([`SlotRecord::parked`]): one compare-and-set from the parked record to the same claim
+    /// (slot and nonce, so the view that names it stays valid) working again under this
+    /// process, acknowledging everything up to the highest epoch seen since it holds nothing.
+    /// Then it goes on like a fresh claim, without a view of its own: it adopts the published
+    /// view and is active as soon as that view is settled. Returns whether it took it (not when
+    /// another process with this id took it first, or it expired).
+    async fn resume(&mut self, table: &Table, slot: u32, parked: SlotRecord) -> Result<bool> {
+        self.cache.highest = self.cache.highest.max(table.highest_epoch());
+        let record = SlotRecord {
+            // A new text, so that a late renewal of the process that parked never matches it.
+            since_ms: self.now_ms().max(parked.since_ms + 1),
+            ttl_ms: self.cfg.ttl.as_millis() as u64,
+            acked: parked.acked.max(self.cache.highest),
+            view: 0,
+            parked: None,
+            ..parked.clone()
+        };
+        self.claims.remember_nonce(record.nonce);
+        let sent = self.cfg.clock.monotonic();
+        let key = self.cfg.keys.slot(slot);
+        if !self
+            .cfg
+            .store
+            .compare_and_set(
+                &key,
+                Some(&parked.to_string()),
+                &record.to_string(),
+                Some(self.cfg.ttl),
+            )
+            .await?
+        {
+            return Ok(false);
+        }
+        let mut table = table.clone();
+        table.slots.insert(slot, record.clone());
+        self.claims.floor = self.cache.highest;
+        self.claims.republished = None;
+        if let Some(next) = self.republish(&table, record.holder(slot)).await {
+            table.view_text = Some(next.to_string());
+            table.view = Some(next);
+        }
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, epoch = ?self.claims.republished, "took back the claim parked for a restart: same holders, no key moves");
+        self.hold(slot, record, sent, &table).await;
+        Ok(true)
+    }
+
+    /// For a claim taken back from a restart, whose floor the published view in `table` does
+    /// not pass (see `Claims::floor`): when that view is settled and names exactly the live
+    /// holders (this claim among them), publishes the same holders under the next epoch, so
+    /// that this process's fencing tokens come after every token of its previous incarnation
+    /// while no key moves. Returns the view when it did; otherwise the usual rules publish
+    /// whatever view the table calls for, or this is tried again once the view settled.
+    pub(super) async fn republish(&mut self, table: &Table, holder: Holder) -> Option<ViewRecord> {
+        let view = table.view.as_ref()?;
+        let settled = table
+            .settled
+            .is_some_and(|m| m.settles(view.epoch, view.digest()));
+        if view.epoch > self.claims.floor
+            || !settled
+            || view.holders != table.live()
+            || !view.holders.contains(&holder)
+        {
+            return None;
+        }
+        let next = next_view(self.cache.highest, table.live(), self.cfg.assignor)?;
+        match self.publish(table, &next).await {
+            Ok(true) => {
+                self.forget_seen();
+                self.cache.highest = next.epoch;
+                self.settler.published = Some(next.epoch);
+                self.claims.republished = Some(next.epoch);
+                tracing::debug!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, "published the same holders above the previous incarnation's epochs");
+                Some(next)
+            }
+            Ok(false) => None,
+            Err(e) => {
+                self.set_error(Some(&e));
+                None
+            }
+        }
+    }
+
+    /// Wall-clock milliseconds since the Unix epoch, as records carry them.
+    fn now_ms(&self) -> u64 {
+        self.cfg
+            .clock
+            .now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+
+    /// Starts working with `record`, just written at `slot` (the renewal sent at `sent`): the
+    /// member's lease, its published slot, and the table with the claim in it.
+    async fn hold(&mut self, slot: u32, record: SlotRecord, sent: Duration, table: &Table) {
         {
             let mut st = self.shared.lock();
             st.holder = Some(record.holder(slot));
@@ -131,11 +239,9 @@ impl Runner {
             a.slot = Some(slot);
             a.phase = GroupPhase::Joining;
         });
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, "claimed a slot");
         let mut table = table.clone();
         table.slots.insert(slot, record);
         self.on_table(&table, true, true).await;
-        Ok(true)
     }
 
     /// Claims again after losing the lease. A full group or a store error is retried at the

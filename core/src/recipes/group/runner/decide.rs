@@ -46,13 +46,14 @@ pub(super) struct Wake {
 }
 
 impl Facts<'_> {
-    /// Whether this member holds one of the two lowest live slots of its copy of the table:
+    /// Whether this member holds one of the two lowest working slots of its copy of the table
+    /// (live and not parked for a restart):
     /// it watches the table at every heartbeat, and halfway between heartbeats while another
     /// slot is live, so it sees a slot expire soon after the store does (two members, whatever
     /// the group's size).
     pub(super) fn watches_slots(&self) -> bool {
         match (&self.cache.slots, self.claim) {
-            (Some(seen), Some(claim)) => seen.table.slots.keys().take(2).any(|&s| s == claim.slot),
+            (Some(seen), Some(claim)) => seen.table.working().take(2).any(|s| s == claim.slot),
             _ => false,
         }
     }

@@ -30,6 +30,13 @@ impl Runner {
                 (Some(a), Some(h)) => {
                     st.skipped.is_empty() && a.same_holders(&p) && p.pair_of(h).is_some()
                 }
+                // A claim taken back from a restart, and the view it published over a settled
+                // one with the same holders: nothing moves either.
+                (None, Some(h)) => {
+                    st.skipped.is_empty()
+                        && self.claims.republished == Some(p.epoch())
+                        && p.pair_of(h).is_some()
+                }
                 _ => false,
             };
             (p, st.drained(), same)
@@ -65,6 +72,15 @@ impl Runner {
                 .iter()
                 .all(|(&s, r)| s == claim.slot || pending.acked_by(r))
         });
+        // A claim taken back from a restart waits for a view above its previous incarnation's,
+        // which it publishes itself once this one is settled: read the table for it.
+        if epoch <= self.claims.floor {
+            if settled {
+                self.forget_seen();
+                self.cache.need_slots = true;
+            }
+            return;
+        }
         if same_holders || settled || others_acked {
             self.activate(pending, claim.holder());
         }
@@ -99,7 +115,7 @@ impl Runner {
         if target.record().holders != view.holders || !self.has_acked(&target) {
             return false;
         }
-        let lowest = table.slots.keys().next() == Some(&own);
+        let lowest = table.working().next() == Some(own);
         let publisher = self.settler.published == Some(epoch);
         self.settler.settling = lowest || publisher;
         let overdue = self.facts().settle_overdue();

@@ -2,11 +2,13 @@
 //! group gracefully (drain, delete the claim, publish the view without it).
 
 use std::sync::Arc;
+use std::time::UNIX_EPOCH;
 
 use super::super::grants::Shared;
+use super::super::records::SlotRecord;
 use super::super::view::GroupPhase;
 use super::decide::{next_view, view_is_stale};
-use super::Runner;
+use super::{Claim, Runner};
 use crate::error::{Error, Result};
 
 impl Runner {
@@ -67,12 +69,29 @@ impl Runner {
         }
     }
 
-    /// Stops granting, drains, deletes the slot and publishes the view without it.
+    /// Stops granting, drains, deletes the slot and publishes the view without it; or, when
+    /// leaving for a restart, parks the claim (see [`Runner::park`]).
     pub(super) async fn leave(&mut self) -> Result<()> {
-        self.shared.lock().leaving = true;
+        let restart = {
+            let mut st = self.shared.lock();
+            st.leaving = true;
+            st.restart
+        };
         let drained = self.drain().await;
         let mut result = Ok(());
-        if let Some(claim) = self.claims.current.take() {
+        let parking = restart && drained && !self.claims.abandoned;
+        let claim = self.claims.current.take();
+        if let Some(claim) = claim.as_ref().filter(|_| parking) {
+            match self.park(claim).await {
+                Ok(true) => {
+                    tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot = claim.slot, window = ?self.cfg.restart_window, "left for a restart: the claim is parked for the restart window")
+                }
+                Ok(false) => {
+                    tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, slot = claim.slot, "left for a restart, but the slot was no longer this member's claim: nothing to park")
+                }
+                Err(e) => result = Err(e),
+            }
+        } else if let Some(claim) = claim {
             // Delete only our own claim (one atomic compare-and-delete, so a delayed delete
             // never removes the next holder's claim), and only once nothing is in flight: with
             // grants still out, the others must wait for the lease to expire, not for a delete.
@@ -101,6 +120,36 @@ impl Runner {
             a.phase = GroupPhase::Stopped;
         });
         result
+    }
+
+    /// Parks `claim` for a restart: one compare-and-set from the record as held to the same claim
+    /// marked parked ([`SlotRecord::parked`]), acknowledging everything it saw, with the restart
+    /// window for its TTL. Called only once every grant drained: a parked claim holds nothing,
+    /// so the others settle views without waiting for it, and the process that takes it back
+    /// starts from nothing. No view is published: the claim stays in the view. Returns whether
+    /// it parked (not when the slot no longer holds this claim).
+    async fn park(&mut self, claim: &Claim) -> Result<bool> {
+        let now_ms = self
+            .cfg
+            .clock
+            .now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let record = SlotRecord {
+            acked: claim.record.acked.max(self.cache.highest),
+            view: 0,
+            parked: Some(now_ms),
+            ..claim.record.clone()
+        };
+        self.cfg
+            .store
+            .compare_and_set(
+                &self.cfg.keys.slot(claim.slot),
+                Some(&claim.record.to_string()),
+                &record.to_string(),
+                Some(self.cfg.restart_window),
+            )
+            .await
     }
 
     /// After deleting its claim of `slot`: publishes the view of the live slots when the

@@ -21,10 +21,10 @@
 //! |---|---|
 //! | `driver.rs` | the loop: when to wake, and which kind of call each wake makes |
 //! | `heartbeat.rs` | a full heartbeat, a watching wake, a poll of the settled mark, and the table they stand for |
-//! | `claims.rs` | joining: claiming a slot, claiming again, twins and the assignor check |
+//! | `claims.rs` | joining: claiming a slot, taking a parked claim back, claiming again, twins and the assignor check |
 //! | `views.rs` | publishing a view, adopting it, and activating it |
 //! | `handoff.rs` | acknowledging, settling, re-asserting a lost acknowledgement, expiring stalled slots |
-//! | `leaving.rs` | revoking every grant, failing, and leaving the group |
+//! | `leaving.rs` | revoking every grant, failing, and leaving the group (for good, or parked for a restart) |
 
 mod claims;
 mod decide;
@@ -85,6 +85,9 @@ pub(super) struct Settings {
     assignor: AssignorKind,
     max_slots: u32,
     drain_timeout: Duration,
+    /// How long a parked claim waits for this member id to come back
+    /// ([`GroupConfig::with_restart_window`]).
+    restart_window: Duration,
     /// Read the table only when the store reports a change (see
     /// [`GroupConfig::with_change_checks`]).
     change_checks: bool,
@@ -130,6 +133,14 @@ struct Claims {
     abandoned: bool,
     /// The acknowledgement this member last wrote.
     ack: Option<WrittenAck>,
+    /// A claim taken back from a restart ([`Runner::resume`]) activates no view at or below this
+    /// epoch: its previous incarnation granted under views up to it, and a fence must order the
+    /// returning process's tokens after those. 0 for a fresh claim.
+    floor: u64,
+    /// The view a claim taken back from a restart published over a settled view with the same
+    /// holders: its epoch. The claim activates it without waiting for the others'
+    /// acknowledgements, as a member does a view whose holders did not change (nothing moves).
+    republished: Option<u64>,
 }
 
 impl Claims {
@@ -275,6 +286,7 @@ impl Runner {
                 assignor: config.assignor,
                 max_slots: config.max_slots,
                 drain_timeout: config.drain_timeout.unwrap_or(config.ttl),
+                restart_window: config.restart_window(),
                 change_checks: config.change_checks,
             },
             shared,

@@ -34,7 +34,7 @@ impl Runner {
             // Adopt the published view as it is; what the slots call for is decided by the
             // members that read them.
         } else if stale {
-            let lowest = live.first().map(|h| h.slot) == my_slot && my_slot.is_some();
+            let lowest = table.working().next() == my_slot && my_slot.is_some();
             let now = self.cfg.clock.monotonic();
             let since = match &self.discrepancy {
                 Some(d) if d.live == live => d.since,
@@ -94,6 +94,17 @@ impl Runner {
             }
         } else {
             self.discrepancy = None;
+            // A claim taken back from a restart whose view settled meanwhile.
+            if let Some(claim) = self
+                .claims
+                .current
+                .clone()
+                .filter(|_| self.claims.floor > 0)
+            {
+                if let Some(next) = self.republish(table, claim.holder()).await {
+                    newest = Some(next);
+                }
+            }
         }
         if let Some(v) = newest {
             self.adopt(v);

@@ -30,6 +30,7 @@ fn record(nonce: u64) -> SlotRecord {
         ttl_ms: 900,
         acked: 0,
         view: 0,
+        parked: None,
     }
 }
 
