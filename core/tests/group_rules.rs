@@ -8,6 +8,7 @@ use std::time::Duration;
 use headcount_core::assign::AssignorKind;
 use headcount_core::memory::MemoryStore;
 use headcount_core::recipes::group::{Group, GroupConfig};
+use headcount_core::testkit::TestGroup;
 use headcount_core::{DynStore, ErrorKind};
 
 const TTL: Duration = Duration::from_millis(300);
@@ -23,26 +24,6 @@ async fn join_active(
         .expect("active in time")
         .expect("active");
     m
-}
-
-/// A lone active member of group `g` on an in-memory store behind a fault layer, and the layer's
-/// controls.
-#[allow(clippy::expect_used)]
-async fn faulty_lone_member() -> (
-    headcount_core::recipes::group::Member,
-    Arc<headcount_core::sim::Faults>,
-) {
-    use headcount_core::sim::{Faults, FaultyStore};
-    use headcount_core::SystemClock;
-    let memory: DynStore = Arc::new(MemoryStore::new());
-    let faults = Faults::new(1);
-    let store: DynStore = Arc::new(FaultyStore::new(
-        memory,
-        faults.clone(),
-        Arc::new(SystemClock::new()),
-    ));
-    let m = join_active(store, GroupConfig::new("g", TTL)).await;
-    (m, faults)
 }
 
 #[tokio::test]
@@ -139,51 +120,39 @@ async fn epochs_never_pass_the_largest_and_the_member_says_why() {
 #[tokio::test]
 async fn a_stalled_renewal_turns_the_assignment_inactive_at_the_lease_deadline() {
     use headcount_core::recipes::group::GroupPhase;
-    let (m, faults) = faulty_lone_member().await;
+    let mut group = TestGroup::start("g", 1).await.expect("starts");
     // Every store call stalls from now on, as behind a frozen connection.
-    faults.pause();
-    let stalled = tokio::time::Instant::now();
-    let mut rx = m.watch();
-    tokio::time::timeout(TTL * 2, async {
-        loop {
-            if rx.borrow_and_update().phase == GroupPhase::Rejoining {
-                return;
-            }
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("the watch says rejoining by the lease deadline, while the call is still stalled");
+    group.pause(0);
+    let stalled = group.elapsed();
+    // The watch says rejoining by the lease deadline, while the call is still stalled.
+    while group.member(0).watch().borrow().phase != GroupPhase::Rejoining {
+        assert!(
+            group.elapsed() - stalled <= group.ttl() * 2,
+            "still {:?}",
+            group.member(0).assignment()
+        );
+        group.advance(group.ttl() / 100).await;
+    }
     // The deadline is the last renewal's send time plus 0.9 TTL: within one TTL of the stall.
     assert!(
-        stalled.elapsed() <= TTL + Duration::from_millis(100),
+        group.elapsed() - stalled <= group.ttl(),
         "{:?}",
-        stalled.elapsed()
+        group.elapsed() - stalled
     );
-    assert!(m.would_grant("k").is_none());
-    faults.resume();
-    m.leave().await.expect("leave");
+    assert!(group.member(0).would_grant("k").is_none());
+    group.leave(0).await.expect("leave");
 }
 
 #[tokio::test]
 async fn status_counts_ownership_with_the_assignor_the_view_names() {
     use headcount_core::recipes::group::status;
-    let store: DynStore = Arc::new(MemoryStore::new());
-    let config = || GroupConfig::new("g", TTL).with_assignor(AssignorKind::JumpFailover);
-    let a = Group::join(store.clone(), config()).await.expect("a joins");
-    let b = Group::join(store.clone(), config()).await.expect("b joins");
-    let c = Group::join(store.clone(), config()).await.expect("c joins");
-    for m in [&a, &b, &c] {
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while m.active(0).await.map(|x| x.replicas).unwrap_or(0) < 3 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
+    let group = TestGroup::builder("g")
+        .members(3)
+        .assignor(AssignorKind::JumpFailover)
+        .start()
         .await
         .expect("three active");
-    }
+    let store = group.store();
     let with_jump = status(&store, "hc", "g", AssignorKind::JumpFailover, 3000)
         .await
         .expect("status");
@@ -191,9 +160,6 @@ async fn status_counts_ownership_with_the_assignor_the_view_names() {
         .await
         .expect("status");
     assert_eq!(with_jump.sample_owned, asked_other.sample_owned);
-    for m in [a, b, c] {
-        m.leave().await.expect("leave");
-    }
 }
 
 /// A host suspend, as the member's clock sees it: time jumps past the lease in one step, and no
@@ -202,24 +168,12 @@ async fn status_counts_ownership_with_the_assignor_the_view_names() {
 /// reading `CLOCK_BOOTTIME`; this checks that grants judge validity by reading the clock.)
 #[tokio::test]
 async fn grants_are_invalid_at_once_after_a_suspend_past_the_lease() {
-    use headcount_core::{Clock, ManualClock};
-    let clock = ManualClock::at_unix_secs(1_000_000);
-    let clock_dyn: Arc<dyn Clock> = Arc::new(clock.clone());
-    let store: DynStore = Arc::new(MemoryStore::with_clock(clock_dyn.clone()));
-    let m = Group::join(store, GroupConfig::new("g", TTL).with_clock(clock_dyn))
-        .await
-        .expect("joins");
-    let mut step = 0;
-    while m.assignment().phase != headcount_core::recipes::group::GroupPhase::Active {
-        clock.advance(TTL / 10);
-        tokio::task::yield_now().await;
-        step += 1;
-        assert!(step < 1000, "never active: {:?}", m.assignment());
-    }
+    let group = TestGroup::start("g", 1).await.expect("active");
+    let m = group.member(0);
     let grant = m.owns("k").expect("a lone active member owns every key");
     assert!(grant.is_valid());
-    // The suspend: well past the lease, in one step.
-    clock.advance(TTL * 3);
+    // The suspend: well past the lease, in one step of the clock, no task running.
+    group.clock().advance(group.ttl() * 3);
     assert!(
         !grant.is_valid(),
         "a grant outlived the lease across a suspend"
@@ -238,41 +192,32 @@ async fn grants_are_invalid_at_once_after_a_suspend_past_the_lease() {
 #[tokio::test]
 async fn a_grant_from_before_a_lapse_says_so_after_the_member_is_active_again() {
     use headcount_core::recipes::group::GroupPhase;
-    let (m, faults) = faulty_lone_member().await;
-    let old = m.owns("k").expect("a lone member owns every key");
+    let mut group = TestGroup::start("g", 1).await.expect("active");
+    let old = group
+        .member(0)
+        .owns("k")
+        .expect("a lone member owns every key");
     assert!(!old.lease_lapsed());
-    faults.pause();
-    let mut rx = m.watch();
-    tokio::time::timeout(TTL * 2, async {
-        while rx.borrow_and_update().phase != GroupPhase::Rejoining {
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("the lease lapses");
-    faults.resume();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            let a = m.assignment();
-            if a.phase == GroupPhase::Active {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("active again");
+    group.pause(0);
+    let paused = group.elapsed();
+    while group.member(0).watch().borrow().phase != GroupPhase::Rejoining {
+        assert!(
+            group.elapsed() - paused <= group.ttl() * 2,
+            "the lease never lapses"
+        );
+        group.advance(group.ttl() / 20).await;
+    }
+    group.resume(0);
+    group.converged().await.expect("active again");
     assert!(!old.is_valid());
     assert!(
         old.lease_lapsed(),
         "the old grant does not say its lease lapsed"
     );
-    let new = m.owns("k").expect("owns the key again");
+    let new = group.member(0).owns("k").expect("owns the key again");
     assert!(!new.lease_lapsed());
     drop((old, new));
-    m.leave().await.expect("leave");
+    group.leave(0).await.expect("leave");
 }
 
 /// A slot record with no expiry (a restore that dropped TTLs, a hand edit) holding a claim that
@@ -620,37 +565,37 @@ async fn a_burst_that_fills_the_group_is_not_refused_as_full() {
 #[tokio::test]
 async fn a_members_older_grant_is_not_fenced_off_by_its_newer_one() {
     use headcount_core::fence::Fence;
-    let store: DynStore = Arc::new(MemoryStore::new());
-    let a = Group::join(store.clone(), GroupConfig::new("g", TTL))
-        .await
-        .expect("a joins");
-    let first = tokio::time::timeout(Duration::from_secs(5), a.active(0))
-        .await
-        .expect("a active in time")
-        .expect("a active");
+    let mut group = TestGroup::start("g", 1).await.expect("a active");
+    let first = group.member(0).assignment();
     let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
     let mut older: Vec<_> = keys
         .iter()
-        .map(|k| (k.clone(), a.owns(k).expect("a lone member owns every key")))
+        .map(|k| {
+            let g = group
+                .member(0)
+                .owns(k)
+                .expect("a lone member owns every key");
+            (k.clone(), g)
+        })
         .collect();
     assert!(older.iter().all(|(_, g)| g.token() == first.epoch));
-    let b = Group::join(store.clone(), GroupConfig::new("g", TTL))
-        .await
-        .expect("b joins");
+    let b = group.join().await.expect("b joins");
     // Drop the grants of the keys that move to b (the hand-off waits for them); keep the rest.
-    let second = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            older.retain(|(_, g)| g.is_valid());
-            match b.assignment() {
-                x if x.replicas == 2 && x.index.is_some() && a.assignment().epoch == x.epoch => {
-                    return x
-                }
-                _ => tokio::time::sleep(Duration::from_millis(5)).await,
-            }
+    let joined = group.elapsed();
+    loop {
+        older.retain(|(_, g)| g.is_valid());
+        if group.is_converged() {
+            break;
         }
-    })
-    .await
-    .expect("both active on the two-member view in time");
+        assert!(
+            group.elapsed() - joined < group.ttl() * 20,
+            "both never active on the two-member view: {group:?}"
+        );
+        group.advance(group.ttl() / 20).await;
+    }
+    let (a, b) = (group.member(0), group.member(b));
+    let second = b.assignment();
+    assert_eq!(second.replicas, 2);
     assert!(second.epoch > first.epoch);
     assert!(
         !older.is_empty() && older.len() < keys.len(),
@@ -679,8 +624,6 @@ async fn a_members_older_grant_is_not_fenced_off_by_its_newer_one() {
         }
     }
     drop(older);
-    a.leave().await.expect("a leaves");
-    b.leave().await.expect("b leaves");
 }
 
 /// A lone member active at its first epoch, and the keys it was granted there.
@@ -800,38 +743,23 @@ async fn a_heartbeat_task_that_panics_fails_the_member_instead_of_hanging_its_wa
 /// slot was claimed at.
 #[tokio::test]
 async fn status_keeps_the_acknowledged_epoch_after_the_acknowledgements_expire() {
-    use headcount_core::recipes::group::{status, GroupPhase, GroupStatus};
-    use headcount_core::{Clock, ManualClock};
-    let clock = ManualClock::at_unix_secs(1_000_000);
-    let clock_dyn: Arc<dyn Clock> = Arc::new(clock.clone());
-    let store: DynStore = Arc::new(MemoryStore::with_clock(clock_dyn.clone()));
-    let config = || GroupConfig::new("g", TTL).with_clock(clock_dyn.clone());
-    let a = Group::join(store.clone(), config()).await.expect("a joins");
-    let b = Group::join(store.clone(), config()).await.expect("b joins");
-    let step = || async {
-        clock.advance(TTL / 10);
-        for _ in 0..20 {
-            tokio::task::yield_now().await;
-        }
-    };
+    use headcount_core::recipes::group::{status, GroupStatus};
+    let group = TestGroup::start("g", 2).await.expect("both active");
+    let store = group.store();
     let read = || async {
         status(&store, "hc", "g", AssignorKind::JumpBackFailover, 0)
             .await
             .expect("status")
     };
     let view_epoch = |s: &GroupStatus| s.table.view.as_ref().map(|v| v.epoch);
-    let mut steps = 0;
+    // The settled mark follows the last acknowledgement within a heartbeat or so.
     let settled = loop {
         let s = read().await;
-        let both = [&a, &b]
-            .iter()
-            .all(|m| m.assignment().phase == GroupPhase::Active && m.assignment().replicas == 2);
-        if both && s.table.settled.map(|m| m.epoch) == view_epoch(&s) && s.view_current {
+        if s.table.settled.map(|m| m.epoch) == view_epoch(&s) && s.view_current {
             break s;
         }
-        step().await;
-        steps += 1;
-        assert!(steps < 2000, "never settled: {s:?}");
+        assert!(group.elapsed() < group.ttl() * 40, "never settled: {s:?}");
+        group.advance(group.ttl() / 10).await;
     };
     let epoch = view_epoch(&settled).expect("a view");
     assert_eq!(settled.table.slots.len(), 2);
@@ -843,9 +771,7 @@ async fn status_keeps_the_acknowledged_epoch_after_the_acknowledgements_expire()
         );
     }
     // Six TTLs of heartbeats and no view change: the acknowledgements (kept four TTLs) expire.
-    for _ in 0..60 {
-        step().await;
-    }
+    group.advance(group.ttl() * 6).await;
     let later = read().await;
     assert_eq!(
         view_epoch(&later),
@@ -860,8 +786,6 @@ async fn status_keeps_the_acknowledged_epoch_after_the_acknowledgements_expire()
             "slot {slot} went back: {later:?}"
         );
     }
-    a.leave().await.expect("a leaves");
-    b.leave().await.expect("b leaves");
 }
 
 /// `status`'s `key_owner` names, for each key, the member whose `owns` grants it: the owner
@@ -870,21 +794,17 @@ async fn status_keeps_the_acknowledged_epoch_after_the_acknowledgements_expire()
 async fn status_names_the_member_that_grants_each_key() {
     use headcount_core::recipes::group::status;
 
-    let store: DynStore = Arc::new(MemoryStore::new());
-    let a = join_active(store.clone(), GroupConfig::new("g", TTL).with_member("a")).await;
-    let b = join_active(store.clone(), GroupConfig::new("g", TTL).with_member("b")).await;
+    let group = TestGroup::builder("g")
+        .members(2)
+        .member_ids(["a", "b"])
+        .start()
+        .await
+        .expect("settled");
     let keys: Vec<String> = (0..32).map(|k| format!("order-{k}")).collect();
-    // Once b's arrival is settled, every key is granted by exactly one of them.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !keys
-        .iter()
-        .all(|k| a.would_grant(k).is_some() != b.would_grant(k).is_some())
-    {
-        assert!(tokio::time::Instant::now() < deadline, "never settled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Once settled, every key is granted by exactly one of them.
+    group.assert_exclusive(&keys);
     let s = status(
-        &store,
+        &group.store(),
         headcount_core::DEFAULT_PREFIX,
         "g",
         AssignorKind::JumpBackFailover,
@@ -895,18 +815,21 @@ async fn status_names_the_member_that_grants_each_key() {
     let mut by = std::collections::BTreeMap::new();
     for k in &keys {
         let owner = s.key_owner(k).expect("maps").expect("an owner");
-        let granter = if a.would_grant(k).is_some() { "a" } else { "b" };
-        assert_eq!(owner.member.as_deref(), Some(granter), "{k}: {owner:?}");
-        assert_eq!(owner.view_epoch, a.assignment().epoch, "{owner:?}");
+        let granter = group.owner_of(k).expect("granted");
+        assert_eq!(
+            owner.member.as_deref(),
+            Some(group.id(granter)),
+            "{k}: {owner:?}"
+        );
+        assert_eq!(
+            owner.view_epoch,
+            group.member(0).assignment().epoch,
+            "{owner:?}"
+        );
         // The token a grant would carry is never newer than the view's epoch.
-        let token = a
-            .would_grant(k)
-            .or_else(|| b.would_grant(k))
-            .expect("granted");
+        let token = group.member(granter).would_grant(k).expect("granted");
         assert!(token <= owner.view_epoch, "{k}: token {token} > {owner:?}");
-        *by.entry(granter).or_insert(0) += 1;
+        *by.entry(group.id(granter)).or_insert(0) += 1;
     }
     assert_eq!(by.len(), 2, "32 keys all on one member: {by:?}");
-    a.leave().await.expect("leave");
-    b.leave().await.expect("leave");
 }
