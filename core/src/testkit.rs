@@ -57,12 +57,18 @@
 //!
 //! # Runtime
 //!
-//! Run the kit on Tokio's current-thread runtime, the default of `#[tokio::test]`. The members'
-//! heartbeats are ordinary Tokio tasks sleeping on the manual clock: after each step of the
-//! clock the kit yields until none of them has touched the store for a while, so they have all
-//! done what that step woke them for. On a multi-thread runtime this still works, but other
-//! workers may lag behind the clock and make a member miss a renewal it would not miss in
-//! production. Tokio's paused time (`start_paused = true`) is not needed, and does no harm.
+//! Run the kit on Tokio's current-thread runtime, the default of `#[tokio::test]`; it panics on
+//! a multi-thread one. The members' heartbeats are ordinary Tokio tasks sleeping on the manual
+//! clock: after each step of the clock the kit yields until none of them has touched the store
+//! for a while, so they have all done what that step woke them for before the next step. On
+//! other worker threads they would run beside the kit instead, fall behind the clock and lose
+//! leases that they would not lose in production. Tokio's paused time (`start_paused = true`)
+//! is not needed, and does no harm.
+//!
+//! Your own tasks run between the steps too. Their calls through [`TestGroup::store`] count as
+//! activity as the members' do; anything else they wait on (a channel, a timer on Tokio's
+//! time) the kit does not see, so let them finish with [`TestGroup::settle`] or a
+//! [`TestGroup::advance`] before you check what they did.
 //!
 //! The members share one [`MemoryStore`] on the same manual clock, so leases expire on
 //! simulated time too; each member reaches it through a layer of its own, which is how
@@ -282,7 +288,13 @@ impl TestGroupBuilder {
     }
 
     /// The group with no member yet: add them with [`TestGroup::join`].
+    ///
+    /// # Panics
+    ///
+    /// On a multi-thread Tokio runtime (see [Runtime](self#runtime)).
+    #[track_caller]
     pub fn build(self) -> TestGroup {
+        refuse_multi_thread();
         let clock = ManualClock::at_unix_secs(1_700_000_000);
         let clock_dyn: Arc<dyn Clock> = Arc::new(clock.clone());
         let step = self
@@ -302,6 +314,21 @@ impl TestGroupBuilder {
             calls: Arc::new(AtomicU64::new(0)),
             members: Vec::new(),
             initial: self.members,
+        }
+    }
+}
+
+/// Panics on a multi-thread runtime, where the kit cannot tell when the members are done.
+#[allow(clippy::panic)] // A test set up on the wrong runtime: said at once, not as a flaky stall.
+#[track_caller]
+fn refuse_multi_thread() {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            panic!(
+                "headcount's TestGroup needs Tokio's current-thread runtime (`#[tokio::test]`, \
+                 not `flavor = \"multi_thread\"`): on other worker threads the members fall \
+                 behind the manual clock and lose their leases"
+            );
         }
     }
 }
@@ -407,11 +434,20 @@ impl TestGroup {
         &self.clock
     }
 
-    /// The store the members share (no member's pause applies to it): for
+    /// The store the members share (no member's pause applies to it; the kit counts your calls
+    /// through it as activity, see [Runtime](self#runtime)): for
     /// [`status`](crate::recipes::group::status), or for code under test that needs its own
     /// store handle.
     pub fn store(&self) -> DynStore {
-        Arc::new(self.store.clone())
+        self.through(self.new_gate())
+    }
+
+    /// The shared store, reached through `gate`.
+    fn through(&self, gate: Arc<Gate>) -> DynStore {
+        Arc::new(Decorated::with(
+            Arc::new(self.store.clone()) as DynStore,
+            gate,
+        ))
     }
 
     /// The in-memory store itself (for [`MemoryStore::snapshot`] and
@@ -550,10 +586,7 @@ impl TestGroup {
     async fn start_member(&mut self, i: usize) -> std::result::Result<(), KitError> {
         let gate = self.new_gate();
         let id = self.slot(i).id.clone();
-        let store: DynStore = Arc::new(Decorated::with(
-            Arc::new(self.store.clone()) as DynStore,
-            gate.clone(),
-        ));
+        let store = self.through(gate.clone());
         let config = self.config(&id);
         let joined = self
             .drive(i, "join", async move { Group::join(store, config).await })
