@@ -22,6 +22,8 @@
 //!   is active under one view whose live slots are exactly the running members, or fails with
 //!   [`KitError::NotConverged`] naming those that are not, after a bound of simulated time
 //!   ([`TestGroupBuilder::limit`]);
+//! * [`TestGroup::wait_until`] moves the clock the same way until a condition of yours holds
+//!   (your service processed a key, a member reports a phase);
 //! * [`TestGroup::advance`] lets simulated time pass (in the same small steps, so the members
 //!   keep renewing), [`TestGroup::owner_of`] says which member would grant a key now, and
 //!   [`TestGroup::assert_exclusive`] that no key is granted by two members at once.
@@ -139,6 +141,15 @@ pub enum KitError {
         member: String,
         /// `join` or `leave`.
         action: &'static str,
+        /// The simulated time waited.
+        waited: Duration,
+    },
+    /// A [`TestGroup::wait_until`] condition did not hold within the kit's bound of simulated
+    /// time.
+    #[error("not {what} within {waited:?} of simulated time")]
+    Timeout {
+        /// What was waited for, as the caller named it.
+        what: String,
         /// The simulated time waited.
         waited: Duration,
     },
@@ -270,8 +281,8 @@ impl TestGroupBuilder {
         self
     }
 
-    /// How much simulated time [`TestGroup::converged`], a join and a leave wait before they
-    /// give up (default 20 TTLs).
+    /// How much simulated time [`TestGroup::converged`], [`TestGroup::wait_until`], a join and a
+    /// leave wait before they give up (default 20 TTLs).
     pub fn limit(mut self, limit: Duration) -> Self {
         self.limit = Some(limit);
         self
@@ -775,6 +786,33 @@ impl TestGroup {
                 }
                 Err(_) => self.clock.advance(self.step),
             }
+        }
+    }
+
+    /// Moves the clock in steps, every member running in between, until `done` holds, and
+    /// returns the simulated time that took; fails with [`KitError::Timeout`] naming `what`
+    /// after the kit's limit of simulated time ([`TestGroupBuilder::limit`]). `done` is checked
+    /// before the first step, so a condition that already holds costs nothing. The polling
+    /// `wait_until` of a real-time test, on simulated time.
+    pub async fn wait_until(
+        &self,
+        what: impl Into<String>,
+        mut done: impl FnMut(&Self) -> bool,
+    ) -> std::result::Result<Duration, KitError> {
+        let start = self.clock.monotonic();
+        loop {
+            self.run_tasks().await;
+            let waited = self.clock.monotonic() - start;
+            if done(self) {
+                return Ok(waited);
+            }
+            if waited >= self.limit {
+                return Err(KitError::Timeout {
+                    what: what.into(),
+                    waited,
+                });
+            }
+            self.clock.advance(self.step);
         }
     }
 

@@ -199,6 +199,15 @@ async fn a_group_that_cannot_converge_in_time_names_who_is_behind() {
     assert_eq!(e.laggards[0].0, 0);
     assert_eq!(e.laggards[0].1.live.len(), 2, "{e}");
     assert!(err.to_string().contains("member 0 (`m0`)"), "{err}");
+    // A condition of one's own that never holds is named too.
+    let err = group
+        .wait_until("member 1 back", |g| g.state(1) == MemberState::Running)
+        .await
+        .expect_err("it stays paused");
+    assert!(
+        matches!(&err, KitError::Timeout { what, waited } if what == "member 1 back" && *waited >= Duration::from_secs(2)),
+        "{err}"
+    );
 }
 
 #[tokio::test]
