@@ -28,6 +28,8 @@
 //!   keep renewing), [`TestGroup::owner_of`] says which member would grant a key now, and
 //!   [`TestGroup::assert_exclusive`] that no key is granted by two members at once.
 //!
+//! In a test, `#[tokio::test] async fn failover() -> Result<(), KitError>` runs this:
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), headcount_core::testkit::KitError> {
@@ -67,10 +69,14 @@
 //! leases that they would not lose in production. Tokio's paused time (`start_paused = true`)
 //! is not needed, and does no harm.
 //!
-//! Your own tasks run between the steps too. Their calls through [`TestGroup::store`] count as
-//! activity as the members' do; anything else they wait on (a channel, a timer on Tokio's
-//! time) the kit does not see, so let them finish with [`TestGroup::settle`] or a
-//! [`TestGroup::advance`] before you check what they did.
+//! Your own tasks (a worker per member, say) run between the steps too, woken by the members'
+//! watches as in production. Their calls through [`TestGroup::store`] count as activity as the
+//! members' do; other work of theirs gets the same quiet period of yields but is not watched,
+//! so after a change call [`TestGroup::settle`] (or [`TestGroup::advance`]) before you check
+//! what they did. A timer on Tokio's own time does not follow the manual clock: give your
+//! service the kit's clock ([`TestGroup::clock`]) wherever it sleeps.
+//!
+//! Dropping the kit drops its handles: the members stop without leaving, as in a crash.
 //!
 //! The members share one [`MemoryStore`] on the same manual clock, so leases expire on
 //! simulated time too; each member reaches it through a layer of its own, which is how
