@@ -226,9 +226,12 @@ pub struct TestGroupBuilder {
     step: Option<Duration>,
     limit: Option<Duration>,
     configure: Option<Configure>,
+    layer: Option<Layer>,
 }
 
 type Configure = Arc<dyn Fn(GroupConfig) -> GroupConfig + Send + Sync>;
+
+type Layer = Arc<dyn Fn(usize, DynStore, Arc<dyn Clock>) -> DynStore + Send + Sync>;
 
 impl fmt::Debug for TestGroupBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -280,6 +283,20 @@ impl TestGroupBuilder {
         self
     }
 
+    /// Puts a layer of yours between each member and the shared store: `f` gets the member's
+    /// index, the store it would use and the kit's clock, and returns the store it uses
+    /// instead. For faults the kit does not make itself: a store that is down for one member
+    /// ([`FaultyStore`](crate::sim::FaultyStore) with [`Faults::set_down`](crate::sim::Faults::set_down)),
+    /// delayed or lost replies (time the delays on the clock given), a store that misbehaves
+    /// as a backend might. A restarted member gets a new layer.
+    pub fn layer(
+        mut self,
+        f: impl Fn(usize, DynStore, Arc<dyn Clock>) -> DynStore + Send + Sync + 'static,
+    ) -> Self {
+        self.layer = Some(Arc::new(f));
+        self
+    }
+
     /// How far the manual clock moves in one step (default a twentieth of the TTL). Every
     /// member runs between two steps.
     pub fn step(mut self, step: Duration) -> Self {
@@ -326,6 +343,7 @@ impl TestGroupBuilder {
             assignor: self.assignor,
             ids: self.ids,
             configure: self.configure,
+            layer: self.layer,
             step,
             limit: self.limit.unwrap_or(self.ttl * 20),
             calls: Arc::new(AtomicU64::new(0)),
@@ -402,6 +420,7 @@ pub struct TestGroup {
     assignor: Option<AssignorKind>,
     ids: Vec<String>,
     configure: Option<Configure>,
+    layer: Option<Layer>,
     step: Duration,
     limit: Duration,
     calls: Arc<AtomicU64>,
@@ -442,6 +461,7 @@ impl TestGroup {
             step: None,
             limit: None,
             configure: None,
+            layer: None,
         }
     }
 
@@ -456,14 +476,9 @@ impl TestGroup {
     /// [`status`](crate::recipes::group::status), or for code under test that needs its own
     /// store handle.
     pub fn store(&self) -> DynStore {
-        self.through(self.new_gate())
-    }
-
-    /// The shared store, reached through `gate`.
-    fn through(&self, gate: Arc<Gate>) -> DynStore {
         Arc::new(Decorated::with(
             Arc::new(self.store.clone()) as DynStore,
-            gate,
+            self.new_gate(),
         ))
     }
 
@@ -603,7 +618,11 @@ impl TestGroup {
     async fn start_member(&mut self, i: usize) -> std::result::Result<(), KitError> {
         let gate = self.new_gate();
         let id = self.slot(i).id.clone();
-        let store = self.through(gate.clone());
+        let mut store = Arc::new(self.store.clone()) as DynStore;
+        if let Some(layer) = &self.layer {
+            store = layer(i, store, Arc::new(self.clock.clone()));
+        }
+        let store: DynStore = Arc::new(Decorated::with(store, gate.clone()));
         let config = self.config(&id);
         let joined = self
             .drive(i, "join", async move { Group::join(store, config).await })

@@ -340,3 +340,43 @@ async fn a_service_of_workers_keeps_its_writes_ordered_through_a_crash() {
     }
     assert_fast(started);
 }
+
+#[tokio::test]
+async fn a_layer_of_ones_own_cuts_one_member_off_the_store() {
+    use std::sync::Arc;
+
+    use headcount_core::sim::{Faults, FaultyStore};
+    use headcount_core::DynStore;
+
+    let faults = Faults::new(7);
+    let cut = faults.clone();
+    let mut group = TestGroup::builder("g")
+        .members(3)
+        .layer(move |i, store, clock| {
+            if i == 1 {
+                Arc::new(FaultyStore::new(store, cut.clone(), clock)) as DynStore
+            } else {
+                store
+            }
+        })
+        .start()
+        .await
+        .expect("starts");
+    let keys = keys();
+    // The store is down for member 1 alone: it loses its lease, the others take its keys.
+    faults.set_down(true);
+    group
+        .wait_until("member 1 out of the view", |g| {
+            g.member(0).assignment().live.len() == 2
+        })
+        .await
+        .expect("in time");
+    group.assert_exclusive(&keys);
+    assert!(keys.iter().all(|k| group.owner_of(k) != Some(1)));
+    assert_ne!(group.member(1).assignment().phase, GroupPhase::Active);
+    // Back up: it claims again and the three converge.
+    faults.set_down(false);
+    assert_eq!(group.converged().await.expect("with 1 again").live.len(), 3);
+    assert_all_owned(&group, &keys);
+    group.leave(1).await.expect("leaves");
+}
