@@ -217,13 +217,14 @@ async fn a_grant_from_before_a_lapse_says_so_after_the_member_is_active_again() 
 #[tokio::test]
 async fn a_slot_record_without_expiry_does_not_stall_the_group() {
     use headcount_core::recipes::group::{GroupPhase, SlotRecord};
-    let store: DynStore = Arc::new(MemoryStore::new());
-    let m = join_active(store.clone(), GroupConfig::new("g", TTL)).await;
+    let group = TestGroup::start("g", 1).await.expect("active");
+    let store = group.store();
+    let before = group.member(0).assignment().epoch;
     // Written by hand: fields in another order and an unpadded nonce, which parse to a claim
     // but are not the text the member would write for it.
     let ghost = format!(
         "v1 nonce=deadbeef member=ghost since=1 ttl={} acked=0 view=0",
-        TTL.as_millis()
+        group.ttl().as_millis()
     );
     let parsed = SlotRecord::parse(&ghost).expect("the hand-written record parses");
     assert_ne!(parsed.to_string(), ghost);
@@ -233,23 +234,18 @@ async fn a_slot_record_without_expiry_does_not_stall_the_group() {
         .expect("write the ghost"));
     // The member sees a new live slot, publishes a view with it, and waits for its
     // acknowledgement; it must end active in a view without the ghost.
-    let settled = tokio::time::timeout(TTL * 20, async {
-        loop {
-            let a = m.assignment();
-            if a.phase == GroupPhase::Active && a.replicas == 1 && a.epoch > 1 {
-                return a;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let settled = group
+        .wait_until("active in a view without the ghost", |g| {
+            let a = g.member(0).assignment();
+            a.phase == GroupPhase::Active && a.replicas == 1 && a.epoch > before
+        })
+        .await;
     assert!(
         settled.is_ok(),
         "stalled on the record without expiry: {:?}",
-        m.assignment()
+        group.member(0).assignment()
     );
     assert_eq!(store.get("hc:{g}:slot:5").await.expect("get"), None);
-    m.leave().await.expect("leave");
 }
 
 /// Counts, per store, the writes that changed a key of the slot directory and, per renewed key,
@@ -264,6 +260,16 @@ struct Counting {
 }
 
 impl Counting {
+    fn new(inner: DynStore) -> Self {
+        Counting {
+            inner,
+            dir: "hc:{g}:slot:".into(),
+            dir_writes: Default::default(),
+            reads: Default::default(),
+            view_reads: Default::default(),
+        }
+    }
+
     fn wrote(&self, key: &str, changed: bool) {
         if changed && key.starts_with(&self.dir) {
             self.dir_writes
@@ -364,56 +370,31 @@ impl headcount_core::backend::Backend for Counting {
 /// for the leave (at most) and the small view directory for the new view and its mark. Before,
 /// every acknowledgement changed the table, so during a hand-off each member read the table again
 /// at every poll that followed one (16 members: 15 more writes to the directory per view change).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn acknowledgements_do_not_change_the_slot_table() {
-    use headcount_core::recipes::group::GroupPhase;
     const N: usize = 16;
-    let ttl = Duration::from_millis(600);
-    let counting = Arc::new(Counting {
-        inner: Arc::new(MemoryStore::new()),
-        dir: "hc:{g}:slot:".into(),
-        dir_writes: Default::default(),
-        reads: Default::default(),
-        view_reads: Default::default(),
-    });
-    let store: DynStore = counting.clone();
-    let mut members = Vec::new();
-    for i in 0..N {
-        let m = Group::join(
-            store.clone(),
-            GroupConfig::new("g", ttl).with_member(format!("m{i}")),
-        )
-        .await
-        .expect("joins");
-        members.push(m);
-    }
-    let converged = |members: &[headcount_core::recipes::group::Member], n: usize| {
-        let first = members[0].assignment().epoch;
-        members.iter().all(|m| {
-            let a = m.assignment();
-            a.phase == GroupPhase::Active && a.epoch == first && a.replicas as usize == n
+    // One counting layer over the store, for every member.
+    let counting: Arc<std::sync::OnceLock<Arc<Counting>>> = Arc::default();
+    let layer = counting.clone();
+    let mut group = TestGroup::builder("g")
+        .members(N)
+        .layer(move |_, store, _| {
+            layer.get_or_init(|| Arc::new(Counting::new(store))).clone() as DynStore
         })
-    };
-    let wait = |members: &[headcount_core::recipes::group::Member], n: usize| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        let members = members.to_vec();
-        async move {
-            while !converged(&members, n) {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "not converged on {n}: {:?}",
-                    members.iter().map(|m| m.assignment()).collect::<Vec<_>>()
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
-    wait(&members, N).await;
+        .start()
+        .await
+        .expect("converged");
+    let counting = counting.get().expect("layered").clone();
+    assert!(
+        !counting.reads.lock().expect("lock").is_empty(),
+        "the layer saw no member read the table while they joined"
+    );
+    let ttl = group.ttl();
     // Let the last heartbeats that read the joins' tables pass.
-    tokio::time::sleep(ttl).await;
+    group.advance(ttl).await;
     counting.reset();
     // Steady: four heartbeats (a slot-table look by every member) carry no table and no view.
-    tokio::time::sleep(ttl * 4 / 3).await;
+    group.advance(ttl * 4 / 3).await;
     {
         let reads = counting.reads.lock().expect("lock").clone();
         let view_reads = counting.view_reads.lock().expect("lock").clone();
@@ -423,13 +404,13 @@ async fn acknowledgements_do_not_change_the_slot_table() {
         );
     }
     counting.reset();
-    let epoch = members[0].assignment().epoch;
-    let leaver = members.remove(N / 2);
-    leaver.leave().await.expect("leave");
-    wait(&members, N - 1).await;
-    assert!(members[0].assignment().epoch > epoch);
+    let epoch = group.member(0).assignment().epoch;
+    group.leave(N / 2).await.expect("leave");
+    let done = group.converged().await.expect("converged without it");
+    assert_eq!(done.live.len(), N - 1);
+    assert!(done.epoch > epoch);
     // Two more heartbeats: reads that follow the change late are counted too.
-    tokio::time::sleep(ttl).await;
+    group.advance(ttl).await;
     let writes = counting
         .dir_writes
         .load(std::sync::atomic::Ordering::SeqCst);
@@ -447,9 +428,6 @@ async fn acknowledgements_do_not_change_the_slot_table() {
         most <= 2,
         "a member read the view directory {most} times: {view_reads:?}"
     );
-    for m in members {
-        m.leave().await.expect("leave");
-    }
 }
 
 /// Many members started at once all race for the lowest free slot; every one of them must get a
