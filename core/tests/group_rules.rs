@@ -77,31 +77,24 @@ async fn waiting_on_a_member_that_left_is_stopped() {
 #[tokio::test]
 async fn epochs_never_pass_the_largest_and_the_member_says_why() {
     use headcount_core::recipes::group::MAX_EPOCH;
-    let store: DynStore = Arc::new(MemoryStore::new());
+    let mut group = TestGroup::builder("g").build();
+    let store = group.store();
     let view = format!("v1 epoch={MAX_EPOCH} slots=");
     assert!(store
         .compare_and_set("hc:{g}:view:current", None, &view, None)
         .await
         .expect("plant the view"));
-    let m = Group::join(store.clone(), GroupConfig::new("g", TTL))
+    let m = group.join().await.expect("joins");
+    group
+        .wait_until("an error", |g| {
+            g.member(m).assignment().last_error.is_some()
+        })
         .await
-        .expect("joins");
-    let mut rx = m.watch();
-    let said = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            if let Some(e) = rx.borrow_and_update().last_error.clone() {
-                return e;
-            }
-            if rx.changed().await.is_err() {
-                return String::new();
-            }
-        }
-    })
-    .await
-    .expect("an error within 5 s");
+        .expect("an error in time");
+    let said = group.member(m).assignment().last_error.unwrap_or_default();
     assert!(said.contains("largest"), "{said}");
     // A few heartbeats later the stored view is still the largest epoch, nothing above it.
-    tokio::time::sleep(TTL).await;
+    group.advance(group.ttl()).await;
     assert_eq!(
         store
             .get("hc:{g}:view:current")
@@ -111,10 +104,9 @@ async fn epochs_never_pass_the_largest_and_the_member_says_why() {
         Some(view.as_str())
     );
     assert_ne!(
-        m.assignment().phase,
+        group.member(m).assignment().phase,
         headcount_core::recipes::group::GroupPhase::Active
     );
-    m.leave().await.expect("leave");
 }
 
 #[tokio::test]
