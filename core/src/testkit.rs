@@ -715,30 +715,42 @@ impl TestGroup {
         work: impl Future<Output = T> + Send + 'static,
     ) -> std::result::Result<T, KitError> {
         let task = tokio::spawn(work);
-        let start = self.clock.monotonic();
-        loop {
-            self.run_tasks().await;
-            if task.is_finished() {
-                return match task.await {
-                    Ok(out) => Ok(out),
-                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                    Err(_) => Err(self.stuck(i, action, start)),
-                };
+        let (finished, waited) = self
+            .step_until(|_| if task.is_finished() { Ok(()) } else { Err(()) })
+            .await;
+        if finished.is_ok() {
+            match task.await {
+                Ok(out) => return Ok(out),
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => {}
             }
-            if self.clock.monotonic() - start >= self.limit {
-                task.abort();
-                return Err(self.stuck(i, action, start));
-            }
-            self.clock.advance(self.step);
+        } else {
+            task.abort();
         }
-    }
-
-    fn stuck(&self, i: usize, action: &'static str, start: Duration) -> KitError {
-        KitError::Stuck {
+        Err(KitError::Stuck {
             index: i,
             member: self.slot(i).id.clone(),
             action,
-            waited: self.clock.monotonic() - start,
+            waited,
+        })
+    }
+
+    /// Steps the clock, every task running in between, until `check` answers `Ok` (checked
+    /// before the first step), or the kit's limit of simulated time passed: then its last `Err`.
+    /// Also returns the simulated time waited.
+    async fn step_until<T, E>(
+        &self,
+        mut check: impl FnMut(&Self) -> std::result::Result<T, E>,
+    ) -> (std::result::Result<T, E>, Duration) {
+        let start = self.clock.monotonic();
+        loop {
+            self.run_tasks().await;
+            let waited = self.clock.monotonic() - start;
+            match check(self) {
+                Ok(out) => return (Ok(out), waited),
+                Err(e) if waited >= self.limit => return (Err(e), waited),
+                Err(_) => self.clock.advance(self.step),
+            }
         }
     }
 
@@ -789,28 +801,18 @@ impl TestGroup {
     /// [`KitError::NotConverged`], naming the members that were not, after the kit's limit of
     /// simulated time ([`TestGroupBuilder::limit`]).
     pub async fn converged(&self) -> std::result::Result<Converged, KitError> {
-        let start = self.clock.monotonic();
-        loop {
-            self.run_tasks().await;
-            let waited = self.clock.monotonic() - start;
-            match self.check_converged() {
-                Ok(view) => {
-                    return Ok(Converged {
-                        epoch: view.0,
-                        live: view.1,
-                        waited,
-                    })
-                }
-                Err((expected, laggards)) if waited >= self.limit => {
-                    return Err(NotConverged {
-                        waited,
-                        expected,
-                        laggards,
-                    }
-                    .into())
-                }
-                Err(_) => self.clock.advance(self.step),
+        match self.step_until(Self::check_converged).await {
+            (Ok((epoch, live)), waited) => Ok(Converged {
+                epoch,
+                live,
+                waited,
+            }),
+            (Err((expected, laggards)), waited) => Err(NotConverged {
+                waited,
+                expected,
+                laggards,
             }
+            .into()),
         }
     }
 
@@ -824,20 +826,15 @@ impl TestGroup {
         what: impl Into<String>,
         mut done: impl FnMut(&Self) -> bool,
     ) -> std::result::Result<Duration, KitError> {
-        let start = self.clock.monotonic();
-        loop {
-            self.run_tasks().await;
-            let waited = self.clock.monotonic() - start;
-            if done(self) {
-                return Ok(waited);
-            }
-            if waited >= self.limit {
-                return Err(KitError::Timeout {
-                    what: what.into(),
-                    waited,
-                });
-            }
-            self.clock.advance(self.step);
+        match self
+            .step_until(|g| if done(g) { Ok(()) } else { Err(()) })
+            .await
+        {
+            (Ok(()), waited) => Ok(waited),
+            (Err(()), waited) => Err(KitError::Timeout {
+                what: what.into(),
+                waited,
+            }),
         }
     }
 
