@@ -15,6 +15,7 @@ pub mod recipes;
 pub mod sim;
 pub mod store;
 mod task;
+pub mod testkit;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
 pub use error::{BoxError, Error, ErrorKind, Result};

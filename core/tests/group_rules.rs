@@ -8,6 +8,7 @@ use std::time::Duration;
 use headcount_core::assign::AssignorKind;
 use headcount_core::memory::MemoryStore;
 use headcount_core::recipes::group::{Group, GroupConfig};
+use headcount_core::testkit::TestGroup;
 use headcount_core::{DynStore, ErrorKind};
 
 const TTL: Duration = Duration::from_millis(300);
@@ -23,26 +24,6 @@ async fn join_active(
         .expect("active in time")
         .expect("active");
     m
-}
-
-/// A lone active member of group `g` on an in-memory store behind a fault layer, and the layer's
-/// controls.
-#[allow(clippy::expect_used)]
-async fn faulty_lone_member() -> (
-    headcount_core::recipes::group::Member,
-    Arc<headcount_core::sim::Faults>,
-) {
-    use headcount_core::sim::{Faults, FaultyStore};
-    use headcount_core::SystemClock;
-    let memory: DynStore = Arc::new(MemoryStore::new());
-    let faults = Faults::new(1);
-    let store: DynStore = Arc::new(FaultyStore::new(
-        memory,
-        faults.clone(),
-        Arc::new(SystemClock::new()),
-    ));
-    let m = join_active(store, GroupConfig::new("g", TTL)).await;
-    (m, faults)
 }
 
 #[tokio::test]
@@ -96,31 +77,24 @@ async fn waiting_on_a_member_that_left_is_stopped() {
 #[tokio::test]
 async fn epochs_never_pass_the_largest_and_the_member_says_why() {
     use headcount_core::recipes::group::MAX_EPOCH;
-    let store: DynStore = Arc::new(MemoryStore::new());
+    let mut group = TestGroup::builder("g").build();
+    let store = group.store();
     let view = format!("v1 epoch={MAX_EPOCH} slots=");
     assert!(store
         .compare_and_set("hc:{g}:view:current", None, &view, None)
         .await
         .expect("plant the view"));
-    let m = Group::join(store.clone(), GroupConfig::new("g", TTL))
+    let m = group.join().await.expect("joins");
+    group
+        .wait_until("an error", |g| {
+            g.member(m).assignment().last_error.is_some()
+        })
         .await
-        .expect("joins");
-    let mut rx = m.watch();
-    let said = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            if let Some(e) = rx.borrow_and_update().last_error.clone() {
-                return e;
-            }
-            if rx.changed().await.is_err() {
-                return String::new();
-            }
-        }
-    })
-    .await
-    .expect("an error within 5 s");
+        .expect("an error in time");
+    let said = group.member(m).assignment().last_error.unwrap_or_default();
     assert!(said.contains("largest"), "{said}");
     // A few heartbeats later the stored view is still the largest epoch, nothing above it.
-    tokio::time::sleep(TTL).await;
+    group.advance(group.ttl()).await;
     assert_eq!(
         store
             .get("hc:{g}:view:current")
@@ -130,60 +104,40 @@ async fn epochs_never_pass_the_largest_and_the_member_says_why() {
         Some(view.as_str())
     );
     assert_ne!(
-        m.assignment().phase,
+        group.member(m).assignment().phase,
         headcount_core::recipes::group::GroupPhase::Active
     );
-    m.leave().await.expect("leave");
 }
 
 #[tokio::test]
 async fn a_stalled_renewal_turns_the_assignment_inactive_at_the_lease_deadline() {
     use headcount_core::recipes::group::GroupPhase;
-    let (m, faults) = faulty_lone_member().await;
+    let mut group = TestGroup::start("g", 1).await.expect("starts");
     // Every store call stalls from now on, as behind a frozen connection.
-    faults.pause();
-    let stalled = tokio::time::Instant::now();
-    let mut rx = m.watch();
-    tokio::time::timeout(TTL * 2, async {
-        loop {
-            if rx.borrow_and_update().phase == GroupPhase::Rejoining {
-                return;
-            }
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("the watch says rejoining by the lease deadline, while the call is still stalled");
+    group.pause(0);
+    // The watch says rejoining by the lease deadline, while the call is still stalled.
+    let took = group
+        .wait_until("rejoining", |g| {
+            g.member(0).watch().borrow().phase == GroupPhase::Rejoining
+        })
+        .await
+        .expect("the lease lapses");
     // The deadline is the last renewal's send time plus 0.9 TTL: within one TTL of the stall.
-    assert!(
-        stalled.elapsed() <= TTL + Duration::from_millis(100),
-        "{:?}",
-        stalled.elapsed()
-    );
-    assert!(m.would_grant("k").is_none());
-    faults.resume();
-    m.leave().await.expect("leave");
+    assert!(took <= group.ttl(), "{took:?}");
+    assert!(group.member(0).would_grant("k").is_none());
+    group.leave(0).await.expect("leave");
 }
 
 #[tokio::test]
 async fn status_counts_ownership_with_the_assignor_the_view_names() {
     use headcount_core::recipes::group::status;
-    let store: DynStore = Arc::new(MemoryStore::new());
-    let config = || GroupConfig::new("g", TTL).with_assignor(AssignorKind::JumpFailover);
-    let a = Group::join(store.clone(), config()).await.expect("a joins");
-    let b = Group::join(store.clone(), config()).await.expect("b joins");
-    let c = Group::join(store.clone(), config()).await.expect("c joins");
-    for m in [&a, &b, &c] {
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while m.active(0).await.map(|x| x.replicas).unwrap_or(0) < 3 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
+    let group = TestGroup::builder("g")
+        .members(3)
+        .assignor(AssignorKind::JumpFailover)
+        .start()
         .await
         .expect("three active");
-    }
+    let store = group.store();
     let with_jump = status(&store, "hc", "g", AssignorKind::JumpFailover, 3000)
         .await
         .expect("status");
@@ -191,9 +145,6 @@ async fn status_counts_ownership_with_the_assignor_the_view_names() {
         .await
         .expect("status");
     assert_eq!(with_jump.sample_owned, asked_other.sample_owned);
-    for m in [a, b, c] {
-        m.leave().await.expect("leave");
-    }
 }
 
 /// A host suspend, as the member's clock sees it: time jumps past the lease in one step, and no
@@ -202,24 +153,12 @@ async fn status_counts_ownership_with_the_assignor_the_view_names() {
 /// reading `CLOCK_BOOTTIME`; this checks that grants judge validity by reading the clock.)
 #[tokio::test]
 async fn grants_are_invalid_at_once_after_a_suspend_past_the_lease() {
-    use headcount_core::{Clock, ManualClock};
-    let clock = ManualClock::at_unix_secs(1_000_000);
-    let clock_dyn: Arc<dyn Clock> = Arc::new(clock.clone());
-    let store: DynStore = Arc::new(MemoryStore::with_clock(clock_dyn.clone()));
-    let m = Group::join(store, GroupConfig::new("g", TTL).with_clock(clock_dyn))
-        .await
-        .expect("joins");
-    let mut step = 0;
-    while m.assignment().phase != headcount_core::recipes::group::GroupPhase::Active {
-        clock.advance(TTL / 10);
-        tokio::task::yield_now().await;
-        step += 1;
-        assert!(step < 1000, "never active: {:?}", m.assignment());
-    }
+    let group = TestGroup::start("g", 1).await.expect("active");
+    let m = group.member(0);
     let grant = m.owns("k").expect("a lone active member owns every key");
     assert!(grant.is_valid());
-    // The suspend: well past the lease, in one step.
-    clock.advance(TTL * 3);
+    // The suspend: well past the lease, in one step of the clock, no task running.
+    group.clock().advance(group.ttl() * 3);
     assert!(
         !grant.is_valid(),
         "a grant outlived the lease across a suspend"
@@ -238,41 +177,30 @@ async fn grants_are_invalid_at_once_after_a_suspend_past_the_lease() {
 #[tokio::test]
 async fn a_grant_from_before_a_lapse_says_so_after_the_member_is_active_again() {
     use headcount_core::recipes::group::GroupPhase;
-    let (m, faults) = faulty_lone_member().await;
-    let old = m.owns("k").expect("a lone member owns every key");
+    let mut group = TestGroup::start("g", 1).await.expect("active");
+    let old = group
+        .member(0)
+        .owns("k")
+        .expect("a lone member owns every key");
     assert!(!old.lease_lapsed());
-    faults.pause();
-    let mut rx = m.watch();
-    tokio::time::timeout(TTL * 2, async {
-        while rx.borrow_and_update().phase != GroupPhase::Rejoining {
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("the lease lapses");
-    faults.resume();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            let a = m.assignment();
-            if a.phase == GroupPhase::Active {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("active again");
+    group.pause(0);
+    group
+        .wait_until("rejoining", |g| {
+            g.member(0).watch().borrow().phase == GroupPhase::Rejoining
+        })
+        .await
+        .expect("the lease lapses");
+    group.resume(0);
+    group.converged().await.expect("active again");
     assert!(!old.is_valid());
     assert!(
         old.lease_lapsed(),
         "the old grant does not say its lease lapsed"
     );
-    let new = m.owns("k").expect("owns the key again");
+    let new = group.member(0).owns("k").expect("owns the key again");
     assert!(!new.lease_lapsed());
     drop((old, new));
-    m.leave().await.expect("leave");
+    group.leave(0).await.expect("leave");
 }
 
 /// A slot record with no expiry (a restore that dropped TTLs, a hand edit) holding a claim that
@@ -281,13 +209,14 @@ async fn a_grant_from_before_a_lapse_says_so_after_the_member_is_active_again() 
 #[tokio::test]
 async fn a_slot_record_without_expiry_does_not_stall_the_group() {
     use headcount_core::recipes::group::{GroupPhase, SlotRecord};
-    let store: DynStore = Arc::new(MemoryStore::new());
-    let m = join_active(store.clone(), GroupConfig::new("g", TTL)).await;
+    let group = TestGroup::start("g", 1).await.expect("active");
+    let store = group.store();
+    let before = group.member(0).assignment().epoch;
     // Written by hand: fields in another order and an unpadded nonce, which parse to a claim
     // but are not the text the member would write for it.
     let ghost = format!(
         "v1 nonce=deadbeef member=ghost since=1 ttl={} acked=0 view=0",
-        TTL.as_millis()
+        group.ttl().as_millis()
     );
     let parsed = SlotRecord::parse(&ghost).expect("the hand-written record parses");
     assert_ne!(parsed.to_string(), ghost);
@@ -297,23 +226,18 @@ async fn a_slot_record_without_expiry_does_not_stall_the_group() {
         .expect("write the ghost"));
     // The member sees a new live slot, publishes a view with it, and waits for its
     // acknowledgement; it must end active in a view without the ghost.
-    let settled = tokio::time::timeout(TTL * 20, async {
-        loop {
-            let a = m.assignment();
-            if a.phase == GroupPhase::Active && a.replicas == 1 && a.epoch > 1 {
-                return a;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let settled = group
+        .wait_until("active in a view without the ghost", |g| {
+            let a = g.member(0).assignment();
+            a.phase == GroupPhase::Active && a.replicas == 1 && a.epoch > before
+        })
+        .await;
     assert!(
         settled.is_ok(),
         "stalled on the record without expiry: {:?}",
-        m.assignment()
+        group.member(0).assignment()
     );
     assert_eq!(store.get("hc:{g}:slot:5").await.expect("get"), None);
-    m.leave().await.expect("leave");
 }
 
 /// Counts, per store, the writes that changed a key of the slot directory and, per renewed key,
@@ -328,6 +252,16 @@ struct Counting {
 }
 
 impl Counting {
+    fn new(inner: DynStore) -> Self {
+        Counting {
+            inner,
+            dir: "hc:{g}:slot:".into(),
+            dir_writes: Default::default(),
+            reads: Default::default(),
+            view_reads: Default::default(),
+        }
+    }
+
     fn wrote(&self, key: &str, changed: bool) {
         if changed && key.starts_with(&self.dir) {
             self.dir_writes
@@ -428,56 +362,31 @@ impl headcount_core::backend::Backend for Counting {
 /// for the leave (at most) and the small view directory for the new view and its mark. Before,
 /// every acknowledgement changed the table, so during a hand-off each member read the table again
 /// at every poll that followed one (16 members: 15 more writes to the directory per view change).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn acknowledgements_do_not_change_the_slot_table() {
-    use headcount_core::recipes::group::GroupPhase;
     const N: usize = 16;
-    let ttl = Duration::from_millis(600);
-    let counting = Arc::new(Counting {
-        inner: Arc::new(MemoryStore::new()),
-        dir: "hc:{g}:slot:".into(),
-        dir_writes: Default::default(),
-        reads: Default::default(),
-        view_reads: Default::default(),
-    });
-    let store: DynStore = counting.clone();
-    let mut members = Vec::new();
-    for i in 0..N {
-        let m = Group::join(
-            store.clone(),
-            GroupConfig::new("g", ttl).with_member(format!("m{i}")),
-        )
-        .await
-        .expect("joins");
-        members.push(m);
-    }
-    let converged = |members: &[headcount_core::recipes::group::Member], n: usize| {
-        let first = members[0].assignment().epoch;
-        members.iter().all(|m| {
-            let a = m.assignment();
-            a.phase == GroupPhase::Active && a.epoch == first && a.replicas as usize == n
+    // One counting layer over the store, for every member.
+    let counting: Arc<std::sync::OnceLock<Arc<Counting>>> = Arc::default();
+    let layer = counting.clone();
+    let mut group = TestGroup::builder("g")
+        .members(N)
+        .layer(move |_, store, _| {
+            layer.get_or_init(|| Arc::new(Counting::new(store))).clone() as DynStore
         })
-    };
-    let wait = |members: &[headcount_core::recipes::group::Member], n: usize| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        let members = members.to_vec();
-        async move {
-            while !converged(&members, n) {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "not converged on {n}: {:?}",
-                    members.iter().map(|m| m.assignment()).collect::<Vec<_>>()
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
-    wait(&members, N).await;
+        .start()
+        .await
+        .expect("converged");
+    let counting = counting.get().expect("layered").clone();
+    assert!(
+        !counting.reads.lock().expect("lock").is_empty(),
+        "the layer saw no member read the table while they joined"
+    );
+    let ttl = group.ttl();
     // Let the last heartbeats that read the joins' tables pass.
-    tokio::time::sleep(ttl).await;
+    group.advance(ttl).await;
     counting.reset();
     // Steady: four heartbeats (a slot-table look by every member) carry no table and no view.
-    tokio::time::sleep(ttl * 4 / 3).await;
+    group.advance(ttl * 4 / 3).await;
     {
         let reads = counting.reads.lock().expect("lock").clone();
         let view_reads = counting.view_reads.lock().expect("lock").clone();
@@ -487,13 +396,13 @@ async fn acknowledgements_do_not_change_the_slot_table() {
         );
     }
     counting.reset();
-    let epoch = members[0].assignment().epoch;
-    let leaver = members.remove(N / 2);
-    leaver.leave().await.expect("leave");
-    wait(&members, N - 1).await;
-    assert!(members[0].assignment().epoch > epoch);
+    let epoch = group.member(0).assignment().epoch;
+    group.leave(N / 2).await.expect("leave");
+    let done = group.converged().await.expect("converged without it");
+    assert_eq!(done.live.len(), N - 1);
+    assert!(done.epoch > epoch);
     // Two more heartbeats: reads that follow the change late are counted too.
-    tokio::time::sleep(ttl).await;
+    group.advance(ttl).await;
     let writes = counting
         .dir_writes
         .load(std::sync::atomic::Ordering::SeqCst);
@@ -511,9 +420,6 @@ async fn acknowledgements_do_not_change_the_slot_table() {
         most <= 2,
         "a member read the view directory {most} times: {view_reads:?}"
     );
-    for m in members {
-        m.leave().await.expect("leave");
-    }
 }
 
 /// Many members started at once all race for the lowest free slot; every one of them must get a
@@ -620,37 +526,32 @@ async fn a_burst_that_fills_the_group_is_not_refused_as_full() {
 #[tokio::test]
 async fn a_members_older_grant_is_not_fenced_off_by_its_newer_one() {
     use headcount_core::fence::Fence;
-    let store: DynStore = Arc::new(MemoryStore::new());
-    let a = Group::join(store.clone(), GroupConfig::new("g", TTL))
-        .await
-        .expect("a joins");
-    let first = tokio::time::timeout(Duration::from_secs(5), a.active(0))
-        .await
-        .expect("a active in time")
-        .expect("a active");
+    let mut group = TestGroup::start("g", 1).await.expect("a active");
+    let first = group.member(0).assignment();
     let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
     let mut older: Vec<_> = keys
         .iter()
-        .map(|k| (k.clone(), a.owns(k).expect("a lone member owns every key")))
+        .map(|k| {
+            let g = group
+                .member(0)
+                .owns(k)
+                .expect("a lone member owns every key");
+            (k.clone(), g)
+        })
         .collect();
     assert!(older.iter().all(|(_, g)| g.token() == first.epoch));
-    let b = Group::join(store.clone(), GroupConfig::new("g", TTL))
-        .await
-        .expect("b joins");
+    let b = group.join().await.expect("b joins");
     // Drop the grants of the keys that move to b (the hand-off waits for them); keep the rest.
-    let second = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
+    group
+        .wait_until("both active on the two-member view", |g| {
             older.retain(|(_, g)| g.is_valid());
-            match b.assignment() {
-                x if x.replicas == 2 && x.index.is_some() && a.assignment().epoch == x.epoch => {
-                    return x
-                }
-                _ => tokio::time::sleep(Duration::from_millis(5)).await,
-            }
-        }
-    })
-    .await
-    .expect("both active on the two-member view in time");
+            g.is_converged()
+        })
+        .await
+        .expect("in time");
+    let (a, b) = (group.member(0), group.member(b));
+    let second = b.assignment();
+    assert_eq!(second.replicas, 2);
     assert!(second.epoch > first.epoch);
     assert!(
         !older.is_empty() && older.len() < keys.len(),
@@ -679,8 +580,6 @@ async fn a_members_older_grant_is_not_fenced_off_by_its_newer_one() {
         }
     }
     drop(older);
-    a.leave().await.expect("a leaves");
-    b.leave().await.expect("b leaves");
 }
 
 /// A lone member active at its first epoch, and the keys it was granted there.
@@ -800,38 +699,23 @@ async fn a_heartbeat_task_that_panics_fails_the_member_instead_of_hanging_its_wa
 /// slot was claimed at.
 #[tokio::test]
 async fn status_keeps_the_acknowledged_epoch_after_the_acknowledgements_expire() {
-    use headcount_core::recipes::group::{status, GroupPhase, GroupStatus};
-    use headcount_core::{Clock, ManualClock};
-    let clock = ManualClock::at_unix_secs(1_000_000);
-    let clock_dyn: Arc<dyn Clock> = Arc::new(clock.clone());
-    let store: DynStore = Arc::new(MemoryStore::with_clock(clock_dyn.clone()));
-    let config = || GroupConfig::new("g", TTL).with_clock(clock_dyn.clone());
-    let a = Group::join(store.clone(), config()).await.expect("a joins");
-    let b = Group::join(store.clone(), config()).await.expect("b joins");
-    let step = || async {
-        clock.advance(TTL / 10);
-        for _ in 0..20 {
-            tokio::task::yield_now().await;
-        }
-    };
+    use headcount_core::recipes::group::{status, GroupStatus};
+    let group = TestGroup::start("g", 2).await.expect("both active");
+    let store = group.store();
     let read = || async {
         status(&store, "hc", "g", AssignorKind::JumpBackFailover, 0)
             .await
             .expect("status")
     };
     let view_epoch = |s: &GroupStatus| s.table.view.as_ref().map(|v| v.epoch);
-    let mut steps = 0;
+    // The settled mark follows the last acknowledgement within a heartbeat or so.
     let settled = loop {
         let s = read().await;
-        let both = [&a, &b]
-            .iter()
-            .all(|m| m.assignment().phase == GroupPhase::Active && m.assignment().replicas == 2);
-        if both && s.table.settled.map(|m| m.epoch) == view_epoch(&s) && s.view_current {
+        if s.table.settled.map(|m| m.epoch) == view_epoch(&s) && s.view_current {
             break s;
         }
-        step().await;
-        steps += 1;
-        assert!(steps < 2000, "never settled: {s:?}");
+        assert!(group.elapsed() < group.ttl() * 40, "never settled: {s:?}");
+        group.advance(group.ttl() / 10).await;
     };
     let epoch = view_epoch(&settled).expect("a view");
     assert_eq!(settled.table.slots.len(), 2);
@@ -843,9 +727,7 @@ async fn status_keeps_the_acknowledged_epoch_after_the_acknowledgements_expire()
         );
     }
     // Six TTLs of heartbeats and no view change: the acknowledgements (kept four TTLs) expire.
-    for _ in 0..60 {
-        step().await;
-    }
+    group.advance(group.ttl() * 6).await;
     let later = read().await;
     assert_eq!(
         view_epoch(&later),
@@ -860,8 +742,6 @@ async fn status_keeps_the_acknowledged_epoch_after_the_acknowledgements_expire()
             "slot {slot} went back: {later:?}"
         );
     }
-    a.leave().await.expect("a leaves");
-    b.leave().await.expect("b leaves");
 }
 
 /// `status`'s `key_owner` names, for each key, the member whose `owns` grants it: the owner
@@ -870,21 +750,17 @@ async fn status_keeps_the_acknowledged_epoch_after_the_acknowledgements_expire()
 async fn status_names_the_member_that_grants_each_key() {
     use headcount_core::recipes::group::status;
 
-    let store: DynStore = Arc::new(MemoryStore::new());
-    let a = join_active(store.clone(), GroupConfig::new("g", TTL).with_member("a")).await;
-    let b = join_active(store.clone(), GroupConfig::new("g", TTL).with_member("b")).await;
+    let group = TestGroup::builder("g")
+        .members(2)
+        .member_ids(["a", "b"])
+        .start()
+        .await
+        .expect("settled");
     let keys: Vec<String> = (0..32).map(|k| format!("order-{k}")).collect();
-    // Once b's arrival is settled, every key is granted by exactly one of them.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !keys
-        .iter()
-        .all(|k| a.would_grant(k).is_some() != b.would_grant(k).is_some())
-    {
-        assert!(tokio::time::Instant::now() < deadline, "never settled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // Once settled, every key is granted by exactly one of them.
+    group.assert_exclusive(&keys);
     let s = status(
-        &store,
+        &group.store(),
         headcount_core::DEFAULT_PREFIX,
         "g",
         AssignorKind::JumpBackFailover,
@@ -895,18 +771,21 @@ async fn status_names_the_member_that_grants_each_key() {
     let mut by = std::collections::BTreeMap::new();
     for k in &keys {
         let owner = s.key_owner(k).expect("maps").expect("an owner");
-        let granter = if a.would_grant(k).is_some() { "a" } else { "b" };
-        assert_eq!(owner.member.as_deref(), Some(granter), "{k}: {owner:?}");
-        assert_eq!(owner.view_epoch, a.assignment().epoch, "{owner:?}");
+        let granter = group.owner_of(k).expect("granted");
+        assert_eq!(
+            owner.member.as_deref(),
+            Some(group.id(granter)),
+            "{k}: {owner:?}"
+        );
+        assert_eq!(
+            owner.view_epoch,
+            group.member(0).assignment().epoch,
+            "{owner:?}"
+        );
         // The token a grant would carry is never newer than the view's epoch.
-        let token = a
-            .would_grant(k)
-            .or_else(|| b.would_grant(k))
-            .expect("granted");
+        let token = group.member(granter).would_grant(k).expect("granted");
         assert!(token <= owner.view_epoch, "{k}: token {token} > {owner:?}");
-        *by.entry(granter).or_insert(0) += 1;
+        *by.entry(group.id(granter)).or_insert(0) += 1;
     }
     assert_eq!(by.len(), 2, "32 keys all on one member: {by:?}");
-    a.leave().await.expect("leave");
-    b.leave().await.expect("leave");
 }
