@@ -64,6 +64,8 @@ pub struct ExecArgs {
     #[arg(long, default_value = "10s", value_parser = crate::util::parse_duration)]
     pub grace: Duration,
     #[command(flatten)]
+    pub lifecycle: crate::lifecycle::LifecycleArgs,
+    #[command(flatten)]
     pub metrics: crate::observe::MetricsArgs,
     /// The command and its arguments, after `--`.
     #[arg(last = true, value_name = "CMD")]
@@ -100,7 +102,15 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
     let ttl = args.ttl.unwrap_or(crate::util::DEFAULT_GROUP_TTL);
     // The grant is held while the command stops: let the hand-off wait for the whole grace (and
     // a heartbeat to reap it) before the member gives up its lease, instead of one TTL.
-    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
+    args.lifecycle.check(args.member.as_deref())?;
+    let config = args
+        .lifecycle
+        .configure(group_config(
+            &args.group,
+            args.ttl,
+            args.member.as_deref(),
+            args.assignor,
+        ))
         .with_eviction_allowed(args.allow_eviction)
         .with_drain_timeout(ttl.max(args.grace.saturating_add(ttl / 3)));
     config.validate()?;
@@ -111,6 +121,7 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
     let mut user_signals = UserSignals::new()?;
     let member = Group::join(store, config).await?;
     tracing::info!(member = member.member(), "joined");
+    let readiness = crate::lifecycle::Readiness::track(&member, args.lifecycle.ready_file.clone());
     let mut watch = member.watch();
     let event = |kind, a: &Assignment, grant: &Grant, pid, reason, status| {
         events.write(&event_line(
@@ -195,7 +206,8 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
     // The code is decided: the command's own status, 0 after a stop signal, 125 when the
     // member gave up. A failure to leave (the store is down) changes none of them: it is
     // logged, and the others take the slot over when its lease expires.
-    if let Err(e) = member.leave().await {
+    drop(readiness);
+    if let Err(e) = args.lifecycle.leave(member).await {
         tracing::warn!(
             error = %e,
             "stopped without leaving: the others take the slot over when its lease expires"

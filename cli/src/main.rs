@@ -6,6 +6,7 @@ mod demo;
 mod distributor;
 mod exec;
 mod ids;
+mod lifecycle;
 mod observe;
 mod run;
 mod status;

@@ -3,6 +3,7 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use headcount::Error;
@@ -58,6 +59,15 @@ pub struct MetricsArgs {
 /// The log target of the "serving metrics" line, on by default so a user of port 0 learns the
 /// port.
 pub const METRICS_LOG_TARGET: &str = "headcount::metrics";
+
+/// Whether this process follows a member's readiness (0: it does not), and its answer: 1 not
+/// ready, 2 ready. `/ready` answers it.
+static READY: AtomicU8 = AtomicU8::new(0);
+
+/// Sets what `/ready` answers (see `lifecycle::Readiness`).
+pub fn set_ready(ready: bool) {
+    READY.store(if ready { 2 } else { 1 }, Ordering::Relaxed);
+}
 
 /// Binds `addr`, installs the Prometheus recorder and serves `/metrics` in the background for
 /// the rest of the process. Fails (before anything else happens) when the address cannot be
@@ -133,7 +143,19 @@ async fn answer(mut stream: TcpStream, handle: PrometheusHandle) -> std::io::Res
     let path = path.split('?').next().unwrap_or("");
     let (status, body) = match (method, path) {
         ("GET" | "HEAD", "/metrics" | "/") => ("200 OK", handle.render()),
-        ("GET" | "HEAD", _) => ("404 Not Found", "not found: try /metrics\n".to_owned()),
+        ("GET" | "HEAD", "/ready") => match READY.load(Ordering::Relaxed) {
+            2 => ("200 OK", "ready\n".to_owned()),
+            1 => ("503 Service Unavailable", "not ready\n".to_owned()),
+            _ => (
+                "404 Not Found",
+                "no readiness here: /ready is served by `run` and `exec` in group mode\n"
+                    .to_owned(),
+            ),
+        },
+        ("GET" | "HEAD", _) => (
+            "404 Not Found",
+            "not found: try /metrics or /ready\n".to_owned(),
+        ),
         _ => ("405 Method Not Allowed", "use GET\n".to_owned()),
     };
     let head = format!(

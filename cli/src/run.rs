@@ -57,6 +57,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub allow_eviction: bool,
     #[command(flatten)]
+    pub lifecycle: crate::lifecycle::LifecycleArgs,
+    #[command(flatten)]
     pub metrics: crate::observe::MetricsArgs,
 }
 
@@ -72,7 +74,14 @@ pub fn check(args: &RunArgs) -> Result<(), Error> {
                 ],
                 "applies to --mode interval; group mode takes --ttl",
             )?;
-            group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
+            args.lifecycle.check(args.member.as_deref())?;
+            args.lifecycle
+                .configure(group_config(
+                    &args.group,
+                    args.ttl,
+                    args.member.as_deref(),
+                    args.assignor,
+                ))
                 .with_eviction_allowed(args.allow_eviction)
                 .validate()
         }
@@ -82,6 +91,18 @@ pub fn check(args: &RunArgs) -> Result<(), Error> {
                     (args.ttl.is_some(), "--ttl (or HEADCOUNT_TTL)"),
                     (args.assignor.is_some(), "--assignor"),
                     (args.allow_eviction, "--allow-eviction"),
+                    (
+                        args.lifecycle.on_stop != crate::lifecycle::OnStop::Leave,
+                        "--on-stop (or HEADCOUNT_ON_STOP)",
+                    ),
+                    (
+                        args.lifecycle.restart_window.is_some(),
+                        "--restart-window (or HEADCOUNT_RESTART_WINDOW)",
+                    ),
+                    (
+                        args.lifecycle.ready_file.is_some(),
+                        "--ready-file (or HEADCOUNT_READY_FILE)",
+                    ),
                 ],
                 "applies to --mode group; the interval indexer's keys live three intervals",
             )?;
@@ -123,7 +144,14 @@ fn refuse(flags: &[(bool, &str)], why: &str) -> Result<(), Error> {
 
 async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
-    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
+    let config = args
+        .lifecycle
+        .configure(group_config(
+            &args.group,
+            args.ttl,
+            args.member.as_deref(),
+            args.assignor,
+        ))
         .with_eviction_allowed(args.allow_eviction);
     let member = match Group::join(store, config).await {
         Ok(member) => member,
@@ -147,6 +175,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
         }
     };
     tracing::info!(member = member.member(), "joined");
+    let readiness = crate::lifecycle::Readiness::track(&member, args.lifecycle.ready_file.clone());
     let mut watch = member.watch();
     let mut output;
     let ended = loop {
@@ -168,7 +197,9 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
         }
     };
     let last = member.assignment();
-    let left = member.leave().await;
+    // Not ready from the moment it stops: a probe must not send work to a member leaving.
+    drop(readiness);
+    let left = args.lifecycle.leave(member).await;
     output?;
     let error = match &left {
         Err(e) => Some(e.to_string()),

@@ -159,6 +159,8 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
                 "ttl_ms": r.ttl_ms,
                 "acked": s.acked(slot),
                 "in_view": s.table.view.as_ref().is_some_and(|v| v.holders.contains(&r.holder(slot))),
+                // Away for a restart (static membership): since when, or null.
+                "parked": r.parked.map(|ms| rfc3339(UNIX_EPOCH + Duration::from_millis(ms))),
                 "sample_owned": owned(s, slot),
             })
         })
@@ -316,6 +318,12 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
                 s.acked(slot).unwrap_or(r.acked),
                 owns
             )?;
+            if let Some(ms) = r.parked {
+                emit!(
+                    "      away for a restart since {}: its place is kept for the same member id",
+                    rfc3339(UNIX_EPOCH + Duration::from_millis(ms))
+                )?;
+            }
         }
     }
     for (slot, value) in &s.table.foreign {

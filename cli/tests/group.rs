@@ -736,3 +736,96 @@ fn remove_group_deletes_a_stopped_group_and_refuses_a_live_one() {
         "{s}"
     );
 }
+
+/// A member stopped with `--on-stop restart` keeps its place: the other stays active under its
+/// pair the whole time, and the same `--member` started again is back at its index under the
+/// next epoch (the same holders, no key moved). `--ready-file` follows readiness.
+#[test]
+fn a_run_stopped_for_a_restart_comes_back_to_its_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = store_url(dir.path());
+    let ready = dir.path().join("m1.ready");
+    let (tx, rx) = mpsc::channel();
+    let restartable = |i: usize, tx: mpsc::Sender<(usize, Value)>| {
+        spawn_with(
+            headcount()
+                .args(["run", "--store", &url, "--group", "static", "--ttl", TTL])
+                .args(["--member", &format!("m{i}"), "--on-stop", "restart"])
+                .args(["--restart-window", "10s"])
+                .args(["--ready-file", ready.to_str().unwrap()]),
+            i,
+            tx,
+        )
+    };
+    let first = spawn_run(&url, "static", 0, tx.clone());
+    let mut procs = Reap(vec![first, restartable(1, tx.clone())]);
+    let mut latest = vec![None, None];
+    until(
+        &rx,
+        &mut latest,
+        Duration::from_secs(20),
+        "both active",
+        all_active,
+    );
+    let (index, _, epoch) = active(&latest[1]).unwrap();
+    let kept = active(&latest[0]).unwrap();
+    eventually_blocking("the ready file", Duration::from_secs(5), EVERY, || {
+        ready.exists()
+    });
+
+    signal(&procs.0[1], "-TERM");
+    let stopped = procs.0[1].wait().expect("wait");
+    assert!(stopped.success(), "{stopped:?}");
+    assert!(!ready.exists(), "not ready once stopped");
+    // Four TTLs away: far past a lease, within the window. m0 never changes.
+    let away = Instant::now();
+    while away.elapsed() < Duration::from_millis(3600) {
+        if let Ok((i, v)) = rx.recv_timeout(Duration::from_millis(100)) {
+            latest[i] = Some(v);
+        }
+        assert_eq!(active(&latest[0]), Some(kept), "m0 moved: {:?}", latest[0]);
+    }
+    let status = status_json(&url, "static", &[]);
+    assert!(status.to_string().contains("parked"), "{status}");
+
+    procs.0.push(restartable(1, tx));
+    until(&rx, &mut latest, Duration::from_secs(10), "m1 back", |l| {
+        active(&l[1]).is_some_and(|(_, _, e)| e > epoch) && all_active(l)
+    });
+    let (back, replicas, later) = active(&latest[1]).unwrap();
+    assert_eq!((back, replicas, later), (index, 2, epoch + 1), "{latest:?}");
+    assert_eq!(active(&latest[0]).unwrap().0, kept.0, "{latest:?}");
+    eventually_blocking(
+        "the ready file again",
+        Duration::from_secs(5),
+        EVERY,
+        || ready.exists(),
+    );
+}
+
+#[test]
+fn on_stop_restart_without_a_member_id_is_a_usage_error() {
+    let out = headcount()
+        .args(["run", "--store", "sqlite::memory:", "--group", "g"])
+        .args(["--on-stop", "restart"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--on-stop restart needs --member"), "{err}");
+    let out = headcount()
+        .args(["run", "--store", "sqlite::memory:", "--group", "g"])
+        .args([
+            "--member",
+            "a",
+            "--on-stop",
+            "restart",
+            "--restart-window",
+            "1h",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("restart window"), "{err}");
+}

@@ -189,6 +189,20 @@ impl Member {
         self.shared.changes.subscribe()
     }
 
+    /// Whether the member is ready now ([`Assignment::is_ready`]): active under a view that
+    /// names it, with no hand-off of its own pending, and its lease alive on its own clock. For
+    /// a readiness probe (`headcount run` and `exec` serve it as `--ready-file` and `/ready`).
+    pub fn ready(&self) -> bool {
+        self.assignment().is_ready()
+    }
+
+    /// Waits until the member is ready ([`Member::ready`]) and returns its assignment; the
+    /// errors of [`Member::active`]. A member that is ready may become unready again at the
+    /// next view change: watch [`Member::watch`] with [`Assignment::is_ready`] to follow it.
+    pub async fn wait_ready(&self) -> Result<Assignment> {
+        self.active(0).await
+    }
+
     /// Waits until the member is active under a view of at least `epoch` (0: any view) that
     /// includes its slot.
     pub async fn active(&self, epoch: u64) -> Result<Assignment> {

@@ -63,6 +63,14 @@ pub struct Assignment {
 }
 
 impl Assignment {
+    /// Whether the member is *ready*: active under a view that names it (it holds a share and
+    /// grants its keys), with no hand-off of its own pending. A deploy tool that waits for
+    /// readiness before stopping the next instance never stops one in the middle of a
+    /// hand-off. See [`Member::ready`](super::Member::ready).
+    pub fn is_ready(&self) -> bool {
+        self.phase == GroupPhase::Active && self.index.is_some()
+    }
+
     /// The articles' `(index, replicas)`: task `t` belongs to this member when
     /// `t % replicas == index - 1`.
     pub fn pair(&self) -> Option<(u32, u32)> {

@@ -1,0 +1,134 @@
+//! How a group member of `run` and `exec` stops (`--on-stop`, `--restart-window`) and tells its
+//! supervisor it is ready (`--ready-file`, and `/ready` beside `--metrics-addr`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use headcount::recipes::group::{GroupConfig, Member};
+use headcount::{Error, Result};
+use tokio::task::JoinHandle;
+
+/// What a stop signal means to a group member.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnStop {
+    /// Leave the group: the others take this member's keys at once (a scale-down, a member
+    /// that will not come back under its id).
+    #[default]
+    Leave,
+    /// Leave for a restart: the member's place in the group is kept for --restart-window, and
+    /// the same --member coming back in time gets it back with no key moved (a StatefulSet pod,
+    /// a unit restarted in place). Needs --member.
+    Restart,
+}
+
+/// The lifecycle options of `run` and `exec` in group mode.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LifecycleArgs {
+    /// What a stop signal (SIGTERM, SIGINT, ...) means: `leave` the group, so the others take
+    /// this member's keys at once, or `restart`: keep its place for --restart-window so that the
+    /// same --member, started again, takes it back with no key moved (static membership).
+    #[arg(long, env = "HEADCOUNT_ON_STOP", value_enum, default_value = "leave")]
+    pub on_stop: OnStop,
+    /// How long a member stopped with `--on-stop restart` keeps its place for its id to come
+    /// back (1s, 30s, 2m; at most 15m) [default: the TTL]. Its keys wait for it meanwhile; if it
+    /// does not come back in time, the others take them as after a crash.
+    #[arg(long, env = "HEADCOUNT_RESTART_WINDOW", value_parser = crate::util::parse_duration)]
+    pub restart_window: Option<Duration>,
+    /// Keep this file while the member is ready (active under a view that names it, no hand-off
+    /// of its own pending) and remove it otherwise: for a Kubernetes readiness probe
+    /// (`exec: [test, -f, FILE]`). `/ready` on --metrics-addr answers the same.
+    #[arg(long, env = "HEADCOUNT_READY_FILE", value_name = "FILE")]
+    pub ready_file: Option<PathBuf>,
+}
+
+impl LifecycleArgs {
+    /// Applies the restart window to `config`.
+    pub fn configure(&self, config: GroupConfig) -> GroupConfig {
+        match self.restart_window {
+            Some(w) => config.with_restart_window(w),
+            None => config,
+        }
+    }
+
+    /// Refuses `--on-stop restart` without a member id, before any store is opened.
+    pub fn check(&self, member: Option<&str>) -> Result<()> {
+        if self.on_stop == OnStop::Restart && member.is_none() {
+            return Err(Error::invalid(
+                "--on-stop restart needs --member (or HEADCOUNT_MEMBER): a restarted process comes back under its member id",
+            ));
+        }
+        if self.restart_window.is_some() && self.on_stop != OnStop::Restart {
+            return Err(Error::invalid(
+                "--restart-window applies to --on-stop restart (or HEADCOUNT_ON_STOP=restart)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Leaves the group as `--on-stop` says.
+    pub async fn leave(&self, member: Member) -> Result<()> {
+        match self.on_stop {
+            OnStop::Leave => member.leave().await,
+            OnStop::Restart => member.leave_for_restart().await,
+        }
+    }
+}
+
+/// Follows a member's readiness into `--ready-file` and `/ready` until dropped, when the member
+/// is no longer ready (it is leaving).
+pub struct Readiness {
+    file: Option<PathBuf>,
+    task: JoinHandle<()>,
+}
+
+impl Readiness {
+    /// Starts following `member`.
+    pub fn track(member: &Member, file: Option<PathBuf>) -> Readiness {
+        let mut watch = member.watch();
+        let member = member.clone();
+        let path = file.clone();
+        let task = tokio::spawn(async move {
+            let mut was = None;
+            loop {
+                // The member's own answer: it counts a lease past its deadline as not ready
+                // before the heartbeat task publishes it.
+                let ready = member.ready();
+                if was != Some(ready) {
+                    set(path.as_deref(), ready);
+                    was = Some(ready);
+                }
+                tokio::select! {
+                    changed = watch.changed() => if changed.is_err() { break },
+                    // A lease deadline passes without a change being published at once.
+                    () = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
+            }
+            set(path.as_deref(), false);
+        });
+        Readiness { file, task }
+    }
+}
+
+impl Drop for Readiness {
+    fn drop(&mut self) {
+        self.task.abort();
+        set(self.file.as_deref(), false);
+    }
+}
+
+/// Publishes readiness: the flag `/ready` answers, and the file when there is one.
+fn set(file: Option<&Path>, ready: bool) {
+    crate::observe::set_ready(ready);
+    let Some(file) = file else { return };
+    let result = if ready {
+        std::fs::write(file, b"ready\n")
+    } else {
+        match std::fs::remove_file(file) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    };
+    if let Err(e) = result {
+        tracing::warn!(file = %file.display(), error = %e, ready, "cannot update the ready file");
+    }
+}
