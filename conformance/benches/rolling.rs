@@ -1,0 +1,420 @@
+//! Rolling deploys measured on real servers: every member of a group restarted one after the
+//! other, in each of the ways a deploy tool does it, with what each costs the keys.
+//!
+//! ```sh
+//! HEADCOUNT_REQUIRE_BACKENDS=all cargo bench -p headcount-conformance --bench rolling
+//! cargo bench -p headcount-conformance --bench rolling -- --backends redis,sqlite --sizes 10,50
+//! cargo bench -p headcount-conformance --bench rolling -- --styles static,leave --restart-ms 500
+//! ```
+//!
+//! Servers come from the conformance harness (started from their binaries on loopback, or the
+//! `HEADCOUNT_TEST_<BACKEND>_URL` stores), each first given `--unrelated` keys (default 10,000,
+//! 64-byte values, no TTL) through the store. Every member runs in this process over one store
+//! wrapped in a counter of calls.
+//!
+//! For each backend and group size (`--sizes`, default 10 and 50; lease TTL `--ttl`, default
+//! 2 s, raised to the backend's shortest lease), a group owning `--keys` keys (default 256,
+//! `p0`...) is started and each member in turn is replaced, in one of these styles:
+//!
+//! * **static**: the member leaves for a restart
+//!   ([`Member::leave_for_restart`](headcount::recipes::group::Member::leave_for_restart)) and the
+//!   same member id joins again after `--restart-ms` (default 200 ms): a StatefulSet pod, or any
+//!   unit restarted in place, with static membership;
+//! * **leave**: the same, with a graceful [`Member::leave`] (the behaviour before static
+//!   membership, kept to measure beside it);
+//! * **surge**: a member with a new id joins, and once the group is ready the old one leaves: a
+//!   Deployment with `maxSurge: 1, maxUnavailable: 0`;
+//! * **kill** (only when asked): the member is dropped without leaving and the same id joins
+//!   after `--restart-ms` (a pod killed and restarted): it waits out its old lease.
+//!
+//! Before each next step the bench waits until every member is ready (active under one epoch
+//! naming them all), as a deploy tool that waits for readiness does. A sampler reads, every
+//! 10 ms, which member would grant each key, and reports per style: the epochs created (view
+//! changes), the keys that changed owner (a member with another id) against the minimum (0 with
+//! the same ids, every key once with new ids), the longest time one key had no owner, the
+//! key-seconds without an owner, the store calls per step, and the rollout's wall time.
+//!
+//! Run without `--bench` (as `cargo test --all-targets` does) it makes one small SQLite run.
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use headcount::recipes::group::{Group, GroupConfig, Member};
+use headcount::{DynStore, Op};
+use headcount_conformance::harness::ServerKind;
+use headcount_conformance::{Decorated, Hooks};
+
+const PREFIX: &str = "hcr";
+const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+
+/// Counts every call made through it.
+#[derive(Debug, Default)]
+struct Calls(AtomicU64);
+
+#[async_trait]
+impl Hooks for Calls {
+    async fn before(&self, _op: Op) -> headcount::Result<()> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+struct Opts {
+    backends: Vec<ServerKind>,
+    sizes: Vec<usize>,
+    styles: Vec<String>,
+    keys: usize,
+    ttl: Duration,
+    restart: Duration,
+    unrelated: u64,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        backends: vec![
+            ServerKind::Sqlite,
+            ServerKind::Postgres,
+            ServerKind::Redis,
+            ServerKind::Etcd,
+        ],
+        sizes: vec![10, 50],
+        styles: vec!["static".into(), "leave".into(), "surge".into()],
+        keys: 256,
+        ttl: Duration::from_secs(2),
+        restart: Duration::from_millis(200),
+        unrelated: 10_000,
+    };
+    if !std::env::args().any(|a| a == "--bench") {
+        o.backends = vec![ServerKind::Sqlite];
+        o.sizes = vec![3];
+        o.keys = 64;
+        o.ttl = Duration::from_millis(900);
+        o.unrelated = 100;
+    }
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().unwrap_or_default();
+        match a.as_str() {
+            "--backends" => {
+                o.backends = value()
+                    .split(',')
+                    .map(|b| match b {
+                        "sqlite" => ServerKind::Sqlite,
+                        "postgres" => ServerKind::Postgres,
+                        "redis" => ServerKind::Redis,
+                        "etcd" => ServerKind::Etcd,
+                        other => panic!("unknown backend {other}"),
+                    })
+                    .collect()
+            }
+            "--sizes" => {
+                o.sizes = value()
+                    .split(',')
+                    .map(|n| n.parse().expect("--sizes N,N"))
+                    .collect()
+            }
+            "--styles" => o.styles = value().split(',').map(str::to_owned).collect(),
+            "--keys" => o.keys = value().parse().expect("--keys N"),
+            "--ttl" => o.ttl = Duration::from_secs_f64(value().parse().expect("--ttl SECONDS")),
+            "--restart-ms" => {
+                o.restart = Duration::from_millis(value().parse().expect("--restart-ms MS"))
+            }
+            "--unrelated" => o.unrelated = value().parse().expect("--unrelated N"),
+            _ => {}
+        }
+    }
+    o
+}
+
+/// Puts `n` unrelated keys in the store at `url` (once: a store that has the last one is full).
+async fn fill_store(url: &str, n: u64) -> Result<(), String> {
+    if n == 0 {
+        return Ok(());
+    }
+    let store = headcount::connect(url).await.map_err(|e| e.to_string())?;
+    let last = format!("unrelated:{:08}", n - 1);
+    if store.get(&last).await.map_err(|e| e.to_string())?.is_some() {
+        return Ok(());
+    }
+    let value = "u".repeat(64);
+    let mut next = 0u64;
+    while next < n {
+        let batch: Vec<u64> = (next..(next + 256).min(n)).collect();
+        next += batch.len() as u64;
+        futures::future::try_join_all(batch.iter().map(|i| {
+            let key = format!("unrelated:{i:08}");
+            let (store, value) = (&store, &value);
+            async move { store.compare_and_set(&key, None, value, None).await }
+        }))
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// What the sampler saw of one key.
+#[derive(Default, Clone)]
+struct KeySeen {
+    owner: Option<String>,
+    unowned_since: Option<Instant>,
+    moves: u64,
+    longest_pause: Duration,
+    unowned: Duration,
+    doubles: u64,
+}
+
+/// The members now in the group (by id), as the sampler reads them.
+type Live = Arc<Mutex<Vec<(String, Member)>>>;
+
+/// Reads every [`SAMPLE_EVERY`] which member would grant each key, until `stop`.
+async fn sample(
+    live: Live,
+    keys: Vec<String>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<KeySeen> {
+    let mut seen = vec![KeySeen::default(); keys.len()];
+    loop {
+        let now = Instant::now();
+        {
+            let members = live.lock().unwrap();
+            for (k, key) in keys.iter().enumerate() {
+                let mut owners = members
+                    .iter()
+                    .filter(|(_, m)| m.would_grant(key).is_some())
+                    .map(|(id, _)| id);
+                let owner = owners.next();
+                let s = &mut seen[k];
+                if owners.next().is_some() {
+                    s.doubles += 1;
+                }
+                match owner {
+                    Some(id) => {
+                        if let Some(since) = s.unowned_since.take() {
+                            let pause = now - since;
+                            s.longest_pause = s.longest_pause.max(pause);
+                            s.unowned += pause;
+                        }
+                        if s.owner.as_ref().is_some_and(|o| o != id) {
+                            s.moves += 1;
+                        }
+                        s.owner = Some(id.clone());
+                    }
+                    None => {
+                        if s.unowned_since.is_none() {
+                            s.unowned_since = Some(now);
+                        }
+                    }
+                }
+            }
+        }
+        if *stop.borrow() {
+            return seen;
+        }
+        tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+}
+
+/// Waits until the `n` members in `live` are ready under one epoch whose view names them all;
+/// returns that epoch.
+async fn ready(live: &Live, n: usize, within: Duration) -> Result<u64, String> {
+    let give_up = Instant::now() + within;
+    loop {
+        let (ok, epochs) = {
+            let members = live.lock().unwrap();
+            let a: Vec<_> = members.iter().map(|(_, m)| m.assignment()).collect();
+            let ok = a.len() == n
+                && a.iter()
+                    .all(|x| x.is_ready() && x.epoch == a[0].epoch && x.live.len() == n);
+            (ok, a.iter().map(|x| x.epoch).collect::<Vec<_>>())
+        };
+        if ok {
+            return Ok(epochs[0]);
+        }
+        if Instant::now() >= give_up {
+            return Err(format!("not ready within {within:?}: epochs {epochs:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+struct Row {
+    backend: &'static str,
+    members: usize,
+    style: String,
+    epochs: u64,
+    moved: u64,
+    minimum: u64,
+    longest: Duration,
+    key_seconds: f64,
+    calls_per_step: f64,
+    wall: Duration,
+    doubles: u64,
+}
+
+async fn rollout(
+    backend: ServerKind,
+    store: &DynStore,
+    n: usize,
+    style: &str,
+    o: &Opts,
+) -> Result<Row, String> {
+    let caps = store.capabilities();
+    let ttl = o.ttl.max(caps.min_ttl);
+    let group = format!("r{:08x}", rand::random::<u32>());
+    let calls = Arc::new(Decorated::with(store.clone(), Calls::default()));
+    let counted: DynStore = calls.clone();
+    let config = |id: &str| {
+        GroupConfig::new(group.clone(), ttl)
+            .with_prefix(PREFIX)
+            .with_member(id)
+            .with_restart_window(ttl * 5)
+    };
+    let live: Live = Arc::new(Mutex::new(Vec::new()));
+    for i in 0..n {
+        let id = format!("m{i}");
+        let m = Group::join(counted.clone(), config(&id))
+            .await
+            .map_err(|e| e.to_string())?;
+        live.lock().unwrap().push((id, m));
+    }
+    let first = ready(&live, n, ttl * 20).await?;
+    let keys: Vec<String> = (0..o.keys).map(|k| format!("p{k}")).collect();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let sampler = tokio::spawn(sample(live.clone(), keys.clone(), stop_rx));
+    tokio::time::sleep(SAMPLE_EVERY * 3).await;
+    let calls_before = calls.hooks().0.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let within = ttl * 20;
+    for i in 0..n {
+        let old = format!("m{i}");
+        let take = |live: &Live| {
+            let mut members = live.lock().unwrap();
+            let at = members.iter().position(|(id, _)| *id == old).unwrap();
+            members.remove(at).1
+        };
+        match style {
+            "static" | "leave" | "kill" => {
+                let m = take(&live);
+                match style {
+                    "static" => m.leave_for_restart().await.map_err(|e| e.to_string())?,
+                    "leave" => m.leave().await.map_err(|e| e.to_string())?,
+                    _ => drop(m),
+                }
+                tokio::time::sleep(o.restart).await;
+                let m = Group::join(counted.clone(), config(&old))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                live.lock().unwrap().push((old.clone(), m));
+            }
+            "surge" => {
+                let new = format!("n{i}");
+                let m = Group::join(counted.clone(), config(&new))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                live.lock().unwrap().push((new, m));
+                ready(&live, n + 1, within).await?;
+                take(&live).leave().await.map_err(|e| e.to_string())?;
+            }
+            other => return Err(format!("unknown style {other}")),
+        }
+        ready(&live, n, within).await?;
+    }
+    let wall = started.elapsed();
+    let calls_after = calls.hooks().0.load(Ordering::Relaxed);
+    let last = ready(&live, n, within).await?;
+    tokio::time::sleep(SAMPLE_EVERY * 3).await;
+    stop_tx.send(true).unwrap();
+    let seen = sampler.await.map_err(|e| e.to_string())?;
+    let members: Vec<Member> = live.lock().unwrap().drain(..).map(|(_, m)| m).collect();
+    for m in members {
+        let _ = m.leave().await;
+    }
+    Ok(Row {
+        backend: backend.name(),
+        members: n,
+        style: style.to_owned(),
+        epochs: last - first,
+        moved: seen.iter().map(|s| s.moves).sum(),
+        minimum: if style == "surge" { o.keys as u64 } else { 0 },
+        longest: seen
+            .iter()
+            .map(|s| s.longest_pause)
+            .max()
+            .unwrap_or_default(),
+        key_seconds: seen.iter().map(|s| s.unowned.as_secs_f64()).sum(),
+        calls_per_step: (calls_after - calls_before) as f64 / n as f64,
+        wall,
+        doubles: seen.iter().map(|s| s.doubles).sum(),
+    })
+}
+
+fn main() {
+    let o = opts();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut ttls = BTreeMap::new();
+    runtime.block_on(async {
+        for &backend in &o.backends {
+            let url = match backend.shared().await {
+                Ok(url) => url,
+                Err(e) => {
+                    assert!(!backend.required(), "{}: {e}", backend.name());
+                    eprintln!("SKIP rolling bench on {}: {e}", backend.name());
+                    continue;
+                }
+            };
+            fill_store(&url, o.unrelated)
+                .await
+                .unwrap_or_else(|e| panic!("{}: filling: {e}", backend.name()));
+            let store = headcount::connect(&url).await.unwrap();
+            ttls.insert(backend.name(), o.ttl.max(store.capabilities().min_ttl));
+            for &n in &o.sizes {
+                for style in &o.styles {
+                    eprintln!("rolling: {} members on {}, {style}", n, backend.name());
+                    match rollout(backend, &store, n, style, &o).await {
+                        Ok(row) => rows.push(row),
+                        Err(e) => panic!("{} {n} {style}: {e}", backend.name()),
+                    }
+                }
+            }
+        }
+    });
+    println!(
+        "\n### Rolling restart of every member, one at a time ({} keys, restart {} ms, {} unrelated keys)\n",
+        o.keys,
+        o.restart.as_millis(),
+        o.unrelated
+    );
+    println!("| backend | TTL ms | members | style | epochs created | keys moved | minimum | longest pause of a key ms | key-seconds without an owner | store calls per step | rollout s |");
+    println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.1} |",
+            r.backend,
+            ttls[r.backend].as_millis(),
+            r.members,
+            r.style,
+            r.epochs,
+            r.moved,
+            r.minimum,
+            r.longest.as_millis(),
+            r.key_seconds,
+            r.calls_per_step,
+            r.wall.as_secs_f64()
+        );
+        assert_eq!(
+            r.doubles, 0,
+            "{} {} {}: a key had two owners at once",
+            r.backend, r.members, r.style
+        );
+    }
+}
