@@ -100,9 +100,15 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
     let ttl = args.ttl.unwrap_or(crate::util::DEFAULT_GROUP_TTL);
     // The grant is held while the command stops: let the hand-off wait for the whole grace (and
     // a heartbeat to reap it) before the member gives up its lease, instead of one TTL.
-    let config = group_config(&args.group, args.ttl, args.member.as_deref(), args.assignor)
-        .with_eviction_allowed(args.allow_eviction)
-        .with_drain_timeout(ttl.max(args.grace.saturating_add(ttl / 3)));
+    let config = group_config(
+        &args.group,
+        args.ttl,
+        args.member.as_deref(),
+        args.assignor,
+        None,
+    )
+    .with_eviction_allowed(args.allow_eviction)
+    .with_drain_timeout(ttl.max(args.grace.saturating_add(ttl / 3)));
     config.validate()?;
     check_command(program)?;
     let events = Events::open(args.events.as_deref())?;

@@ -222,8 +222,8 @@ impl KeySet {
 /// # Cost
 ///
 /// Building scores every (key, live slot) pair and keeps one heap entry per unplaced key:
-/// `O(m·n)` hashes plus `O(n)` per turned-away pair, a few milliseconds for 4096 keys over 20
-/// slots. A lookup is a binary search of the declared hashes. Refuses unequal weights.
+/// `O(m·n)` hashes plus `O(n)` per turned-away pair, at every view change on every member. A
+/// lookup is a binary search of the declared hashes. Refuses unequal weights.
 #[derive(Debug, Clone)]
 pub struct Balanced {
     keys: Arc<KeySet>,
