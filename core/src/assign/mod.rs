@@ -16,9 +16,12 @@
 //! | [`Memento`] | Coluzzi et al. 2023 (arXiv 2306.09783) | ≈1 | only its keys move² | only keys to it move² | all survivors, evenly | `O(log n)` + table hops |
 //! | [`JumpBackFailover`] | Ertl 2024 (JumpBackHash) + RavenDB | ≈1 | only its keys move | only keys to it move¹ | all survivors, evenly | `O(1)` expected per hop |
 //! | [`JumpBackMemento`] | Ertl 2024 + Coluzzi et al. 2023 | ≈1 | only its keys move² | only keys to it move² | all survivors, evenly | `O(1)` expected + table hops |
+//! | [`Balanced`] (a declared [`KeySet`] only) | Gale & Shapley's deferred acceptance over rendezvous scores, capacities ⌊m/n⌋ and ⌈m/n⌉ | within one key | its keys and some others move³ | keys to it and some others move³ | the next in each key's ranking, where there is room | binary search |
 //!
 //! ¹ When it revives a dead slot, or is appended while no slot is dead (see [`JumpFailover`]).
 //! ² See [Determinism and the order of deaths](#determinism-and-the-order-of-deaths).
+//! ³ How many others is measured in `docs/assignors.md` (1.005–2.25 times the minimum in the
+//! measured cases); keys outside the declared set are [`JumpBackFailover`]'s.
 //!
 //! [`JumpBackFailover`] and [`JumpBackMemento`] are [`JumpFailover`] and [`Memento`] with
 //! [`jump_back_hash`] (Otmar Ertl's JumpBackHash, 2024) in place of [`jump_consistent_hash`]

@@ -77,7 +77,7 @@ impl GroupConfig {
     /// the set still has an owner, by `jumpback`. Every member of the group must declare the
     /// same set: the view records its [id](KeySet::id), and a member with another set is
     /// refused at [`Group::join`](super::Group::join) with
-    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig). Replaces the assignor;
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config). Replaces the assignor;
     /// a later [`with_assignor`](Self::with_assignor) of another one is refused by
     /// [`validate`](Self::validate).
     ///
