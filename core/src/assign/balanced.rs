@@ -9,9 +9,10 @@ use super::{
     Topology,
 };
 
-/// The most keys a [`KeySet`] holds. Building a [`Balanced`] assignor costs about
-/// `keys × live slots` score computations, at every view change on every member.
-pub const MAX_DECLARED_KEYS: usize = 1 << 20;
+/// The most keys a [`KeySet`] holds: 65,536. Building a [`Balanced`] assignor computes
+/// `keys × live slots` scores, at every view change on every member, inside the member's
+/// heartbeat task; the limit keeps that to a few million at a hundred members.
+pub const MAX_DECLARED_KEYS: usize = 1 << 16;
 
 /// What identifies a declared key set: how many keys and a digest of their hashes. Two members
 /// with the same id compute the same assignment; a view records it (`assignor=balanced:<count>:<digest>`)
