@@ -110,6 +110,7 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
             args.ttl,
             args.member.as_deref(),
             args.assignor,
+            None,
         ))
         .with_eviction_allowed(args.allow_eviction)
         .with_drain_timeout(ttl.max(args.grace.saturating_add(ttl / 3)));

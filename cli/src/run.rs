@@ -42,6 +42,11 @@ pub struct RunArgs {
     /// use the same one.
     #[arg(long, value_enum)]
     pub assignor: Option<AssignorArg>,
+    /// Declares N partitions, named 0 to N-1, and assigns them with the balanced assignor
+    /// (shares within one of each other, few moves on a change); each line then lists the
+    /// partitions this member owns. Every member of the group must give the same N.
+    #[arg(long, value_name = "N", conflicts_with = "assignor")]
+    pub partitions: Option<u32>,
     /// This peer's capacity in `--mode interval`: a peer of capacity 2 owns twice the share
     /// [default: 1].
     #[arg(long)]
@@ -81,6 +86,7 @@ pub fn check(args: &RunArgs) -> Result<(), Error> {
                     args.ttl,
                     args.member.as_deref(),
                     args.assignor,
+                    args.partitions,
                 ))
                 .with_eviction_allowed(args.allow_eviction)
                 .validate()
@@ -90,6 +96,7 @@ pub fn check(args: &RunArgs) -> Result<(), Error> {
                 &[
                     (args.ttl.is_some(), "--ttl (or HEADCOUNT_TTL)"),
                     (args.assignor.is_some(), "--assignor"),
+                    (args.partitions.is_some(), "--partitions"),
                     (args.allow_eviction, "--allow-eviction"),
                     (
                         args.lifecycle.on_stop != crate::lifecycle::OnStop::Leave,
@@ -151,6 +158,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
             args.ttl,
             args.member.as_deref(),
             args.assignor,
+            args.partitions,
         ))
         .with_eviction_allowed(args.allow_eviction);
     let member = match Group::join(store, config).await {
@@ -169,7 +177,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
                     phase: GroupPhase::Failed,
                     last_error: Some(e.to_string()),
                 };
-                let _ = emit(group_line(&args.group, &failed));
+                let _ = emit(group_line(&args.group, &failed, None));
             }
             return Err(e.into());
         }
@@ -180,7 +188,12 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
     let mut output;
     let ended = loop {
         let assignment = watch.borrow_and_update().clone();
-        output = emit(group_line(&args.group, &assignment));
+        let owned = args.partitions.map(|n| {
+            (0..n)
+                .filter(|p| member.would_grant(p.to_string()).is_some())
+                .collect::<Vec<u32>>()
+        });
+        output = emit(group_line(&args.group, &assignment, owned));
         if output.is_err() {
             break Ended::Output;
         }
@@ -213,6 +226,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
             last_error: error,
             ..last
         },
+        args.partitions.map(|_| Vec::new()),
     ))?;
     match ended {
         Ended::Signal => stopped_anyway(left),
@@ -248,9 +262,9 @@ fn stopped_anyway(left: Result<(), Error>) {
     }
 }
 
-/// One line of `run --mode group`.
-fn group_line(group: &str, a: &Assignment) -> serde_json::Value {
-    serde_json::json!({
+/// One line of `run --mode group`, with the partitions owned under `--partitions`.
+fn group_line(group: &str, a: &Assignment, partitions: Option<Vec<u32>>) -> serde_json::Value {
+    let mut line = serde_json::json!({
         "group": group,
         "member": a.member,
         "mode": "group",
@@ -262,7 +276,11 @@ fn group_line(group: &str, a: &Assignment) -> serde_json::Value {
         "phase": a.phase.as_str(),
         "at": rfc3339(SystemTime::now()),
         "error": a.last_error,
-    })
+    });
+    if let Some(owned) = partitions {
+        line["partitions"] = owned.into();
+    }
+    line
 }
 
 async fn run_interval(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {

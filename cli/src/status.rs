@@ -180,7 +180,7 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
     serde_json::json!({
         "group": args.group,
         "at": rfc3339(now),
-        "assignor": s.assignor.name(),
+        "assignor": s.assignor.to_string(),
         "members": members,
         "foreign": foreign,
         "view": view,
@@ -332,7 +332,7 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
     emit!(
         "owns: of {} sample keys under the published view ({} assignor)",
         args.sample,
-        s.assignor.name()
+        s.assignor
     )?;
     print_keys(args, s)
 }

@@ -53,6 +53,7 @@ pub fn group_config(
     ttl: Option<Duration>,
     member: Option<&str>,
     assignor: Option<AssignorArg>,
+    partitions: Option<u32>,
 ) -> GroupConfig {
     let mut config = GroupConfig::new(group, ttl.unwrap_or(DEFAULT_GROUP_TTL));
     if let Some(member) = member {
@@ -60,6 +61,9 @@ pub fn group_config(
     }
     if let Some(assignor) = assignor {
         config = config.with_assignor(assignor.0);
+    }
+    if let Some(count) = partitions {
+        config = config.with_partitions(count);
     }
     config
 }

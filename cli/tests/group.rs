@@ -829,3 +829,80 @@ fn on_stop_restart_without_a_member_id_is_a_usage_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("restart window"), "{err}");
 }
+
+/// `run --partitions 10`: three runs list disjoint partitions, 3 or 4 each, covering 0 to 9,
+/// and `status` counts the same split under the view's balanced assignor.
+#[test]
+fn three_runs_split_declared_partitions_within_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = store_url(dir.path());
+    let (tx, rx) = mpsc::channel();
+    let _procs = Reap(
+        (0..3)
+            .map(|i| {
+                let member = format!("m{i}");
+                let args = [
+                    "run",
+                    "--store",
+                    &url,
+                    "--group",
+                    "parts",
+                    "--ttl",
+                    TTL,
+                    "--member",
+                    &member,
+                    "--partitions",
+                    "10",
+                ];
+                spawn(&args, i, tx.clone())
+            })
+            .collect(),
+    );
+    let mut latest = vec![None; 3];
+    let split = |latest: &[Option<Value>]| -> Option<Vec<Vec<u64>>> {
+        if !all_active(latest) {
+            return None;
+        }
+        latest
+            .iter()
+            .map(|v| {
+                let list = v.as_ref()?["partitions"].as_array()?;
+                list.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>()
+            })
+            .collect()
+    };
+    let covered = |latest: &[Option<Value>]| {
+        split(latest).is_some_and(|lists| {
+            let mut all: Vec<u64> = lists.concat();
+            all.sort_unstable();
+            all == (0..10).collect::<Vec<u64>>()
+        })
+    };
+    until(
+        &rx,
+        &mut latest,
+        Duration::from_secs(20),
+        "all 3 active over 10 partitions",
+        covered,
+    );
+    let lists = split(&latest).expect("lists");
+    assert!(
+        lists.iter().all(|l| l.len() == 3 || l.len() == 4),
+        "{lists:?}"
+    );
+    let status = status_json(&url, "parts", &["--sample", "10"]);
+    assert!(
+        status["assignor"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("balanced:10:")),
+        "{status}"
+    );
+    let mut counts: Vec<u64> = status["sample_owned"]
+        .as_array()
+        .expect("sample_owned")
+        .iter()
+        .map(|c| c["keys"].as_u64().expect("keys"))
+        .collect();
+    counts.sort_unstable();
+    assert_eq!(counts, [3, 3, 4], "{status}");
+}

@@ -547,3 +547,56 @@ fn jump_failover_trimming_a_dead_tail_with_other_dead_slots_moves_more() {
         );
     }
 }
+
+proptest! {
+    #![proptest_config(config(64))]
+
+    /// The balanced assignor over a declared set: every live slot owns ⌊m/n⌋ or ⌈m/n⌉ of the
+    /// declared keys, owners are live, the assignment depends on the live set alone (however
+    /// the topology records its dead slots, and whatever the declared order), keys outside the
+    /// set go where `jumpback` puts them, and a death moves the dead slot's keys and never more
+    /// than the keys that move in all (the report measures how close that is to the minimum).
+    #[test]
+    fn balanced_shares_are_within_one_and_a_function_of_the_live_set(
+        t in topology(24),
+        count in 1u32..600,
+        seed in any::<u64>(),
+    ) {
+        use std::sync::Arc;
+        use headcount_core::assign::{Balanced, KeySet};
+        let names: Vec<String> = (0..count).map(|i| format!("k{}-{i}", seed % 1000)).collect();
+        let keys = Arc::new(KeySet::new(&names).unwrap());
+        let reversed = Arc::new(KeySet::new(names.iter().rev()).unwrap());
+        let a = Balanced::new(&t, keys.clone()).unwrap();
+        let shares: Vec<usize> = a.shares().into_iter().map(|(_, c)| c).collect();
+        let n = t.live_count() as usize;
+        let m = count as usize;
+        prop_assert_eq!(shares.len(), n);
+        prop_assert_eq!(shares.iter().sum::<usize>(), m);
+        prop_assert!(shares.iter().all(|&c| c == m / n || c == m / n + 1), "{:?}", shares);
+        let canonical = Topology::from_live_slots(t.live_slots()).unwrap();
+        let b = Balanced::new(&canonical, reversed).unwrap();
+        let owners_a = owners(&a, keys.hashes());
+        prop_assert_eq!(&owners_a, &owners(&b, keys.hashes()));
+        prop_assert!(owners_a.iter().all(|&o| t.is_live(o)));
+        let jumpback = AssignorKind::JumpBackFailover.build(&t).unwrap();
+        for k in sample(seed, 200) {
+            if !keys.contains_hash(k) {
+                prop_assert_eq!(a.owner(k), jumpback.owner(k));
+            }
+        }
+        if n > 1 {
+            let victim = t.live_slots().nth((seed % n as u64) as usize).unwrap();
+            let mut after = t.clone();
+            after.set_dead(victim).unwrap();
+            let c = Balanced::new(&after, keys.clone()).unwrap();
+            let owners_c = owners(&c, keys.hashes());
+            for (o, n) in owners_a.iter().zip(&owners_c) {
+                prop_assert!(*n != victim);
+                if *o == victim {
+                    prop_assert!(n != o);
+                }
+            }
+        }
+    }
+}

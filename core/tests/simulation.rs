@@ -11,7 +11,8 @@
 //! grants for their whole share (the `(index, replicas)` pair that `headcount exec` splits work
 //! by). The assignor depends on the seed: the default, the modulo assignor (which moves keys
 //! between members that stay, so a key can move away from a member and back within two views),
-//! and MementoHash.
+//! MementoHash, and on one seed in eight the balanced assignor over the simulation's keys
+//! declared as partitions (which also moves keys between members that stay).
 //!
 //! Checked every 10 ms of virtual time:
 //! * no two members hold, or could take, a valid grant for one key at the same instant;
@@ -181,8 +182,10 @@ impl Sim {
             .with_clock(clock)
             .with_change_checks(change_checks)
             .with_restart_window(self.window);
-        if let Some(assignor) = self.assignor {
-            config = config.with_assignor(assignor);
+        match self.assignor {
+            Some(AssignorKind::Balanced(_)) => config = config.with_partitions(KEYS as u32),
+            Some(assignor) => config = config.with_assignor(assignor),
+            None => {}
         }
         let joining = tokio::spawn(Group::join(store, config));
         self.note(format!("{label} ({id}) joins"));
@@ -619,6 +622,11 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
     let assignor = match seed % 4 {
         1 => Some(AssignorKind::Modulo),
         3 => Some(AssignorKind::Memento),
+        _ if seed % 8 == 2 => Some(AssignorKind::Balanced(
+            headcount_core::assign::KeySet::partitions(KEYS as u32)
+                .map_err(|e| e.to_string())?
+                .id(),
+        )),
         _ => None,
     };
     let mut sim = Sim {

@@ -16,9 +16,12 @@
 //! | [`Memento`] | Coluzzi et al. 2023 (arXiv 2306.09783) | ≈1 | only its keys move² | only keys to it move² | all survivors, evenly | `O(log n)` + table hops |
 //! | [`JumpBackFailover`] | Ertl 2024 (JumpBackHash) + RavenDB | ≈1 | only its keys move | only keys to it move¹ | all survivors, evenly | `O(1)` expected per hop |
 //! | [`JumpBackMemento`] | Ertl 2024 + Coluzzi et al. 2023 | ≈1 | only its keys move² | only keys to it move² | all survivors, evenly | `O(1)` expected + table hops |
+//! | [`Balanced`] (a declared [`KeySet`] only) | Gale & Shapley's deferred acceptance over rendezvous scores, capacities ⌊m/n⌋ and ⌈m/n⌉ | within one key | its keys and some others move³ | keys to it and some others move³ | the next in each key's ranking, where there is room | binary search |
 //!
 //! ¹ When it revives a dead slot, or is appended while no slot is dead (see [`JumpFailover`]).
 //! ² See [Determinism and the order of deaths](#determinism-and-the-order-of-deaths).
+//! ³ How many others is measured in `docs/assignors.md` (1.005–2.25 times the minimum in the
+//! measured cases); keys outside the declared set are [`JumpBackFailover`]'s.
 //!
 //! [`JumpBackFailover`] and [`JumpBackMemento`] are [`JumpFailover`] and [`Memento`] with
 //! [`jump_back_hash`] (Otmar Ertl's JumpBackHash, 2024) in place of [`jump_consistent_hash`]
@@ -110,7 +113,9 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
+mod balanced;
 mod hash;
 mod jump;
 mod memento;
@@ -123,6 +128,7 @@ mod topology;
 #[cfg(test)]
 mod vectors;
 
+pub use balanced::{Balanced, KeySet, KeySetId, MAX_DECLARED_KEYS};
 pub use hash::{combine_hash, hash_bytes, hash_u64, jump_back_hash, jump_consistent_hash, xxh64};
 pub use jump::{JumpBackFailover, JumpFailover};
 pub use memento::{JumpBackMemento, Memento};
@@ -180,10 +186,16 @@ pub enum AssignorKind {
     JumpBackFailover,
     /// [`JumpBackMemento`], named `jumpback-memento`.
     JumpBackMemento,
+    /// [`Balanced`] over the declared [`KeySet`] with this id, named `balanced` and written
+    /// `balanced:<count>:<digest>` (see [`AssignorKind`]'s `Display`). Not in
+    /// [`AssignorKind::ALL`]: it needs its keys, so build it with
+    /// [`build_with`](AssignorKind::build_with).
+    Balanced(KeySetId),
 }
 
 impl AssignorKind {
-    /// Every assignor, in the order of the table in the module docs.
+    /// Every assignor that needs nothing but a topology, in the order of the table in the module
+    /// docs: all but [`AssignorKind::Balanced`].
     pub const ALL: [AssignorKind; 7] = [
         AssignorKind::Modulo,
         AssignorKind::JumpFailover,
@@ -194,8 +206,8 @@ impl AssignorKind {
         AssignorKind::JumpBackMemento,
     ];
 
-    /// The assignor's name: `modulo`, `jump`, `ring`, `rendezvous`, `memento`, `jumpback` or
-    /// `jumpback-memento`.
+    /// The assignor's name: `modulo`, `jump`, `ring`, `rendezvous`, `memento`, `jumpback`,
+    /// `jumpback-memento` or `balanced` (without its key set's id, which `Display` adds).
     pub fn name(self) -> &'static str {
         match self {
             AssignorKind::Modulo => "modulo",
@@ -205,11 +217,26 @@ impl AssignorKind {
             AssignorKind::Memento => "memento",
             AssignorKind::JumpBackFailover => "jumpback",
             AssignorKind::JumpBackMemento => "jumpback-memento",
+            AssignorKind::Balanced(_) => "balanced",
         }
     }
 
-    /// Builds this assignor for `topology` (see [`Assignor::build`]).
+    /// Builds this assignor for `topology` (see [`Assignor::build`]). [`AssignorKind::Balanced`]
+    /// needs its keys: it builds here only when its id is that of [`KeySet::partitions`] of its
+    /// count, or of the empty set, and fails with [`AssignError::KeysNotDeclared`] otherwise
+    /// (use [`build_with`](Self::build_with)).
     pub fn build(self, topology: &Topology) -> Result<Box<dyn Assignor>, AssignError> {
+        self.build_with(topology, None)
+    }
+
+    /// Builds this assignor for `topology`, giving [`AssignorKind::Balanced`] its declared
+    /// `keys` (ignored by every other assignor, and by `Balanced` when their id differs, which
+    /// then builds as [`build`](Self::build) does).
+    pub fn build_with(
+        self,
+        topology: &Topology,
+        keys: Option<&Arc<KeySet>>,
+    ) -> Result<Box<dyn Assignor>, AssignError> {
         Ok(match self {
             AssignorKind::Modulo => Box::new(Modulo::build(topology)?),
             AssignorKind::JumpFailover => Box::new(JumpFailover::build(topology)?),
@@ -218,6 +245,18 @@ impl AssignorKind {
             AssignorKind::Memento => Box::new(Memento::build(topology)?),
             AssignorKind::JumpBackFailover => Box::new(JumpBackFailover::build(topology)?),
             AssignorKind::JumpBackMemento => Box::new(JumpBackMemento::build(topology)?),
+            AssignorKind::Balanced(id) => {
+                let keys = match keys.filter(|k| k.id() == id) {
+                    Some(k) => k.clone(),
+                    None => Arc::new(
+                        KeySet::partitions(id.count)
+                            .ok()
+                            .filter(|p| p.id() == id)
+                            .ok_or(AssignError::KeysNotDeclared { id })?,
+                    ),
+                };
+                Box::new(Balanced::new(topology, keys)?)
+            }
         })
     }
 
@@ -235,9 +274,14 @@ impl AssignorKind {
     }
 }
 
+/// The name, and for [`AssignorKind::Balanced`] its key set's id: `balanced:<count>:<digest>`,
+/// which is what a group's view records.
 impl fmt::Display for AssignorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            AssignorKind::Balanced(id) => write!(f, "balanced:{id}"),
+            _ => f.write_str(self.name()),
+        }
     }
 }
 
@@ -250,7 +294,14 @@ impl From<UnknownAssignor> for crate::Error {
 impl FromStr for AssignorKind {
     type Err = UnknownAssignor;
 
+    /// A name of [`AssignorKind::ALL`], or `balanced:<count>:<digest>` as `Display` writes it,
+    /// or `balanced:<count>` for [`KeySet::partitions`]`(count)`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(id) = s.strip_prefix("balanced:") {
+            return KeySetId::parse(id)
+                .map(AssignorKind::Balanced)
+                .ok_or_else(|| UnknownAssignor(s.chars().take(64).collect()));
+        }
         AssignorKind::ALL
             .into_iter()
             .find(|k| k.name() == s)

@@ -9,7 +9,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use super::{hash_u64, AssignError, AssignorKind, Topology};
+use std::sync::Arc;
+
+use super::{hash_u64, AssignError, Assignor, AssignorKind, KeySet, Topology};
 
 /// The group sizes of the report: 3, 10, 100 and 1000 members.
 pub const MEMBERS: [u32; 4] = [3, 10, 100, 1000];
@@ -176,6 +178,163 @@ pub fn markdown(rows: &[ReportRow]) -> String {
     out
 }
 
+/// The declared key counts of the balanced assignor's report: 256 and 4096 partitions.
+pub const DECLARED_KEYS: [u32; 2] = [256, 4096];
+
+/// The group sizes of the balanced assignor's report: 3, 10 and 20 members.
+pub const DECLARED_MEMBERS: [u32; 3] = [3, 10, 20];
+
+/// One assignor over a declared set of partitions at one group size: what
+/// [`declared`] measures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeclaredRow {
+    /// The assignor: [`AssignorKind::Balanced`] over the set, or a hashing one over the same keys.
+    pub assignor: AssignorKind,
+    /// Live members (slots `0..members`).
+    pub members: u32,
+    /// The partitions: [`KeySet::partitions`]`(keys)`.
+    pub keys: u32,
+    /// The most keys a member owns.
+    pub largest: usize,
+    /// The fewest keys a member owns.
+    pub smallest: usize,
+    /// `keys / members`.
+    pub fair: f64,
+    /// Keys that change owner when slot `members` joins.
+    pub join_moved: usize,
+    /// Of those, the keys that do not go to the newcomer.
+    pub join_not_to_newcomer: usize,
+    /// The least a join can move while keeping shares within ±1: `⌊keys / (members + 1)⌋`.
+    pub join_minimum: usize,
+    /// Keys that change owner when a member leaves (or crashes), summed over each member
+    /// leaving in turn.
+    pub leave_moved_total: usize,
+    /// The least those leaves can move: the leavers' own keys, summed the same way.
+    pub leave_minimum_total: usize,
+    /// The most keys any one leave moves beyond the leaver's own.
+    pub leave_worst_excess: usize,
+}
+
+impl DeclaredRow {
+    /// Keys moved per leave, averaged over the members.
+    pub fn leave_moved(&self) -> f64 {
+        self.leave_moved_total as f64 / f64::from(self.members)
+    }
+
+    /// The leaver's share, averaged over the members: the least a leave moves.
+    pub fn leave_minimum(&self) -> f64 {
+        self.leave_minimum_total as f64 / f64::from(self.members)
+    }
+}
+
+fn owners(a: &dyn Assignor, keys: &KeySet) -> Vec<u32> {
+    keys.hashes().iter().map(|&h| a.owner(h)).collect()
+}
+
+/// Measures `kind` over `keys` partitions at `members` members, building
+/// [`AssignorKind::Balanced`] with the set. The join appends slot `members` to slots
+/// `0..members`; the leaves take each slot of `0..members` away in turn.
+pub fn measure_declared(
+    kind: AssignorKind,
+    members: u32,
+    keys: u32,
+) -> Result<DeclaredRow, AssignError> {
+    let set = Arc::new(KeySet::partitions(keys)?);
+    let kind = match kind {
+        AssignorKind::Balanced(_) => AssignorKind::Balanced(set.id()),
+        other => other,
+    };
+    let build = |t: &Topology| kind.build_with(t, Some(&set));
+    let base = Topology::new(members)?;
+    let before = owners(build(&base)?.as_ref(), &set);
+    let mut load = vec![0usize; members as usize];
+    for &o in &before {
+        load[o as usize] += 1;
+    }
+    let mut joined = base.clone();
+    let newcomer = joined.push_slot()?;
+    let after = owners(build(&joined)?.as_ref(), &set);
+    let moved: Vec<(u32, u32)> = before
+        .iter()
+        .zip(&after)
+        .filter(|(o, n)| o != n)
+        .map(|(&o, &n)| (o, n))
+        .collect();
+    let join_not_to_newcomer = moved.iter().filter(|&&(_, n)| n != newcomer).count();
+    let (mut leave_moved_total, mut leave_minimum_total, mut leave_worst_excess) = (0, 0, 0);
+    if members > 1 {
+        for leaver in 0..members {
+            let mut left = base.clone();
+            left.set_dead(leaver)?;
+            let after = owners(build(&left)?.as_ref(), &set);
+            let moved = before.iter().zip(&after).filter(|(o, n)| o != n).count();
+            let own = load[leaver as usize];
+            leave_moved_total += moved;
+            leave_minimum_total += own;
+            leave_worst_excess = leave_worst_excess.max(moved - own);
+        }
+    }
+    Ok(DeclaredRow {
+        assignor: kind,
+        members,
+        keys,
+        largest: load.iter().copied().max().unwrap_or(0),
+        smallest: load.iter().copied().min().unwrap_or(0),
+        fair: f64::from(keys) / f64::from(members.max(1)),
+        join_moved: moved.len(),
+        join_not_to_newcomer,
+        join_minimum: (keys / (members + 1)) as usize,
+        leave_moved_total,
+        leave_minimum_total,
+        leave_worst_excess,
+    })
+}
+
+/// [`AssignorKind::Balanced`] and [`AssignorKind::JumpBackFailover`] for each of `keys`
+/// partition counts at each of `members`.
+pub fn declared(keys: &[u32], members: &[u32]) -> Result<Vec<DeclaredRow>, AssignError> {
+    let mut rows = Vec::new();
+    for &m in keys {
+        for &n in members {
+            for kind in [
+                AssignorKind::Balanced(KeySet::partitions(0)?.id()),
+                AssignorKind::JumpBackFailover,
+            ] {
+                rows.push(measure_declared(kind, n, m)?);
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The rows of [`declared`] as a Markdown table.
+pub fn declared_markdown(rows: &[DeclaredRow]) -> String {
+    let mut out = String::from(
+        "| keys | n | assignor | shares | largest ÷ fair | join: moved | minimum | ÷ minimum | not to newcomer | leave: moved (mean) | minimum (mean) | ÷ minimum | worst leave: extra keys |\n\
+         |---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {}–{} | {:.3} | {} | {} | {:.3} | {} | {:.1} | {:.1} | {:.3} | {} |\n",
+            r.keys,
+            r.members,
+            r.assignor.name(),
+            r.smallest,
+            r.largest,
+            r.largest as f64 / r.fair,
+            r.join_moved,
+            r.join_minimum,
+            r.join_moved as f64 / r.join_minimum.max(1) as f64,
+            r.join_not_to_newcomer,
+            r.leave_moved(),
+            r.leave_minimum(),
+            r.leave_moved() / r.leave_minimum().max(1.0),
+            r.leave_worst_excess,
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
@@ -198,6 +357,25 @@ mod tests {
         assert!(table.contains("| memento | 10 |"));
         assert!(table.contains("| jumpback | 10 |"));
         assert!(table.contains("| jumpback-memento | 10 |"));
+    }
+
+    #[test]
+    fn the_declared_report_is_balanced_for_balanced() {
+        let rows = super::declared(&[256], &[3, 10]).unwrap();
+        assert_eq!(rows.len(), 4);
+        for r in &rows {
+            assert!(r.leave_moved_total >= r.leave_minimum_total, "{r:?}");
+            assert!(r.join_moved >= r.join_minimum || r.assignor.name() == "jumpback");
+            if r.assignor.name() == "balanced" {
+                assert!(r.largest - r.smallest <= 1, "{r:?}");
+            } else {
+                assert_eq!(r.join_not_to_newcomer, 0, "{r:?}");
+                assert_eq!(r.leave_moved_total, r.leave_minimum_total, "{r:?}");
+            }
+        }
+        let table = super::declared_markdown(&rows);
+        assert_eq!(table.lines().count(), rows.len() + 2);
+        assert!(table.contains("| 256 | 3 | balanced | 85–86 |"), "{table}");
     }
 
     #[test]

@@ -82,6 +82,37 @@ pub enum AssignError {
     #[error(transparent)]
     UnknownAssignor(#[from] UnknownAssignor),
 
+    /// A declared key with an empty name.
+    #[error("declared key number {index} has an empty name")]
+    EmptyKeyName {
+        /// Its position among the declared keys, from 0.
+        index: usize,
+    },
+
+    /// Two declared names with the same hash, which would have to share an owner.
+    #[error("the declared keys {first:?} and {second:?} have the same hash; rename one")]
+    KeyHashCollision {
+        /// One name, lossily decoded as UTF-8 and cut to 64 characters.
+        first: String,
+        /// The other.
+        second: String,
+    },
+
+    /// More declared keys than [`MAX_DECLARED_KEYS`](crate::assign::MAX_DECLARED_KEYS).
+    #[error("a declared key set holds at most {max} keys")]
+    TooManyKeys {
+        /// The limit.
+        max: usize,
+    },
+
+    /// The balanced assignor was asked to build for a key set it was not given (and that is not
+    /// a set of partitions it could rebuild from the count).
+    #[error("the balanced assignor needs its declared keys (set {id}), which were not given")]
+    KeysNotDeclared {
+        /// The set's id.
+        id: crate::assign::KeySetId,
+    },
+
     /// Work units to distribute but no service to take them.
     #[error("there are {units} work units but no service to take them")]
     NoServices {
@@ -92,7 +123,7 @@ pub enum AssignError {
 
 /// A name that is not one of [`AssignorKind::name`](crate::assign::AssignorKind::name)'s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown assignor {0:?}; expected one of modulo, jump, ring, rendezvous, memento")]
+#[error("unknown assignor {0:?}; expected one of modulo, jump, ring, rendezvous, memento, jumpback, jumpback-memento, balanced:<partitions>, balanced:<count>:<digest>")]
 pub struct UnknownAssignor(pub String);
 
 impl From<AssignError> for crate::Error {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{DEFAULT_MAX_SLOTS, MAX_LEASE_TTL, MAX_RESTART_WINDOW, MIN_LEASE_TTL};
-use crate::assign::AssignorKind;
+use crate::assign::{AssignorKind, KeySet};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, DEFAULT_PREFIX};
@@ -17,6 +17,8 @@ pub struct GroupConfig {
     pub(super) ttl: Duration,
     pub(super) member: Option<String>,
     pub(super) assignor: AssignorKind,
+    /// The balanced assignor's declared keys ([`GroupConfig::with_keys`]).
+    pub(super) declared: Option<Arc<KeySet>>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) max_slots: u32,
     pub(super) drain_timeout: Option<Duration>,
@@ -41,6 +43,7 @@ impl GroupConfig {
             ttl,
             member: None,
             assignor: AssignorKind::JumpBackFailover,
+            declared: None,
             clock: Arc::new(SystemClock::new()),
             max_slots: DEFAULT_MAX_SLOTS,
             drain_timeout: None,
@@ -71,6 +74,50 @@ impl GroupConfig {
     pub fn with_assignor(mut self, assignor: AssignorKind) -> Self {
         self.assignor = assignor;
         self
+    }
+
+    /// Declares the group's keys and assigns them with the [balanced](crate::assign::Balanced)
+    /// assignor: every live member owns `⌊keys / members⌋` or `⌈keys / members⌉` of them, and
+    /// a join, leave or crash moves few keys (measured in `docs/assignors.md`). A key outside
+    /// the set still has an owner, by `jumpback`. Every member of the group must declare the
+    /// same set: the view records its [id](KeySet::id), and a member with another set is
+    /// refused at [`Group::join`](super::Group::join) with
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config). Replaces the assignor;
+    /// a later [`with_assignor`](Self::with_assignor) of another one is refused by
+    /// [`validate`](Self::validate).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use headcount_core::assign::KeySet;
+    /// use headcount_core::recipes::group::GroupConfig;
+    ///
+    /// let keys = KeySet::new((0..256).map(|i| format!("p{i:03}")))?;
+    /// let config = GroupConfig::new("consumers", Duration::from_secs(6)).with_keys(keys);
+    /// config.validate()?;
+    /// # Ok::<(), headcount_core::Error>(())
+    /// ```
+    pub fn with_keys(mut self, keys: KeySet) -> Self {
+        self.assignor = AssignorKind::Balanced(keys.id());
+        self.declared = Some(Arc::new(keys));
+        self
+    }
+
+    /// [`with_keys`](Self::with_keys) for `count` partitions named `"0"`, `"1"`, ...,
+    /// `"count - 1"` ([`KeySet::partitions`]), the names `headcount status` samples. A count
+    /// of 0 or above [`MAX_DECLARED_KEYS`](crate::assign::MAX_DECLARED_KEYS) is refused by
+    /// [`validate`](Self::validate).
+    pub fn with_partitions(self, count: u32) -> Self {
+        match KeySet::partitions(count) {
+            Ok(keys) => self.with_keys(keys),
+            // Too many: leave an id that `check` refuses with the reason.
+            Err(_) => {
+                let mut this = self;
+                this.assignor =
+                    AssignorKind::Balanced(crate::assign::KeySetId { count, digest: 0 });
+                this.declared = None;
+                this
+            }
+        }
     }
 
     /// Injects a clock (tests).
@@ -202,6 +249,35 @@ impl GroupConfig {
         if let Some(member) = &self.member {
             crate::recipes::interval::check_member(member)?;
         }
+        self.check_declared()?;
         Ok(keys)
+    }
+
+    /// The balanced assignor has its keys, and declared keys have the balanced assignor.
+    fn check_declared(&self) -> Result<()> {
+        match (self.assignor, &self.declared) {
+            (AssignorKind::Balanced(id), _) if id.count == 0 => Err(Error::config(
+                "the balanced assignor needs at least one declared key",
+            )),
+            (AssignorKind::Balanced(id), _) if id.count as usize > crate::assign::MAX_DECLARED_KEYS => {
+                Err(Error::config(format!(
+                    "{} declared keys are more than the limit of {}",
+                    id.count,
+                    crate::assign::MAX_DECLARED_KEYS
+                )))
+            }
+            (AssignorKind::Balanced(id), Some(keys)) if keys.id() == id => Ok(()),
+            (AssignorKind::Balanced(id), _) => match KeySet::partitions(id.count) {
+                Ok(p) if p.id() == id => Ok(()),
+                _ => Err(Error::config(format!(
+                    "the balanced assignor `balanced:{id}` needs its keys: declare them with GroupConfig::with_keys"
+                ))),
+            },
+            (other, Some(keys)) => Err(Error::config(format!(
+                "{} keys are declared for the balanced assignor but the assignor is `{other}`: call with_assignor before with_keys, or not at all",
+                keys.len()
+            ))),
+            (_, None) => Ok(()),
+        }
     }
 }

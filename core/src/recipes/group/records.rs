@@ -334,7 +334,7 @@ impl fmt::Display for ViewRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{TAG} epoch={} ", self.epoch)?;
         if let Some(a) = self.assignor {
-            write!(f, "assignor={} ", a.name())?;
+            write!(f, "assignor={a} ")?;
         }
         f.write_str("slots=")?;
         for (i, h) in self.holders.iter().enumerate() {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::records::{Holder, SlotRecord, ViewRecord};
-use crate::assign::{hash_bytes, Assignor, AssignorKind, Topology};
+use crate::assign::{hash_bytes, Assignor, AssignorKind, KeySet, Topology};
 use crate::error::Result;
 
 /// Where a member stands.
@@ -97,11 +97,21 @@ impl fmt::Debug for ViewState {
 
 impl ViewState {
     pub(super) fn build(record: ViewRecord, kind: AssignorKind) -> Result<ViewState> {
+        Self::build_with(record, kind, None)
+    }
+
+    /// [`ViewState::build`] giving the balanced assignor its declared keys (see
+    /// [`AssignorKind::build_with`]).
+    pub(super) fn build_with(
+        record: ViewRecord,
+        kind: AssignorKind,
+        keys: Option<&Arc<KeySet>>,
+    ) -> Result<ViewState> {
         let assignor = if record.holders.is_empty() {
             None
         } else {
             let topology = Topology::from_live_slots(record.slots())?;
-            Some(kind.build(&topology)?)
+            Some(kind.build_with(&topology, keys)?)
         };
         let digest = record.digest();
         Ok(ViewState {

@@ -80,10 +80,10 @@ impl Runner {
         let live = table.live();
         if view.holders.iter().any(|h| live.contains(h)) {
             return Err(Error::config(format!(
-                "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one",
+                "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one (and for `balanced`, declare the same keys: `balanced:<count>:<digest>`)",
                 self.cfg.keys.group(),
-                theirs.name(),
-                self.cfg.assignor.name()
+                theirs,
+                self.cfg.assignor
             )));
         }
         Ok(())

@@ -83,6 +83,8 @@ pub(super) struct Settings {
     effective_ttl: Duration,
     heartbeat: Duration,
     assignor: AssignorKind,
+    /// The balanced assignor's declared keys ([`GroupConfig::with_keys`]).
+    declared: Option<Arc<crate::assign::KeySet>>,
     max_slots: u32,
     drain_timeout: Duration,
     /// How long a parked claim waits for this member id to come back
@@ -284,6 +286,7 @@ impl Runner {
                 ttl: config.ttl,
                 heartbeat: config.ttl / 3,
                 assignor: config.assignor,
+                declared: config.declared.clone(),
                 max_slots: config.max_slots,
                 drain_timeout: config.drain_timeout.unwrap_or(config.ttl),
                 restart_window: config.restart_window(),

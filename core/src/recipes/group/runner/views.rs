@@ -167,7 +167,8 @@ impl Runner {
         if current.is_some_and(|e| e >= view.epoch) {
             return;
         }
-        let state = match ViewState::build(view, self.cfg.assignor) {
+        let state = match ViewState::build_with(view, self.cfg.assignor, self.cfg.declared.as_ref())
+        {
             Ok(s) => Arc::new(s),
             Err(e) => {
                 self.set_error(Some(&e));

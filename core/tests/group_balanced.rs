@@ -1,0 +1,149 @@
+//! The balanced assignor in a group on the in-memory store: shares within one of each other,
+//! a declared set that differs is refused, and a leave keeps the shares balanced.
+// Tests fail by panicking.
+#![allow(clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use headcount_core::assign::{AssignorKind, KeySet};
+use headcount_core::memory::MemoryStore;
+use headcount_core::recipes::group::{Group, GroupConfig, Member};
+use headcount_core::{DynStore, ErrorKind};
+
+const TTL: Duration = Duration::from_millis(300);
+
+/// Waits (5 s at most) until every member is active in one view with `n` live slots and every
+/// partition has exactly one owner; returns each member's count of `keys`.
+async fn settled_shares(members: &[&Member], n: u32, keys: &[String]) -> Vec<usize> {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let views: Vec<_> = members.iter().map(|m| m.assignment()).collect();
+            let same = views
+                .iter()
+                .all(|a| a.replicas == n && a.index.is_some() && a.epoch == views[0].epoch);
+            if same {
+                let counts: Vec<usize> = members
+                    .iter()
+                    .map(|m| keys.iter().filter(|k| m.would_grant(k).is_some()).count())
+                    .collect();
+                if counts.iter().sum::<usize>() == keys.len() {
+                    return counts;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the group settles within 5 s")
+}
+
+#[tokio::test]
+async fn three_members_own_85_or_86_of_256_partitions() {
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let config = || GroupConfig::new("g", TTL).with_partitions(256);
+    let a = Group::join(store.clone(), config()).await.expect("a joins");
+    let b = Group::join(store.clone(), config()).await.expect("b joins");
+    let c = Group::join(store.clone(), config()).await.expect("c joins");
+    let keys: Vec<String> = (0..256).map(|i| i.to_string()).collect();
+    let counts = settled_shares(&[&a, &b, &c], 3, &keys).await;
+    assert!(counts.iter().all(|&c| c == 85 || c == 86), "{counts:?}");
+    // No partition has two owners.
+    for k in &keys {
+        let owners = [&a, &b, &c]
+            .iter()
+            .filter(|m| m.would_grant(k).is_some())
+            .count();
+        assert_eq!(owners, 1, "{k}");
+    }
+    // A key outside the set still has exactly one owner (jumpback's).
+    let outside = [&a, &b, &c]
+        .iter()
+        .filter(|m| m.would_grant("not-a-partition").is_some())
+        .count();
+    assert_eq!(outside, 1);
+    // A grant works as with the hashing assignors.
+    let owner = [&a, &b, &c]
+        .into_iter()
+        .find(|m| m.would_grant("42").is_some())
+        .expect("an owner");
+    let grant = owner.owns("42").expect("granted");
+    assert!(grant.is_valid());
+    drop(grant);
+
+    // c leaves: a and b split the 256 as 128 each.
+    c.leave().await.expect("c leaves");
+    let counts = settled_shares(&[&a, &b], 2, &keys).await;
+    assert_eq!(counts, [128, 128]);
+    a.leave().await.expect("leave a");
+    b.leave().await.expect("leave b");
+}
+
+#[tokio::test]
+async fn a_member_declaring_another_set_is_refused() {
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let a = Group::join(
+        store.clone(),
+        GroupConfig::new("g", TTL).with_partitions(256),
+    )
+    .await
+    .expect("a joins");
+    tokio::time::timeout(Duration::from_secs(5), a.active(0))
+        .await
+        .expect("in time")
+        .expect("active");
+    // A rolling upgrade that adds partitions, another naming of the keys, a hashing assignor.
+    for other in [
+        GroupConfig::new("g", TTL).with_partitions(257),
+        GroupConfig::new("g", TTL)
+            .with_keys(KeySet::new((0..256).map(|i| format!("p{i:03}"))).expect("keys")),
+        GroupConfig::new("g", TTL),
+    ] {
+        let err = Group::join(store.clone(), other)
+            .await
+            .expect_err("another set is refused");
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        assert!(err.to_string().contains("balanced:256:"), "{err}");
+    }
+    // The same set, declared by name in another order, joins.
+    let same = KeySet::new((0..256).rev().map(|i| i.to_string())).expect("keys");
+    let b = Group::join(store.clone(), GroupConfig::new("g", TTL).with_keys(same))
+        .await
+        .expect("the same set joins");
+    b.leave().await.expect("leave b");
+    a.leave().await.expect("leave a");
+}
+
+#[test]
+fn bad_declarations_are_configuration_errors() {
+    let empty = GroupConfig::new("g", TTL).with_partitions(0);
+    assert_eq!(
+        empty.validate().expect_err("empty").kind(),
+        ErrorKind::Config
+    );
+    let too_many = GroupConfig::new("g", TTL).with_partitions(u32::MAX);
+    assert_eq!(
+        too_many.validate().expect_err("too many").kind(),
+        ErrorKind::Config
+    );
+    let replaced = GroupConfig::new("g", TTL)
+        .with_partitions(8)
+        .with_assignor(AssignorKind::JumpBackFailover);
+    assert_eq!(
+        replaced.validate().expect_err("replaced").kind(),
+        ErrorKind::Config
+    );
+    // An id with no keys behind it cannot be built.
+    let foreign: AssignorKind = "balanced:8:0123456789abcdef".parse().expect("parses");
+    let err = GroupConfig::new("g", TTL)
+        .with_assignor(foreign)
+        .validate()
+        .expect_err("no keys");
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    // By count alone, partitions need no keys.
+    let by_name: AssignorKind = "balanced:8".parse().expect("parses");
+    GroupConfig::new("g", TTL)
+        .with_assignor(by_name)
+        .validate()
+        .expect("partitions rebuild from their count");
+}
