@@ -194,6 +194,12 @@ pub(super) struct Shared {
     pub(super) released: Notify,
     pub(super) assignment: watch::Sender<Assignment>,
     pub(super) changes: broadcast::Sender<Change>,
+    /// Views adopted that change what the member owns, before it acknowledges them
+    /// ([`Member::revocations`](super::Member::revocations)).
+    pub(super) revocations: broadcast::Sender<Change>,
+    /// Bumped whenever a grant may have stopped being valid other than by its lease deadline (a
+    /// view adopted, all work stopped, a leave): [`Grant::revoked`] waits on it.
+    pub(super) revoking: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -222,6 +228,11 @@ impl Shared {
             slot,
             generation: st.generation,
         })
+    }
+
+    /// Wakes every [`Grant::revoked`] to look again.
+    pub(super) fn wake_revoked(&self) {
+        self.revoking.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     pub(super) fn publish(&self, update: impl FnOnce(&mut Assignment)) {
@@ -324,6 +335,46 @@ impl Grant {
     pub fn is_valid(&self) -> bool {
         let now = self.shared.clock.monotonic();
         self.shared.lock().valid(self.scope, self.generation, now)
+    }
+
+    /// Resolves once the grant is no longer valid ([`Grant::is_valid`]): the member adopted a
+    /// view that moves the key (or changes the share's pair) away, lost its lease, or is leaving.
+    /// This is the revocation hook: select on it beside your work, and when it fires finish or
+    /// checkpoint the key and drop the grant. A cooperative hand-off waits for that drop (up to
+    /// the drain timeout, one TTL by default, [`GroupConfig::with_drain_timeout`]) before the new
+    /// owner starts the key; a lapsed lease ([`Grant::lease_lapsed`]) waits for nobody, so stop
+    /// at once then.
+    ///
+    /// ```
+    /// # async fn work(_: &str) {}
+    /// # async fn example(member: headcount_core::recipes::group::Member) {
+    /// if let Some(grant) = member.owns("order-42") {
+    ///     tokio::select! {
+    ///         () = work("order-42") => {}
+    ///         () = grant.revoked() => { /* checkpoint, then let the grant go */ }
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// [`GroupConfig::with_drain_timeout`]: super::GroupConfig::with_drain_timeout
+    pub async fn revoked(&self) {
+        let mut woken = self.shared.revoking.subscribe();
+        loop {
+            let deadline = {
+                let now = self.shared.clock.monotonic();
+                let st = self.shared.lock();
+                if !st.valid(self.scope, self.generation, now) {
+                    return;
+                }
+                st.deadline
+            };
+            let Some(deadline) = deadline else { return };
+            tokio::select! {
+                changed = woken.changed() => if changed.is_err() { return },
+                () = self.shared.clock.sleep_until(deadline) => {}
+            }
+        }
     }
 
     /// How long the member's lease has left on its own clock (until its deadline: the last

@@ -61,12 +61,16 @@ impl Group {
             last_error: None,
         });
         let (changes, _) = broadcast::channel(64);
+        let (revocations, _) = broadcast::channel(64);
+        let (revoking, _) = watch::channel(0);
         let shared = Arc::new(Shared {
             clock: config.clock.clone(),
             state: Mutex::new(State::default()),
             released: Notify::new(),
             assignment,
             changes,
+            revocations,
+            revoking,
         });
         let mut runner = Runner::new(store, &config, keys, member.clone(), shared.clone());
         runner.first_claim().await?;
@@ -184,9 +188,21 @@ impl Member {
         self.shared.assignment.subscribe()
     }
 
-    /// A stream of activated view changes (a lagging receiver skips the oldest).
+    /// A stream of activated view changes (a lagging receiver skips the oldest): which keys the
+    /// member gained ([`Change::gained`]) once it may grant them.
     pub fn changes(&self) -> broadcast::Receiver<Change> {
         self.shared.changes.subscribe()
+    }
+
+    /// A stream of hand-offs as they start, *before* the member acknowledges them (a lagging
+    /// receiver skips the oldest): each [`Change`] goes from the active view to the view just
+    /// adopted, and [`Change::lost`] names the keys this member is about to lose. They are no
+    /// longer granted from that moment; the grants held on them keep the hand-off waiting (up to
+    /// the drain timeout) until they are dropped, which is the time to finish or checkpoint
+    /// them. Kafka's `onPartitionsRevoked`; [`Member::changes`] is its `onPartitionsAssigned`.
+    /// Per grant, [`Grant::revoked`] says the same.
+    pub fn revocations(&self) -> broadcast::Receiver<Change> {
+        self.shared.revocations.subscribe()
     }
 
     /// Whether the member is ready now ([`Assignment::is_ready`]): active under a view that

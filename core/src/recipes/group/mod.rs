@@ -15,7 +15,11 @@
 //!   that whole share;
 //! * [`Member::changes`] tells, per activated view, which keys were gained and lost;
 //! * [`Member::leave`] drains the grants in flight, deletes the claim and publishes the view
-//!   without it, so the others take over at once instead of after a lease TTL.
+//!   without it, so the others take over at once instead of after a lease TTL;
+//!   [`Member::leave_for_restart`] drains too but keeps the member's place for a restart window,
+//!   so the same member id started again takes it back with no key moved (static membership);
+//! * [`Member::ready`] says whether the member is active with no hand-off of its own pending,
+//!   for a readiness probe.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]

@@ -176,12 +176,15 @@ impl ViewState {
     }
 }
 
-/// A view change as one member lived it: emitted when it activates a new view.
+/// A view change as one member lived it: emitted when it activates a new view
+/// ([`Member::changes`](super::Member::changes)), and when it adopts one that is about to
+/// change what it owns ([`Member::revocations`](super::Member::revocations)).
 #[derive(Debug, Clone)]
 pub struct Change {
     /// The view active before (none on the first).
     pub from: Option<Arc<ViewState>>,
-    /// The view now active.
+    /// The view now active (for a revocation: the view adopted, which becomes active once the
+    /// hand-off completes).
     pub to: Arc<ViewState>,
     /// The member's slot.
     pub slot: u32,

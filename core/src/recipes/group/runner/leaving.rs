@@ -23,6 +23,7 @@ impl Runner {
             st.share_in_flight = 0;
             had
         };
+        self.shared.wake_revoked();
         self.handoff = None;
         if had {
             self.cfg.metrics.grants_revoked(reason);
@@ -77,6 +78,7 @@ impl Runner {
             st.leaving = true;
             st.restart
         };
+        self.shared.wake_revoked();
         let drained = self.drain().await;
         let mut result = Ok(());
         let parking = restart && drained && !self.claims.abandoned;

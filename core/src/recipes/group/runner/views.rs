@@ -175,14 +175,28 @@ impl Runner {
                 return;
             }
         };
-        let has_active = {
+        let (has_active, revoking) = {
             let mut st = self.shared.lock();
             if let Some(old) = st.pending.replace(state.clone()) {
                 st.skipped.push(old);
             }
-            st.remember(state);
-            st.active.is_some()
+            st.remember(state.clone());
+            // What the member owns changes: tell the application before it acknowledges.
+            let revoking = match (&st.active, st.holder) {
+                (Some(active), Some(holder)) if !active.same_holders(&state) => Some(Change {
+                    from: Some(active.clone()),
+                    to: state,
+                    slot: holder.slot,
+                    holder,
+                }),
+                _ => None,
+            };
+            (st.active.is_some(), revoking)
         };
+        self.shared.wake_revoked();
+        if let Some(change) = revoking {
+            let _ = self.shared.revocations.send(change);
+        }
         let now = self.cfg.clock.monotonic();
         match &mut self.handoff {
             Some(h) => h.adopted_at = now,
