@@ -79,6 +79,11 @@ pub const GROUP_HANDOFF_DURATION: &str = "headcount_group_handoff_duration_secon
 /// Counter of revocations: times the member stopped granting keys it held (a view moved them
 /// away, its lease lapsed or was lost), labels `group`, `reason`.
 pub const GROUP_GRANTS_REVOKED: &str = "headcount_group_grants_revoked_total";
+/// Gauge of the declared keys (partitions) the member owns under its active view, label `group`;
+/// recorded only by members of a group with a declared key set
+/// ([`GroupConfig::with_keys`](crate::recipes::group::GroupConfig::with_keys),
+/// `with_partitions`, `run --partitions`).
+pub const GROUP_KEYS_OWNED: &str = "headcount_group_keys_owned";
 
 /// Counter of writes a fence refused because their token was older than the newest it saw,
 /// label `fence` (`memory`, `postgres`, `redis`).
@@ -116,6 +121,7 @@ pub const ALL: &[&str] = &[
     GROUP_MEMBERS_LIVE,
     GROUP_HANDOFF_DURATION,
     GROUP_GRANTS_REVOKED,
+    GROUP_KEYS_OWNED,
     FENCE_REJECTIONS,
     IDS_ROUNDS,
     IDS_RETRIES,
@@ -166,6 +172,10 @@ pub fn describe() {
     describe_counter!(
         GROUP_GRANTS_REVOKED,
         "Times a member stopped granting keys it held, by reason."
+    );
+    describe_gauge!(
+        GROUP_KEYS_OWNED,
+        "Declared keys (partitions) the member owns under its active view."
     );
     describe_counter!(
         FENCE_REJECTIONS,
@@ -276,6 +286,11 @@ impl GroupMetrics {
     /// A hand-off that took `took`, from adopting a view to activating it.
     pub fn handoff(&self, took: Duration) {
         ::metrics::histogram!(GROUP_HANDOFF_DURATION, "group" => self.group.clone()).record(took);
+    }
+
+    /// Sets the gauge of declared keys owned (on a view change, and to 0 when the member leaves).
+    pub fn keys_owned(&self, owned: usize) {
+        ::metrics::gauge!(GROUP_KEYS_OWNED, "group" => self.group.clone()).set(owned as f64);
     }
 
     /// The member stopped granting keys it held; `reason` is a fixed word: `moved` (a new view

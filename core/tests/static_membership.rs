@@ -1,6 +1,6 @@
 //! Static membership on the in-memory store, on Tokio's paused time: a member that leaves for a
 //! restart parks its claim, and the same member id coming back within the restart window takes
-//! its place back: the same holders under the next epoch (so a fence orders its tokens after its
+//! its slot back: the same slots under the next epoch (so a fence orders its tokens after its
 //! previous incarnation's), no key moved, active at once; too late, it rejoins as after a crash.
 // Tests fail by panicking.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
@@ -129,7 +129,7 @@ async fn a_member_back_within_the_window_takes_its_place_back_and_no_key_moves()
     let back = c2.active(0).await.expect("active");
     // Active without waiting for a heartbeat of the others: nothing moved.
     assert!(started.elapsed() < TTL / 10, "{:?}", started.elapsed());
-    // The same holders under the next epoch: its keys' tokens are above its previous
+    // The same slots under the next epoch: its keys' tokens are above its previous
     // incarnation's, so a fence orders the two.
     assert_eq!((back.epoch, back.slot), (epoch + 1, Some(slot)), "{back:?}");
     assert_eq!(back.live, [0, 1, 2]);
@@ -142,8 +142,9 @@ async fn a_member_back_within_the_window_takes_its_place_back_and_no_key_moves()
     // The others' keys kept their tokens: no grant of theirs is fenced off.
     assert_eq!((tokens(&a), tokens(&b)), kept);
     let record = f.slot_record(slot).await.unwrap();
+    // The same slot, under a claim of the returning process's own (a fresh nonce).
     assert!(
-        !record.is_parked() && record.nonce == parked.nonce,
+        !record.is_parked() && record.nonce != parked.nonce,
         "{record:?}"
     );
     for m in [a, b, c2] {
@@ -193,7 +194,7 @@ async fn a_join_while_a_member_is_away_does_not_wait_for_it() {
     assert!(owners(&[&a, &c]).iter().all(|o| o.len() <= 1));
     let b2 = f.join(f.config("b").with_restart_window(TTL * 10)).await;
     let epoch = converged(&[&a, &b2, &c]).await;
-    assert_eq!(epoch, x.epoch + 1, "the same holders under the next epoch");
+    assert_eq!(epoch, x.epoch + 1, "the same slots under the next epoch");
     assert_eq!(b2.assignment().live, x.live);
     assert!(owners(&[&a, &b2, &c]).iter().all(|o| o.len() == 1));
     for m in [a, b2, c] {

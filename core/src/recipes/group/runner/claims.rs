@@ -138,14 +138,18 @@ impl Runner {
     /// another process with this id took it first, or it expired).
     async fn resume(&mut self, table: &Table, slot: u32, parked: SlotRecord) -> Result<bool> {
         self.cache.highest = self.cache.highest.max(table.highest_epoch());
+        // A claim of this process's own, with a fresh nonce: two processes that took back one
+        // parked claim (a twin after a rollback restored the parked record) must never hold
+        // records a renewal could take for its own, and a late renewal of the process that
+        // parked never matches it.
         let record = SlotRecord {
-            // A new text, so that a late renewal of the process that parked never matches it.
-            since_ms: self.now_ms().max(parked.since_ms + 1),
+            nonce: rand::random(),
+            since_ms: self.now_ms(),
             ttl_ms: self.cfg.ttl.as_millis() as u64,
             acked: parked.acked.max(self.cache.highest),
             view: 0,
             parked: None,
-            ..parked.clone()
+            member: parked.member.clone(),
         };
         self.claims.remember_nonce(record.nonce);
         let sent = self.cfg.clock.monotonic();
@@ -167,31 +171,41 @@ impl Runner {
         table.slots.insert(slot, record.clone());
         self.claims.floor = self.cache.highest;
         self.claims.republished = None;
-        if let Some(next) = self.republish(&table, record.holder(slot)).await {
+        if let Some(next) = self
+            .republish(&table, parked.holder(slot), record.holder(slot))
+            .await
+        {
             table.view_text = Some(next.to_string());
             table.view = Some(next);
         }
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, epoch = ?self.claims.republished, "took back the claim parked for a restart: same holders, no key moves");
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, epoch = ?self.claims.republished, "took back the slot parked for a restart: the same slots, no key moves");
         self.hold(slot, record, sent, &table).await;
         Ok(true)
     }
 
-    /// For a claim taken back from a restart, whose floor the published view in `table` does
-    /// not pass (see `Claims::floor`): when that view is settled and names exactly the live
-    /// holders (this claim among them), publishes the same holders under the next epoch, so
-    /// that this process's fencing tokens come after every token of its previous incarnation
-    /// while no key moves. Returns the view when it did; otherwise the usual rules publish
-    /// whatever view the table calls for, or this is tried again once the view settled.
-    pub(super) async fn republish(&mut self, table: &Table, holder: Holder) -> Option<ViewRecord> {
+    /// Just after taking back the parked claim `parked` as `claim` (the same slot, a new
+    /// nonce): when the published view in `table` is settled and names exactly the live holders
+    /// but for `parked` in place of `claim`, publishes the live holders under the next epoch.
+    /// The slots are the same, so no key moves, and this process's fencing tokens come after
+    /// every token of its previous incarnation. Returns the view when it did (this member then
+    /// activates it at once, see `Claims::republished`); otherwise the usual rules publish the
+    /// view the table calls for, and the member activates it once it is settled.
+    async fn republish(
+        &mut self,
+        table: &Table,
+        parked: Holder,
+        claim: Holder,
+    ) -> Option<ViewRecord> {
         let view = table.view.as_ref()?;
         let settled = table
             .settled
             .is_some_and(|m| m.settles(view.epoch, view.digest()));
-        if view.epoch > self.claims.floor
-            || !settled
-            || view.holders != table.live()
-            || !view.holders.contains(&holder)
-        {
+        let swapped: Vec<Holder> = view
+            .holders
+            .iter()
+            .map(|&h| if h == parked { claim } else { h })
+            .collect();
+        if !settled || !view.holders.contains(&parked) || swapped != table.live() {
             return None;
         }
         let next = next_view(self.cache.highest, table.live(), self.cfg.assignor)?;
@@ -201,7 +215,7 @@ impl Runner {
                 self.cache.highest = next.epoch;
                 self.settler.published = Some(next.epoch);
                 self.claims.republished = Some(next.epoch);
-                tracing::debug!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, "published the same holders above the previous incarnation's epochs");
+                tracing::debug!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, "published the same slots with this claim, above the previous incarnation's epochs");
                 Some(next)
             }
             Ok(false) => None,

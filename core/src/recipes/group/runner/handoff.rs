@@ -31,7 +31,8 @@ impl Runner {
                     st.skipped.is_empty() && a.same_holders(&p) && p.pair_of(h).is_some()
                 }
                 // A claim taken back from a restart, and the view it published over a settled
-                // one with the same holders: nothing moves either.
+                // one with the same slots (its own claim for the parked one): nothing moves
+                // either, and the parked claim held nothing.
                 (None, Some(h)) => {
                     st.skipped.is_empty()
                         && self.claims.republished == Some(p.epoch())
@@ -46,7 +47,20 @@ impl Runner {
             let now = self.cfg.clock.monotonic();
             let since = self.handoff.map_or(now, |h| h.since);
             if drain_timed_out(since, now, self.cfg.drain_timeout) && !self.claims.abandoned {
-                tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch, "grants did not drain within the drain timeout: giving up the lease");
+                // Say which grants held it up: the application knows its keys by hash too
+                // (`assign::hash_bytes`); the whole share is named as such.
+                let (keys, share) = {
+                    let st = self.shared.lock();
+                    let mut keys: Vec<String> = st
+                        .in_flight
+                        .iter()
+                        .filter(|(&h, f)| f.count > 0 && !pending.owned_by(h, claim_holder(&st)))
+                        .map(|(h, _)| format!("{h:016x}"))
+                        .collect();
+                    keys.sort_unstable();
+                    (keys, st.share_in_flight > 0)
+                };
+                tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch, key_hashes = ?keys, share, "grants did not drain within the drain timeout: giving up the lease (the keys named by hash, and the whole share when `share` is true, were still held)");
                 self.claims.abandoned = true;
             }
             return;
@@ -72,13 +86,9 @@ impl Runner {
                 .iter()
                 .all(|(&s, r)| s == claim.slot || pending.acked_by(r))
         });
-        // A claim taken back from a restart waits for a view above its previous incarnation's,
-        // which it publishes itself once this one is settled: read the table for it.
+        // A claim taken back from a restart activates no view its previous incarnation may have
+        // granted under (a view naming its new nonce is always above them).
         if epoch <= self.claims.floor {
-            if settled {
-                self.forget_seen();
-                self.cache.need_slots = true;
-            }
             return;
         }
         if same_holders || settled || others_acked {
@@ -358,4 +368,12 @@ impl Runner {
         }
         false
     }
+}
+
+/// The member's holder in `st`, or one that owns nothing.
+fn claim_holder(st: &super::super::grants::State) -> super::super::records::Holder {
+    st.holder.unwrap_or(super::super::records::Holder {
+        slot: u32::MAX,
+        nonce: 0,
+    })
 }

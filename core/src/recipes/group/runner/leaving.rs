@@ -116,6 +116,9 @@ impl Runner {
         }
         self.cfg.metrics.grants_revoked("left");
         self.cfg.metrics.members_live(0);
+        if self.cfg.declared.is_some() {
+            self.cfg.metrics.keys_owned(0);
+        }
         self.shared.publish(|a| {
             a.slot = None;
             a.index = None;

@@ -140,8 +140,9 @@ struct Claims {
     /// returning process's tokens after those. 0 for a fresh claim.
     floor: u64,
     /// The view a claim taken back from a restart published over a settled view with the same
-    /// holders: its epoch. The claim activates it without waiting for the others'
-    /// acknowledgements, as a member does a view whose holders did not change (nothing moves).
+    /// slots (its own claim in place of the parked one): its epoch. The claim activates it
+    /// without waiting for the others' acknowledgements, as a member does a view whose holders
+    /// did not change: nothing moves, and the parked claim held nothing.
     republished: Option<u64>,
 }
 

@@ -94,17 +94,6 @@ impl Runner {
             }
         } else {
             self.discrepancy = None;
-            // A claim taken back from a restart whose view settled meanwhile.
-            if let Some(claim) = self
-                .claims
-                .current
-                .clone()
-                .filter(|_| self.claims.floor > 0)
-            {
-                if let Some(next) = self.republish(table, claim.holder()).await {
-                    newest = Some(next);
-                }
-            }
         }
         if let Some(v) = newest {
             self.adopt(v);
@@ -183,12 +172,14 @@ impl Runner {
             st.remember(state.clone());
             // What the member owns changes: tell the application before it acknowledges.
             let revoking = match (&st.active, st.holder) {
-                (Some(active), Some(holder)) if !active.same_holders(&state) => Some(Change {
-                    from: Some(active.clone()),
-                    to: state,
-                    slot: holder.slot,
-                    holder,
-                }),
+                (Some(active), Some(holder)) if active.record.slots().ne(state.record.slots()) => {
+                    Some(Change {
+                        from: Some(active.clone()),
+                        to: state,
+                        slot: holder.slot,
+                        holder,
+                    })
+                }
                 _ => None,
             };
             (st.active.is_some(), revoking)
@@ -243,6 +234,14 @@ impl Runner {
         let pair = view.pair_of(holder);
         let live: Vec<u32> = view.record.slots().collect();
         self.cfg.metrics.view_changed(view.epoch(), live.len());
+        if let Some(keys) = &self.cfg.declared {
+            let owned = keys
+                .hashes()
+                .iter()
+                .filter(|&&h| view.owned_by(h, holder))
+                .count();
+            self.cfg.metrics.keys_owned(owned);
+        }
         // A view that names a holder the previous one did not (a join, a replacement) takes
         // keys from the members that held them: count it as moving this member's keys away
         // when it held a share before.
