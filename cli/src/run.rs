@@ -80,16 +80,7 @@ pub fn check(args: &RunArgs) -> Result<(), Error> {
                 "applies to --mode interval; group mode takes --ttl",
             )?;
             args.lifecycle.check(args.member.as_deref())?;
-            args.lifecycle
-                .configure(group_config(
-                    &args.group,
-                    args.ttl,
-                    args.member.as_deref(),
-                    args.assignor,
-                    args.partitions,
-                ))
-                .with_eviction_allowed(args.allow_eviction)
-                .validate()
+            group_mode_config(args).validate()
         }
         Mode::Interval => {
             refuse(
@@ -116,6 +107,20 @@ pub fn check(args: &RunArgs) -> Result<(), Error> {
             interval_config(args).validate()
         }
     }
+}
+
+/// The group's configuration of `run` in group mode.
+fn group_mode_config(args: &RunArgs) -> headcount::recipes::group::GroupConfig {
+    let config = group_config(
+        &args.group,
+        args.ttl,
+        args.member.as_deref(),
+        args.assignor,
+        args.partitions,
+    );
+    args.lifecycle
+        .configure(config)
+        .with_eviction_allowed(args.allow_eviction)
 }
 
 /// The interval indexer's configuration of `run --mode interval`.
@@ -151,16 +156,7 @@ fn refuse(flags: &[(bool, &str)], why: &str) -> Result<(), Error> {
 
 async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
-    let config = args
-        .lifecycle
-        .configure(group_config(
-            &args.group,
-            args.ttl,
-            args.member.as_deref(),
-            args.assignor,
-            args.partitions,
-        ))
-        .with_eviction_allowed(args.allow_eviction);
+    let config = group_mode_config(&args);
     let member = match Group::join(store, config).await {
         Ok(member) => member,
         Err(e) => {

@@ -62,8 +62,8 @@ impl GroupConfig {
 
     /// The member's stable id (1 to 64 characters of `A-Z a-z 0-9 _ - .`): a restarted member
     /// with the same id gets its slot back if it is still free, and a member that left with
-    /// [`Member::leave_for_restart`](super::Member::leave_for_restart) gets its place in the
-    /// view back, with no view change, when it returns within the restart window. In Kubernetes,
+    /// [`Member::leave_for_restart`](super::Member::leave_for_restart) gets its
+    /// slot back, with no key moved, when it returns within the restart window. In Kubernetes,
     /// the pod's name (`HEADCOUNT_MEMBER` from `metadata.name`) in a StatefulSet.
     pub fn with_member(mut self, member: impl Into<String>) -> Self {
         self.member = Some(member.into());

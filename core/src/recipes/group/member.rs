@@ -258,8 +258,9 @@ impl Member {
     /// timeout) for grants in flight like [`Member::leave`], but then *parks* its claim instead
     /// of deleting it: the slot stays reserved, under the same view, for the restart window
     /// ([`GroupConfig::with_restart_window`], default one lease TTL). A process that joins with
-    /// the same member id within the window takes the claim back: no view change, no key moves,
-    /// and its keys pause only for the restart. If none returns in time the parked claim expires
+    /// the same member id within the window takes the slot back: the same slots under the next
+    /// epoch (so that a fence orders its tokens after this process's), no key moves, and its keys
+    /// pause only for the restart. If none returns in time the parked claim expires
     /// and the others take its keys, as after a crash, one window after the leave.
     ///
     /// Use it when the process will come back under the same id (a StatefulSet pod, a

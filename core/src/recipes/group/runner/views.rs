@@ -242,15 +242,16 @@ impl Runner {
                 .count();
             self.cfg.metrics.keys_owned(owned);
         }
-        // A view that names a holder the previous one did not (a join, a replacement) takes
+        // A view that names a slot the previous one did not (a join, a replacement) takes
         // keys from the members that held them: count it as moving this member's keys away
         // when it held a share before.
         if let Some(old) = from.as_ref().filter(|old| old.pair_of(holder).is_some()) {
+            // By slot: a claim taken back from a restart changes the holder of a slot, which
+            // moves nothing.
             if view
                 .record
-                .holders
-                .iter()
-                .any(|h| !old.record.holders.contains(h))
+                .slots()
+                .any(|s| !old.record.slots().any(|o| o == s))
             {
                 self.cfg.metrics.grants_revoked("moved");
             }
