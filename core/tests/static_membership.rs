@@ -258,3 +258,38 @@ fn a_restart_window_outside_the_limits_is_refused() {
         .validate()
         .expect("the longest window is fine");
 }
+
+/// A store that loses writes can show a member's parked record again while its returning
+/// process runs (a rollback to before the take-back): the process's renewal fails, and it takes
+/// the parked slot back again instead of claiming another slot or calling its own parked record
+/// a twin.
+#[tokio::test(start_paused = true)]
+async fn a_parked_record_restored_under_a_running_member_is_taken_back_again() {
+    let f = Fixture::new();
+    let a = f.join(f.config("a")).await;
+    let b = f.join(f.config("b").with_restart_window(TTL * 10)).await;
+    converged(&[&a, &b]).await;
+    let slot = b.assignment().slot.unwrap();
+    b.leave_for_restart().await.expect("parks");
+    let key = format!("hc:{{g}}:slot:{slot}");
+    let parked = f.store.get(&key).await.unwrap().expect("parked");
+    let b2 = f.join(f.config("b").with_restart_window(TTL * 10)).await;
+    let epoch = converged(&[&a, &b2]).await;
+    // The rollback: the slot holds the parked record again.
+    let live = f.store.get(&key).await.unwrap().expect("taken back");
+    assert!(f
+        .store
+        .compare_and_set(&key, Some(&live), &parked, Some(TTL * 10))
+        .await
+        .unwrap());
+    tokio::time::sleep(TTL).await;
+    let later = converged(&[&a, &b2]).await;
+    assert!(later > epoch, "{later} after {epoch}");
+    let x = b2.assignment();
+    assert_eq!((x.slot, x.live.len()), (Some(slot), 2), "{x:?}");
+    let record = f.slot_record(slot).await.unwrap();
+    assert!(!record.is_parked(), "{record:?}");
+    for m in [a, b2] {
+        m.leave().await.unwrap();
+    }
+}

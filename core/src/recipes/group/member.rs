@@ -194,12 +194,14 @@ impl Member {
         self.shared.changes.subscribe()
     }
 
-    /// A stream of hand-offs as they start, *before* the member acknowledges them (a lagging
-    /// receiver skips the oldest): each [`Change`] goes from the active view to the view just
-    /// adopted, and [`Change::lost`] names the keys this member is about to lose. They are no
-    /// longer granted from that moment; the grants held on them keep the hand-off waiting (up to
-    /// the drain timeout) until they are dropped, which is the time to finish or checkpoint
-    /// them. Kafka's `onPartitionsRevoked`; [`Member::changes`] is its `onPartitionsAssigned`.
+    /// A stream of hand-offs as they start (a lagging receiver skips the oldest): each
+    /// [`Change`] goes from the active view to the view just adopted, and [`Change::lost`] names
+    /// the keys this member is about to lose. It is sent before the member acknowledges the
+    /// view, but the member does not wait for it to be read: what holds the hand-off is the
+    /// grants still held on those keys (up to the drain timeout), so hold a key's grant until its
+    /// work is finished or checkpointed. The keys are no longer granted from that moment. A
+    /// lapsed or lost lease and a leave send nothing here: every grant's [`Grant::revoked`]
+    /// fires then. Kafka's `onPartitionsRevoked`; [`Member::changes`] is its `onPartitionsAssigned`.
     /// Per grant, [`Grant::revoked`] says the same.
     pub fn revocations(&self) -> broadcast::Receiver<Change> {
         self.shared.revocations.subscribe()

@@ -23,6 +23,7 @@ impl Runner {
         if mine(&table, &self.cfg.member).is_some() {
             let give_up =
                 self.cfg.clock.monotonic() + self.cfg.effective_ttl + 2 * self.cfg.heartbeat;
+            let mut take_backs = 0;
             while let Some(slot) = mine(&table, &self.cfg.member) {
                 self.claims.preferred = Some(slot);
                 let parked = table.slots.get(&slot).filter(|r| r.is_parked()).cloned();
@@ -31,7 +32,18 @@ impl Runner {
                         return Ok(());
                     }
                     // Taken by another process with this id (a twin, which the loop then
-                    // waits out), or expired since the listing.
+                    // waits out), or changed or expired since the listing.
+                    take_backs += 1;
+                    if take_backs >= CLAIM_ATTEMPTS {
+                        return Err(Error::contended(
+                            &self.cfg.keys.slot(slot),
+                            format!("lost the race for this member id's parked slot {CLAIM_ATTEMPTS} times in a row"),
+                        ));
+                    }
+                    self.cfg
+                        .clock
+                        .sleep(self.cfg.heartbeat.min(Duration::from_millis(250)) / 4)
+                        .await;
                     table = self.list().await?;
                     continue;
                 }
@@ -152,19 +164,29 @@ impl Runner {
             member: parked.member.clone(),
         };
         self.claims.remember_nonce(record.nonce);
-        let sent = self.cfg.clock.monotonic();
         let key = self.cfg.keys.slot(slot);
-        if !self
+        // The exact stored text: a record written by another tool may parse to the same claim
+        // with other spacing or digits, which a re-serialized one would not match.
+        let stored = match self.cfg.store.get(&key).await? {
+            Some(text) if SlotRecord::parse(&text).as_ref() == Some(&parked) => text,
+            _ => return Ok(false),
+        };
+        let sent = self.cfg.clock.monotonic();
+        let written = match self
             .cfg
             .store
-            .compare_and_set(
-                &key,
-                Some(&parked.to_string()),
-                &record.to_string(),
-                Some(self.cfg.ttl),
-            )
-            .await?
+            .compare_and_set(&key, Some(&stored), &record.to_string(), Some(self.cfg.ttl))
+            .await
         {
+            Ok(written) => written,
+            // The write may have been applied with its reply lost: the slot then holds this
+            // process's fresh nonce, and the take-back is done.
+            Err(e) => match self.cfg.store.get(&key).await {
+                Ok(Some(text)) if SlotRecord::parse(&text).as_ref() == Some(&record) => true,
+                _ => return Err(e),
+            },
+        };
+        if !written {
             return Ok(false);
         }
         let mut table = table.clone();
@@ -261,6 +283,20 @@ impl Runner {
     /// Claims again after losing the lease. A full group or a store error is retried at the
     /// next beat, never fatal: the member was in the group a moment ago.
     pub(super) async fn reclaim(&mut self, table: &Table) {
+        // A store that lost writes may show this member id's parked slot again (a rollback to
+        // before a take-back): take it back rather than claim another slot beside it.
+        let parked = table
+            .slots
+            .iter()
+            .find(|(_, r)| r.member == self.cfg.member && r.is_parked())
+            .map(|(&s, r)| (s, r.clone()));
+        if let Some((slot, parked)) = parked {
+            match self.resume(table, slot, parked).await {
+                Ok(true) => return self.set_error(None),
+                Ok(false) => {}
+                Err(e) => return self.set_error(Some(&e)),
+            }
+        }
         match self.claim(table, 0).await {
             Ok(_) => self.set_error(None),
             Err(e) => self.set_error(Some(&e)),
@@ -286,8 +322,10 @@ impl Runner {
                     .await;
             }
         }
+        // A parked record of this id is no live process: it is taken back at the next claim.
         match table.slots.iter().find(|(&s, r)| {
             r.member == self.cfg.member
+                && !r.is_parked()
                 && r.nonce != mine
                 && !self.claims.own_nonces.contains(&r.nonce)
                 && s < slot
