@@ -141,13 +141,13 @@ impl Runner {
         Ok(true)
     }
 
-    /// Takes back the claim `parked`, which this member id parked at `slot` for a restart
-    /// ([`SlotRecord::parked`]): one compare-and-set from the parked record to the same claim
-    /// (slot and nonce, so the view that names it stays valid) working again under this
-    /// process, acknowledging everything up to the highest epoch seen since it holds nothing.
-    /// Then it goes on like a fresh claim, without a view of its own: it adopts the published
-    /// view and is active as soon as that view is settled. Returns whether it took it (not when
-    /// another process with this id took it first, or it expired).
+    /// Takes back the slot of the claim `parked`, which this member id parked at `slot` for a
+    /// restart ([`SlotRecord::parked`]): one compare-and-set from the parked record, as stored, to
+    /// a claim of this process's own on the same slot (a fresh nonce), acknowledging everything up
+    /// to the highest epoch seen since it holds nothing. Then it publishes the same slots under
+    /// the next epoch when it can ([`Runner::republish`]) and goes on like a fresh claim. Returns
+    /// whether it took the slot (not when another process with this id took it first, or the
+    /// record changed or expired).
     async fn resume(&mut self, table: &Table, slot: u32, parked: SlotRecord) -> Result<bool> {
         self.cache.highest = self.cache.highest.max(table.highest_epoch());
         // A claim of this process's own, with a fresh nonce: two processes that took back one
