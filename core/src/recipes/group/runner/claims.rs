@@ -165,11 +165,8 @@ impl Runner {
         };
         self.claims.remember_nonce(record.nonce);
         let key = self.cfg.keys.slot(slot);
-        // The exact stored text: a record written by another tool may parse to the same claim
-        // with other spacing or digits, which a re-serialized one would not match.
-        let stored = match self.cfg.store.get(&key).await? {
-            Some(text) if SlotRecord::parse(&text).as_ref() == Some(&parked) => text,
-            _ => return Ok(false),
+        let Some(stored) = self.stored_text(&key, &parked).await? else {
+            return Ok(false);
         };
         let sent = self.cfg.clock.monotonic();
         let written = match self

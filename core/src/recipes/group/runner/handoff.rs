@@ -269,11 +269,9 @@ impl Runner {
                 epoch,
             };
             let key = self.cfg.keys.slot(s);
-            // The exact stored text: a record written by hand may parse to the same claim with
-            // other spacing or digits, which a re-serialized one would not match.
-            let text = match self.cfg.store.get(&key).await {
-                Ok(Some(text)) if SlotRecord::parse(&text).as_ref() == Some(&r) => text,
-                Ok(_) => {
+            let text = match self.stored_text(&key, &r).await {
+                Ok(Some(text)) => text,
+                Ok(None) => {
                     // Changed or gone since the listing: nothing to do for this claim.
                     self.settler.nudged.push(nudge);
                     continue;

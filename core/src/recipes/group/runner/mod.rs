@@ -329,6 +329,14 @@ impl Runner {
         self.shared.publish(|a| a.last_error = msg);
     }
 
+    /// The text stored at `key` when it parses to `record`, `None` when the key holds anything
+    /// else or nothing: a compare-and-set against the exact stored text matches even a record
+    /// written by hand with other spacing or digits, which a re-serialized one would not.
+    async fn stored_text(&self, key: &str, record: &SlotRecord) -> Result<Option<String>> {
+        let text = self.cfg.store.get(key).await?;
+        Ok(text.filter(|t| SlotRecord::parse(t).as_ref() == Some(record)))
+    }
+
     /// Reads the table: see [`Table::read`].
     async fn list(&self) -> Result<Table> {
         Table::read(&self.cfg.store, &self.cfg.keys).await
