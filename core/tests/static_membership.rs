@@ -1,7 +1,8 @@
 //! Static membership on the in-memory store, on Tokio's paused time: a member that leaves for a
 //! restart parks its claim, and the same member id coming back within the restart window takes
 //! its slot back: the same slots under the next epoch (so a fence orders its tokens after its
-//! previous incarnation's), no key moved, active at once; too late, it rejoins as after a crash.
+//! previous incarnation's), no key moved, active as soon as the others acknowledged that epoch;
+//! too late, it rejoins as after a crash.
 // Tests fail by panicking.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
@@ -20,6 +21,7 @@ const KEYS: usize = 64;
 
 struct Fixture {
     clock: Arc<dyn Clock>,
+    memory: Arc<MemoryStore>,
     store: DynStore,
 }
 
@@ -28,8 +30,13 @@ impl Fixture {
         let clock: Arc<dyn Clock> = Arc::new(SimClock::new(
             SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
         ));
-        let store: DynStore = Arc::new(MemoryStore::with_clock(clock.clone()));
-        Fixture { clock, store }
+        let memory = Arc::new(MemoryStore::with_clock(clock.clone()));
+        let store: DynStore = memory.clone();
+        Fixture {
+            clock,
+            memory,
+            store,
+        }
     }
 
     fn config(&self, id: &str) -> GroupConfig {
@@ -127,8 +134,15 @@ async fn a_member_back_within_the_window_takes_its_place_back_and_no_key_moves()
     let started = tokio::time::Instant::now();
     let c2 = f.join(f.config("c").with_restart_window(TTL * 4)).await;
     let back = c2.active(0).await.expect("active");
-    // Active without waiting for a heartbeat of the others: nothing moved.
-    assert!(started.elapsed() < TTL / 10, "{:?}", started.elapsed());
+    // Active once the others acknowledged the republished view: each sees it at its next
+    // heartbeat (a third of the TTL), and the returning member reads their acknowledgements an
+    // eighth of a heartbeat later at most.
+    let heartbeat = TTL / 3;
+    assert!(
+        started.elapsed() <= heartbeat + heartbeat / 8 + Duration::from_millis(20),
+        "{:?}",
+        started.elapsed()
+    );
     // The same slots under the next epoch: its keys' tokens are above its previous
     // incarnation's, so a fence orders the two.
     assert_eq!((back.epoch, back.slot), (epoch + 1, Some(slot)), "{back:?}");
@@ -291,5 +305,53 @@ async fn a_parked_record_restored_under_a_running_member_is_taken_back_again() {
     assert!(!record.is_parked(), "{record:?}");
     for m in [a, b2] {
         m.leave().await.unwrap();
+    }
+}
+
+/// A store that loses a take-back (a failover to a replica that had not received it) while the
+/// member's process is started again within the window (a crash loop, or two restarts racing):
+/// the second take-back publishes the same slots under the same next epoch the first one did. If
+/// it activated that view at once, both processes would grant the member's keys under one token,
+/// which no fence can order. The take-back waits for the other members' acknowledgements
+/// instead, and the member that saw the first view of that epoch refuses to acknowledge the
+/// second: at no instant do the two grant one key under one token.
+#[tokio::test(start_paused = true)]
+async fn a_lost_take_back_taken_again_never_reuses_the_first_ones_tokens() {
+    let f = Fixture::new();
+    let window = TTL * 10;
+    let a = f.join(f.config("a")).await;
+    let b = f.join(f.config("b").with_restart_window(window)).await;
+    let epoch = converged(&[&a, &b]).await;
+    b.leave_for_restart().await.expect("parks");
+    let before_take_back = f.memory.snapshot();
+    let first = f.join(f.config("b").with_restart_window(window)).await;
+    assert_eq!(converged(&[&a, &first]).await, epoch + 1);
+    let keys: Vec<String> = (0..KEYS)
+        .map(|k| format!("k{k}"))
+        .filter(|k| first.would_grant(k).is_some())
+        .collect();
+    assert!(!keys.is_empty());
+
+    // The store loses the take-back, its view and the acknowledgements; a second process with
+    // the same id starts before the first notices.
+    f.memory.restore(&before_take_back);
+    let second = f.join(f.config("b").with_restart_window(window)).await;
+    let mut activated = None;
+    for _ in 0..(TTL * 6).as_millis() / 5 {
+        for k in &keys {
+            if let (Some(x), Some(y)) = (first.would_grant(k), second.would_grant(k)) {
+                assert_ne!(x, y, "key {k}: two processes grant it under one token");
+            }
+        }
+        if activated.is_none() && second.assignment().phase == GroupPhase::Active {
+            activated = Some(second.assignment().epoch);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The second process went on under a view above both of epoch + 1.
+    let activated = activated.expect("the second process became active");
+    assert!(activated > epoch + 1, "active under {activated}");
+    for m in [a, first, second] {
+        let _ = m.leave().await;
     }
 }

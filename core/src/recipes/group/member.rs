@@ -262,7 +262,8 @@ impl Member {
     /// ([`GroupConfig::with_restart_window`], default one lease TTL). A process that joins with
     /// the same member id within the window takes the slot back: the same slots under the next
     /// epoch (so that a fence orders its tokens after this process's), no key moves, and its keys
-    /// pause only for the restart. If none returns in time the parked claim expires
+    /// pause for the restart plus about one heartbeat (the returning process is active once the
+    /// others acknowledged that epoch). If none returns in time the parked claim expires
     /// and the others take its keys, as after a crash, one window after the leave.
     ///
     /// Use it when the process will come back under the same id (a StatefulSet pod, a

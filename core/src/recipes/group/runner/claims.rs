@@ -125,7 +125,6 @@ impl Runner {
         };
         self.claims.remember_nonce(record.nonce);
         self.claims.floor = 0;
-        self.claims.republished = None;
         let sent = self.cfg.clock.monotonic();
         let key = self.cfg.keys.slot(slot);
         if !self
@@ -189,15 +188,15 @@ impl Runner {
         let mut table = table.clone();
         table.slots.insert(slot, record.clone());
         self.claims.floor = self.cache.highest;
-        self.claims.republished = None;
-        if let Some(next) = self
+        let republished = self
             .republish(&table, parked.holder(slot), record.holder(slot))
-            .await
-        {
+            .await;
+        let epoch = republished.as_ref().map(|v| v.epoch);
+        if let Some(next) = republished {
             table.view_text = Some(next.to_string());
             table.view = Some(next);
         }
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, epoch = ?self.claims.republished, "took back the slot parked for a restart: the same slots, no key moves");
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, epoch, "took back the slot parked for a restart: the same slots, no key moves");
         self.hold(slot, record, sent, &table).await;
         Ok(true)
     }
@@ -206,9 +205,12 @@ impl Runner {
     /// nonce): when the published view in `table` is settled and names exactly the live holders
     /// but for `parked` in place of `claim`, publishes the live holders under the next epoch.
     /// The slots are the same, so no key moves, and this process's fencing tokens come after
-    /// every token of its previous incarnation. Returns the view when it did (this member then
-    /// activates it at once, see `Claims::republished`); otherwise the usual rules publish the
-    /// view the table calls for, and the member activates it once it is settled.
+    /// every token of its previous incarnation. Returns the view when it did; otherwise the
+    /// usual rules publish the view the table calls for. Either way the member activates its
+    /// view as every member does, once the others acknowledged it: nothing moves to it, but a
+    /// store that lost a first take-back lets a second one publish that same epoch for the same
+    /// slots, and only a member that saw the first can tell (it refuses to acknowledge the
+    /// second).
     async fn republish(
         &mut self,
         table: &Table,
@@ -233,7 +235,6 @@ impl Runner {
                 self.forget_seen();
                 self.cache.highest = next.epoch;
                 self.settler.published = Some(next.epoch);
-                self.claims.republished = Some(next.epoch);
                 tracing::debug!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, "published the same slots with this claim, above the previous incarnation's epochs");
                 Some(next)
             }

@@ -30,14 +30,12 @@ impl Runner {
                 (Some(a), Some(h)) => {
                     st.skipped.is_empty() && a.same_holders(&p) && p.pair_of(h).is_some()
                 }
-                // A claim taken back from a restart, and the view it published over a settled
-                // one with the same slots (its own claim for the parked one): nothing moves
-                // either, and the parked claim held nothing.
-                (None, Some(h)) => {
-                    st.skipped.is_empty()
-                        && self.claims.republished == Some(p.epoch())
-                        && p.pair_of(h).is_some()
-                }
+                // A claim taken back from a restart is no exception although nothing moves to
+                // it: the view it published waits for the others' acknowledgements like any
+                // other. A store that lost a first take-back (and its view) lets a second
+                // process of the id publish that same epoch again for the same slots; a member
+                // that saw the first refuses to acknowledge the second, so the two processes
+                // never grant one key under one token.
                 _ => false,
             };
             (p, st.drained(), same)

@@ -139,11 +139,6 @@ struct Claims {
     /// epoch: its previous incarnation granted under views up to it, and a fence must order the
     /// returning process's tokens after those. 0 for a fresh claim.
     floor: u64,
-    /// The view a claim taken back from a restart published over a settled view with the same
-    /// slots (its own claim in place of the parked one): its epoch. The claim activates it
-    /// without waiting for the others' acknowledgements, as a member does a view whose holders
-    /// did not change: nothing moves, and the parked claim held nothing.
-    republished: Option<u64>,
 }
 
 impl Claims {

@@ -209,8 +209,6 @@ impl Runner {
 
     /// Makes the pending `view` active, ending the hand-off, and tells the member's watchers.
     pub(super) fn activate(&mut self, view: Arc<ViewState>, holder: Holder) {
-        // A take-back's view activates once; later views go by the usual rules.
-        self.claims.republished = None;
         let from = {
             let mut st = self.shared.lock();
             if st.pending.as_ref().map(|p| p.epoch()) != Some(view.epoch()) {
