@@ -34,20 +34,29 @@ pub struct LifecycleArgs {
     /// does not come back in time, the others take them as after a crash.
     #[arg(long, env = "HEADCOUNT_RESTART_WINDOW", value_parser = crate::util::parse_duration)]
     pub restart_window: Option<Duration>,
+    /// Join as a standby first, for up to this long (5s, 30s; at most 15m): outside the group,
+    /// ready, waiting for a member that leaves to hand over its place, so that its keys move
+    /// once, straight to this member (a Deployment rolled out with maxSurge). With nobody
+    /// leaving, the member joins when the wait ends, so a scale-up takes that much longer.
+    #[arg(long, env = "HEADCOUNT_STANDBY_FOR", value_parser = crate::util::parse_duration)]
+    pub standby_for: Option<Duration>,
     /// Keep this file while the member is ready (active under a view that names it, no hand-off
-    /// of its own pending) and remove it otherwise: for a Kubernetes readiness probe
+    /// of its own pending, or standing by with --standby-for) and remove it otherwise: for a Kubernetes readiness probe
     /// (`exec: [test, -f, FILE]`). `/ready` on --metrics-addr answers the same.
     #[arg(long, env = "HEADCOUNT_READY_FILE", value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
 }
 
 impl LifecycleArgs {
-    /// Applies the restart window to `config`.
-    pub fn configure(&self, config: GroupConfig) -> GroupConfig {
-        match self.restart_window {
-            Some(w) => config.with_restart_window(w),
-            None => config,
+    /// Applies the restart window and the standby wait to `config`.
+    pub fn configure(&self, mut config: GroupConfig) -> GroupConfig {
+        if let Some(w) = self.restart_window {
+            config = config.with_restart_window(w);
         }
+        if let Some(w) = self.standby_for {
+            config = config.with_standby(w);
+        }
+        config
     }
 
     /// Refuses `--on-stop restart` without a member id, before any store is opened.

@@ -101,6 +101,10 @@ pub fn check(args: &RunArgs) -> Result<(), Error> {
                         args.lifecycle.ready_file.is_some(),
                         "--ready-file (or HEADCOUNT_READY_FILE)",
                     ),
+                    (
+                        args.lifecycle.standby_for.is_some(),
+                        "--standby-for (or HEADCOUNT_STANDBY_FOR)",
+                    ),
                 ],
                 "applies to --mode group; the interval indexer's keys live three intervals",
             )?;

@@ -803,6 +803,67 @@ fn a_run_stopped_for_a_restart_comes_back_to_its_place() {
     );
 }
 
+/// `run --standby-for`: a replacement with a new member id stands by (ready, printing phase
+/// `standby`), and when the member it replaces stops, it takes that member's index in one epoch;
+/// the member that stays keeps its index throughout.
+#[test]
+fn a_standby_run_takes_the_place_of_the_member_that_stops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = store_url(dir.path());
+    let ready = dir.path().join("m2.ready");
+    let (tx, rx) = mpsc::channel();
+    let first = spawn_run(&url, "surge", 0, tx.clone());
+    let second = spawn_run(&url, "surge", 1, tx.clone());
+    let mut procs = Reap(vec![first, second]);
+    let mut latest = vec![None, None, None];
+    until(
+        &rx,
+        &mut latest,
+        Duration::from_secs(20),
+        "both active",
+        |l| all_active(&l[..2]),
+    );
+    let (index, _, epoch) = active(&latest[1]).unwrap();
+    let kept = active(&latest[0]).unwrap();
+    procs.0.push(spawn_with(
+        headcount()
+            .args(["run", "--store", &url, "--group", "surge", "--ttl", TTL])
+            .args(["--member", "m2", "--standby-for", "30s"])
+            .args(["--ready-file", ready.to_str().unwrap()]),
+        2,
+        tx,
+    ));
+    until(
+        &rx,
+        &mut latest,
+        Duration::from_secs(10),
+        "m2 standing by",
+        |l| l[2].as_ref().is_some_and(|v| v["phase"] == "standby"),
+    );
+    eventually_blocking(
+        "the standby's ready file",
+        Duration::from_secs(5),
+        EVERY,
+        || ready.exists(),
+    );
+    signal(&procs.0[1], "-TERM");
+    let stopped = procs.0[1].wait().expect("wait");
+    assert!(stopped.success(), "{stopped:?}");
+    until(
+        &rx,
+        &mut latest,
+        Duration::from_secs(10),
+        "m2 in m1's place",
+        |l| {
+            active(&l[2]).is_some()
+                && active(&l[0]).is_some_and(|(_, _, e)| active(&l[2]).is_some_and(|x| x.2 == e))
+        },
+    );
+    let (took, replicas, later) = active(&latest[2]).unwrap();
+    assert_eq!((took, replicas, later), (index, 2, epoch + 1), "{latest:?}");
+    assert_eq!(active(&latest[0]).unwrap().0, kept.0, "{latest:?}");
+}
+
 #[test]
 fn on_stop_restart_without_a_member_id_is_a_usage_error() {
     let out = headcount()

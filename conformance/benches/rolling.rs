@@ -23,7 +23,11 @@
 //! * **leave**: the same, with a graceful [`Member::leave`] (the behaviour before static
 //!   membership, kept to measure beside it);
 //! * **surge**: a member with a new id joins, and once the group is ready the old one leaves: a
-//!   Deployment with `maxSurge: 1, maxUnavailable: 0`;
+//!   Deployment with `maxSurge: 1, maxUnavailable: 0` (the behaviour before standbys, kept to
+//!   measure beside it);
+//! * **replace**: the same with the new member joining as a standby
+//!   ([`GroupConfig::with_standby`], `--standby-for`): it is ready while it stands by, and the
+//!   old member's leave hands it its slot;
 //! * **kill** (only when asked): the member is dropped without leaving and the same id joins
 //!   after `--restart-ms` (a pod killed and restarted): it waits out its old lease.
 //!
@@ -83,7 +87,12 @@ fn opts() -> Opts {
             ServerKind::Etcd,
         ],
         sizes: vec![10, 50],
-        styles: vec!["static".into(), "leave".into(), "surge".into()],
+        styles: vec![
+            "static".into(),
+            "leave".into(),
+            "surge".into(),
+            "replace".into(),
+        ],
         keys: 256,
         ttl: Duration::from_secs(2),
         restart: Duration::from_millis(200),
@@ -320,6 +329,16 @@ async fn rollout(
                 ready(&live, n + 1, within).await?;
                 take(&live).leave().await.map_err(|e| e.to_string())?;
             }
+            "replace" => {
+                let new = format!("n{i}");
+                let m = Group::join(counted.clone(), config(&new).with_standby(within))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // Ready while it stands by: the deploy tool stops the old member next.
+                m.wait_ready().await.map_err(|e| e.to_string())?;
+                live.lock().unwrap().push((new, m));
+                take(&live).leave().await.map_err(|e| e.to_string())?;
+            }
             other => return Err(format!("unknown style {other}")),
         }
         ready(&live, n, within).await?;
@@ -340,7 +359,11 @@ async fn rollout(
         style: style.to_owned(),
         epochs: last - first,
         moved: seen.iter().map(|s| s.moves).sum(),
-        minimum: if style == "surge" { o.keys as u64 } else { 0 },
+        minimum: if matches!(style, "surge" | "replace") {
+            o.keys as u64
+        } else {
+            0
+        },
         longest: seen
             .iter()
             .map(|s| s.longest_pause)

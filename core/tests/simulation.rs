@@ -5,7 +5,10 @@
 //! waits, so a run takes milliseconds and one seed always takes the same steps). A seeded
 //! schedule joins members, restarts them with the same member id (half of them crashing, half
 //! leaving for a restart with static membership and coming back within the restart window, too
-//! late, or as two twins at once), makes them leave gracefully, crashes them, pauses them past their lease, starts twins, rolls the store back, and injects
+//! late, or as two twins at once), replaces them (a third of the joins stand by, and most of
+//! those are followed by a member leaving within the wait, whose slot the standby then inherits;
+//! the others join when the wait ends), makes them leave gracefully, crashes them, pauses them
+//! past their lease, starts twins, rolls the store back, and injects
 //! faults into every store call (delays that reorder replies, failures before the store, writes
 //! applied with their reply lost). Workers hold grants for random keys for random times, and
 //! grants for their whole share (the `(index, replicas)` pair that `headcount exec` splits work
@@ -147,6 +150,11 @@ struct Sim {
     window: Duration,
     /// Processes to start later with a member id that left for a restart: when, and the id.
     restarts: Vec<(Duration, String)>,
+    /// Draws for replacements (a member joining as a standby, and a member leaving for it),
+    /// apart from `rng` so that a seed's other events are drawn as before.
+    replace_rng: StdRng,
+    /// When a member leaves because a standby joined to replace it.
+    leaves: Vec<Duration>,
 }
 
 impl Sim {
@@ -163,6 +171,11 @@ impl Sim {
     }
 
     fn start(&mut self, id: String, rates: FaultRates) {
+        self.start_with(id, rates, None);
+    }
+
+    /// Starts a process with member id `id`, as a standby for up to `standby` when given.
+    fn start_with(&mut self, id: String, rates: FaultRates, standby: Option<Duration>) {
         let label = format!("p{}", self.procs.len());
         let faults = Faults::new(
             self.seed
@@ -187,8 +200,14 @@ impl Sim {
             Some(assignor) => config = config.with_assignor(assignor),
             None => {}
         }
+        if let Some(wait) = standby {
+            config = config.with_standby(wait);
+        }
         let joining = tokio::spawn(Group::join(store, config));
-        self.note(format!("{label} ({id}) joins"));
+        match standby {
+            Some(wait) => self.note(format!("{label} ({id}) joins as a standby for {wait:?}")),
+            None => self.note(format!("{label} ({id}) joins")),
+        }
         self.procs.push(Proc {
             label,
             id,
@@ -236,6 +255,45 @@ impl Sim {
         }
     }
 
+    /// Process `i` leaves gracefully (handing its slot to a standby if there is one).
+    fn leave(&mut self, i: usize) {
+        if let Some(m) = self.procs[i].member.take() {
+            self.procs[i].held.clear();
+            self.procs[i].shares.clear();
+            let label = self.procs[i].label.clone();
+            self.note(format!("{label} leaves"));
+            // The handle kept by the checker until the leave is done is the clone.
+            let leaving = m.clone();
+            self.procs[i].member = Some(m);
+            self.procs[i].leaving = true;
+            tokio::spawn(async move {
+                let _ = leaving.leave().await;
+            });
+            self.procs[i].faults.resume();
+        }
+    }
+
+    /// The leaves of replaced members that are due (all of them with `all`): each a member
+    /// picked at random among those with a member handle, while more than one is alive.
+    fn leave_due(&mut self, all: bool) {
+        let now = self.now();
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.leaves)
+            .into_iter()
+            .partition(|at| all || *at <= now);
+        self.leaves = later;
+        for _ in due {
+            let alive: Vec<usize> = self
+                .alive()
+                .into_iter()
+                .filter(|&i| self.procs[i].member.is_some())
+                .collect();
+            if alive.len() > 1 {
+                let i = alive[self.replace_rng.random_range(0..alive.len())];
+                self.leave(i);
+            }
+        }
+    }
+
     fn crash(&mut self, i: usize) {
         let p = &mut self.procs[i];
         p.held.clear();
@@ -256,7 +314,25 @@ impl Sim {
             0..25 if alive.len() < MAX_LIVE => {
                 let id = format!("m{}", self.next_member);
                 self.next_member += 1;
-                self.start(id, rates);
+                // A third of the joins are replacements: the new member stands by, and most
+                // of the time a member leaves for it within its wait (a rolling deploy with
+                // surge); otherwise it joins when the wait ends (a scale-up).
+                let standby = self.replace_rng.random_bool(0.35).then(|| {
+                    Duration::from_millis(
+                        self.replace_rng
+                            .random_range(TTL.as_millis() as u64 / 2..2 * TTL.as_millis() as u64),
+                    )
+                });
+                self.start_with(id, rates, standby);
+                if let Some(wait) = standby {
+                    if self.replace_rng.random_bool(0.8) {
+                        let after = self
+                            .replace_rng
+                            .random_range(0..wait.as_millis() as u64 * 6 / 5);
+                        let at = self.now() + Duration::from_millis(after);
+                        self.leaves.push(at);
+                    }
+                }
             }
             25..40 if !alive.is_empty() => {
                 let i = pick(&mut self.rng, &alive);
@@ -299,20 +375,7 @@ impl Sim {
             }
             40..52 if alive.len() > 1 => {
                 let i = pick(&mut self.rng, &alive);
-                if let Some(m) = self.procs[i].member.take() {
-                    self.procs[i].held.clear();
-                    self.procs[i].shares.clear();
-                    let label = self.procs[i].label.clone();
-                    self.note(format!("{label} leaves"));
-                    // The handle kept by the checker until the leave is done is the clone.
-                    let leaving = m.clone();
-                    self.procs[i].member = Some(m);
-                    self.procs[i].leaving = true;
-                    tokio::spawn(async move {
-                        let _ = leaving.leave().await;
-                    });
-                    self.procs[i].faults.resume();
-                }
+                self.leave(i);
             }
             52..62 if alive.len() > 1 => {
                 let i = pick(&mut self.rng, &alive);
@@ -365,6 +428,29 @@ impl Sim {
         {
             self.store.restore(&snap);
             self.rolled_back = Some(self.now());
+            // Every running member paused (or none running): no member can see what the store
+            // lost, and the epochs it lost are minted again for other holders, below tokens a
+            // fence may already have seen. That is the documented limit (`docs/group.md`,
+            // *Tokens and views*): the fences' history is not owed an order against what comes
+            // after (seed 19915: the only member that saw epoch 3 was paused through the
+            // rollback, and the next member minted epoch 2).
+            let running: Vec<usize> = self
+                .alive()
+                .into_iter()
+                .filter(|&i| self.procs[i].member.is_some())
+                .collect();
+            // Their workers are frozen with them (as under SIGSTOP): a grant of a lost epoch
+            // writing on after the rollback would be the same limit again.
+            if running.iter().all(|&i| self.procs[i].resume_at.is_some()) {
+                for fence in &mut self.fences {
+                    *fence = (0, String::new(), false);
+                }
+                for &i in &running {
+                    self.procs[i].held.clear();
+                    self.procs[i].shares.clear();
+                }
+                self.note("no running member saw the rollback: the fences forget".into());
+            }
             // A write made before the rollback may carry an epoch the rollback un-minted, which
             // a member that never saw it mints again for other holders: no member can tell, so
             // a fence that saw the first is not owed an order against the second (seed 37291:
@@ -646,6 +732,8 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
         // Chosen without a draw, so the seeds' schedules are those of before.
         window: if seed.is_multiple_of(3) { TTL } else { TTL * 2 },
         restarts: Vec::new(),
+        replace_rng: StdRng::seed_from_u64(seed ^ 0x5eed_4e91ace),
+        leaves: Vec::new(),
     };
     sim.note(format!(
         "{plan:?} assignor {assignor:?} store {}",
@@ -672,6 +760,7 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
         sim.settle_joins().await;
         sim.resume_due();
         sim.restart_due(plan.rates, false);
+        sim.leave_due(false);
         if sim.rng.random_bool(plan.event) {
             sim.event(plan.rates, plan.rollbacks);
         }
@@ -715,8 +804,9 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
         p.held.clear();
         p.shares.clear();
     }
-    // Every process away for a restart comes back now.
+    // Every process away for a restart comes back now, and every replaced member leaves.
     sim.restart_due(FaultRates::NONE, true);
+    sim.leave_due(true);
     let quiet = sim.now();
     // A join may wait one TTL for a previous incarnation; then TTL + two heartbeats + hand-off.
     let deadline = quiet + TTL * 4;

@@ -6,91 +6,13 @@
 // Tests fail by panicking.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use headcount_core::memory::MemoryStore;
-use headcount_core::recipes::group::{
-    Group, GroupConfig, GroupPhase, Member, SlotRecord, MAX_RESTART_WINDOW,
-};
-use headcount_core::sim::SimClock;
-use headcount_core::{Clock, DynStore, ErrorKind};
+use headcount_core::recipes::group::{Group, GroupConfig, GroupPhase, Member, MAX_RESTART_WINDOW};
+use headcount_core::ErrorKind;
 
-const TTL: Duration = Duration::from_millis(900);
-const KEYS: usize = 64;
-
-struct Fixture {
-    clock: Arc<dyn Clock>,
-    memory: Arc<MemoryStore>,
-    store: DynStore,
-}
-
-impl Fixture {
-    fn new() -> Fixture {
-        let clock: Arc<dyn Clock> = Arc::new(SimClock::new(
-            SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
-        ));
-        let memory = Arc::new(MemoryStore::with_clock(clock.clone()));
-        let store: DynStore = memory.clone();
-        Fixture {
-            clock,
-            memory,
-            store,
-        }
-    }
-
-    fn config(&self, id: &str) -> GroupConfig {
-        GroupConfig::new("g", TTL)
-            .with_member(id)
-            .with_clock(self.clock.clone())
-    }
-
-    async fn join(&self, config: GroupConfig) -> Member {
-        Group::join(self.store.clone(), config)
-            .await
-            .expect("joins")
-    }
-
-    async fn slot_record(&self, slot: u32) -> Option<SlotRecord> {
-        let text = self
-            .store
-            .get(&format!("hc:{{g}}:slot:{slot}"))
-            .await
-            .unwrap();
-        text.as_deref()
-            .map(|t| SlotRecord::parse(t).expect("a slot record"))
-    }
-}
-
-/// Waits (in paused time) until every member is active under one epoch naming them all.
-async fn converged(members: &[&Member]) -> u64 {
-    for _ in 0..2000 {
-        let a: Vec<_> = members.iter().map(|m| m.assignment()).collect();
-        let epoch = a[0].epoch;
-        if a.iter().all(|x| {
-            x.phase == GroupPhase::Active && x.epoch == epoch && x.live.len() == members.len()
-        }) {
-            return epoch;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "never converged: {:?}",
-        members.iter().map(|m| m.assignment()).collect::<Vec<_>>()
-    );
-}
-
-/// The members that would grant each of `KEYS` keys now.
-fn owners(members: &[&Member]) -> Vec<Vec<usize>> {
-    (0..KEYS)
-        .map(|k| {
-            let key = format!("k{k}");
-            (0..members.len())
-                .filter(|&i| members[i].would_grant(&key).is_some())
-                .collect()
-        })
-        .collect()
-}
+mod paused_group;
+use paused_group::{converged, owners, Fixture, KEYS, TTL};
 
 #[tokio::test(start_paused = true)]
 async fn a_member_back_within_the_window_takes_its_place_back_and_no_key_moves() {

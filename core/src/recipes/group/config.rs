@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{DEFAULT_MAX_SLOTS, MAX_LEASE_TTL, MAX_RESTART_WINDOW, MIN_LEASE_TTL};
+use super::{DEFAULT_MAX_SLOTS, MAX_LEASE_TTL, MAX_RESTART_WINDOW, MAX_STANDBY, MIN_LEASE_TTL};
 use crate::assign::{AssignorKind, KeySet};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
@@ -23,6 +23,7 @@ pub struct GroupConfig {
     pub(super) max_slots: u32,
     pub(super) drain_timeout: Option<Duration>,
     pub(super) restart_window: Option<Duration>,
+    pub(super) standby: Option<Duration>,
     pub(super) change_checks: bool,
     pub(super) one_call_versions: bool,
     pub(super) eviction_allowed: bool,
@@ -48,6 +49,7 @@ impl GroupConfig {
             max_slots: DEFAULT_MAX_SLOTS,
             drain_timeout: None,
             restart_window: None,
+            standby: None,
             change_checks: true,
             one_call_versions: true,
             eviction_allowed: false,
@@ -151,6 +153,24 @@ impl GroupConfig {
         self
     }
 
+    /// Joins as a *standby* first, for up to `wait`: the member stays out of the view and waits
+    /// for a member that leaves gracefully ([`Member::leave`](super::Member::leave)) to hand it
+    /// its slot. The keys of that slot then move once, straight from the leaving member to this
+    /// one, in one view change, instead of moving to the others when this member joins and again
+    /// when the other leaves. If no member leaves within `wait`, it joins as any member does.
+    ///
+    /// This is what a replacement with new member ids needs (a Kubernetes Deployment rolled out
+    /// with `maxSurge`): each new pod stands by, is ready
+    /// ([`Assignment::is_ready`](super::Assignment::is_ready) counts a standby as ready), the
+    /// deploy tool stops an old pod, and that pod's keys move to the new one. The price is on a
+    /// scale-up: a new member works only after `wait`. Choose `wait` a little longer than the
+    /// deploy tool takes to stop an old instance once a new one is ready (a few seconds); at
+    /// most [`MAX_STANDBY`].
+    pub fn with_standby(mut self, wait: Duration) -> Self {
+        self.standby = Some(wait);
+        self
+    }
+
     /// The restart window (see [`GroupConfig::with_restart_window`]).
     pub fn restart_window(&self) -> Duration {
         self.restart_window.unwrap_or(self.ttl)
@@ -243,6 +263,13 @@ impl GroupConfig {
             if w < MIN_LEASE_TTL || w > MAX_RESTART_WINDOW {
                 return Err(Error::invalid(format!(
                     "restart window {w:?} is outside {MIN_LEASE_TTL:?}..={MAX_RESTART_WINDOW:?}: a member away longer than that is gone, and its keys must not wait for it"
+                )));
+            }
+        }
+        if let Some(w) = self.standby {
+            if w.is_zero() || w > MAX_STANDBY {
+                return Err(Error::invalid(format!(
+                    "standby wait {w:?} is outside (0, {MAX_STANDBY:?}]: a scale-up waits that long before the new member works"
                 )));
             }
         }

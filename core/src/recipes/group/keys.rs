@@ -10,6 +10,7 @@ use crate::keys::Keyspace;
 /// | `hc:{group}:view:current` | the published view |
 /// | `hc:{group}:view:settled` | the settled mark |
 /// | `hc:{group}:ack:{i}` | each slot's acknowledgement |
+/// | `hc:{group}:standby:{member}` | the standbys waiting to inherit a leaving member's slot |
 #[derive(Debug, Clone)]
 pub(super) struct GroupKeys {
     pub(super) space: Keyspace,
@@ -23,6 +24,8 @@ pub(super) struct GroupKeys {
     pub(super) settled: String,
     /// `hc:{group}:ack:`, the directory of the acknowledgements.
     pub(super) acks: String,
+    /// `hc:{group}:standby:`, the directory of the standbys.
+    pub(super) standbys: String,
 }
 
 impl GroupKeys {
@@ -33,6 +36,7 @@ impl GroupKeys {
             view: space.key("view:current"),
             settled: space.key("view:settled"),
             acks: space.key("ack:"),
+            standbys: space.key("standby:"),
             space,
         }
     }
@@ -45,6 +49,11 @@ impl GroupKeys {
     /// `hc:{group}:slot:{i}`.
     pub(super) fn slot(&self, i: u32) -> String {
         self.space.slot(i)
+    }
+
+    /// `hc:{group}:standby:{member}`.
+    pub(super) fn standby(&self, member: &str) -> String {
+        format!("{}{member}", self.standbys)
     }
 
     /// `hc:{group}:ack:{i}`.

@@ -21,7 +21,10 @@ pub struct Group;
 impl Group {
     /// Claims a slot in the group (its previous one when `config` names a member id whose slot
     /// is still free) and starts heartbeating in the background. Returns once the slot is
-    /// claimed; the first view becomes active shortly after (watch [`Member::watch`]).
+    /// claimed; the first view becomes active shortly after (watch [`Member::watch`]). With
+    /// [`GroupConfig::with_standby`] it returns once the member stands by (phase
+    /// [`GroupPhase::Standby`]) and claims in the background, when a leaving member hands it its
+    /// slot or the wait ends; an error of that claim ends the member with phase `failed`.
     ///
     /// Errors: [`Error::InvalidArgument`] for a bad group, prefix, member id, TTL (also one below
     /// the store's shortest lease) or slot limit; [`Error::Rejected`] when another live process
@@ -73,11 +76,16 @@ impl Group {
             revoking,
         });
         let mut runner = Runner::new(store, &config, keys, member.clone(), shared.clone());
-        runner.first_claim().await?;
         // Every handle dropped without leave(): the heartbeat is cancelled and the slot expires
         // after the TTL.
         let what = format!("group member {member}");
-        let task = Background::spawn(what, OnDrop::Abort, |stop| runner.run(stop));
+        let task = if config.standby.is_some() {
+            let record = runner.begin_standby().await?;
+            Background::spawn(what, OnDrop::Abort, |stop| runner.run_standby(record, stop))
+        } else {
+            runner.first_claim().await?;
+            Background::spawn(what, OnDrop::Abort, |stop| runner.run(stop))
+        };
         Ok(Member {
             shared,
             member,
@@ -217,18 +225,26 @@ impl Member {
     /// Waits until the member is ready ([`Member::ready`]) and returns its assignment; the
     /// errors of [`Member::active`]. A member that is ready may become unready again at the
     /// next view change: watch [`Member::watch`] with [`Assignment::is_ready`] to follow it.
+    /// A standby is ready while it stands by (its assignment has no index then): to wait until
+    /// the member works, use [`Member::active`].
     pub async fn wait_ready(&self) -> Result<Assignment> {
-        self.active(0).await
+        self.wait_for(Assignment::is_ready).await
     }
 
     /// Waits until the member is active under a view of at least `epoch` (0: any view) that
     /// includes its slot.
     pub async fn active(&self, epoch: u64) -> Result<Assignment> {
+        self.wait_for(|a| a.phase == GroupPhase::Active && a.epoch >= epoch && a.index.is_some())
+            .await
+    }
+
+    /// Waits until the assignment satisfies `done`, or the member stops or fails.
+    async fn wait_for(&self, done: impl Fn(&Assignment) -> bool) -> Result<Assignment> {
         let mut rx = self.watch();
         loop {
             {
                 let a = rx.borrow_and_update();
-                if a.phase == GroupPhase::Active && a.epoch >= epoch && a.index.is_some() {
+                if done(&a) {
                     return Ok(a.clone());
                 }
                 if matches!(a.phase, GroupPhase::Stopped | GroupPhase::Failed) {

@@ -108,6 +108,10 @@ pub const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
 /// ([`GroupConfig::with_restart_window`]): a member's keys have no owner while it is away.
 pub const MAX_RESTART_WINDOW: Duration = Duration::from_secs(15 * 60);
 
+/// The longest a new member may stand by for a leaving member's slot
+/// ([`GroupConfig::with_standby`]): a scale-up waits that long before the new member works.
+pub const MAX_STANDBY: Duration = Duration::from_secs(15 * 60);
+
 /// The default limit on slot numbers (members in one group).
 pub const DEFAULT_MAX_SLOTS: u32 = 4096;
 

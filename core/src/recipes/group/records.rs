@@ -126,6 +126,55 @@ impl fmt::Display for SlotRecord {
     }
 }
 
+/// A standby's record (`hc:{group}:standby:{member}`): a member that waits, outside the view, to
+/// inherit the slot of a member that leaves (see
+/// [`GroupConfig::with_standby`](super::GroupConfig::with_standby)).
+///
+/// `v1 nonce=<16 hex> since=<unix ms>`, with ` heir_of=<slot>` at the end once a leaving member
+/// chose it: that member then parks its claim of the slot under the standby's member id, and the
+/// standby takes it back as a returning member does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct StandbyRecord {
+    /// Random per standby: tells this process's record from another one's with the same id.
+    pub(super) nonce: u64,
+    /// When it started standing by, wall clock, milliseconds since the Unix epoch: the oldest
+    /// standby inherits first.
+    pub(super) since_ms: u64,
+    /// The slot a leaving member is handing to it.
+    pub(super) heir_of: Option<u32>,
+}
+
+impl StandbyRecord {
+    /// Parses a standby record; `None` for anything else.
+    pub(super) fn parse(text: &str) -> Option<StandbyRecord> {
+        let mut parts = text.split(' ');
+        if parts.next()? != TAG {
+            return None;
+        }
+        let fields = fields(parts)?;
+        let record = StandbyRecord {
+            nonce: u64::from_str_radix(fields.get("nonce")?, 16).ok()?,
+            since_ms: fields.get("since")?.parse().ok()?,
+            heir_of: match fields.get("heir_of") {
+                Some(s) => Some(s.parse().ok()?),
+                None => None,
+            },
+        };
+        let expected = 2 + usize::from(record.heir_of.is_some());
+        (fields.len() == expected).then_some(record)
+    }
+}
+
+impl fmt::Display for StandbyRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{TAG} nonce={:016x} since={}", self.nonce, self.since_ms)?;
+        match self.heir_of {
+            Some(slot) => write!(f, " heir_of={slot}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// `key=value` fields, each once.
 fn fields<'a>(parts: impl Iterator<Item = &'a str>) -> Option<BTreeMap<&'a str, &'a str>> {
     let mut map = BTreeMap::new();
@@ -350,7 +399,9 @@ impl fmt::Display for ViewRecord {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::{parse_acks, AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
+    use super::{
+        parse_acks, AckRecord, Holder, SettledRecord, SlotRecord, StandbyRecord, ViewRecord,
+    };
     use crate::assign::AssignorKind;
 
     #[test]
@@ -498,5 +549,35 @@ mod tests {
             ],
         );
         assert_eq!(acks.into_iter().collect::<Vec<_>>(), [(0, a)]);
+    }
+
+    #[test]
+    fn standby_records_round_trip_and_reject_garbage() {
+        let mut r = StandbyRecord {
+            nonce: 0xabc,
+            since_ms: 1_700_000_000_000,
+            heir_of: None,
+        };
+        assert_eq!(
+            r.to_string(),
+            "v1 nonce=0000000000000abc since=1700000000000"
+        );
+        assert_eq!(StandbyRecord::parse(&r.to_string()), Some(r.clone()));
+        r.heir_of = Some(3);
+        assert_eq!(
+            r.to_string(),
+            "v1 nonce=0000000000000abc since=1700000000000 heir_of=3"
+        );
+        assert_eq!(StandbyRecord::parse(&r.to_string()), Some(r));
+        for bad in [
+            "",
+            "v1 nonce=1",
+            "v1 nonce=x since=1",
+            "v1 nonce=1 since=1 heir_of=-1",
+            "v1 nonce=1 since=1 extra=1",
+            "v2 nonce=1 since=1",
+        ] {
+            assert_eq!(StandbyRecord::parse(bad), None, "{bad:?}");
+        }
     }
 }

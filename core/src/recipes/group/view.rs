@@ -24,6 +24,10 @@ pub enum GroupPhase {
     Stopped,
     /// Gave up for good (another live process uses the same member id).
     Failed,
+    /// Joined as a standby ([`GroupConfig::with_standby`](super::GroupConfig::with_standby)):
+    /// outside the view, waiting for a leaving member to hand it its slot, or for its wait to
+    /// end. Counts as ready.
+    Standby,
 }
 
 impl GroupPhase {
@@ -36,6 +40,7 @@ impl GroupPhase {
             GroupPhase::Rejoining => "rejoining",
             GroupPhase::Stopped => "stopped",
             GroupPhase::Failed => "failed",
+            GroupPhase::Standby => "standby",
         }
     }
 }
@@ -67,8 +72,13 @@ impl Assignment {
     /// grants its keys), with no hand-off of its own pending. A deploy tool that waits for
     /// readiness before stopping the next instance never stops one in the middle of a
     /// hand-off. See [`Member::ready`](super::Member::ready).
+    ///
+    /// A standby ([`GroupPhase::Standby`]) is ready too: it holds nothing, and it is there to
+    /// take over the slot of a member the deploy tool stops next, which a tool waiting for
+    /// readiness would otherwise never stop.
     pub fn is_ready(&self) -> bool {
-        self.phase == GroupPhase::Active && self.index.is_some()
+        (self.phase == GroupPhase::Active && self.index.is_some())
+            || self.phase == GroupPhase::Standby
     }
 
     /// The articles' `(index, replicas)`: task `t` belongs to this member when

@@ -247,7 +247,7 @@ impl Runner {
     }
 
     /// Wall-clock milliseconds since the Unix epoch, as records carry them.
-    fn now_ms(&self) -> u64 {
+    pub(super) fn now_ms(&self) -> u64 {
         self.cfg
             .clock
             .now()

@@ -1,5 +1,6 @@
 //! Ending work: revoking every grant when the lease is lost, failing for good, and leaving the
-//! group gracefully (drain, delete the claim, publish the view without it).
+//! group gracefully (drain, then hand the slot to a standby, or park it for a restart, or delete
+//! the claim and publish the view without it).
 
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
@@ -38,6 +39,8 @@ impl Runner {
     /// Ends with an error: leaves the slot to others and reports.
     pub(super) async fn fail(&mut self, e: &Error) {
         tracing::error!(group = self.cfg.keys.group(), member = %self.cfg.member, "{e}");
+        // A member that fails (a twin yielding) hands nothing to a standby.
+        self.failing = true;
         let _ = self.leave().await;
         let msg = e.to_string();
         self.shared.publish(|a| {
@@ -94,20 +97,39 @@ impl Runner {
                 Err(e) => result = Err(e),
             }
         } else if let Some(claim) = claim {
-            // Delete only our own claim (one atomic compare-and-delete, so a delayed delete
-            // never removes the next holder's claim), and only once nothing is in flight: with
-            // grants still out, the others must wait for the lease to expire, not for a delete.
-            if drained {
-                let key = self.cfg.keys.slot(claim.slot);
-                let text = claim.record.to_string();
-                if let Err(e) = self.cfg.store.compare_and_delete(&key, &text).await {
-                    result = Err(e);
+            // A standby waiting for a slot takes this one over: its keys move once, to it. A
+            // store error here (the standby marked, the park maybe not) ends in the usual leave:
+            // the delete then fails harmlessly if the park was applied, and otherwise the
+            // standby finds the slot gone and stands by again.
+            let handed = drained
+                && !self.claims.abandoned
+                && !self.failing
+                && {
+                    match self.hand_over(&claim).await {
+                        Ok(handed) => handed,
+                        Err(e) => {
+                            tracing::debug!(group = self.cfg.keys.group(), member = %self.cfg.member, error = %e, "could not hand the slot to a standby: leaving as usual");
+                            false
+                        }
+                    }
+                };
+            if !handed {
+                // Delete only our own claim (one atomic compare-and-delete, so a delayed delete
+                // never removes the next holder's claim), and only once nothing is in flight:
+                // with grants still out, the others must wait for the lease to expire, not for a
+                // delete.
+                if drained {
+                    let key = self.cfg.keys.slot(claim.slot);
+                    let text = claim.record.to_string();
+                    if let Err(e) = self.cfg.store.compare_and_delete(&key, &text).await {
+                        result = Err(e);
+                    }
                 }
+                if result.is_ok() {
+                    self.publish_without(claim.slot).await;
+                }
+                tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot = claim.slot, "left the group");
             }
-            if result.is_ok() {
-                self.publish_without(claim.slot).await;
-            }
-            tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot = claim.slot, "left the group");
         }
         {
             let mut st = self.shared.lock();

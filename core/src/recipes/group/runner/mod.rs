@@ -25,6 +25,7 @@
 //! | `views.rs` | publishing a view, adopting it, and activating it |
 //! | `handoff.rs` | acknowledging, settling, re-asserting a lost acknowledgement, expiring stalled slots |
 //! | `leaving.rs` | revoking every grant, failing, and leaving the group (for good, or parked for a restart) |
+//! | `standby.rs` | standing by for a leaving member's slot, and handing a leaving member's slot to a standby |
 
 mod claims;
 mod decide;
@@ -32,6 +33,7 @@ mod driver;
 mod handoff;
 mod heartbeat;
 mod leaving;
+mod standby;
 mod views;
 
 use std::sync::Arc;
@@ -90,6 +92,9 @@ pub(super) struct Settings {
     /// How long a parked claim waits for this member id to come back
     /// ([`GroupConfig::with_restart_window`]).
     restart_window: Duration,
+    /// How long a new member stands by for a leaving member's slot
+    /// ([`GroupConfig::with_standby`]); `None`: it claims at once.
+    standby: Option<Duration>,
     /// Read the table only when the store reports a change (see
     /// [`GroupConfig::with_change_checks`]).
     change_checks: bool,
@@ -258,6 +263,8 @@ pub(super) struct Runner {
     handoff: Option<Handoff>,
     settler: Settler,
     discrepancy: Option<Discrepancy>,
+    /// The member fails for good ([`Runner::fail`]): its leave hands nothing to a standby.
+    failing: bool,
 }
 
 impl Runner {
@@ -286,6 +293,7 @@ impl Runner {
                 max_slots: config.max_slots,
                 drain_timeout: config.drain_timeout.unwrap_or(config.ttl),
                 restart_window: config.restart_window(),
+                standby: config.standby,
                 change_checks: config.change_checks,
             },
             shared,
@@ -294,6 +302,7 @@ impl Runner {
             handoff: None,
             settler: Settler::default(),
             discrepancy: None,
+            failing: false,
         }
     }
 
