@@ -477,18 +477,14 @@ fn status_counts_a_declared_key_set_per_member() {
         .map(|m| m.member().to_owned());
     assert_eq!(Some(owner.to_owned()), holder, "{s}");
     // The table counts them too.
-    let out = headcount()
-        .args([
-            "status",
-            "--store",
-            &url,
-            "--group",
-            "named",
-            "--keys-file",
-            file_arg,
-        ])
-        .output()
-        .expect("status");
+    let table_with = |file: &str| {
+        headcount()
+            .args(["status", "--store", &url, "--group", "named"])
+            .args(["--keys-file", file])
+            .output()
+            .expect("status")
+    };
+    let out = table_with(file_arg);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("6 of 12"), "{text}");
@@ -510,18 +506,7 @@ fn status_counts_a_declared_key_set_per_member() {
     let dup = dir.path().join("dup.txt");
     std::fs::write(&dup, "a\nb\na\n").expect("write");
     for bad in [dup.to_str().unwrap(), "/nonexistent/keys.txt"] {
-        let out = headcount()
-            .args([
-                "status",
-                "--store",
-                &url,
-                "--group",
-                "named",
-                "--keys-file",
-                bad,
-            ])
-            .output()
-            .expect("status");
+        let out = table_with(bad);
         assert_eq!(out.status.code(), Some(2), "{out:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.trim().lines().count(), 1, "{err}");
