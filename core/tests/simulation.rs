@@ -118,6 +118,14 @@ enum Worker {
 /// A key grant a worker holds.
 struct Held {
     key: usize,
+    /// When the worker took it.
+    taken: Duration,
+    /// Taken while the guarantees held ([`Sim::strict`]), and held through no store fault that
+    /// voids them since: only then are its writes checked against the fence. A grant taken
+    /// while the store's lost writes were not yet detected may carry a token that the views
+    /// minted since fence off (a re-minted epoch, a view that missed its holder's slot), and
+    /// its member cannot tell: it stays valid, and the fence refuses it, as it should.
+    strict: bool,
     until: Duration,
     grant: Holding,
 }
@@ -206,7 +214,9 @@ struct Sim {
     /// the members must then have detected it (a renewal refused, a re-minted epoch replaced
     /// by a view above it). A Redis index that lost names is such a store too: a listing misses
     /// a live slot until its holder's next renewal puts it back (at most a heartbeat), and a
-    /// member may publish and activate a view without it meanwhile.
+    /// member may publish and activate a view without it meanwhile. A key grant held through
+    /// such a fault, or taken in the two TTLs after it, is never checked against the fence
+    /// ([`Held::strict`]).
     rolled_back: Option<Duration>,
     /// For each key, the newest fencing token a fence in front of its sink has seen: at every
     /// check each valid key grant held "writes" through it. A valid grant must never be
@@ -439,7 +449,7 @@ impl Sim {
             .cloned()
         {
             self.store.restore(&snap);
-            self.rolled_back = Some(self.now());
+            self.void_guarantees();
             // A write made before the rollback may carry an epoch the rollback un-minted, which
             // a member that never saw it mints again for other holders: no member can tell, so
             // a fence that saw the first is not owed an order against the second (seed 37291:
@@ -487,14 +497,19 @@ impl Sim {
                 _ => Worker::Cooperates,
             };
             let grant = Arc::new(g);
+            let strict = self.strict();
             let held = match worker {
                 Worker::Ignores => Held {
                     key,
+                    taken: now,
+                    strict,
                     until: now + hold,
                     grant: Holding::Plain(grant),
                 },
                 Worker::Overruns => Held {
                     key,
+                    taken: now,
+                    strict,
                     until: now + hold + TTL + self.hook_rng.random_range(TICK..TTL),
                     grant: Holding::Plain(grant),
                 },
@@ -511,6 +526,8 @@ impl Sim {
                     });
                     Held {
                         key,
+                        taken: now,
+                        strict,
                         until: now + hold,
                         grant: Holding::Task {
                             grant: weak,
@@ -588,26 +605,46 @@ impl Sim {
         owners
     }
 
+    /// Whether the guarantees are checked now: not within two TTLs of a store fault that voids
+    /// them (see [`Sim::rolled_back`]).
+    fn strict(&self) -> bool {
+        self.rolled_back.is_none_or(|t| self.now() > t + 2 * TTL)
+    }
+
+    /// A store fault that voids the guarantees (lost writes, a lost index): they are not checked
+    /// for two TTLs, and never for the grants held now.
+    fn void_guarantees(&mut self) {
+        self.rolled_back = Some(self.now());
+        for p in &mut self.procs {
+            for h in &mut p.held {
+                h.strict = false;
+            }
+        }
+    }
+
     fn check_safety(&mut self) -> Result<(), String> {
         if let Some(hidden) = self.store.hidden_change() {
             return Err(format!("the store hid a change: {hidden}"));
         }
-        let strict = self.rolled_back.is_none_or(|t| self.now() > t + 2 * TTL);
+        let strict = self.strict();
         let now = self.now();
         for p in &self.procs {
             for h in &p.held {
                 let Some(g) = h.grant().filter(|g| g.is_valid()) else {
                     continue;
                 };
+                let strict = strict && h.strict;
                 let key = &h.key;
                 let (newest, by, since_strict) = &mut self.fences[*key];
                 if strict && g.token() < *newest {
                     return Err(format!(
-                        "a fence refuses {}'s valid grant of key {key} (epoch {}, token {}): \
-                         {by}'s grant with token {newest} wrote before it, at {:.3}s",
+                        "a fence refuses {}'s valid grant of key {key} (epoch {}, token {}, \
+                         taken at {:.3}s): {by}'s grant with token {newest} wrote before it, at \
+                         {:.3}s",
                         p.label,
                         g.epoch(),
                         g.token(),
+                        h.taken.as_secs_f64(),
                         now.as_secs_f64()
                     ));
                 }
@@ -692,8 +729,9 @@ impl Sim {
 
     /// The revocation hook reaches the workers that listen to it: a cooperating worker drops
     /// its grant as soon as `revoked()` fires, so one still holding a grant that is no longer
-    /// valid a tick after a check first saw it invalid was never woken; and, with `strict`, no
-    /// other member can take or hold a key while a cooperating worker still holds it (the
+    /// valid a tick after a check first saw it invalid was never woken; and, with `strict` (and
+    /// a grant that is [`Held::strict`]), no other member can take or hold a key while a
+    /// cooperating worker still holds it (the
     /// hook fires before the hand-off is acknowledged, and at the lease deadline, before the
     /// slot expires in the store).
     fn check_hooks(&mut self, owners: &[Vec<(usize, u64)>], strict: bool) -> Result<(), String> {
@@ -723,7 +761,7 @@ impl Sim {
                     }
                 }
                 if let Some((j, t)) = owners[h.key].iter().find(|(j, _)| *j != i) {
-                    if strict {
+                    if strict && h.strict {
                         return Err(format!(
                             "{} owns key {} (token {t}) at {:.3}s while {label}'s worker still \
                              holds a grant of it (epoch {}, token {}, valid {}, lease lapsed \
@@ -857,7 +895,7 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
             .index_fault()
             .or_else(|| sim.store.unseen_restore())
         {
-            sim.rolled_back = Some(sim.now());
+            sim.void_guarantees();
             sim.note(what);
         }
         if plan.rollbacks
