@@ -45,6 +45,9 @@ pub struct RedisConfig {
     master_name: Option<String>,
     username: Option<String>,
     password: Option<Secret>,
+    /// The Sentinels' own credentials (`sentinel_username`, `sentinel_password`).
+    sentinel_username: Option<String>,
+    sentinel_password: Option<Secret>,
     timeout: Duration,
 }
 
@@ -105,12 +108,26 @@ impl RedisConfig {
         self.password.as_ref().map(Secret::expose)
     }
 
-    /// The connection info for one Sentinel: TLS as for the servers, database 0, no
-    /// credentials (the URL's are the servers').
+    /// The ACL user the store logs in to the Sentinels as (`sentinel_username`), if any.
+    pub fn sentinel_username(&self) -> Option<&str> {
+        self.sentinel_username.as_deref()
+    }
+
+    /// The Sentinels' password (`sentinel_password`), for scrubbing it from messages; never
+    /// shown.
+    pub(crate) fn sentinel_password(&self) -> Option<&str> {
+        self.sentinel_password.as_ref().map(Secret::expose)
+    }
+
+    /// The connection info for one Sentinel: TLS as for the servers, database 0, and the
+    /// Sentinels' own credentials (`sentinel_username`, `sentinel_password`; none by default:
+    /// the URL's user and password are the servers').
     pub(crate) fn sentinel_connection_info(&self, host: &str, port: u16) -> ConnectionInfo {
         let mut info = self.connection_info(host, port);
         info.redis = RedisConnectionInfo {
             protocol: ProtocolVersion::RESP2,
+            username: self.sentinel_username.clone(),
+            password: self.sentinel_password().map(str::to_owned),
             ..RedisConnectionInfo::default()
         };
         info
@@ -222,8 +239,25 @@ fn parse(url: &str) -> Result<RedisConfig> {
 
     let mut timeout = DEFAULT_TIMEOUT;
     let mut insecure = false;
+    let mut sentinel_username = None;
+    let mut sentinel_password = None;
     for (key, value) in &url.query {
+        let sentinel_only = || {
+            url.invalid(format!(
+                "option `{key}` only applies to redis+sentinel:// (and rediss+sentinel://) URLs"
+            ))
+        };
         match key.as_str() {
+            "sentinel_username" if deployment != Deployment::Sentinel => {
+                return Err(sentinel_only())
+            }
+            "sentinel_password" if deployment != Deployment::Sentinel => {
+                return Err(sentinel_only())
+            }
+            "sentinel_username" => {
+                sentinel_username = Some(value.clone()).filter(|u| !u.is_empty())
+            }
+            "sentinel_password" => sentinel_password = Some(Secret::new(value.clone())),
             "timeout" => timeout = parse_deadline(key, value)?,
             "insecure" => {
                 insecure = parse_bool(key, value)?;
@@ -233,8 +267,23 @@ fn parse(url: &str) -> Result<RedisConfig> {
                     ));
                 }
             }
-            k => return Err(url.unknown_option(k, &["timeout", "insecure"])),
+            k => {
+                return Err(url.unknown_option(
+                    k,
+                    &[
+                        "timeout",
+                        "insecure",
+                        "sentinel_username",
+                        "sentinel_password",
+                    ],
+                ))
+            }
         }
+    }
+    if sentinel_username.is_some() && sentinel_password.is_none() {
+        return Err(url.invalid(
+            "option `sentinel_username` without `sentinel_password`: Redis ACL users log in with both",
+        ));
     }
 
     Ok(RedisConfig {
@@ -246,6 +295,8 @@ fn parse(url: &str) -> Result<RedisConfig> {
         master_name,
         username,
         password: url.password,
+        sentinel_username,
+        sentinel_password,
         timeout,
     })
 }
@@ -351,6 +402,36 @@ mod tests {
     }
 
     #[test]
+    fn sentinel_credentials() {
+        // None by default: the URL's user and password are the servers'.
+        let c = ok("redis+sentinel://u:s3cr3t@h/m");
+        let info = c.sentinel_connection_info("h", 26379);
+        assert_eq!((info.redis.username, info.redis.password), (None, None));
+        assert_eq!(info.redis.db, 0);
+
+        // The Sentinels' default user with a password (`requirepass` in sentinel.conf), and an
+        // ACL user; percent-escapes decoded; the servers' credentials untouched.
+        let c = ok("redis+sentinel://u:s3cr3t@h/m?sentinel_password=p%40ss");
+        let info = c.sentinel_connection_info("h", 26379);
+        assert_eq!(info.redis.username, None);
+        assert_eq!(info.redis.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.password(), Some("s3cr3t"));
+        let server = c.connection_info("h", 6379);
+        assert_eq!(server.redis.password.as_deref(), Some("s3cr3t"));
+
+        let c = ok("rediss+sentinel://h/m/1?sentinel_username=watcher&sentinel_password=hunter2");
+        assert_eq!(c.sentinel_username(), Some("watcher"));
+        let info = c.sentinel_connection_info("h", 26379);
+        assert_eq!(info.redis.username.as_deref(), Some("watcher"));
+        assert_eq!(info.redis.password.as_deref(), Some("hunter2"));
+        assert!(matches!(info.addr, ConnectionAddr::TcpTls { .. }));
+        // Neither password shows in Debug.
+        let debug = format!("{c:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert_eq!(c.password(), None);
+    }
+
+    #[test]
     fn bad_urls() {
         for (url, needle) in [
             ("redis://u:s3cr3t@h/db?bogus=1", "database number"),
@@ -374,6 +455,19 @@ mod tests {
             ("redis+sentinel://u:s3cr3t@h/", "no master name"),
             ("redis+sentinel://u:s3cr3t@h/m/x", "database number"),
             ("redis+sentinel://u:s3cr3t@h/m?insecure=true", "rediss://"),
+            (
+                "redis://u:s3cr3t@h?sentinel_password=hunter2",
+                "redis+sentinel://",
+            ),
+            ("redis+cluster://h?sentinel_username=u", "redis+sentinel://"),
+            (
+                "redis+sentinel://h/m?sentinel_username=watcher",
+                "without `sentinel_password`",
+            ),
+            (
+                "redis+sentinel://h/m?sentinel_password=p@ss&sentinel_password=x",
+                "more than once",
+            ),
             ("redis://u:s3cr3t@[::1", "IPv6"),
             ("redis://u:s3cr3t%zz@h", "percent-escape"),
             ("redis://u:s3cr3t@h#frag", "fragment"),

@@ -19,6 +19,8 @@ use redis::{
     RedisFuture, RedisResult, Value,
 };
 
+use headcount_core::backend::url::scrub;
+
 use crate::config::RedisConfig;
 
 /// The connection to the current primary, found through the Sentinels.
@@ -135,11 +137,18 @@ impl SentinelConn {
         let mut votes: HashMap<(String, u16), usize> = HashMap::new();
         let mut unknown = Vec::new();
         let mut failed = Vec::new();
+        // Sentinels that refused the credentials (`sentinel_username`, `sentinel_password`).
+        let mut refused = 0;
         while let Some((at, answer)) = asks.next().await {
             match answer {
                 Ok(Ok(Some(addr))) => *votes.entry(addr).or_default() += 1,
                 Ok(Ok(None)) => unknown.push(at),
-                Ok(Err(e)) => failed.push(format!("{at}: {e}")),
+                Ok(Err(e)) => {
+                    if e.kind() == ErrorKind::AuthenticationFailed || e.code() == Some("NOAUTH") {
+                        refused += 1;
+                    }
+                    failed.push(scrub(format!("{at}: {e}"), self.config.sentinel_password()));
+                }
                 Err(_) => failed.push(format!("{at}: no answer within {window:?}")),
             }
             if votes.values().any(|v| *v * 2 > sentinels.len()) {
@@ -159,6 +168,19 @@ impl SentinelConn {
                     } else {
                         format!("; no answer from {}", failed.join("; "))
                     }
+                ),
+            )));
+        }
+        if votes.is_empty() && refused > 0 && refused == failed.len() {
+            // Every Sentinel that answered refused us: wrong or missing credentials, which
+            // asking again will not fix.
+            return Err(RedisError::from((
+                ErrorKind::AuthenticationFailed,
+                "the Sentinels refused the credentials",
+                format!(
+                    "master `{name}`: {} (the Sentinels' own user and password are the URL \
+                     options sentinel_username and sentinel_password)",
+                    failed.join("; ")
                 ),
             )));
         }

@@ -377,10 +377,10 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Exec(args) => exec::exec(store_url(store, true)?, args).await,
         Command::Status(args) => {
-            status::check(&args)?;
+            let declared = status::check(&args)?;
             let url = util::read_only(&store_url(store, false)?);
             let store = headcount::connect(&url).await?;
-            status::status(store, args).await
+            status::status(store, args, declared).await
         }
         Command::RemoveGroup(args) => {
             headcount::validate_group(&args.group)?;

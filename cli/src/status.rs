@@ -1,10 +1,13 @@
 //! `headcount status`: a group's slots, leases, view, the ownership of a sample of keys and the
 //! owners of the keys asked for with `--key`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use headcount::recipes::group::{remove, status as group_status, GroupStatus, KeyOwner};
+use headcount::assign::KeySet;
+use headcount::recipes::group::{remove, status_with_keys, GroupStatus, KeyOwner};
 use headcount::{DynStore, Error, DEFAULT_PREFIX};
 
 use crate::exit::{emit, CliError};
@@ -34,6 +37,12 @@ pub struct StatusArgs {
     /// `owns(key)` hashes it.
     #[arg(long = "key", value_name = "NAME", value_delimiter = ',')]
     pub keys: Vec<String>,
+    /// A file naming the group's declared keys, one per line (empty lines are skipped): the
+    /// table's `owns` column then counts them per member. Needed for a group that declares
+    /// named keys (`GroupConfig::with_keys`), whose names the store does not hold; a group of
+    /// `run --partitions N` is counted without it. Under a hashing assignor, any key set.
+    #[arg(long, value_name = "FILE")]
+    pub keys_file: Option<PathBuf>,
 }
 
 /// The arguments of `remove-group`.
@@ -78,30 +87,47 @@ pub async fn remove_group(store: DynStore, args: RemoveGroupArgs) -> Result<Exit
 /// The most keys `--sample` may map: beyond this the summary costs more than it tells.
 const MAX_SAMPLE: u64 = 10_000_000;
 
-/// Checks the arguments before any store is opened.
-pub fn check(args: &StatusArgs) -> Result<(), Error> {
+/// Checks the arguments before any store is opened, and reads `--keys-file`.
+pub fn check(args: &StatusArgs) -> Result<Option<Arc<KeySet>>, Error> {
     if args.sample > MAX_SAMPLE {
         return Err(Error::invalid(format!(
             "--sample {} is above the limit of {MAX_SAMPLE}",
             args.sample
         )));
     }
-    headcount::validate_group(&args.group)
+    headcount::validate_group(&args.group)?;
+    let Some(path) = &args.keys_file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::invalid(format!("--keys-file {}: {e}", path.display())))?;
+    let keys = KeySet::new(
+        text.lines()
+            .map(|l| l.strip_suffix('\r').unwrap_or(l))
+            .filter(|l| !l.is_empty()),
+    )
+    .map_err(|e| Error::invalid(format!("--keys-file {}: {e}", path.display())))?;
+    Ok(Some(Arc::new(keys)))
 }
 
 /// Prints the group's status once, or every second with `--watch`. Under `--watch` a store
 /// error is reported (a line on stdout in the chosen format) and the watch goes on: an outage
 /// is what one watches for.
-pub async fn status(store: DynStore, args: StatusArgs) -> Result<ExitCode, CliError> {
+pub async fn status(
+    store: DynStore,
+    args: StatusArgs,
+    declared: Option<Arc<KeySet>>,
+) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
     loop {
         let now = SystemTime::now();
-        match group_status(
+        match status_with_keys(
             &store,
             DEFAULT_PREFIX,
             &args.group,
             args.assignor.0,
             args.sample,
+            declared.clone(),
         )
         .await
         {
@@ -143,6 +169,21 @@ fn owned(s: &GroupStatus, slot: u32) -> Option<u64> {
         .map(|&(_, n)| n)
 }
 
+fn keys_owned(s: &GroupStatus, slot: u32) -> Option<u64> {
+    s.keys_owned
+        .iter()
+        .find(|(sl, _)| *sl == slot)
+        .map(|&(_, n)| n)
+}
+
+/// Why keys cannot be mapped, with what to do about it.
+fn unmapped(args: &StatusArgs, s: &GroupStatus) -> Option<String> {
+    s.unmapped.as_ref().map(|e| match &args.keys_file {
+        Some(path) => format!("{e}: {} names another set", path.display()),
+        None => format!("{e}: give the group's declared keys with --keys-file FILE, one per line"),
+    })
+}
+
 fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::Value {
     let now_ms = unix_ms(now);
     let members: Vec<serde_json::Value> = s
@@ -162,6 +203,7 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
                 // Away for a restart (static membership): since when, or null.
                 "parked": r.parked.map(|ms| rfc3339(UNIX_EPOCH + Duration::from_millis(ms))),
                 "sample_owned": owned(s, slot),
+                "keys_owned": keys_owned(s, slot),
             })
         })
         .collect();
@@ -191,6 +233,10 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
         "sample_owned": s.sample_owned.iter().map(|&(slot, n)| serde_json::json!({"slot": slot, "keys": n})).collect::<Vec<_>>(),
         "unlisted": s.unlisted,
         "keys": args.keys.iter().map(|k| key_json(k, s)).collect::<Vec<_>>(),
+        // The declared key set counted per member (`--keys-file`, or a group's partitions).
+        "declared_keys": s.keys.as_ref().map(|k| k.len()),
+        "keys_owned": s.keys_owned.iter().map(|&(slot, n)| serde_json::json!({"slot": slot, "keys": n})).collect::<Vec<_>>(),
+        "unmapped": unmapped(args, s),
     })
 }
 
@@ -300,12 +346,13 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
             "owns"
         )?;
         for (&slot, r) in &s.table.slots {
-            let owns = match owned(s, slot) {
-                Some(n) if args.sample > 0 => {
+            let owns = match (&s.keys, keys_owned(s, slot), owned(s, slot)) {
+                (Some(declared), Some(n), _) => format!("{n} of {}", declared.len()),
+                (None, _, Some(n)) if args.sample > 0 => {
                     format!("{n} ({:.1}%)", n as f64 * 100.0 / args.sample as f64)
                 }
-                Some(n) => n.to_string(),
-                None => "-".to_owned(),
+                (None, _, Some(n)) => n.to_string(),
+                _ => "-".to_owned(),
             };
             emit!(
                 "{:>4}  {:<width$}  {:016x}  {:<24}  {:>8.1}s  {:>6}ms  {:>6}  {:>10}",
@@ -329,10 +376,18 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
     for (slot, value) in &s.table.foreign {
         emit!("slot {slot}: foreign value {value:?} (occupied, not a member)")?;
     }
-    emit!(
-        "owns: of {} sample keys under the published view ({} assignor)",
-        args.sample,
-        s.assignor
-    )?;
+    match (&s.keys, unmapped(args, s)) {
+        (_, Some(why)) => emit!("owns: cannot map keys: {why}")?,
+        (Some(declared), None) => emit!(
+            "owns: of the {} declared keys under the published view ({} assignor)",
+            declared.len(),
+            s.assignor
+        )?,
+        (None, None) => emit!(
+            "owns: of {} sample keys under the published view ({} assignor)",
+            args.sample,
+            s.assignor
+        )?,
+    }
     print_keys(args, s)
 }

@@ -384,6 +384,136 @@ fn status_names_each_keys_owner() {
     assert!(text.contains("view epoch"), "{text}");
 }
 
+/// Two members of `group` joined in this process with `configure` on the store at `url`,
+/// both ready under one view (the runtime's threads keep them heartbeating meanwhile).
+fn two_members(
+    url: &str,
+    group: &str,
+    configure: impl Fn(headcount::recipes::group::GroupConfig) -> headcount::recipes::group::GroupConfig,
+) -> (
+    tokio::runtime::Runtime,
+    Vec<headcount::recipes::group::Member>,
+) {
+    use headcount::recipes::group::{Group, GroupConfig};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let members = runtime.block_on(async {
+        let store = headcount::connect(url).await.expect("store");
+        let mut members = Vec::new();
+        for i in 0..2 {
+            let config = configure(
+                GroupConfig::new(group, Duration::from_millis(900)).with_member(format!("m{i}")),
+            );
+            members.push(Group::join(store.clone(), config).await.expect("join"));
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let all: Vec<_> = members.iter().map(|m| m.assignment()).collect();
+            if all
+                .iter()
+                .all(|a| a.replicas == 2 && a.epoch == all[0].epoch && a.index.is_some())
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not both active: {all:?}");
+            tokio::time::sleep(EVERY).await;
+        }
+        members
+    });
+    (runtime, members)
+}
+
+/// `status` counts a group's declared keys per member: a group of partitions from the store
+/// alone, a group of named keys (`with_keys`) from `--keys-file`, and without the file (or with
+/// another set) it says what is missing instead of failing; a bad file is a usage error.
+#[test]
+fn status_counts_a_declared_key_set_per_member() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = store_url(dir.path());
+    let owns = |s: &Value| -> Vec<u64> {
+        s["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .map(|m| m["keys_owned"].as_u64().expect("keys_owned"))
+            .collect()
+    };
+
+    // Partitions: the view's key set id names them, no file needed.
+    let (_rt, _members) = two_members(&url, "parts", |c| c.with_partitions(16));
+    let s = status_json(&url, "parts", &[]);
+    assert_eq!(s["declared_keys"], 16, "{s}");
+    assert_eq!(owns(&s), [8, 8], "{s}");
+    assert!(s["unmapped"].is_null(), "{s}");
+
+    // Named keys: the store holds only their count and digest.
+    let names: Vec<String> = (0..12).map(|i| format!("tenant-{i:02}")).collect();
+    let (_rt2, members) = two_members(&url, "named", |c| {
+        c.with_keys(headcount::assign::KeySet::new(&names).expect("a valid key set"))
+    });
+    let s = status_json(&url, "named", &["--key", "tenant-03"]);
+    assert!(s["declared_keys"].is_null(), "{s}");
+    let why = s["unmapped"].as_str().expect("unmapped says why");
+    assert!(why.contains("--keys-file"), "{why}");
+    assert!(s["keys"][0]["error"].is_string(), "{s}");
+
+    let file = dir.path().join("tenants.txt");
+    std::fs::write(&file, format!("{}\n\n", names.join("\n"))).expect("write");
+    let file_arg = file.to_str().expect("utf-8 path");
+    let s = status_json(
+        &url,
+        "named",
+        &["--keys-file", file_arg, "--key", "tenant-03"],
+    );
+    assert_eq!(s["declared_keys"], 12, "{s}");
+    assert_eq!(owns(&s), [6, 6], "{s}");
+    let owner = s["keys"][0]["member"].as_str().expect("an owner");
+    let holder = members
+        .iter()
+        .find(|m| m.owns("tenant-03").is_some())
+        .map(|m| m.member().to_owned());
+    assert_eq!(Some(owner.to_owned()), holder, "{s}");
+    // The table counts them too.
+    let table_with = |file: &str| {
+        headcount()
+            .args(["status", "--store", &url, "--group", "named"])
+            .args(["--keys-file", file])
+            .output()
+            .expect("status")
+    };
+    let out = table_with(file_arg);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("6 of 12"), "{text}");
+    assert!(text.contains("of the 12 declared keys"), "{text}");
+
+    // Another set than the group's: said, not counted.
+    let other = dir.path().join("other.txt");
+    std::fs::write(&other, "tenant-00\ntenant-01\n").expect("write");
+    let s = status_json(&url, "named", &["--keys-file", other.to_str().unwrap()]);
+    assert!(s["declared_keys"].is_null(), "{s}");
+    assert!(
+        s["unmapped"]
+            .as_str()
+            .is_some_and(|w| w.contains("names another set")),
+        "{s}"
+    );
+
+    // A duplicate name, or a file that cannot be read: one line, status 2.
+    let dup = dir.path().join("dup.txt");
+    std::fs::write(&dup, "a\nb\na\n").expect("write");
+    for bad in [dup.to_str().unwrap(), "/nonexistent/keys.txt"] {
+        let out = table_with(bad);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("--keys-file"), "{err}");
+    }
+}
+
 #[test]
 fn a_killed_run_is_replaced_within_ttl_plus_a_heartbeat() {
     let dir = tempfile::tempdir().expect("tempdir");

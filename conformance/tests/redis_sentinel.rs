@@ -313,3 +313,65 @@ async fn disagreeing_sentinels_resolve_to_the_primary() {
     assert!(started.elapsed() < OP_TIMEOUT, "{:?}", started.elapsed());
     serve.abort();
 }
+
+/// Sentinels with credentials of their own (the default user's password, as `requirepass` in
+/// `sentinel.conf` sets it, and an ACL user): the store finds the primary with
+/// `sentinel_password` (and `sentinel_username`) in the URL, the servers themselves needing
+/// none. Without them, or with wrong ones, connecting fails at once with the permanent
+/// `Rejected`, naming the options and never the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinels_with_credentials_of_their_own() {
+    let Some(servers) = sentinels("redis_sentinel::sentinels_with_credentials_of_their_own").await
+    else {
+        return;
+    };
+    let ports = servers.sentinel_ports();
+    for port in &ports {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        for rule in [
+            &["watcher", "on", ">w4tcher-pw", "+@all"][..],
+            // Last: from here on, a connection without the password is refused.
+            &["default", "resetpass", ">s3ntinel-pw"],
+        ] {
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg(rule)
+                .query_async::<()>(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let base = format!("redis+sentinel://{}/mymaster?timeout=2s", hosts.join(","));
+    for credentials in [
+        "sentinel_password=s3ntinel-pw",
+        "sentinel_username=watcher&sentinel_password=w4tcher-pw",
+    ] {
+        let store = headcount::connect(&format!("{base}&{credentials}"))
+            .await
+            .unwrap_or_else(|e| panic!("{credentials}: {e}"));
+        // A write: only the primary takes it.
+        store.incr("hc:{sentinel-auth}:n", None).await.unwrap();
+    }
+    for (credentials, secret) in [
+        ("", None),
+        ("&sentinel_password=wr0ng-pw", Some("wr0ng-pw")),
+        (
+            "&sentinel_username=watcher&sentinel_password=s3ntinel-pw",
+            Some("s3ntinel-pw"),
+        ),
+    ] {
+        let started = Instant::now();
+        let err = headcount::connect(&format!("{base}{credentials}"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Rejected, "{credentials}: {err}");
+        assert!(!err.is_retryable(), "{err}");
+        assert!(err.to_string().contains("sentinel_password"), "{err}");
+        if let Some(secret) = secret {
+            assert!(!format!("{err} {err:?}").contains(secret), "{err:?}");
+        }
+        assert!(started.elapsed() < OP_TIMEOUT, "{:?}", started.elapsed());
+    }
+}

@@ -8,20 +8,26 @@
 //! late, or as two twins at once), replaces them (a third of the joins stand by, and most of
 //! those are followed by a member leaving within the wait, whose slot the standby then inherits;
 //! the others join when the wait ends), makes them leave gracefully, crashes them, pauses them
-//! past their lease, starts twins, rolls the store back, and injects
-//! faults into every store call (delays that reorder replies, failures before the store, writes
-//! applied with their reply lost). Workers hold grants for random keys for random times, and
-//! grants for their whole share (the `(index, replicas)` pair that `headcount exec` splits work
-//! by). The assignor depends on the seed: the default, the modulo assignor (which moves keys
-//! between members that stay, so a key can move away from a member and back within two views),
-//! MementoHash, and on one seed in eight the balanced assignor over the simulation's keys
-//! declared as partitions (which also moves keys between members that stay).
+//! past their lease, starts twins, rolls the store back, and injects faults into every store call
+//! (delays that reorder replies, failures before the store, writes applied with their reply
+//! lost). Workers hold grants for random keys for random times: about half of them select on
+//! the revocation hook (`Grant::revoked`) beside their work and drop the grant as soon as it
+//! fires, the others ignore it, a few of them past the drain timeout (the member then gives its
+//! lease up). Workers also hold grants for their whole share (the `(index, replicas)` pair that
+//! `headcount exec` splits work by). The assignor depends on the seed: the default, the modulo
+//! assignor (which moves keys between members that stay, so a key can move away from a member
+//! and back within two views), MementoHash, and on one seed in eight the balanced assignor over
+//! the simulation's keys declared as partitions (which also moves keys between members that
+//! stay).
 //!
 //! Checked every 10 ms of virtual time:
 //! * no two members hold, or could take, a valid grant for one key at the same instant;
 //! * no two members hold valid share grants whose pairs cover one item (item `k` belongs to
 //!   `(i, n)` when `k mod n = i`) at the same instant;
 //! * a member's active epoch never goes back;
+//! * a worker listening to the revocation hook is woken by it: it never holds a grant for a
+//!   tick after the grant stopped being valid, and no other member can take or hold a key while
+//!   such a worker still holds it (the hook fires before the hand-off waits on the grant);
 //! * on the etcd model, no client answers a directory's version for other contents than it
 //!   answered it for before where its revision watch saw the store go back in between.
 //!
@@ -47,7 +53,7 @@ mod common;
 #[path = "simulation/models.rs"]
 mod models;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use headcount_core::assign::AssignorKind;
@@ -97,13 +103,86 @@ impl Plan {
     }
 }
 
+/// How a simulated worker treats the revocation hook of the key grant it holds
+/// ([`Grant::revoked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Worker {
+    /// Works until its time is up, which is within the drain timeout.
+    Ignores,
+    /// Works past the drain timeout, as a hook that never returns would: the member gives its
+    /// lease up rather than acknowledge.
+    Overruns,
+    /// A consumer selecting on `revoked()` beside its work: it drops the grant as soon as the
+    /// hook fires, or when its (longer) time is up.
+    Cooperates,
+}
+
+/// A key grant a worker holds.
+struct Held {
+    key: usize,
+    /// When the worker took it.
+    taken: Duration,
+    /// Taken while the guarantees held ([`Sim::strict`]), and held through no store fault that
+    /// voids them since: only then are its writes checked against the fence. A grant taken
+    /// while the store's lost writes were not yet detected may carry a token that the views
+    /// minted since fence off (a re-minted epoch, a view that missed its holder's slot), and
+    /// its member cannot tell: it stays valid, and the fence refuses it, as it should.
+    strict: bool,
+    until: Duration,
+    grant: Holding,
+}
+
+enum Holding {
+    /// Held by the simulation, dropped when its time is up.
+    Plain(Arc<Grant>),
+    /// Held by a task of its own (a [`Worker::Cooperates`]), which drops it; the simulation
+    /// looks at it only while the task still holds it.
+    Task {
+        grant: Weak<Grant>,
+        task: JoinHandle<()>,
+        /// When a check first saw the grant invalid while the task still held it.
+        invalid_since: Option<Duration>,
+    },
+}
+
+impl Held {
+    /// The grant, while it is held.
+    fn grant(&self) -> Option<Arc<Grant>> {
+        match &self.grant {
+            Holding::Plain(g) => Some(g.clone()),
+            Holding::Task { grant, .. } => grant.upgrade(),
+        }
+    }
+
+    fn cooperates(&self) -> bool {
+        matches!(self.grant, Holding::Task { .. })
+    }
+
+    /// Whether the worker still holds it at `now`.
+    fn held_at(&self, now: Duration) -> bool {
+        match &self.grant {
+            Holding::Plain(_) => self.until > now,
+            Holding::Task { grant, .. } => grant.strong_count() > 0,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // A crash takes the worker's task with it.
+        if let Holding::Task { task, .. } = &self.grant {
+            task.abort();
+        }
+    }
+}
+
 struct Proc {
     label: String,
     id: String,
     faults: Arc<Faults>,
     joining: Option<JoinHandle<headcount_core::Result<Member>>>,
     member: Option<Member>,
-    held: Vec<(Grant, usize, Duration)>,
+    held: Vec<Held>,
     /// Share grants held: the grant, the `(index, replicas)` pair it was taken for, until when.
     shares: Vec<(Grant, (u32, u32), Duration)>,
     resume_at: Option<Duration>,
@@ -120,6 +199,8 @@ struct Sim {
     /// Draws for the share grants, apart from `rng` so that a seed's schedule of events and key
     /// grants is the one it had before share grants were simulated.
     share_rng: StdRng,
+    /// Draws for how workers treat the revocation hook, apart from `rng` for the same reason.
+    hook_rng: StdRng,
     assignor: Option<AssignorKind>,
     clock: SimClock,
     store: SimStore,
@@ -135,7 +216,9 @@ struct Sim {
     /// the members must then have detected it (a renewal refused, a re-minted epoch replaced
     /// by a view above it). A Redis index that lost names is such a store too: a listing misses
     /// a live slot until its holder's next renewal puts it back (at most a heartbeat), and a
-    /// member may publish and activate a view without it meanwhile.
+    /// member may publish and activate a view without it meanwhile. A key grant held through
+    /// such a fault, or taken in the two TTLs after it, is never checked against the fence
+    /// ([`Held::strict`]).
     rolled_back: Option<Duration>,
     /// For each key, the newest fencing token a fence in front of its sink has seen: at every
     /// check each valid key grant held "writes" through it. A valid grant must never be
@@ -258,7 +341,8 @@ impl Sim {
     /// Process `i` leaves gracefully (handing its slot to a standby if there is one).
     fn leave(&mut self, i: usize) {
         if let Some(m) = self.procs[i].member.take() {
-            self.procs[i].held.clear();
+            // Cooperating workers stay: the leave's revocation reaches them.
+            self.procs[i].held.retain(Held::cooperates);
             self.procs[i].shares.clear();
             let label = self.procs[i].label.clone();
             self.note(format!("{label} leaves"));
@@ -352,7 +436,8 @@ impl Sim {
                 );
                 let twins = self.rng.random_bool(0.1);
                 if let Some(m) = self.procs[i].member.take() {
-                    self.procs[i].held.clear();
+                    // A leave revokes every grant: cooperating workers see it themselves.
+                    self.procs[i].held.retain(Held::cooperates);
                     self.procs[i].shares.clear();
                     let label = self.procs[i].label.clone();
                     self.note(format!(
@@ -427,7 +512,7 @@ impl Sim {
             .cloned()
         {
             self.store.restore(&snap);
-            self.rolled_back = Some(self.now());
+            self.void_guarantees();
             // Every running member paused (or none running): no member can see what the store
             // lost, and the epochs it lost are minted again for other holders, below tokens a
             // fence may already have seen. That is the documented limit (`docs/group.md`,
@@ -466,7 +551,7 @@ impl Sim {
     fn work(&mut self) {
         let now = self.now();
         for i in 0..self.procs.len() {
-            self.procs[i].held.retain(|(_, _, until)| *until > now);
+            self.procs[i].held.retain(|h| h.held_at(now));
             self.procs[i].shares.retain(|(_, _, until)| *until > now);
             if self.procs[i].resume_at.is_none() && self.share_rng.random_bool(0.1) {
                 let hold = Duration::from_millis(self.share_rng.random_range(0..700));
@@ -485,11 +570,60 @@ impl Sim {
             }
             let key = self.rng.random_range(0..KEYS);
             let hold = Duration::from_millis(self.rng.random_range(0..700));
-            if let Some(m) = &self.procs[i].member {
-                if let Some(g) = m.owns(key.to_string()) {
-                    self.procs[i].held.push((g, key, now + hold));
+            let Some(g) = self.procs[i]
+                .member
+                .as_ref()
+                .and_then(|m| m.owns(key.to_string()))
+            else {
+                continue;
+            };
+            let worker = match self.hook_rng.random_range(0..40) {
+                0 => Worker::Overruns,
+                1..20 => Worker::Ignores,
+                _ => Worker::Cooperates,
+            };
+            let grant = Arc::new(g);
+            let strict = self.strict();
+            let held = match worker {
+                Worker::Ignores => Held {
+                    key,
+                    taken: now,
+                    strict,
+                    until: now + hold,
+                    grant: Holding::Plain(grant),
+                },
+                Worker::Overruns => Held {
+                    key,
+                    taken: now,
+                    strict,
+                    until: now + hold + TTL + self.hook_rng.random_range(TICK..TTL),
+                    grant: Holding::Plain(grant),
+                },
+                Worker::Cooperates => {
+                    // Long work, cut short by the hook.
+                    let hold = self.hook_rng.random_range(TICK..TTL * 3);
+                    let weak = Arc::downgrade(&grant);
+                    let task = tokio::spawn(async move {
+                        tokio::select! {
+                            () = grant.revoked() => {}
+                            () = tokio::time::sleep(hold) => {}
+                        }
+                        drop(grant);
+                    });
+                    Held {
+                        key,
+                        taken: now,
+                        strict,
+                        until: now + hold,
+                        grant: Holding::Task {
+                            grant: weak,
+                            task,
+                            invalid_since: None,
+                        },
+                    }
                 }
-            }
+            };
+            self.procs[i].held.push(held);
         }
     }
 
@@ -526,8 +660,10 @@ impl Sim {
                 let token = m.would_grant(k.to_string()).or_else(|| {
                     p.held
                         .iter()
-                        .find(|(g, key, _)| *key == k && g.is_valid())
-                        .map(|(g, _, _)| g.token())
+                        .filter(|h| h.key == k)
+                        .filter_map(Held::grant)
+                        .find(|g| g.is_valid())
+                        .map(|g| g.token())
                 });
                 if let Some(t) = token {
                     owners.push((i, t));
@@ -555,25 +691,46 @@ impl Sim {
         owners
     }
 
+    /// Whether the guarantees are checked now: not within two TTLs of a store fault that voids
+    /// them (see [`Sim::rolled_back`]).
+    fn strict(&self) -> bool {
+        self.rolled_back.is_none_or(|t| self.now() > t + 2 * TTL)
+    }
+
+    /// A store fault that voids the guarantees (lost writes, a lost index): they are not checked
+    /// for two TTLs, and never for the grants held now.
+    fn void_guarantees(&mut self) {
+        self.rolled_back = Some(self.now());
+        for p in &mut self.procs {
+            for h in &mut p.held {
+                h.strict = false;
+            }
+        }
+    }
+
     fn check_safety(&mut self) -> Result<(), String> {
         if let Some(hidden) = self.store.hidden_change() {
             return Err(format!("the store hid a change: {hidden}"));
         }
-        let strict = self.rolled_back.is_none_or(|t| self.now() > t + 2 * TTL);
+        let strict = self.strict();
         let now = self.now();
         for p in &self.procs {
-            for (g, key, _) in &p.held {
-                if !g.is_valid() {
+            for h in &p.held {
+                let Some(g) = h.grant().filter(|g| g.is_valid()) else {
                     continue;
-                }
+                };
+                let strict = strict && h.strict;
+                let key = &h.key;
                 let (newest, by, since_strict) = &mut self.fences[*key];
                 if strict && g.token() < *newest {
                     return Err(format!(
-                        "a fence refuses {}'s valid grant of key {key} (epoch {}, token {}): \
-                         {by}'s grant with token {newest} wrote before it, at {:.3}s",
+                        "a fence refuses {}'s valid grant of key {key} (epoch {}, token {}, \
+                         taken at {:.3}s): {by}'s grant with token {newest} wrote before it, at \
+                         {:.3}s",
                         p.label,
                         g.epoch(),
                         g.token(),
+                        h.taken.as_secs_f64(),
                         now.as_secs_f64()
                     ));
                 }
@@ -612,7 +769,8 @@ impl Sim {
                 ));
             }
         }
-        for (k, owners) in self.owners().iter().enumerate() {
+        let owners = self.owners();
+        for (k, owners) in owners.iter().enumerate() {
             if strict && owners.len() > 1 {
                 let who: Vec<String> = owners
                     .iter()
@@ -634,6 +792,7 @@ impl Sim {
                 ));
             }
         }
+        self.check_hooks(&owners, strict)?;
         for i in 0..self.procs.len() {
             let Some(a) = self.procs[i].member.as_ref().map(Member::assignment) else {
                 continue;
@@ -649,6 +808,60 @@ impl Sim {
                     ));
                 }
                 self.procs[i].last_epoch = a.epoch;
+            }
+        }
+        Ok(())
+    }
+
+    /// The revocation hook reaches the workers that listen to it: a cooperating worker drops
+    /// its grant as soon as `revoked()` fires, so one still holding a grant that is no longer
+    /// valid a tick after a check first saw it invalid was never woken; and, with `strict` (and
+    /// a grant that is [`Held::strict`]), no other member can take or hold a key while a
+    /// cooperating worker still holds it (the
+    /// hook fires before the hand-off is acknowledged, and at the lease deadline, before the
+    /// slot expires in the store).
+    fn check_hooks(&mut self, owners: &[Vec<(usize, u64)>], strict: bool) -> Result<(), String> {
+        let now = self.now();
+        let labels: Vec<String> = self.procs.iter().map(|p| p.label.clone()).collect();
+        for (i, label) in labels.iter().enumerate() {
+            for h in &mut self.procs[i].held {
+                let Some(g) = h.grant() else { continue };
+                let Holding::Task { invalid_since, .. } = &mut h.grant else {
+                    continue;
+                };
+                if g.is_valid() {
+                    *invalid_since = None;
+                } else {
+                    let since = *invalid_since.get_or_insert(now);
+                    if now >= since + TICK {
+                        return Err(format!(
+                            "{label}'s worker still holds its grant of key {} (epoch {}, token \
+                             {}) at {:.3}s, though it has been invalid since {:.3}s: \
+                             revoked() did not fire",
+                            h.key,
+                            g.epoch(),
+                            g.token(),
+                            now.as_secs_f64(),
+                            since.as_secs_f64()
+                        ));
+                    }
+                }
+                if let Some((j, t)) = owners[h.key].iter().find(|(j, _)| *j != i) {
+                    if strict && h.strict {
+                        return Err(format!(
+                            "{} owns key {} (token {t}) at {:.3}s while {label}'s worker still \
+                             holds a grant of it (epoch {}, token {}, valid {}, lease lapsed \
+                             {}): the hand-off did not wait for the revocation",
+                            labels[*j],
+                            h.key,
+                            now.as_secs_f64(),
+                            g.epoch(),
+                            g.token(),
+                            g.is_valid(),
+                            g.lease_lapsed()
+                        ));
+                    }
+                }
             }
         }
         Ok(())
@@ -719,6 +932,7 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
         seed,
         rng,
         share_rng: StdRng::seed_from_u64(seed ^ 0x5eed_54a2e),
+        hook_rng: StdRng::seed_from_u64(seed ^ 0x400c_5eed),
         assignor,
         clock,
         store,
@@ -770,7 +984,7 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
             .index_fault()
             .or_else(|| sim.store.unseen_restore())
         {
-            sim.rolled_back = Some(sim.now());
+            sim.void_guarantees();
             sim.note(what);
         }
         if plan.rollbacks

@@ -1,12 +1,13 @@
 //! What `headcount status` shows: [`status`] and [`GroupStatus`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::keys::GroupKeys;
 use super::records::{parse_acks, AckRecord};
 use super::table::Table;
 use super::view::ViewState;
-use crate::assign::{hash_bytes, AssignorKind};
+use crate::assign::{hash_bytes, AssignError, AssignorKind, KeySet};
 use crate::error::Result;
 use crate::keys::Keyspace;
 use crate::DynStore;
@@ -35,6 +36,19 @@ pub struct GroupStatus {
     /// The assignor that maps keys to the published view's slots: the one the view names, or
     /// the one [`status`] was given for a view that names none.
     pub assignor: AssignorKind,
+    /// The key set counted in [`keys_owned`](Self::keys_owned): the keys given to
+    /// [`status_with_keys`], else the partitions a view of the balanced assignor declares
+    /// (`with_partitions`); `None` otherwise.
+    pub keys: Option<Arc<KeySet>>,
+    /// For each live slot of the published view, how many of [`keys`](Self::keys) it owns;
+    /// empty without them.
+    pub keys_owned: Vec<(u32, u64)>,
+    /// Why the published view could not map keys to its slots: a view of the balanced assignor
+    /// over a set of named keys (`with_keys`) that the store does not hold, and that was not
+    /// given to [`status_with_keys`], or other keys than the view's were given. The counts are
+    /// empty then and
+    /// [`key_owner`](Self::key_owner) fails with the same error.
+    pub unmapped: Option<AssignError>,
 }
 
 /// Who owns one key under the published view: what `headcount status --key` prints
@@ -113,7 +127,10 @@ impl GroupStatus {
         let Some(view) = &self.table.view else {
             return Ok(None);
         };
-        let state = ViewState::build(view.clone(), self.assignor)?;
+        if let Some(e) = &self.unmapped {
+            return Err(e.clone().into());
+        }
+        let state = ViewState::build_with(view.clone(), self.assignor, self.keys.as_ref())?;
         let Some(slot) = state.owner(hash_bytes(key.as_ref())) else {
             return Ok(None);
         };
@@ -138,13 +155,54 @@ impl GroupStatus {
 
 /// Reads a group's slot table and view, and counts which slot owns each of the keys `0..sample`
 /// (as decimal strings) under the published view with the assignor it names (`assignor` for a
-/// view that names none).
+/// view that names none). In a group that declares partitions (`with_partitions`), it also
+/// counts each slot's partitions ([`GroupStatus::keys_owned`]); a group that declares named
+/// keys (`with_keys`) needs them given: [`status_with_keys`].
 pub async fn status(
     store: &DynStore,
     prefix: &str,
     group: &str,
     assignor: AssignorKind,
     sample: u64,
+) -> Result<GroupStatus> {
+    status_with_keys(store, prefix, group, assignor, sample, None).await
+}
+
+/// [`status`], also counting how many of the `declared` keys each slot owns ([`GroupStatus::keys_owned`]).
+/// The store holds only the id of a group's declared key set (its count and a digest), so a
+/// view of the balanced assignor over named keys (`GroupConfig::with_keys`) maps keys only when
+/// given the same set; under any other assignor `declared` is any set to count.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> headcount_core::Result<()> {
+/// use std::sync::Arc;
+///
+/// use headcount_core::assign::{AssignorKind, KeySet};
+/// use headcount_core::recipes::group::{status_with_keys, Group, GroupConfig, DEFAULT_GROUP_TTL};
+/// use headcount_core::{DynStore, MemoryStore, DEFAULT_PREFIX};
+///
+/// let names: Vec<String> = (0..8).map(|i| format!("tenant-{i}")).collect();
+/// let keys = Arc::new(KeySet::new(&names)?);
+/// let store: DynStore = Arc::new(MemoryStore::new());
+/// let config = GroupConfig::new("tenants", DEFAULT_GROUP_TTL).with_keys((*keys).clone());
+/// let member = Group::join(store.clone(), config).await?;
+/// member.active(0).await?;
+/// let kind = AssignorKind::JumpBackFailover; // for a view that names no assignor
+/// let s = status_with_keys(&store, DEFAULT_PREFIX, "tenants", kind, 0, Some(keys)).await?;
+/// assert_eq!(s.keys_owned.iter().map(|&(_, n)| n).sum::<u64>(), 8);
+/// assert!(s.key_owner("tenant-3")?.is_some());
+/// member.leave().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn status_with_keys(
+    store: &DynStore,
+    prefix: &str,
+    group: &str,
+    assignor: AssignorKind,
+    sample: u64,
+    declared: Option<Arc<KeySet>>,
 ) -> Result<GroupStatus> {
     let keys = GroupKeys::new(Keyspace::with_prefix(prefix, group)?);
     let table = Table::read(store, &keys).await?;
@@ -175,21 +233,50 @@ pub async fn status(
         }
     }
     let mut sample_owned = Vec::new();
+    let mut keys_owned = Vec::new();
+    let mut unmapped = None;
     // The view names the assignor its publisher used; `assignor` is for older views.
     let assignor = table
         .view
         .as_ref()
         .and_then(|v| v.assignor)
         .unwrap_or(assignor);
+    // A balanced view maps keys only with its declared set: the keys given, or the partitions
+    // its key set's id names. Other keys given are not that set: reported as unmapped.
+    let declared = match assignor {
+        AssignorKind::Balanced(id) => match declared {
+            Some(k) if k.id() == id => Some(k),
+            Some(_) => None,
+            None => KeySet::partitions(id.count)
+                .ok()
+                .filter(|p| p.id() == id)
+                .map(Arc::new),
+        },
+        _ => declared,
+    };
     if let Some(v) = &table.view {
-        let state = ViewState::build(v.clone(), assignor)?;
-        let mut counts: std::collections::BTreeMap<u32, u64> = v.slots().map(|s| (s, 0)).collect();
-        for k in 0..sample {
-            if let Some(owner) = state.owner(hash_bytes(k.to_string().as_bytes())) {
-                *counts.entry(owner).or_insert(0) += 1;
+        match assignor {
+            AssignorKind::Balanced(id) if declared.is_none() => {
+                unmapped = Some(AssignError::KeysNotDeclared { id });
+            }
+            _ => {
+                let state = ViewState::build_with(v.clone(), assignor, declared.as_ref())?;
+                let count = |hashes: &mut dyn Iterator<Item = u64>| {
+                    let mut counts: BTreeMap<u32, u64> = v.slots().map(|s| (s, 0)).collect();
+                    for h in hashes {
+                        if let Some(owner) = state.owner(h) {
+                            *counts.entry(owner).or_insert(0) += 1;
+                        }
+                    }
+                    counts.into_iter().collect::<Vec<_>>()
+                };
+                sample_owned =
+                    count(&mut (0..sample).map(|k| hash_bytes(k.to_string().as_bytes())));
+                if let Some(d) = &declared {
+                    keys_owned = count(&mut d.hashes().iter().copied());
+                }
             }
         }
-        sample_owned = counts.into_iter().collect();
     }
     Ok(GroupStatus {
         table,
@@ -199,6 +286,9 @@ pub async fn status(
         sample_owned,
         unlisted,
         assignor,
+        keys: declared,
+        keys_owned,
+        unmapped,
     })
 }
 
@@ -244,6 +334,9 @@ mod tests {
             sample_owned: Vec::new(),
             unlisted: Vec::new(),
             assignor: AssignorKind::JumpBackFailover,
+            keys: None,
+            keys_owned: Vec::new(),
+            unmapped: None,
         }
     }
 
@@ -268,9 +361,10 @@ mod tests {
     fn a_keys_owner_is_the_slot_the_view_maps_it_to() {
         let both = vec![Holder { slot: 0, nonce: 10 }, Holder { slot: 1, nonce: 11 }];
         let s = status_of(both, true);
-        let state = ViewState::build(
+        let state = ViewState::build_with(
             s.table.view.clone().expect("a view"),
             AssignorKind::JumpBackFailover,
+            None,
         )
         .expect("a view state");
         let mut seen = [false; 2];

@@ -106,12 +106,8 @@ impl fmt::Debug for ViewState {
 }
 
 impl ViewState {
-    pub(super) fn build(record: ViewRecord, kind: AssignorKind) -> Result<ViewState> {
-        Self::build_with(record, kind, None)
-    }
-
-    /// [`ViewState::build`] giving the balanced assignor its declared keys (see
-    /// [`AssignorKind::build_with`]).
+    /// The state of `record` under assignor `kind`, giving the balanced assignor its declared
+    /// `keys` (see [`AssignorKind::build_with`]).
     pub(super) fn build_with(
         record: ViewRecord,
         kind: AssignorKind,
