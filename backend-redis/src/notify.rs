@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use headcount_core::notify::{Backoff, HubListener, WarnOnce, RETRY_MAX};
-use redis::ConnectionInfo;
+use redis::{ConnectionInfo, Value};
 
 use crate::errors::BACKEND;
 
@@ -129,6 +129,25 @@ async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -
                 Ok(Err(e)) => return (Ended::Lost(e.to_string()), up),
                 Err(_) => return (Ended::Lost("SUBSCRIBE timed out".into()), up),
             }
+            // The client answers Ok to a SUBSCRIBE the server refused (its error reply is
+            // taken as an answer). A PING tells: in subscribe mode (some channel subscribed)
+            // its reply is `pong` in an array, else the bare message.
+            if subscribed.is_empty() {
+                match tokio::time::timeout(target.timeout, sink.ping_message::<Value>("hc")).await {
+                    Ok(Ok(Value::Array(_) | Value::Push { .. })) => {}
+                    Ok(Ok(other)) => {
+                        return (
+                            Ended::Refused(format!(
+                                "the server did not subscribe this user to `{CHANNEL_PREFIX}…` \
+                                 (an ACL without channel permissions? it answered {other:?})"
+                            )),
+                            up,
+                        )
+                    }
+                    Ok(Err(e)) => return (Ended::Lost(format!("PING: {e}")), up),
+                    Err(_) => return (Ended::Lost("PING timed out".into()), up),
+                }
+            }
             up = true;
             for dir in fresh {
                 hub.notify_missed_dir(&dir);
@@ -161,7 +180,7 @@ async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -
                 }
             }
             _ = keepalive.tick() => {
-                match tokio::time::timeout(target.timeout, sink.ping::<redis::Value>()).await {
+                match tokio::time::timeout(target.timeout, sink.ping::<Value>()).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => return (Ended::Lost(format!("PING: {e}")), up),
                     Err(_) => return (Ended::Lost("PING timed out".into()), up),
