@@ -195,9 +195,8 @@ fn answer(
         }
         return None;
     }
-    let Some(dir) = by_id.get(&id) else {
-        return None;
-    };
+    // A watch of ours no longer (cancelled meanwhile): nothing to deliver, the stream goes on.
+    let dir = by_id.get(&id)?;
     let changed = resp.events().iter().any(|ev| {
         let Some(kv) = ev.kv() else { return false };
         let direct = kv

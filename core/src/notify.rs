@@ -14,7 +14,29 @@
 //! data: the caller reads the store.
 //!
 //! Expiries are not notified in general (a lease that runs out is seen by the next poll that
-//! looks; the Redis backend notifies one when a write or a heartbeat's sweep finds it).
+//! looks; the Redis backend notifies one when a write or a heartbeat's sweep finds it, etcd
+//! when the lease is revoked).
+//!
+//! A subscription to a server becomes active a round trip or so after [`Store::subscribe`]
+//! returns (it is opened in the background); a change before that is not notified. Once it is
+//! active, its subscribers get a [`Notice::MayHaveMissed`], so a caller that re-reads on every
+//! notice has seen everything from then on (up to the faults above).
+//!
+//! # Backends
+//!
+//! | backend | how | scope |
+//! |---|---|---|
+//! | Redis, Redis Cluster | the scripts that set a directory's version `PUBLISH` on its channel; one pub/sub connection per handle | every process; not behind Sentinel nor over an application's `ConnectionManager` (silent there) |
+//! | PostgreSQL | row triggers `pg_notify` the directory; one connection per handle holds `LISTEN` | every process; silent over an application's pool, behind a pooler, or when the role cannot create the triggers |
+//! | etcd | one watch stream per handle, one prefix watch per directory | every process |
+//! | SQLite | a committed write wakes the subscribers of every handle on the same file | **this process only** |
+//! | in-memory | a write wakes the subscribers of the store and its clones | this process (the data lives there) |
+//!
+//! What a write costs the server: Redis, one `PUBLISH` inside the script per directory a write
+//! changes (none for a renewal that changes nothing); PostgreSQL, one trigger call and one
+//! `pg_notify` per row a write changes (a renewal's `UPDATE` runs no trigger function: the
+//! trigger's `WHEN` clause says no); etcd, none beyond delivering the event to the watch;
+//! SQLite and in-memory, none (a post in this process).
 //!
 //! # Cost
 //!
@@ -392,8 +414,8 @@ impl Backoff {
 }
 
 /// Says once per store handle why its notifications are off (a `tracing` warning and the
-/// `headcount_notifications_unavailable_total` counter), for a listener that gives up or
-/// keeps failing.
+/// [`NOTIFICATIONS_UNAVAILABLE`](crate::metrics::NOTIFICATIONS_UNAVAILABLE) counter), for a
+/// listener that gives up or keeps failing.
 #[derive(Debug, Default)]
 pub struct WarnOnce {
     said: std::sync::atomic::AtomicBool,
@@ -407,7 +429,7 @@ impl WarnOnce {
                 backend,
                 "change notifications are off, members keep polling: {why}"
             );
-            metrics::counter!("headcount_notifications_unavailable_total", "backend" => backend)
+            metrics::counter!(crate::metrics::NOTIFICATIONS_UNAVAILABLE, "backend" => backend)
                 .increment(1);
         }
     }

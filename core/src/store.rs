@@ -72,7 +72,9 @@ pub struct Capabilities {
     pub native_renew_and_versions: bool,
     /// Whether [`Store::subscribe`] hands out notifications that fire (true) or
     /// [`Notifications::never`], as the provided method does (false): callers then learn of a
-    /// change only by polling. See [`crate::notify`] for what a notification promises.
+    /// change only by polling. For SQLite and the in-memory store, only the writes of this
+    /// process are notified. See [`crate::notify`] for what a notification promises and what
+    /// each backend does.
     pub native_notifications: bool,
 }
 
