@@ -1,15 +1,83 @@
 //! Change notifications refused by the server: members keep working by polling, and nothing
 //! spins. A Redis user whose ACL grants no pub/sub channel still writes (the scripts' `PUBLISH`
-//! is refused inside `redis.pcall`), and its subscription stays silent, retried rarely.
-#![cfg(feature = "redis")]
+//! is refused inside `redis.pcall`), and its subscription stays silent, retried rarely. A
+//! PostgreSQL role that may write the table but not create its change triggers says it does not
+//! notify, and works.
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[cfg(feature = "redis")]
 use std::time::Duration;
 
-use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
+#[cfg(any(feature = "redis", feature = "postgres"))]
+use headcount_conformance::harness::ServerKind;
+#[cfg(feature = "redis")]
+use headcount_conformance::harness::{skip_unless_required, KvStore};
+#[cfg(feature = "redis")]
 use redis::aio::MultiplexedConnection;
 
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_role_without_triggers_polls() {
+    use headcount::postgres::PostgresStore;
+    use headcount::Store;
+
+    let Some(url) = ServerKind::Postgres
+        .shared_or_skip("notify_faults::postgres_role_without_triggers_polls")
+        .await
+    else {
+        return;
+    };
+    let table = format!("hc_notify_{:016x}", rand::random::<u64>());
+    let role = format!("hc_writer_{:016x}", rand::random::<u64>());
+    let sep = if url.contains('?') { '&' } else { '?' };
+    // The owner creates the table (and its triggers), then drops the triggers and lets a role
+    // that owns nothing write it.
+    let owner = PostgresStore::connect(&format!("{url}{sep}table={table}"))
+        .await
+        .unwrap();
+    assert!(owner.capabilities().native_notifications);
+    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    admin
+        .batch_execute(&format!(
+            r#"DROP TRIGGER "{table}_changed_ins" ON "{table}";
+               DROP TRIGGER "{table}_changed_upd" ON "{table}";
+               DROP TRIGGER "{table}_changed_del" ON "{table}";
+               CREATE ROLE "{role}" LOGIN;
+               GRANT SELECT, INSERT, UPDATE, DELETE ON "{table}" TO "{role}";"#
+        ))
+        .await
+        .unwrap();
+    let writer_url = url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    let writer = PostgresStore::connect(&format!("{writer_url}{sep}table={table}"))
+        .await
+        .unwrap();
+    assert!(!writer.capabilities().native_notifications);
+    let mut silent = writer.subscribe("hc:{pg}:slot:").await.unwrap();
+    assert!(!silent.is_native());
+    assert!(writer
+        .compare_and_set("hc:{pg}:slot:0", None, "m", None)
+        .await
+        .unwrap());
+    assert_eq!(
+        writer.get("hc:{pg}:slot:0").await.unwrap().as_deref(),
+        Some("m")
+    );
+    assert!(silent.try_recv().is_none());
+    drop(writer);
+    owner.close();
+    admin
+        .batch_execute(&format!(
+            r#"DROP TABLE "{table}"; DROP FUNCTION "{table}_changed"(); DROP ROLE "{role}";"#
+        ))
+        .await
+        .unwrap();
+}
+
+#[cfg(feature = "redis")]
 async fn raw(url: &str) -> MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
@@ -18,6 +86,7 @@ async fn raw(url: &str) -> MultiplexedConnection {
         .unwrap()
 }
 
+#[cfg(feature = "redis")]
 async fn connections_received(conn: &mut MultiplexedConnection) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("stats")
@@ -30,6 +99,7 @@ async fn connections_received(conn: &mut MultiplexedConnection) -> u64 {
         .unwrap()
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_pubsub_refused_by_acl_keeps_writes_and_stays_silent() {
     let Some(server) =
