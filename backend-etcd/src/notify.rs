@@ -14,19 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{EventType, WatchClient, WatchOptions, WatchResponse};
-use headcount_core::notify::{Backoff, HubListener, WarnOnce, RETRY_MAX};
+use headcount_core::notify::{keep_listening, Ended, HubListener, WarnOnce};
 
 use crate::errors::BACKEND;
-
-/// Why a stream ended.
-enum Ended {
-    /// The hub is gone: stop.
-    Closed,
-    /// The stream failed; open another after a backoff.
-    Lost(String),
-    /// The server refuses to watch (no read permission on the range): retry rarely.
-    Refused(String),
-}
 
 fn options() -> WatchOptions {
     WatchOptions::new().with_prefix().with_prev_key()
@@ -36,31 +26,14 @@ fn options() -> WatchOptions {
 pub(crate) async fn listen(
     client: WatchClient,
     timeout: Duration,
-    mut hub: HubListener,
+    hub: HubListener,
     warn: Arc<WarnOnce>,
 ) {
-    let mut backoff = Backoff::default();
-    loop {
-        if hub.is_closed() {
-            return;
-        }
-        let (ended, was_up) = session(client.clone(), timeout, &mut hub).await;
-        let wait = match ended {
-            Ended::Closed => return,
-            Ended::Lost(why) => {
-                tracing::debug!(backend = BACKEND, "notification watch lost: {why}");
-                if was_up {
-                    backoff.reset();
-                }
-                backoff.next_delay()
-            }
-            Ended::Refused(why) => {
-                warn.warn(BACKEND, &why);
-                RETRY_MAX
-            }
-        };
-        tokio::time::sleep(wait).await;
-    }
+    keep_listening(BACKEND, hub, warn, |mut hub| {
+        let client = client.clone();
+        async move { session(client, timeout, &mut hub).await }
+    })
+    .await;
 }
 
 fn ended_by(e: etcd_client::Error) -> Ended {

@@ -52,7 +52,6 @@ struct Inner {
     /// the task that holds it (see [`crate::notify`]).
     watch: WatchClient,
     hub: NotifyHub,
-    listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     notify_warned: Arc<WarnOnce>,
 }
 
@@ -143,7 +142,6 @@ impl EtcdStore {
                 over_client,
                 watch,
                 hub: NotifyHub::new(),
-                listener: std::sync::Mutex::new(None),
                 notify_warned: Arc::default(),
             }),
         }
@@ -663,22 +661,11 @@ impl backend::Backend for EtcdStore {
     /// A prefix watch of `dir` on the store handle's one watch stream (see the crate README,
     /// "Change notifications").
     async fn subscribe(&self, dir: &str) -> Result<Notifications> {
-        let notifications = self.inner.hub.subscribe(dir);
-        let mut listener = self
-            .inner
-            .listener
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // One listener per handle; a new one only if the last ended with its runtime.
-        if listener.as_ref().is_none_or(|task| task.is_finished()) {
-            *listener = Some(tokio::spawn(crate::notify::listen(
-                self.inner.watch.clone(),
-                self.inner.config.timeout(),
-                self.inner.hub.listener(),
-                self.inner.notify_warned.clone(),
-            )));
-        }
-        Ok(notifications)
+        let (watch, timeout) = (self.inner.watch.clone(), self.inner.config.timeout());
+        let warned = self.inner.notify_warned.clone();
+        Ok(self.inner.hub.subscribe_listened(dir, |hub| {
+            crate::notify::listen(watch, timeout, hub, warned)
+        }))
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {

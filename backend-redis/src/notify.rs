@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use headcount_core::notify::{Backoff, HubListener, WarnOnce, RETRY_MAX};
+use headcount_core::notify::{keep_listening, Ended, HubListener, WarnOnce};
 use redis::{ConnectionInfo, Value};
 
 use crate::errors::BACKEND;
@@ -48,45 +48,25 @@ pub(crate) struct Target {
     pub(crate) timeout: Duration,
 }
 
-/// Why a connection ended.
-enum Ended {
-    /// The hub is gone: stop.
-    Closed,
-    /// The connection failed; reconnect after a backoff.
-    Lost(String),
-    /// The server refuses pub/sub to this user (an ACL): retry rarely.
-    Refused(String),
-}
-
-/// The listener task of one store handle: see the module docs.
-pub(crate) async fn listen(target: Target, mut hub: HubListener, warn: Arc<WarnOnce>) {
-    let mut backoff = Backoff::default();
-    let mut node = 0usize;
-    loop {
-        if hub.is_closed() {
-            return;
+/// The listener task of one store handle: see the module docs. Each connection goes to the
+/// next node of the target after a failure (one node on a single server).
+pub(crate) async fn listen(target: Target, hub: HubListener, warn: Arc<WarnOnce>) {
+    let mut attempt = 0usize;
+    keep_listening(BACKEND, hub, warn, |mut hub| {
+        let node = target
+            .nodes
+            .get(attempt % target.nodes.len().max(1))
+            .cloned();
+        attempt += 1;
+        let target = target.clone();
+        async move {
+            match node {
+                Some(info) => session(info, &target, &mut hub).await,
+                None => (Ended::Closed, false),
+            }
         }
-        let Some(info) = target.nodes.get(node % target.nodes.len().max(1)).cloned() else {
-            return;
-        };
-        let (ended, was_up) = session(info, &target, &mut hub).await;
-        let wait = match ended {
-            Ended::Closed => return,
-            Ended::Lost(why) => {
-                tracing::debug!(backend = BACKEND, "notification connection lost: {why}");
-                node += 1;
-                if was_up {
-                    backoff.reset();
-                }
-                backoff.next_delay()
-            }
-            Ended::Refused(why) => {
-                warn.warn(BACKEND, &why);
-                RETRY_MAX
-            }
-        };
-        tokio::time::sleep(wait).await;
-    }
+    })
+    .await;
 }
 
 /// One connection: subscribe every directory, then deliver messages and follow the set of

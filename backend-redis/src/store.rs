@@ -4,7 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -50,7 +50,6 @@ struct Inner {
     /// failover yet).
     hub: NotifyHub,
     notify_target: Option<notify::Target>,
-    listener: Mutex<Option<tokio::task::JoinHandle<()>>>,
     notify_warned: Arc<WarnOnce>,
 }
 
@@ -165,7 +164,6 @@ impl RedisStore {
                 requests: RequestIds::new(),
                 hub: NotifyHub::new(),
                 notify_target,
-                listener: Mutex::new(None),
                 notify_warned: Arc::default(),
             }),
         })
@@ -388,21 +386,11 @@ impl backend::Backend for RedisStore {
         if self.is_cluster() && tag_of(dir).is_none() {
             return Ok(Notifications::never(dir));
         }
-        let notifications = self.inner.hub.subscribe(dir);
-        let mut listener = self
+        let warned = self.inner.notify_warned.clone();
+        Ok(self
             .inner
-            .listener
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // One listener per handle; a new one only if the last ended with its runtime.
-        if listener.as_ref().is_none_or(|task| task.is_finished()) {
-            *listener = Some(tokio::spawn(notify::listen(
-                target.clone(),
-                self.inner.hub.listener(),
-                self.inner.notify_warned.clone(),
-            )));
-        }
-        Ok(notifications)
+            .hub
+            .subscribe_listened(dir, |hub| notify::listen(target.clone(), hub, warned)))
     }
 
     async fn renew_and_list_if_changed(

@@ -230,6 +230,8 @@ impl HubShared {
 #[derive(Debug, Clone)]
 pub struct NotifyHub {
     shared: Arc<HubShared>,
+    /// The backend's listener task, if it started one ([`NotifyHub::subscribe_listened`]).
+    listener: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 impl Default for NotifyHub {
@@ -246,7 +248,25 @@ impl NotifyHub {
                 subscribers: Mutex::new(HashMap::new()),
                 directories: watch::Sender::new(0),
             }),
+            listener: Arc::default(),
         }
+    }
+
+    /// [`NotifyHub::subscribe`], and starts the backend's listener task with `start` (given
+    /// the hub's [`listener`](NotifyHub::listener)) unless one is running: one per hub, so one
+    /// subscription connection per store handle. A task that ended (its runtime shut down) is
+    /// started again.
+    pub fn subscribe_listened<F, Fut>(&self, dir: &str, start: F) -> Notifications
+    where
+        F: FnOnce(HubListener) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let notifications = self.subscribe(dir);
+        let mut task = self.listener.lock().unwrap_or_else(PoisonError::into_inner);
+        if task.as_ref().is_none_or(|t| t.is_finished()) {
+            *task = Some(tokio::spawn(start(self.listener())));
+        }
+        notifications
     }
 
     /// A new subscriber of `dir` (already checked by [`Store::subscribe`]).
@@ -383,6 +403,54 @@ impl HubListener {
         if let Some(s) = self.shared.upgrade() {
             post(&s, None, Notice::MayHaveMissed);
         }
+    }
+}
+
+/// How one connection of a backend's listener ended ([`keep_listening`]).
+#[derive(Debug)]
+pub enum Ended {
+    /// The hub is gone (the store and all its notifications were dropped): stop.
+    Closed,
+    /// The connection failed: open another after a backoff.
+    Lost(String),
+    /// The server refuses to notify this user: say so once, retry every [`RETRY_MAX`].
+    Refused(String),
+}
+
+/// A backend's listener task: runs `session` (one connection: subscribe, deliver, follow the
+/// directories, until it ends; its second answer says whether it was subscribed) again and
+/// again until the hub is gone, waiting between two by a [`Backoff`] (reset after a connection
+/// that was up), or [`RETRY_MAX`] after a refusal, which is said once through `warn`.
+pub async fn keep_listening<F, Fut>(
+    backend: &'static str,
+    hub: HubListener,
+    warn: Arc<WarnOnce>,
+    mut session: F,
+) where
+    F: FnMut(HubListener) -> Fut,
+    Fut: std::future::Future<Output = (Ended, bool)>,
+{
+    let mut backoff = Backoff::default();
+    loop {
+        if hub.is_closed() {
+            return;
+        }
+        let (ended, was_up) = session(hub.clone()).await;
+        let wait = match ended {
+            Ended::Closed => return,
+            Ended::Lost(why) => {
+                tracing::debug!(backend, "notification connection lost: {why}");
+                if was_up {
+                    backoff.reset();
+                }
+                backoff.next_delay()
+            }
+            Ended::Refused(why) => {
+                warn.warn(backend, &why);
+                RETRY_MAX
+            }
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 

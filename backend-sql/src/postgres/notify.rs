@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use headcount_core::notify::{Backoff, HubListener, WarnOnce, RETRY_MAX};
+use headcount_core::notify::{keep_listening, Ended, HubListener, WarnOnce};
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
@@ -24,45 +24,18 @@ use super::tls;
 /// without a word (a proxy dropped it, the server is paused) is replaced.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
-/// Why a connection ended.
-enum Ended {
-    /// The hub is gone: stop.
-    Closed,
-    /// The connection failed; reconnect after a backoff.
-    Lost(String),
-    /// The server refused `LISTEN`: retry rarely.
-    Refused(String),
-}
-
 /// The listener task of one store handle: see the module docs.
 pub(crate) async fn listen(
     config: PostgresConfig,
     channel: String,
-    mut hub: HubListener,
+    hub: HubListener,
     warn: Arc<WarnOnce>,
 ) {
-    let mut backoff = Backoff::default();
-    loop {
-        if hub.is_closed() {
-            return;
-        }
-        let (ended, was_up) = session(&config, &channel, &mut hub).await;
-        let wait = match ended {
-            Ended::Closed => return,
-            Ended::Lost(why) => {
-                tracing::debug!(backend = BACKEND, "notification connection lost: {why}");
-                if was_up {
-                    backoff.reset();
-                }
-                backoff.next_delay()
-            }
-            Ended::Refused(why) => {
-                warn.warn(BACKEND, &why);
-                RETRY_MAX
-            }
-        };
-        tokio::time::sleep(wait).await;
-    }
+    keep_listening(BACKEND, hub, warn, |mut hub| {
+        let (config, channel) = (config.clone(), channel.clone());
+        async move { session(&config, &channel, &mut hub).await }
+    })
+    .await;
 }
 
 async fn session(config: &PostgresConfig, channel: &str, hub: &mut HubListener) -> (Ended, bool) {

@@ -35,7 +35,6 @@ struct Notify {
     hub: NotifyHub,
     /// False over an application's pool, whose connection settings the store does not own.
     own_connection: bool,
-    listener: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -117,7 +116,6 @@ impl PostgresStore {
             notify: Arc::new(Notify {
                 hub: NotifyHub::new(),
                 own_connection,
-                listener: std::sync::Mutex::new(None),
             }),
         };
         // Connecting eagerly reports bad credentials or an unreachable server now, not at the
@@ -216,22 +214,11 @@ impl backend::Backend for PostgresStore {
         if !backend::Backend::capabilities(self).native_notifications {
             return Ok(Notifications::never(dir));
         }
-        let notifications = self.notify.hub.subscribe(dir);
-        let mut listener = self
-            .notify
-            .listener
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // One listener per handle; a new one only if the last ended with its runtime.
-        if listener.as_ref().is_none_or(|task| task.is_finished()) {
-            *listener = Some(tokio::spawn(super::notify::listen(
-                self.inner.config.clone(),
-                self.inner.sql.channel.clone(),
-                self.notify.hub.listener(),
-                self.inner.notify_warned.clone(),
-            )));
-        }
-        Ok(notifications)
+        let (config, channel) = (self.inner.config.clone(), self.inner.sql.channel.clone());
+        let warned = self.inner.notify_warned.clone();
+        Ok(self.notify.hub.subscribe_listened(dir, |hub| {
+            super::notify::listen(config, channel, hub, warned)
+        }))
     }
 
     async fn renew_and_list(
