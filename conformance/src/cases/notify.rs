@@ -203,6 +203,66 @@ async fn other_dirs(ctx: &Ctx, other: &Ctx) -> CaseResult {
     Ok(())
 }
 
+/// A notification lost on purpose (the write made while nobody listened, its notice thrown
+/// away) is made up for by the next poll: the directory's version (what a heartbeat compares)
+/// changed, and the listing shows the write. On every backend, notifying or not.
+pub async fn notify_lost_made_up_by_poll(ctx: &Ctx) -> CaseResult {
+    let dir = ctx.key("slot:");
+    let me = ctx.key("slot:me");
+    let ttl = Duration::from_secs(60);
+    super::put(ctx, &me, "m0", Some(ttl)).await?;
+    let first = ctx
+        .store
+        .renew_and_list_if_changed(&me, "m0", ttl, &dir, None)
+        .await
+        .during("renew_and_list_if_changed")?;
+    let mut n = ctx.store.subscribe(&dir).await.during("subscribe")?;
+    if n.is_native() {
+        until_active(ctx, &mut n, &ctx.key("slot:warm")).await?;
+    }
+    let polled = ctx
+        .store
+        .renew_and_list_if_changed(&me, "m0", ttl, &dir, None)
+        .await
+        .during("renew_and_list_if_changed")?;
+    // Lost: one write while unsubscribed, one whose notice is thrown away.
+    drop(n);
+    super::put(ctx, &ctx.key("slot:a"), "m1", Some(ttl)).await?;
+    let mut n = ctx.store.subscribe(&dir).await.during("subscribe")?;
+    super::put(ctx, &ctx.key("slot:b"), "m2", Some(ttl)).await?;
+    if n.is_native() {
+        let _ = notice_within(&mut n, NOTICE_BOUND).await;
+    }
+    while n.try_recv().is_some() {}
+    let next = ctx
+        .store
+        .renew_and_list_if_changed(&me, "m0", ttl, &dir, Some(&polled.version))
+        .await
+        .during("the next poll")?;
+    ensure!(
+        next.renewed,
+        "the next poll did not renew its own key (first poll: {first:?})"
+    );
+    ensure!(
+        next.version != polled.version,
+        "the next poll saw the same version {:?} after two writes whose notices were lost",
+        next.version
+    );
+    let listed: Vec<&str> = next
+        .listing
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    for key in [ctx.key("slot:a"), ctx.key("slot:b")] {
+        ensure!(
+            listed.contains(&key.as_str()),
+            "the next poll's listing {listed:?} lacks {key:?}"
+        );
+    }
+    Ok(())
+}
+
 /// (c) After the server restarts (every connection dropped, the subscription's too), the
 /// subscription comes back by itself: its subscribers hear that they may have missed changes,
 /// and later writes are notified again.
