@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, KvClient, TlsOptions};
+use etcd_client::{Client, ConnectOptions, KvClient, TlsOptions, WatchClient};
 use headcount_core::{Error, Result};
 
 use crate::config::EtcdConfig;
@@ -21,7 +21,7 @@ pub(crate) const CLIENT_DEFAULTS: &str = "etcd://localhost";
 /// whether it speaks HTTP/2 at all: one that answers as no HTTP/2 server does (a Redis, an
 /// HTTP/1 service behind a wrong port) makes the failure [`Error::Rejected`], since retrying
 /// will not help.
-pub(crate) async fn open(config: &EtcdConfig) -> Result<(KvClient, Leases)> {
+pub(crate) async fn open(config: &EtcdConfig) -> Result<(KvClient, WatchClient, Leases)> {
     match connect(config).await {
         Err(e) if e.is_retryable() && !config.tls() => {
             match probe::not_http2(config.endpoints(), config.timeout()).await {
@@ -40,7 +40,7 @@ pub(crate) async fn open(config: &EtcdConfig) -> Result<(KvClient, Leases)> {
     }
 }
 
-async fn connect(config: &EtcdConfig) -> Result<(KvClient, Leases)> {
+async fn connect(config: &EtcdConfig) -> Result<(KvClient, WatchClient, Leases)> {
     let timeout = config.timeout();
     let mut options = ConnectOptions::new()
         .with_timeout(timeout)
@@ -80,7 +80,7 @@ async fn connect(config: &EtcdConfig) -> Result<(KvClient, Leases)> {
         let leases = Leases::measure(client.lease_client(), timeout)
             .await
             .map_err(classify)?;
-        Ok::<_, Error>((client.kv_client(), leases))
+        Ok::<_, Error>((client.kv_client(), client.watch_client(), leases))
     };
     deadline.run("connect", work).await
 }

@@ -4,6 +4,7 @@ mod config;
 mod connection;
 mod errors;
 mod leases;
+mod notify;
 mod probe;
 mod store;
 

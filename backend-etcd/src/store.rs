@@ -11,11 +11,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KvClient, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse,
+    TxnOp, TxnOpResponse, WatchClient,
 };
 use headcount_core::backend::{
     self, direct_entries, parse_counter, revision_version, RevisionWatch,
 };
+use headcount_core::notify::{Notifications, NotifyHub, WarnOnce};
 use headcount_core::store::RenewedListing;
 use headcount_core::{Capabilities, Durability, Error, Op, Result};
 
@@ -47,6 +48,11 @@ struct Inner {
     revisions: RevisionWatch,
     /// Built over an application's client, whose endpoints this store does not know.
     over_client: bool,
+    /// Change notifications: the subscribers, the client the watch stream is opened on, and
+    /// the task that holds it (see [`crate::notify`]).
+    watch: WatchClient,
+    hub: NotifyHub,
+    notify_warned: Arc<WarnOnce>,
 }
 
 /// What this handle last wrote to a counter: its value and the revision of that write.
@@ -99,8 +105,8 @@ impl EtcdStore {
 
     /// Like [`connect`](Self::connect) with an already parsed configuration.
     pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
-        let (kv, leases) = connection::open(&config).await?;
-        Ok(Self::from_parts(kv, leases, config, false))
+        let (kv, watch, leases) = connection::open(&config).await?;
+        Ok(Self::from_parts(kv, watch, leases, config, false))
     }
 
     /// A store over an `etcd_client::Client` the application already has (re-exported as
@@ -109,10 +115,22 @@ impl EtcdStore {
     pub async fn from_client(client: Client) -> Result<Self> {
         let config = EtcdConfig::from_url(CLIENT_DEFAULTS)?;
         let leases = connection::measure(&client, &config).await?;
-        Ok(Self::from_parts(client.kv_client(), leases, config, true))
+        Ok(Self::from_parts(
+            client.kv_client(),
+            client.watch_client(),
+            leases,
+            config,
+            true,
+        ))
     }
 
-    fn from_parts(kv: KvClient, leases: Leases, config: EtcdConfig, over_client: bool) -> Self {
+    fn from_parts(
+        kv: KvClient,
+        watch: WatchClient,
+        leases: Leases,
+        config: EtcdConfig,
+        over_client: bool,
+    ) -> Self {
         EtcdStore {
             inner: Arc::new(Inner {
                 kv,
@@ -122,6 +140,9 @@ impl EtcdStore {
                 counters: Counters::default(),
                 revisions: RevisionWatch::new(),
                 over_client,
+                watch,
+                hub: NotifyHub::new(),
+                notify_warned: Arc::default(),
             }),
         }
     }
@@ -633,7 +654,18 @@ impl backend::Backend for EtcdStore {
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
         caps.native_change_version = true;
+        caps.native_notifications = true;
         caps
+    }
+
+    /// A prefix watch of `dir` on the store handle's one watch stream (see the crate README,
+    /// "Change notifications").
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        let (watch, timeout) = (self.inner.watch.clone(), self.inner.config.timeout());
+        let warned = self.inner.notify_warned.clone();
+        Ok(self.inner.hub.subscribe_listened(dir, |hub| {
+            crate::notify::listen(watch, timeout, hub, warned)
+        }))
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {

@@ -6,6 +6,7 @@ mod durability;
 mod errors;
 mod fence;
 mod index;
+mod notify;
 mod replies;
 mod scripts;
 mod sentinel;

@@ -11,19 +11,21 @@ use async_trait::async_trait;
 use headcount_core::backend::{
     self, direct_entries, listing_digest, ttl_millis, versions_one_by_one,
 };
+use headcount_core::notify::{Notifications, NotifyHub, WarnOnce};
 use headcount_core::{Capabilities, Durability, Error, Op, RenewedListing, Result, Store};
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{ScriptInvocation, Value};
 
-use crate::config::RedisConfig;
+use crate::config::{Deployment, RedisConfig};
 use crate::connection::{self, Conn, CLUSTER_DEFAULTS, SINGLE_DEFAULTS};
 use crate::durability::{durability_of, replication_ids, replication_of};
 use crate::errors::{self, BACKEND};
 use crate::index::{
     dir_of, hash_tag, is_index_name, sweep_period, tag_of, IndexKeys, REQUEST_INFIX,
 };
+use crate::notify;
 use crate::replies::{foreign_reply, list_reply, unexpected, written_or_foreign};
 use crate::scripts::{ttl_arg, Scripts};
 
@@ -42,6 +44,13 @@ struct Inner {
     config: RedisConfig,
     scripts: Scripts,
     requests: RequestIds,
+    /// The subscribers of change notifications, and where their one pub/sub connection goes:
+    /// `None` for a store over an application's connection manager or Cluster connection
+    /// (whose address the store cannot see) and behind Sentinel (not followed across a
+    /// failover yet).
+    hub: NotifyHub,
+    notify_target: Option<notify::Target>,
+    notify_warned: Arc<WarnOnce>,
 }
 
 /// The request ids of the replay-protected scripts (`replay.lua`): this store's random base and
@@ -95,7 +104,18 @@ impl RedisStore {
     /// Like [`connect`](Self::connect) with an already parsed configuration.
     pub async fn connect_with(config: RedisConfig) -> Result<Self> {
         let conn = connection::open(&config).await?;
-        Self::from_conn(conn, config)
+        let target = match config.deployment() {
+            Deployment::Single | Deployment::Cluster => Some(notify::Target {
+                nodes: config
+                    .endpoints()
+                    .iter()
+                    .map(|(h, p)| config.connection_info(h, *p))
+                    .collect(),
+                timeout: config.timeout(),
+            }),
+            Deployment::Sentinel => None,
+        };
+        Self::from_conn(conn, config, target)
     }
 
     /// A store over a connection manager the application already has (single server), with
@@ -104,6 +124,7 @@ impl RedisStore {
         Self::from_conn(
             Conn::Single(manager),
             RedisConfig::from_url(SINGLE_DEFAULTS)?,
+            None,
         )
     }
 
@@ -113,6 +134,7 @@ impl RedisStore {
         Self::from_conn(
             Conn::Cluster(conn),
             RedisConfig::from_url(CLUSTER_DEFAULTS)?,
+            None,
         )
     }
 
@@ -121,17 +143,28 @@ impl RedisStore {
     /// checks the server answers.
     pub async fn from_client(client: redis::Client) -> Result<Self> {
         let config = RedisConfig::from_url(SINGLE_DEFAULTS)?;
+        let target = notify::Target {
+            nodes: vec![client.get_connection_info().clone()],
+            timeout: config.timeout(),
+        };
         let conn = connection::open_client(client, &config).await?;
-        Self::from_conn(conn, config)
+        Self::from_conn(conn, config, Some(target))
     }
 
-    fn from_conn(conn: Conn, config: RedisConfig) -> Result<Self> {
+    fn from_conn(
+        conn: Conn,
+        config: RedisConfig,
+        notify_target: Option<notify::Target>,
+    ) -> Result<Self> {
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
                 config,
                 scripts: Scripts::new(),
                 requests: RequestIds::new(),
+                hub: NotifyHub::new(),
+                notify_target,
+                notify_warned: Arc::default(),
             }),
         })
     }
@@ -339,7 +372,25 @@ impl backend::Backend for RedisStore {
         caps.native_compare_and_delete = true;
         caps.native_change_version = true;
         caps.native_renew_and_versions = true;
+        caps.native_notifications = self.inner.notify_target.is_some();
         caps
+    }
+
+    /// Pub/sub on the store handle's one subscription connection (see the crate README,
+    /// "Change notifications"). On Cluster, a directory without a hash tag keeps no version,
+    /// so it is never notified: its notifications are silent.
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        let Some(target) = &self.inner.notify_target else {
+            return Ok(Notifications::never(dir));
+        };
+        if self.is_cluster() && tag_of(dir).is_none() {
+            return Ok(Notifications::never(dir));
+        }
+        let warned = self.inner.notify_warned.clone();
+        Ok(self
+            .inner
+            .hub
+            .subscribe_listened(dir, |hub| notify::listen(target.clone(), hub, warned)))
     }
 
     async fn renew_and_list_if_changed(

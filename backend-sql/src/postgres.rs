@@ -7,6 +7,7 @@ mod config;
 mod connection;
 mod errors;
 mod fence;
+mod notify;
 mod pooler;
 mod probe;
 mod sql;

@@ -421,6 +421,9 @@ impl headcount::backend::Backend for Later {
     async fn durability(&self) -> Result<headcount::Durability> {
         self.store().await?.durability().await
     }
+    async fn subscribe(&self, dir: &str) -> Result<headcount::notify::Notifications> {
+        self.store().await?.subscribe(dir).await
+    }
 }
 
 #[cfg(test)]

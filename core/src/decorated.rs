@@ -12,6 +12,7 @@ use tracing::Instrument;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::notify::Notifications;
 use crate::store::{Capabilities, Durability, RenewedListing};
 use crate::{DynStore, Op};
 
@@ -46,7 +47,7 @@ pub trait Hooks: Send + Sync + Debug + 'static {
 
 /// A store that forwards every call to `inner`, each of the provided methods (`set_max`,
 /// `incr_and_get`, `renew_and_list`, `renew_and_list_if_changed`, `renew_and_versions`,
-/// `compare_and_delete`, `durability`) to the inner store's
+/// `compare_and_delete`, `durability`, `subscribe`) to the inner store's
 /// own, so a backend's native override is what runs, with its [`Hooks`] around each.
 #[derive(Debug, Clone)]
 pub struct Decorated<H> {
@@ -202,5 +203,11 @@ impl<H: Hooks> Backend for Decorated<H> {
 
     async fn durability(&self) -> Result<Durability> {
         self.call(Op::Durability, "", self.inner.durability()).await
+    }
+
+    /// Forwarded without hooks, like `capabilities`: a subscription is no store call, and the
+    /// notifications it hands out are the inner store's own.
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        self.inner.subscribe(dir).await
     }
 }

@@ -10,6 +10,7 @@ pub mod instrumented;
 pub mod keys;
 pub mod memory;
 pub mod metrics;
+pub mod notify;
 mod op;
 pub mod recipes;
 pub mod sim;

@@ -35,6 +35,7 @@ use async_trait::async_trait;
 use crate::backend::{self, direct_entries, listing_digest, parse_counter};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
+use crate::notify::{Notifications, NotifyHub};
 use crate::store::{Capabilities, Durability};
 
 const BACKEND: &str = "memory";
@@ -97,6 +98,9 @@ impl Snapshot {
 pub struct MemoryStore {
     data: Arc<Mutex<Data>>,
     clock: Arc<dyn Clock>,
+    /// In-process change notifications: every write that changes a key wakes the subscribers
+    /// of its directory (clones share them, as they share the data).
+    hub: NotifyHub,
 }
 
 impl Default for MemoryStore {
@@ -116,6 +120,7 @@ impl MemoryStore {
         MemoryStore {
             data: Arc::new(Mutex::new(Data::default())),
             clock,
+            hub: NotifyHub::new(),
         }
     }
 
@@ -151,11 +156,13 @@ impl MemoryStore {
     /// store that failed over to a replica that had not received them.
     pub fn restore(&self, snapshot: &Snapshot) {
         self.lock().map = snapshot.map.clone();
+        self.hub.notify_missed();
     }
 
     /// Removes every key.
     pub fn clear(&self) {
         self.lock().map.clear();
+        self.hub.notify_missed();
     }
 
     /// How many live keys the store holds.
@@ -257,13 +264,16 @@ impl backend::Backend for MemoryStore {
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
         caps.native_renew_and_versions = true;
+        caps.native_notifications = true;
         caps.shared = false;
         caps
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
         let now = self.now();
-        self.lock().incr_by(key, 1, ttl, now)
+        let n = self.lock().incr_by(key, 1, ttl, now)?;
+        self.hub.notify_key(key);
+        Ok(n)
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
@@ -296,6 +306,11 @@ impl backend::Backend for MemoryStore {
             return Ok(false);
         }
         data.put(key, new.to_owned(), expiry(now, ttl), now);
+        drop(data);
+        // A renewal through compare-and-set changes no value.
+        if expected != Some(new) {
+            self.hub.notify_key(key);
+        }
         Ok(true)
     }
 
@@ -304,6 +319,10 @@ impl backend::Backend for MemoryStore {
         let mut data = self.lock();
         let was = data.live(key, now).is_some();
         data.map.remove(key);
+        drop(data);
+        if was {
+            self.hub.notify_key(key);
+        }
         Ok(was)
     }
 
@@ -312,6 +331,8 @@ impl backend::Backend for MemoryStore {
         let mut data = self.lock();
         if data.live(key, now).is_some_and(|e| e.value == expected) {
             data.map.remove(key);
+            drop(data);
+            self.hub.notify_key(key);
             return Ok(true);
         }
         Ok(false)
@@ -331,6 +352,8 @@ impl backend::Backend for MemoryStore {
             }
         }
         data.put(key, value.to_string(), expiry(now, ttl), now);
+        drop(data);
+        self.hub.notify_key(key);
         Ok(true)
     }
 
@@ -345,6 +368,8 @@ impl backend::Backend for MemoryStore {
         let mut data = self.lock();
         let n = data.incr_by(incr_key, by, ttl, now)?;
         let read = data.live(get_key, now).map(|e| e.value.clone());
+        drop(data);
+        self.hub.notify_key(incr_key);
         Ok((n, read))
     }
 
@@ -377,6 +402,13 @@ impl backend::Backend for MemoryStore {
             .map(|(dir, _)| listing_digest(&direct_entries(dir, data.list(dir, now))))
             .collect();
         Ok((renewed, versions))
+    }
+
+    /// In-process: a write through this store or a clone of it wakes the subscribers of its
+    /// directory at once; another process (there is none: the data lives in this one) or
+    /// an expiry does not.
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        Ok(self.hub.subscribe(dir))
     }
 
     async fn durability(&self) -> Result<Durability> {

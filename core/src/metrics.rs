@@ -110,6 +110,11 @@ pub const DISTRIBUTOR_TABLE_WRITES: &str = "headcount_distributor_table_writes_t
 /// Counter of interval-indexer ticks, label `result` (`ok`, `error`).
 pub const INTERVAL_TICKS: &str = "headcount_interval_ticks_total";
 
+/// Counter of store handles whose change notifications are off (the server refused them, or
+/// the backend cannot deliver them here), label `backend`: counted once per handle, when it
+/// first finds out. See [`crate::notify`].
+pub const NOTIFICATIONS_UNAVAILABLE: &str = "headcount_notifications_unavailable_total";
+
 /// Every metric name, for tests and exporters.
 pub const ALL: &[&str] = &[
     STORE_OPERATION_DURATION,
@@ -131,6 +136,7 @@ pub const ALL: &[&str] = &[
     DISTRIBUTOR_PING_DURATION,
     DISTRIBUTOR_TABLE_WRITES,
     INTERVAL_TICKS,
+    NOTIFICATIONS_UNAVAILABLE,
 ];
 
 /// Registers the unit and help text of every metric with the installed recorder. Call it once,
@@ -205,6 +211,10 @@ pub fn describe() {
         "Distributor table writes, by result."
     );
     describe_counter!(INTERVAL_TICKS, "Interval-indexer ticks, by result.");
+    describe_counter!(
+        NOTIFICATIONS_UNAVAILABLE,
+        "Store handles whose change notifications are off (members keep polling), by backend."
+    );
 }
 
 /// The label value of an error: its [`ErrorKind`] name.

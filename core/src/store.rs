@@ -18,6 +18,7 @@ use async_trait::async_trait;
 #[cfg(doc)]
 use crate::error::Error;
 use crate::error::Result;
+use crate::notify::Notifications;
 
 /// The shortest TTL accepted. Zero is rejected; anything below a backend's granularity is rounded
 /// up to it.
@@ -69,6 +70,12 @@ pub struct Capabilities {
     /// (true) or makes one [`Store::renew_and_list_if_changed`] call per directory, as the
     /// provided method does (false).
     pub native_renew_and_versions: bool,
+    /// Whether [`Store::subscribe`] hands out notifications that fire (true) or
+    /// [`Notifications::never`], as the provided method does (false): callers then learn of a
+    /// change only by polling. For SQLite and the in-memory store, only the writes of this
+    /// process are notified. See [`crate::notify`] for what a notification promises and what
+    /// each backend does.
+    pub native_notifications: bool,
 }
 
 impl Capabilities {
@@ -86,6 +93,7 @@ impl Capabilities {
             native_compare_and_delete: false,
             native_change_version: false,
             native_renew_and_versions: false,
+            native_notifications: false,
         }
     }
 
@@ -277,6 +285,30 @@ pub trait Store: Send + Sync + Debug + 'static + sealed::Sealed {
     ///
     /// The fallback [`Backend`](crate::backend::Backend) provides answers "not known to be durable".
     async fn durability(&self) -> Result<Durability>;
+
+    /// Hints that something directly under the directory `dir` changed: a caller that polls
+    /// `dir` (with [`Store::renew_and_list_if_changed`], say) looks again when one arrives,
+    /// instead of waiting for its next poll. `dir` must end with `:`, as for
+    /// [`Store::renew_and_list_if_changed`].
+    ///
+    /// **Hints only**: a notification may be lost, delayed, duplicated, coalesced with others
+    /// or spurious, and expiries are in general not notified, so a caller keeps polling and
+    /// never relies on one (see [`crate::notify`]). A write through headcount that changes a
+    /// key directly under `dir` (creates, deletes or changes its value; not a renewal) is
+    /// notified to every subscriber of `dir`, on a store that notifies at all, within
+    /// about a round trip, unless a fault loses it. Notifications of other directories are not
+    /// delivered.
+    ///
+    /// All the subscriptions of one store handle (and of its clones) share one subscription
+    /// connection, opened on the first call; dropping the answer unsubscribes. The call itself
+    /// does not wait for the server: a subscription that cannot be opened yet is retried in
+    /// the background, and one the server refuses makes the notifications silent, said once
+    /// in a warning.
+    ///
+    /// The fallback [`Backend`](crate::backend::Backend) provides hands out
+    /// [`Notifications::never`], which never fire and never fail. Backends that push changes
+    /// override it and say so in [`Capabilities::native_notifications`].
+    async fn subscribe(&self, dir: &str) -> Result<Notifications>;
 }
 
 /// Keeps [`Store`] implemented only through [`Backend`](crate::backend::Backend).

@@ -121,6 +121,9 @@ impl Backend for MissedChanges {
     async fn durability(&self) -> Result<Durability> {
         self.inner.durability().await
     }
+    async fn subscribe(&self, dir: &str) -> Result<headcount_core::notify::Notifications> {
+        self.inner.subscribe(dir).await
+    }
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -354,6 +354,12 @@ impl headcount_core::backend::Backend for Counting {
     ) -> headcount_core::Result<(bool, Vec<String>)> {
         self.inner.renew_and_versions(key, holder, ttl, dirs).await
     }
+    async fn subscribe(
+        &self,
+        dir: &str,
+    ) -> headcount_core::Result<headcount_core::notify::Notifications> {
+        self.inner.subscribe(dir).await
+    }
 }
 
 /// A view change costs each member a constant number of reads, however many members acknowledge

@@ -147,10 +147,16 @@ local function read_string(k)
   return nil, redis.error_reply(type(v) == 'table' and v.err or tostring(v))
 end
 
--- Records that key k's directory changed (once per script: one new version says it).
+-- Records that key k's directory changed (once per script: one new version says it), and
+-- tells its subscribers (notify.rs): one PUBLISH of an empty message on
+-- `headcount:changed:<directory>`, O(subscribers of that channel). Through pcall: a user whose
+-- ACL refuses PUBLISH still writes (its peers then learn of the change by polling).
 local function changed(k)
   local vk = version_key(k)
-  if vk and not bumped[vk] then bump(vk) end
+  if vk and not bumped[vk] then
+    bump(vk)
+    redis.pcall('PUBLISH', 'headcount:changed:' .. string.sub(vk, #VBASE + 1), '')
+  end
 end
 
 -- Gives the index keys the expiry of the last key they hold when every one of those keys has a

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use deadpool_postgres::{
     ClientWrapper, Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod,
 };
+use headcount_core::notify::WarnOnce;
 use headcount_core::{Error, Op, Result};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
@@ -85,6 +86,10 @@ pub(crate) struct Connections {
     pub(crate) sql: Statements,
     password: Option<String>,
     schema_ready: AtomicBool,
+    /// Whether the change triggers were looked for (once per handle), and found or installed.
+    notify_checked: AtomicBool,
+    notifying: AtomicBool,
+    pub(crate) notify_warned: Arc<WarnOnce>,
     writes: AtomicU64,
     gc_running: AtomicBool,
     /// The last primary key (`key_hash`) the previous garbage collection examined; empty to start
@@ -162,6 +167,9 @@ impl Connections {
             sql: Statements::new(config.table()),
             config,
             schema_ready: AtomicBool::new(false),
+            notify_checked: AtomicBool::new(false),
+            notifying: AtomicBool::new(false),
+            notify_warned: Arc::default(),
             writes: AtomicU64::new(0),
             gc_running: AtomicBool::new(false),
             gc_cursor: Mutex::new(Vec::new()),
@@ -339,8 +347,84 @@ impl Connections {
             }
             tracing::info!(table = self.config.table(), "created the headcount table");
         }
+        if !self.notify_checked.swap(true, Ordering::AcqRel) {
+            self.ensure_notify_triggers(conn).await?;
+        }
         self.schema_ready.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Installs the change triggers (see `Statements::notify_schema`) when missing, once per
+    /// store handle. A role that may not (it does not own the table) leaves them missing: the
+    /// store then says once why, and hands out silent notifications (callers keep polling).
+    async fn ensure_notify_triggers(&self, conn: &mut Conn) -> Result<()> {
+        let client = conn.client()?;
+        // Behind a pooler in transaction mode a LISTEN does not outlive its transaction, so a
+        // listener would hear nothing: no notifications then (the store's own connection goes
+        // where its pool's go).
+        match self.protocol(client).await {
+            Ok(Protocol::Prepared) => {}
+            Ok(Protocol::Unnamed) => {
+                self.notify_warned.warn(
+                    BACKEND,
+                    "the connections go through a pooler (or one that cannot be told apart \
+                     from it), where LISTEN does not hold",
+                );
+                return Ok(());
+            }
+            Err(e) => {
+                self.notify_checked.store(false, Ordering::Release);
+                return Err(self.classify(e));
+            }
+        }
+        let installed: bool = run(
+            client,
+            Protocol::Unnamed,
+            &self.sql.notify_installed,
+            &[&self.sql.quoted_table, &self.sql.notify_trigger],
+        )
+        .await
+        .and_then(|rows| match rows.first() {
+            Some(row) => row.try_get(0),
+            None => Ok(false),
+        })
+        .map_err(|e| self.classify(e))?;
+        if installed {
+            self.notifying.store(true, Ordering::Release);
+            return Ok(());
+        }
+        let created = async {
+            let tx = client.transaction().await?;
+            tx.batch_execute(&self.sql.notify_schema).await?;
+            tx.commit().await
+        }
+        .await;
+        match created {
+            Ok(()) => {
+                tracing::info!(table = self.config.table(), "installed the change triggers");
+                self.notifying.store(true, Ordering::Release);
+            }
+            Err(e) if errors::breaks_connection(&e) => {
+                self.notify_checked.store(false, Ordering::Release);
+                return Err(self.classify(e));
+            }
+            Err(e) => {
+                conn.reuse();
+                self.notify_warned.warn(
+                    BACKEND,
+                    &format!(
+                        "cannot install the change triggers on table `{}` (does this role own                          it?): {e}",
+                        self.config.table()
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the table has its change triggers, so that a listener hears every write.
+    pub(crate) fn notifying(&self) -> bool {
+        self.notifying.load(Ordering::Acquire)
     }
 
     /// Runs one statement and returns its rows, within the deadline. `counter` names the key

@@ -47,6 +47,19 @@ pub(crate) struct Statements {
     pub(crate) exists: Statement,
     /// A batch for the simple-query protocol (no parameters), run in a transaction.
     pub(crate) create: String,
+    /// The channel the change triggers notify (see `notify_schema`): `<table>_changed`.
+    pub(crate) channel: String,
+    /// Whether the change triggers are installed: `$1` the quoted table, `$2` the name of the
+    /// last trigger `notify_schema` creates.
+    pub(crate) notify_installed: Statement,
+    /// The name of the last trigger `notify_schema` creates.
+    pub(crate) notify_trigger: String,
+    /// A batch for the simple-query protocol, run in a transaction: (re)creates the triggers
+    /// that `pg_notify` a key's directory (its text up to its last `:`) on the channel when a
+    /// write creates, deletes or changes the value of a live key (an `UPDATE` that keeps the
+    /// value of a live row, a renewal, runs no trigger function: the `WHEN` clause says no; a
+    /// garbage collection's `DELETE` of an expired row neither).
+    pub(crate) notify_schema: String,
     pub(crate) incr: Statement,
     pub(crate) incr_and_get: Statement,
     pub(crate) get: Statement,
@@ -94,7 +107,41 @@ impl Statements {
                    AND {live}"
             )
         };
+        let channel = format!("{table}_changed");
         Statements {
+            channel: channel.clone(),
+            notify_installed: String::from(
+                "SELECT EXISTS (SELECT 1 FROM pg_trigger
+                                WHERE tgrelid = to_regclass($1::text) AND tgname = $2::text)",
+            )
+            .typed(&[TEXT, TEXT]),
+            notify_trigger: format!("{table}_changed_del"),
+            notify_schema: format!(
+                r#"SELECT pg_advisory_xact_lock(hashtext('headcount schema {table}'));
+CREATE OR REPLACE FUNCTION "{channel}"() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE dir text;
+BEGIN
+  IF TG_OP = 'DELETE' THEN dir := OLD.key; ELSE dir := NEW.key; END IF;
+  dir := substring(dir from '^(.*:)');
+  IF dir IS NOT NULL THEN
+    PERFORM pg_notify('{channel}', dir);
+  END IF;
+  RETURN NULL;
+END
+$fn$;
+DROP TRIGGER IF EXISTS "{table}_changed_ins" ON {t};
+DROP TRIGGER IF EXISTS "{table}_changed_upd" ON {t};
+DROP TRIGGER IF EXISTS "{table}_changed_del" ON {t};
+CREATE TRIGGER "{table}_changed_ins" AFTER INSERT ON {t}
+  FOR EACH ROW EXECUTE FUNCTION "{channel}"();
+CREATE TRIGGER "{table}_changed_upd" AFTER UPDATE ON {t}
+  FOR EACH ROW WHEN (OLD.value IS DISTINCT FROM NEW.value
+                     OR (OLD.expires_at IS NOT NULL AND OLD.expires_at <= now()))
+  EXECUTE FUNCTION "{channel}"();
+CREATE TRIGGER "{table}_changed_del" AFTER DELETE ON {t}
+  FOR EACH ROW WHEN (OLD.expires_at IS NULL OR OLD.expires_at > now())
+  EXECUTE FUNCTION "{channel}"();"#
+            ),
             quoted_table: t.clone(),
             exists: String::from("SELECT to_regclass($1::text) IS NOT NULL").typed(&[TEXT]),
             create: format!(

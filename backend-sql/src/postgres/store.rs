@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
 use headcount_core::backend::{self, ttl_millis};
+use headcount_core::notify::{Notifications, NotifyHub};
 use headcount_core::store::RenewedListing;
 use headcount_core::{Capabilities, Durability, Error, Op, Result};
 use tokio_postgres::Row;
@@ -25,6 +26,15 @@ use super::sql::prefix_patterns;
 #[derive(Clone)]
 pub struct PostgresStore {
     inner: Arc<Connections>,
+    notify: Arc<Notify>,
+}
+
+/// Change notifications: the subscribers, and the task that holds `LISTEN` for them on a
+/// connection of its own (see [`super::notify`]).
+struct Notify {
+    hub: NotifyHub,
+    /// False over an application's pool, whose connection settings the store does not own.
+    own_connection: bool,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -57,7 +67,7 @@ impl PostgresStore {
     pub async fn connect_with(config: PostgresConfig) -> Result<Self> {
         let (pool, gc_pool) = connection::pools(&config).await?;
         let pg = config.pg.clone();
-        match Self::over(pool, Some(gc_pool), config).await {
+        match Self::over(pool, Some(gc_pool), config, true).await {
             Err(Error::Timeout { backend, op, after }) => {
                 match probe::not_postgres(&pg, after).await {
                     Some(found) => Err(Error::Rejected {
@@ -91,13 +101,22 @@ impl PostgresStore {
     /// [`from_pool`](Self::from_pool) with the table and timeout of `config` (its host, user,
     /// password and TLS settings are not used: the pool's are).
     pub async fn from_pool_with(pool: Pool, config: PostgresConfig) -> Result<Self> {
-        Self::over(pool, None, config).await
+        Self::over(pool, None, config, false).await
     }
 
     /// A store over `pool`, collecting garbage over `gc_pool` (else `pool`).
-    async fn over(pool: Pool, gc_pool: Option<Pool>, config: PostgresConfig) -> Result<Self> {
+    async fn over(
+        pool: Pool,
+        gc_pool: Option<Pool>,
+        config: PostgresConfig,
+        own_connection: bool,
+    ) -> Result<Self> {
         let store = PostgresStore {
             inner: Arc::new(Connections::new(pool, gc_pool, config)),
+            notify: Arc::new(Notify {
+                hub: NotifyHub::new(),
+                own_connection,
+            }),
         };
         // Connecting eagerly reports bad credentials or an unreachable server now, not at the
         // first operation.
@@ -184,7 +203,22 @@ impl backend::Backend for PostgresStore {
         caps.native_incr_and_get = true;
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
+        caps.native_notifications = self.notify.own_connection && self.inner.notifying();
         caps
+    }
+
+    /// `LISTEN` on one connection of the store handle's own (see the crate README, "Change
+    /// notifications"). Silent over an application's pool (`from_pool`), and when the table's
+    /// change triggers are missing and this role could not install them (said once).
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        if !backend::Backend::capabilities(self).native_notifications {
+            return Ok(Notifications::never(dir));
+        }
+        let (config, channel) = (self.inner.config.clone(), self.inner.sql.channel.clone());
+        let warned = self.inner.notify_warned.clone();
+        Ok(self.notify.hub.subscribe_listened(dir, |hub| {
+            super::notify::listen(config, channel, hub, warned)
+        }))
     }
 
     async fn renew_and_list(

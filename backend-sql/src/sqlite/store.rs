@@ -1,12 +1,15 @@
 //! [`SqliteStore`]: opening a store and its [`Backend`](backend::Backend) implementation, each
 //! primitive one call of [`sql`](super::sql) on the worker thread.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use headcount_core::backend::{self, ttl_millis};
+use headcount_core::notify::{Notifications, NotifyHub};
 use headcount_core::{Capabilities, Durability, Op, Result};
 
 use super::config::{Location, SqliteConfig};
@@ -25,6 +28,26 @@ use super::sql::{
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Worker>,
+    /// In-process change notifications, shared by every handle on the same file in this
+    /// process (see [`hub_for`]).
+    hub: NotifyHub,
+}
+
+/// The notification hub of the database at `location`: one per file per process, so two
+/// handles opened on one file wake each other's subscribers; one per handle for an in-memory
+/// database (which no other handle sees).
+fn hub_for(location: &Location) -> NotifyHub {
+    static HUBS: OnceLock<Mutex<HashMap<PathBuf, NotifyHub>>> = OnceLock::new();
+    let Location::File(path) = location else {
+        return NotifyHub::new();
+    };
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+    HUBS.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .entry(path)
+        .or_default()
+        .clone()
 }
 
 impl fmt::Debug for SqliteStore {
@@ -47,8 +70,11 @@ impl SqliteStore {
     /// [`SqliteConfig::new`]`(path, options)` (`":memory:"` for a private in-memory database).
     /// The file is created when missing; its directory must exist.
     pub async fn connect_with(config: SqliteConfig) -> Result<Self> {
+        let worker = Worker::start(config).await?;
+        let hub = hub_for(worker.config().location());
         Ok(SqliteStore {
-            inner: Arc::new(Worker::start(config).await?),
+            inner: Arc::new(worker),
+            hub,
         })
     }
 
@@ -80,14 +106,26 @@ impl backend::Backend for SqliteStore {
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
         caps.shared = !self.is_memory();
+        caps.native_notifications = true;
         caps
     }
 
+    /// In-process: a write through any handle on the same file in this process wakes the
+    /// subscribers of its directory once it committed. Another process's writes are not
+    /// notified (SQLite has no channel between processes): subscribers there learn of them by
+    /// polling.
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        Ok(self.hub.subscribe(dir))
+    }
+
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        let key = key.to_owned();
+        let owned = key.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
-        self.call(Op::Incr, move |conn| incr(conn, &key, ttl_ms))
-            .await
+        let n = self
+            .call(Op::Incr, move |conn| incr(conn, &owned, ttl_ms))
+            .await?;
+        self.hub.notify_key(key);
+        Ok(n)
     }
 
     async fn get(&self, key: &str) -> Result<Option<String>> {
@@ -110,27 +148,45 @@ impl backend::Backend for SqliteStore {
         new: &str,
         ttl: Option<Duration>,
     ) -> Result<bool> {
-        let key = key.to_owned();
+        // A renewal through compare-and-set (the same value) changes no value: not notified.
+        let renewal = expected == Some(new);
+        let owned = key.to_owned();
         let expected = expected.map(str::to_owned);
         let new = new.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
-        self.call(Op::CompareAndSet, move |conn| {
-            compare_and_set(conn, &key, expected.as_deref(), &new, ttl_ms)
-        })
-        .await
+        let wrote = self
+            .call(Op::CompareAndSet, move |conn| {
+                compare_and_set(conn, &owned, expected.as_deref(), &new, ttl_ms)
+            })
+            .await?;
+        if wrote && !renewal {
+            self.hub.notify_key(key);
+        }
+        Ok(wrote)
     }
 
     async fn delete(&self, key: &str) -> Result<bool> {
-        let key = key.to_owned();
-        self.call(Op::Delete, move |conn| delete(conn, &key)).await
+        let owned = key.to_owned();
+        let deleted = self
+            .call(Op::Delete, move |conn| delete(conn, &owned))
+            .await?;
+        if deleted {
+            self.hub.notify_key(key);
+        }
+        Ok(deleted)
     }
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        let (key, expected) = (key.to_owned(), expected.to_owned());
-        self.call(Op::CompareAndDelete, move |conn| {
-            compare_and_delete(conn, &key, &expected)
-        })
-        .await
+        let (owned, expected) = (key.to_owned(), expected.to_owned());
+        let deleted = self
+            .call(Op::CompareAndDelete, move |conn| {
+                compare_and_delete(conn, &owned, &expected)
+            })
+            .await?;
+        if deleted {
+            self.hub.notify_key(key);
+        }
+        Ok(deleted)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
@@ -140,10 +196,15 @@ impl backend::Backend for SqliteStore {
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        let key = key.to_owned();
+        let owned = key.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
-        self.call(Op::SetMax, move |conn| set_max(conn, &key, value, ttl_ms))
-            .await
+        let wrote = self
+            .call(Op::SetMax, move |conn| set_max(conn, &owned, value, ttl_ms))
+            .await?;
+        if wrote {
+            self.hub.notify_key(key);
+        }
+        Ok(wrote)
     }
 
     async fn incr_and_get(
@@ -156,10 +217,13 @@ impl backend::Backend for SqliteStore {
         let key = incr_key.to_owned();
         let get_key = get_key.to_owned();
         let ttl_ms = ttl.map(ttl_millis);
-        self.call(Op::IncrAndGet, move |conn| {
-            incr_and_get(conn, &key, by, ttl_ms, &get_key)
-        })
-        .await
+        let answer = self
+            .call(Op::IncrAndGet, move |conn| {
+                incr_and_get(conn, &key, by, ttl_ms, &get_key)
+            })
+            .await?;
+        self.hub.notify_key(incr_key);
+        Ok(answer)
     }
 
     async fn renew_and_list(

@@ -823,6 +823,10 @@ impl headcount::backend::Backend for Flaky {
         self.check()?;
         self.inner.incr_and_get(incr_key, by, ttl, get_key).await
     }
+    /// Forwarded even while down: a subscription is no store call.
+    async fn subscribe(&self, dir: &str) -> headcount::Result<headcount::notify::Notifications> {
+        self.inner.subscribe(dir).await
+    }
 }
 
 /// Bad intervals, groups and capacities are `InvalidArgument` at join; a foreign value at the

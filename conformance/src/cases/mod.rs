@@ -17,6 +17,7 @@ pub mod interval;
 mod keys;
 mod listing;
 mod membership;
+mod notify;
 mod set_max;
 mod ttl;
 
@@ -33,6 +34,7 @@ pub use interval::{
 pub use keys::*;
 pub use listing::*;
 pub use membership::*;
+pub use notify::*;
 pub use set_max::*;
 pub use ttl::*;
 

@@ -79,6 +79,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
+use crate::notify::Notifications;
 use crate::store::{
     Capabilities, Durability, RenewedListing, Store, MAX_KEY_LEN, MAX_TTL, MAX_VALUE_LEN, MIN_TTL,
 };
@@ -219,6 +220,11 @@ pub trait Backend: Send + Sync + Debug + 'static {
             Backend::capabilities(self).backend
         )))
     }
+
+    /// See [`Store::subscribe`]. Provided: [`Notifications::never`].
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        Ok(Notifications::never(dir))
+    }
 }
 
 /// The checked entry point: every [`Backend`] is a [`Store`] whose methods check their arguments
@@ -327,6 +333,11 @@ impl<B: Backend> Store for B {
     async fn durability(&self) -> Result<Durability> {
         Backend::durability(self).await
     }
+
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        check_dir(dir)?;
+        Backend::subscribe(self, dir).await
+    }
 }
 
 impl<B: Backend> crate::store::sealed::Sealed for B {}
@@ -361,6 +372,13 @@ pub fn check_renew_and_list_if_changed(
     dir: &str,
 ) -> Result<()> {
     check_renew_and_list(key, holder, ttl, dir)?;
+    check_dir(dir)
+}
+
+/// Checks a directory (of [`Store::subscribe`] and [`Store::renew_and_list_if_changed`]): a
+/// valid prefix ([`check_prefix`]) that ends with `:`.
+pub fn check_dir(dir: &str) -> Result<()> {
+    check_prefix(dir)?;
     if !dir.ends_with(':') {
         return Err(Error::invalid(format!(
             "directory `{dir}` does not end with `:`"

@@ -45,6 +45,9 @@ impl Backend for SqlModel {
         caps.backend = BACKEND;
         caps.native_renew_and_versions = false;
         caps.native_change_version = false;
+        // The model writes its data directly, not through the in-memory store's methods, so
+        // it notifies nothing (the simulation's lossy notification channel is to come).
+        caps.native_notifications = false;
         caps
     }
 

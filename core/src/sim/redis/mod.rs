@@ -194,6 +194,9 @@ impl backend::Backend for RedisModel {
         let mut caps = backend::Backend::capabilities(&self.data);
         caps.backend = BACKEND;
         caps.native_change_version = true;
+        // The model writes its data directly, not through the in-memory store's methods, so
+        // it notifies nothing (the simulation's lossy notification channel is to come).
+        caps.native_notifications = false;
         caps
     }
 
