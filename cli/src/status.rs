@@ -237,6 +237,12 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
         "declared_keys": s.keys.as_ref().map(|k| k.len()),
         "keys_owned": s.keys_owned.iter().map(|&(slot, n)| serde_json::json!({"slot": slot, "keys": n})).collect::<Vec<_>>(),
         "unmapped": unmapped(args, s),
+        // New members standing by for a leaving member's place (`--standby-for`), oldest first.
+        "standbys": s.standbys.iter().map(|b| serde_json::json!({
+            "member": b.member,
+            "since": rfc3339(UNIX_EPOCH + Duration::from_millis(b.since_ms)),
+            "heir_of": b.heir_of,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -365,13 +371,34 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
                 s.acked(slot).unwrap_or(r.acked),
                 owns
             )?;
-            if let Some(ms) = r.parked {
-                emit!(
+            let heir = s
+                .standbys
+                .iter()
+                .any(|b| b.heir_of == Some(slot) && b.member == r.member);
+            match r.parked {
+                Some(ms) if heir => emit!(
+                    "      handed to the standby {} at {}: it takes the slot over",
+                    r.member,
+                    rfc3339(UNIX_EPOCH + Duration::from_millis(ms))
+                )?,
+                Some(ms) => emit!(
                     "      away for a restart since {}: its place is kept for the same member id",
                     rfc3339(UNIX_EPOCH + Duration::from_millis(ms))
-                )?;
+                )?,
+                None => {}
             }
         }
+    }
+    for b in &s.standbys {
+        let heir = match b.heir_of {
+            Some(slot) => format!(": taking over slot {slot}"),
+            None => String::new(),
+        };
+        emit!(
+            "standby  {} since {}{heir}",
+            b.member,
+            rfc3339(UNIX_EPOCH + Duration::from_millis(b.since_ms))
+        )?;
     }
     for (slot, value) in &s.table.foreign {
         emit!("slot {slot}: foreign value {value:?} (occupied, not a member)")?;

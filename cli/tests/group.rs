@@ -976,6 +976,13 @@ fn a_standby_run_takes_the_place_of_the_member_that_stops() {
         EVERY,
         || ready.exists(),
     );
+    let status = status_json(&url, "surge", &[]);
+    assert_eq!(status["standbys"][0]["member"], "m2", "{status}");
+    assert_eq!(
+        status["members"].as_array().map(Vec::len),
+        Some(2),
+        "{status}"
+    );
     signal(&procs.0[1], "-TERM");
     let stopped = procs.0[1].wait().expect("wait");
     assert!(stopped.success(), "{stopped:?}");

@@ -15,6 +15,17 @@ use headcount_core::{DynStore, ErrorKind};
 mod paused_group;
 use paused_group::{converged, owners, Fixture, KEYS, TTL};
 
+/// Writes the standby record of a process that stands by as `id` (and polls no more).
+async fn standby_record(f: &Fixture, id: &str) {
+    let key = format!("hc:{{g}}:standby:{id}");
+    let text = "v1 nonce=00000000000000aa since=1";
+    assert!(f
+        .store
+        .compare_and_set(&key, None, text, Some(TTL))
+        .await
+        .unwrap());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_replacement_inherits_the_leavers_slot_and_only_its_keys_move() {
     let f = Fixture::new();
@@ -149,16 +160,7 @@ async fn a_chosen_standby_that_never_comes_costs_one_lease_as_a_crash_does() {
     let b = f.join(f.config("b")).await;
     let epoch = converged(&[&a, &b]).await;
     // The record a standby process wrote just before it died.
-    assert!(f
-        .store
-        .compare_and_set(
-            "hc:{g}:standby:ghost",
-            None,
-            "v1 nonce=00000000000000aa since=1",
-            Some(TTL),
-        )
-        .await
-        .unwrap());
+    standby_record(&f, "ghost").await;
     let started = tokio::time::Instant::now();
     b.leave().await.unwrap();
     let parked = f.slot_record(1).await.expect("parked for the standby");
@@ -192,5 +194,61 @@ fn a_standby_wait_outside_the_limits_is_refused() {
             .expect_err("refused");
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
         assert!(e.to_string().contains("standby wait"), "{e}");
+    }
+}
+
+/// A standby stopped just after a leaving member chose it (an aborted rollout scaling the new
+/// pods down) gives the slot back: it deletes the claim parked for it, so the others take its
+/// keys within a heartbeat or so instead of waiting a lease TTL for the parked claim to expire.
+#[tokio::test(start_paused = true)]
+async fn a_standby_stopped_after_it_was_chosen_gives_the_slot_back() {
+    let f = Fixture::new();
+    let a = f.join(f.config("a")).await;
+    let b = f.join(f.config("b")).await;
+    let epoch = converged(&[&a, &b]).await;
+    let d = f.join(f.config("d").with_standby(TTL * 20)).await;
+    let started = tokio::time::Instant::now();
+    b.leave().await.unwrap();
+    let parked = f.slot_record(1).await.expect("parked for the standby");
+    assert_eq!((parked.member.as_str(), parked.is_parked()), ("d", true));
+    // Stopped before its next poll saw the mark.
+    d.leave().await.unwrap();
+    assert_eq!(
+        f.slot_record(1).await,
+        None,
+        "the parked claim is given back"
+    );
+    assert_eq!(f.store.get("hc:{g}:standby:d").await.unwrap(), None);
+    let x = a.active(epoch + 1).await.unwrap();
+    assert_eq!(x.replicas, 1);
+    assert!(started.elapsed() < TTL / 2, "{:?}", started.elapsed());
+    a.leave().await.unwrap();
+}
+
+/// A standby's process restarted (same member id) after a leaving member chose it: the new
+/// process finds its record marked and takes the slot over, instead of writing a fresh record
+/// and leaving the slot parked.
+#[tokio::test(start_paused = true)]
+async fn a_chosen_standby_restarted_under_its_id_takes_the_slot_over() {
+    let f = Fixture::new();
+    let a = f.join(f.config("a")).await;
+    let b = f.join(f.config("b")).await;
+    let epoch = converged(&[&a, &b]).await;
+    // The record of a standby process that is about to restart.
+    standby_record(&f, "e").await;
+    b.leave().await.unwrap();
+    let marked = f.store.get("hc:{g}:standby:e").await.unwrap().unwrap();
+    assert!(marked.contains(" heir_of=1 from="), "{marked}");
+    let e = f.join(f.config("e").with_standby(TTL * 20)).await;
+    let x = e.active(0).await.expect("takes the slot over");
+    assert_eq!(
+        (x.slot, x.epoch, x.replicas),
+        (Some(1), epoch + 1, 2),
+        "{x:?}"
+    );
+    assert_eq!(converged(&[&a, &e]).await, epoch + 1);
+    assert_eq!(f.store.get("hc:{g}:standby:e").await.unwrap(), None);
+    for m in [a, e] {
+        m.leave().await.unwrap();
     }
 }

@@ -130,9 +130,9 @@ impl fmt::Display for SlotRecord {
 /// inherit the slot of a member that leaves (see
 /// [`GroupConfig::with_standby`](super::GroupConfig::with_standby)).
 ///
-/// `v1 nonce=<16 hex> since=<unix ms>`, with ` heir_of=<slot>` at the end once a leaving member
-/// chose it: that member then parks its claim of the slot under the standby's member id, and the
-/// standby takes it back as a returning member does.
+/// `v1 nonce=<16 hex> since=<unix ms>`, with ` heir_of=<slot> from=<16 hex>` at the end once a
+/// leaving member chose it: that member (the claim with nonce `from`) then parks its claim of the
+/// slot under the standby's member id, and the standby takes it back as a returning member does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct StandbyRecord {
     /// Random per standby: tells this process's record from another one's with the same id.
@@ -140,8 +140,8 @@ pub(super) struct StandbyRecord {
     /// When it started standing by, wall clock, milliseconds since the Unix epoch: the oldest
     /// standby inherits first.
     pub(super) since_ms: u64,
-    /// The slot a leaving member is handing to it.
-    pub(super) heir_of: Option<u32>,
+    /// The slot a leaving member is handing to it, and the nonce of that member's claim.
+    pub(super) heir_of: Option<(u32, u64)>,
 }
 
 impl StandbyRecord {
@@ -155,12 +155,15 @@ impl StandbyRecord {
         let record = StandbyRecord {
             nonce: u64::from_str_radix(fields.get("nonce")?, 16).ok()?,
             since_ms: fields.get("since")?.parse().ok()?,
-            heir_of: match fields.get("heir_of") {
-                Some(s) => Some(s.parse().ok()?),
-                None => None,
+            heir_of: match (fields.get("heir_of"), fields.get("from")) {
+                (Some(slot), Some(from)) => {
+                    Some((slot.parse().ok()?, u64::from_str_radix(from, 16).ok()?))
+                }
+                (None, None) => None,
+                _ => return None,
             },
         };
-        let expected = 2 + usize::from(record.heir_of.is_some());
+        let expected = 2 + 2 * usize::from(record.heir_of.is_some());
         (fields.len() == expected).then_some(record)
     }
 }
@@ -169,7 +172,7 @@ impl fmt::Display for StandbyRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{TAG} nonce={:016x} since={}", self.nonce, self.since_ms)?;
         match self.heir_of {
-            Some(slot) => write!(f, " heir_of={slot}"),
+            Some((slot, from)) => write!(f, " heir_of={slot} from={from:016x}"),
             None => Ok(()),
         }
     }
@@ -563,17 +566,19 @@ mod tests {
             "v1 nonce=0000000000000abc since=1700000000000"
         );
         assert_eq!(StandbyRecord::parse(&r.to_string()), Some(r.clone()));
-        r.heir_of = Some(3);
+        r.heir_of = Some((3, 0xdef));
         assert_eq!(
             r.to_string(),
-            "v1 nonce=0000000000000abc since=1700000000000 heir_of=3"
+            "v1 nonce=0000000000000abc since=1700000000000 heir_of=3 from=0000000000000def"
         );
         assert_eq!(StandbyRecord::parse(&r.to_string()), Some(r));
         for bad in [
             "",
             "v1 nonce=1",
             "v1 nonce=x since=1",
-            "v1 nonce=1 since=1 heir_of=-1",
+            "v1 nonce=1 since=1 heir_of=3",
+            "v1 nonce=1 since=1 from=1",
+            "v1 nonce=1 since=1 heir_of=-1 from=1",
             "v1 nonce=1 since=1 extra=1",
             "v2 nonce=1 since=1",
         ] {

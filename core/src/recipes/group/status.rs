@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::keys::GroupKeys;
-use super::records::{parse_acks, AckRecord};
+use super::records::{parse_acks, AckRecord, StandbyRecord};
 use super::table::Table;
 use super::view::ViewState;
 use crate::assign::{hash_bytes, AssignError, AssignorKind, KeySet};
@@ -49,6 +49,20 @@ pub struct GroupStatus {
     /// empty then and
     /// [`key_owner`](Self::key_owner) fails with the same error.
     pub unmapped: Option<AssignError>,
+    /// The members standing by for a leaving member's slot
+    /// ([`GroupConfig::with_standby`](super::GroupConfig::with_standby)), oldest first.
+    pub standbys: Vec<Standby>,
+}
+
+/// A member standing by (see [`GroupStatus::standbys`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Standby {
+    /// Its member id.
+    pub member: String,
+    /// When it started standing by, wall clock, milliseconds since the Unix epoch.
+    pub since_ms: u64,
+    /// The slot a leaving member is handing to it, once one chose it.
+    pub heir_of: Option<u32>,
 }
 
 /// Who owns one key under the published view: what `headcount status --key` prints
@@ -216,6 +230,20 @@ pub async fn status_with_keys(
         (Some(v), Some(mark)) => mark.settles(v.epoch, v.digest()),
         _ => false,
     };
+    let mut standbys: Vec<Standby> = store
+        .list(&keys.standbys)
+        .await?
+        .into_iter()
+        .filter_map(|(key, text)| {
+            let record = StandbyRecord::parse(&text)?;
+            Some(Standby {
+                member: key.strip_prefix(&keys.standbys)?.to_owned(),
+                since_ms: record.since_ms,
+                heir_of: record.heir_of.map(|(slot, _)| slot),
+            })
+        })
+        .collect();
+    standbys.sort_by(|a, b| (a.since_ms, &a.member).cmp(&(b.since_ms, &b.member)));
     let mut unlisted = Vec::new();
     let mut missing = Vec::new();
     match &table.view {
@@ -289,6 +317,7 @@ pub async fn status_with_keys(
         keys: declared,
         keys_owned,
         unmapped,
+        standbys,
     })
 }
 
@@ -337,6 +366,7 @@ mod tests {
             keys: None,
             keys_owned: Vec::new(),
             unmapped: None,
+            standbys: Vec::new(),
         }
     }
 

@@ -75,7 +75,9 @@ impl Assignment {
     ///
     /// A standby ([`GroupPhase::Standby`]) is ready too: it holds nothing, and it is there to
     /// take over the slot of a member the deploy tool stops next, which a tool waiting for
-    /// readiness would otherwise never stop.
+    /// readiness would otherwise never stop. So with standbys a tool may stop the next member
+    /// while the previous replacement is still taking its slot over: safe, as any two view
+    /// changes in a row are, but the two hand-overs overlap.
     pub fn is_ready(&self) -> bool {
         (self.phase == GroupPhase::Active && self.index.is_some())
             || self.phase == GroupPhase::Standby

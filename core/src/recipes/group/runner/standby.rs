@@ -10,6 +10,8 @@
 //! returning member does. The slots stay the same, so only the leaving member's keys move, once,
 //! in one view change.
 
+use std::time::Duration;
+
 use tokio::sync::watch;
 
 use super::super::records::{SlotRecord, StandbyRecord};
@@ -20,30 +22,82 @@ use crate::error::{Error, Result};
 /// How many standbys a leaving member tries to mark before it leaves as usual.
 const HEIR_ATTEMPTS: usize = 3;
 
+/// How many times a standby that inherited a slot retries a claim that failed with a transient
+/// error (the store briefly unreachable) before it gives up.
+const CLAIM_RETRIES: u32 = 5;
+
+/// What a slot holds for the heir a leaving member chose ([`Runner::handing`]).
+enum Handing {
+    /// The leaving member's claim, parked under the heir's member id: its text.
+    Parked(String),
+    /// The leaving member's claim, still live: it parks it next.
+    Pending,
+    /// Anything else: the slot is not being handed to the heir.
+    Not,
+}
+
+/// How an heir's wait for its slot ended.
+enum Inherited {
+    /// The slot is parked under this member id: the claim that follows takes it back.
+    Taken,
+    /// The leaving member did not park it (its claim is gone, or another holds the slot).
+    NotHanded,
+    /// Told to stop meanwhile.
+    Stopped,
+}
+
 impl Runner {
-    /// Writes this member's standby record and reports the phase `standby`. Errors as the
-    /// store's.
+    /// The lease of a standby record: one heartbeat (at least the store's shortest lease),
+    /// renewed every quarter heartbeat, so a standby that died stops being chosen within a
+    /// heartbeat.
+    fn standby_ttl(&self) -> Duration {
+        self.cfg
+            .heartbeat
+            .max(self.cfg.store.capabilities().min_ttl)
+    }
+
+    /// Writes this member's standby record and reports the phase `standby`; or, when a previous
+    /// process of this member id was chosen as an heir and its record still says so, goes on
+    /// with that inheritance. Errors as the store's.
     pub(in crate::recipes::group) async fn begin_standby(&mut self) -> Result<StandbyRecord> {
-        let record = StandbyRecord {
-            nonce: rand::random(),
-            since_ms: self.now_ms(),
-            heir_of: None,
-        };
         let key = self.cfg.keys.standby(&self.cfg.member);
-        // A record of this id an earlier process left (it expires within a TTL) is replaced.
         let old = self.cfg.store.get(&key).await?;
-        let text = record.to_string();
-        let written = self
-            .cfg
-            .store
-            .compare_and_set(&key, old.as_deref(), &text, Some(self.cfg.ttl))
-            .await?;
-        if !written {
-            return Err(Error::contended(
-                &key,
-                "another process wrote a standby record with this member id at the same time",
-            ));
-        }
+        let chosen = old
+            .as_deref()
+            .and_then(StandbyRecord::parse)
+            .filter(|r| r.heir_of.is_some());
+        let record = match chosen {
+            Some(record) => record,
+            None => {
+                let record = StandbyRecord {
+                    nonce: rand::random(),
+                    since_ms: self.now_ms(),
+                    heir_of: None,
+                };
+                let text = record.to_string();
+                match self
+                    .cfg
+                    .store
+                    .compare_and_set(&key, old.as_deref(), &text, Some(self.standby_ttl()))
+                    .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return Err(Error::contended(
+                            &key,
+                            "another process wrote a standby record with this member id at the same time",
+                        ))
+                    }
+                    Err(e) => {
+                        // Applied with its reply lost, the record would be the oldest standby
+                        // of a process that never polls it: take it away again.
+                        let _ = self.cfg.store.compare_and_delete(&key, &text).await;
+                        return Err(e);
+                    }
+                }
+                record
+            }
+        };
         self.shared.publish(|a| a.phase = GroupPhase::Standby);
         tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, wait = ?self.cfg.standby, "standing by for a leaving member's slot");
         Ok(record)
@@ -62,15 +116,36 @@ impl Runner {
             self.shared.publish(|a| a.phase = GroupPhase::Stopped);
             return Ok(());
         }
-        if let Err(e) = self.first_claim().await {
-            self.fail(&e).await;
-            return Err(e);
+        // The caller of `Group::join` heard `Ok` long ago: a store briefly unreachable is
+        // retried here rather than ending the member.
+        let mut retries = 0;
+        loop {
+            match self.first_claim().await {
+                Ok(()) => break,
+                Err(e) if e.is_retryable() && retries < CLAIM_RETRIES => {
+                    retries += 1;
+                    self.set_error(Some(&e));
+                    tokio::select! {
+                        biased;
+                        _ = stop.changed() => {
+                            self.shared.publish(|a| a.phase = GroupPhase::Stopped);
+                            return Ok(());
+                        }
+                        _ = self.cfg.clock.sleep(self.cfg.heartbeat / 4) => {}
+                    }
+                }
+                Err(e) => {
+                    self.fail(&e).await;
+                    return Err(e);
+                }
+            }
         }
         self.run(stop).await
     }
 
     /// Stands by until a leaving member hands this one its slot or the wait ends (true: claim
-    /// now), or until `stop` changes (false, with the standby record deleted).
+    /// now), or until `stop` changes (false, with the standby record deleted and a slot handed
+    /// to it given back).
     async fn stand_by(
         &mut self,
         mut record: StandbyRecord,
@@ -81,13 +156,43 @@ impl Runner {
         let poll = self.cfg.heartbeat / 4;
         loop {
             if *stop.borrow() {
-                let _ = self
-                    .cfg
-                    .store
-                    .compare_and_delete(&key, &record.to_string())
-                    .await;
-                tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, "stopped while standing by");
+                self.stop_standing_by(record).await;
                 return false;
+            }
+            if let Some((slot, from)) = record.heir_of {
+                match self.inherit(slot, from, stop).await {
+                    Inherited::Taken => {
+                        let _ = self
+                            .cfg
+                            .store
+                            .compare_and_delete(&key, &record.to_string())
+                            .await;
+                        return true;
+                    }
+                    Inherited::Stopped => {
+                        self.stop_standing_by(record).await;
+                        return false;
+                    }
+                    Inherited::NotHanded => {
+                        // Stand by again, unmarked. If the store holds something else by now,
+                        // the renewal below fails and reads it.
+                        let marked = record.to_string();
+                        record.heir_of = None;
+                        if let Err(e) = self
+                            .cfg
+                            .store
+                            .compare_and_set(
+                                &key,
+                                Some(&marked),
+                                &record.to_string(),
+                                Some(self.standby_ttl()),
+                            )
+                            .await
+                        {
+                            self.set_error(Some(&e));
+                        }
+                    }
+                }
             }
             let text = record.to_string();
             // Renewing with the exact text, or deleting it once the wait is over, fails only
@@ -99,7 +204,7 @@ impl Runner {
             } else {
                 self.cfg
                     .store
-                    .compare_and_set(&key, Some(&text), &text, Some(self.cfg.ttl))
+                    .compare_and_set(&key, Some(&text), &text, Some(self.standby_ttl()))
                     .await
             };
             match unchanged {
@@ -107,31 +212,13 @@ impl Runner {
                     tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, "no member left while standing by: joining as a new member");
                     return true;
                 }
-                Ok(true) => {}
+                Ok(true) => self.set_error(None),
                 Ok(false) => match self.cfg.store.get(&key).await {
                     Ok(Some(now)) => match StandbyRecord::parse(&now) {
                         Some(r) if r.nonce == record.nonce => {
-                            if let Some(slot) = r.heir_of {
-                                if self.inherit(slot).await {
-                                    let _ = self.cfg.store.compare_and_delete(&key, &now).await;
-                                    return true;
-                                }
-                            }
-                            // Not handed over after all: stand by again, unmarked.
-                            record.heir_of = None;
-                            if let Err(e) = self
-                                .cfg
-                                .store
-                                .compare_and_set(
-                                    &key,
-                                    Some(&now),
-                                    &record.to_string(),
-                                    Some(self.cfg.ttl),
-                                )
-                                .await
-                            {
-                                self.set_error(Some(&e));
-                            }
+                            // Marked by a leaving member (handled at the top of the loop).
+                            record = r;
+                            continue;
                         }
                         // Another process stands by with this member id, or the key holds
                         // something else: join now, where the usual rule for two processes of
@@ -141,12 +228,12 @@ impl Runner {
                             return true;
                         }
                     },
-                    // Expired (the process was paused past its TTL): write it again.
+                    // Expired (the process was paused past its lease): write it again.
                     Ok(None) => {
                         if let Err(e) = self
                             .cfg
                             .store
-                            .compare_and_set(&key, None, &text, Some(self.cfg.ttl))
+                            .compare_and_set(&key, None, &text, Some(self.standby_ttl()))
                             .await
                         {
                             self.set_error(Some(&e));
@@ -164,32 +251,104 @@ impl Runner {
         }
     }
 
-    /// Chosen as the heir of `slot`: waits (up to one lease TTL, the time its leaving member
-    /// has to park it) until the slot is parked under this member id, so that the claim that
-    /// follows takes it back. Returns false when it is not (the leaving member lost its claim,
-    /// or gave up): the member stands by again.
-    async fn inherit(&mut self, slot: u32) -> bool {
+    /// Chosen as the heir of `slot` by the claim with nonce `from`: waits (up to one lease TTL,
+    /// the time its leaving member has to park it) until the slot is parked under this member
+    /// id, so that the claim that follows takes it back.
+    async fn inherit(
+        &mut self,
+        slot: u32,
+        from: u64,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Inherited {
         let key = self.cfg.keys.slot(slot);
         let give_up = self.cfg.clock.monotonic() + self.cfg.ttl;
         loop {
-            match self.cfg.store.get(&key).await {
-                Ok(Some(text)) => match SlotRecord::parse(&text) {
-                    Some(r) if r.is_parked() && r.member == self.cfg.member => {
-                        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, "a leaving member handed its slot to this standby");
-                        return true;
-                    }
-                    // Still its leaving member's live claim: it parks it next.
-                    Some(r) if !r.is_parked() => {}
-                    _ => return false,
-                },
-                Ok(None) => return false,
+            match self.handing(&key, from).await {
+                Ok(Handing::Parked(_)) => {
+                    tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, "a leaving member handed its slot to this standby");
+                    return Inherited::Taken;
+                }
+                Ok(Handing::Pending) => {}
+                Ok(Handing::Not) => return Inherited::NotHanded,
                 Err(e) => self.set_error(Some(&e)),
             }
             if self.cfg.clock.monotonic() >= give_up {
-                return false;
+                return Inherited::NotHanded;
             }
-            self.cfg.clock.sleep(self.cfg.heartbeat / 8).await;
+            tokio::select! {
+                biased;
+                _ = stop.changed() => return Inherited::Stopped,
+                _ = self.cfg.clock.sleep(self.cfg.heartbeat / 8) => {}
+            }
         }
+    }
+
+    /// Stops standing by: deletes the standby record, and if a leaving member chose this
+    /// standby meanwhile, gives its slot back to the group (see [`Runner::give_back`]).
+    async fn stop_standing_by(&mut self, mut record: StandbyRecord) {
+        let key = self.cfg.keys.standby(&self.cfg.member);
+        for _ in 0..3 {
+            if let Some((slot, from)) = record.heir_of {
+                self.give_back(slot, from).await;
+            }
+            match self
+                .cfg
+                .store
+                .compare_and_delete(&key, &record.to_string())
+                .await
+            {
+                Ok(false) => match self.cfg.store.get(&key).await {
+                    // Marked since this member last looked.
+                    Ok(Some(now)) => match StandbyRecord::parse(&now) {
+                        Some(r) if r.nonce == record.nonce && r != record => record = r,
+                        _ => break,
+                    },
+                    _ => break,
+                },
+                Ok(true) | Err(_) => break,
+            }
+        }
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, "stopped while standing by");
+    }
+
+    /// A standby chosen as the heir of `slot` (by the claim with nonce `from`) that stops
+    /// before taking it over: deletes the claim parked for it, which holds nothing, so the
+    /// others publish a view without the slot at once instead of waiting a lease TTL for it to
+    /// expire. Waits at most a heartbeat for the leaving member to park it.
+    async fn give_back(&mut self, slot: u32, from: u64) {
+        let key = self.cfg.keys.slot(slot);
+        let give_up = self.cfg.clock.monotonic() + self.cfg.heartbeat;
+        loop {
+            match self.handing(&key, from).await {
+                Ok(Handing::Parked(text)) => {
+                    let _ = self.cfg.store.compare_and_delete(&key, &text).await;
+                    tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, "stopped after a leaving member handed this standby its slot: the slot goes back to the group");
+                    return;
+                }
+                Ok(Handing::Pending) => {}
+                Ok(Handing::Not) | Err(_) => return,
+            }
+            if self.cfg.clock.monotonic() >= give_up {
+                return;
+            }
+            self.cfg.clock.sleep(self.cfg.heartbeat / 16).await;
+        }
+    }
+
+    /// What the slot at `key` holds for this member as the heir the claim with nonce `from`
+    /// chose: that claim parked under this member id (with its text), still that claim live (it
+    /// parks it next), or anything else.
+    async fn handing(&self, key: &str, from: u64) -> Result<Handing> {
+        let Some(text) = self.cfg.store.get(key).await? else {
+            return Ok(Handing::Not);
+        };
+        Ok(match SlotRecord::parse(&text) {
+            Some(r) if r.nonce == from && r.is_parked() && r.member == self.cfg.member => {
+                Handing::Parked(text)
+            }
+            Some(r) if r.nonce == from && !r.is_parked() => Handing::Pending,
+            _ => Handing::Not,
+        })
     }
 
     /// Hands `claim` (drained: it holds nothing) to the oldest standby, if there is one: marks
@@ -215,7 +374,7 @@ impl Runner {
         for (member, text, record) in standbys.into_iter().take(HEIR_ATTEMPTS) {
             let standby_key = self.cfg.keys.standby(&member);
             let marked = StandbyRecord {
-                heir_of: Some(claim.slot),
+                heir_of: Some((claim.slot, claim.record.nonce)),
                 ..record
             }
             .to_string();
@@ -249,11 +408,12 @@ impl Runner {
                 return Ok(true);
             }
             // This member's claim is gone (its lease ran out): unmark the standby, which then
-            // stands by again, and leave as usual.
+            // stands by again (it also gives up on its own once the slot holds another claim),
+            // and leave as usual.
             let _ = self
                 .cfg
                 .store
-                .compare_and_set(&standby_key, Some(&marked), &text, Some(self.cfg.ttl))
+                .compare_and_set(&standby_key, Some(&marked), &text, Some(self.standby_ttl()))
                 .await;
             return Ok(false);
         }
