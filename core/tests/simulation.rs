@@ -338,23 +338,33 @@ impl Sim {
         }
     }
 
-    /// Process `i` leaves gracefully (handing its slot to a standby if there is one).
-    fn leave(&mut self, i: usize) {
-        if let Some(m) = self.procs[i].member.take() {
-            // Cooperating workers stay: the leave's revocation reaches them.
-            self.procs[i].held.retain(Held::cooperates);
-            self.procs[i].shares.clear();
-            let label = self.procs[i].label.clone();
-            self.note(format!("{label} leaves"));
-            // The handle kept by the checker until the leave is done is the clone.
-            let leaving = m.clone();
-            self.procs[i].member = Some(m);
-            self.procs[i].leaving = true;
-            tokio::spawn(async move {
-                let _ = leaving.leave().await;
-            });
-            self.procs[i].faults.resume();
+    /// Process `i` leaves gracefully (handing its slot to a standby if there is one), or, with
+    /// `restart` (the rest of its event line), leaves for a restart. Returns whether it had a
+    /// member handle to leave with.
+    fn leave(&mut self, i: usize, restart: Option<String>) -> bool {
+        let Some(m) = self.procs[i].member.take() else {
+            return false;
+        };
+        // A leave revokes every grant: cooperating workers see it themselves.
+        self.procs[i].held.retain(Held::cooperates);
+        self.procs[i].shares.clear();
+        let label = self.procs[i].label.clone();
+        match &restart {
+            Some(rest) => self.note(format!("{label} leaves for a restart{rest}")),
+            None => self.note(format!("{label} leaves")),
         }
+        // The handle kept by the checker until the leave is done is the clone.
+        let leaving = m.clone();
+        self.procs[i].member = Some(m);
+        self.procs[i].leaving = true;
+        tokio::spawn(async move {
+            let _ = match restart {
+                Some(_) => leaving.leave_for_restart().await,
+                None => leaving.leave().await,
+            };
+        });
+        self.procs[i].faults.resume();
+        true
     }
 
     /// The leaves of replaced members that are due (all of them with `all`): each a member
@@ -373,7 +383,7 @@ impl Sim {
                 .collect();
             if alive.len() > 1 {
                 let i = alive[self.replace_rng.random_range(0..alive.len())];
-                self.leave(i);
+                self.leave(i, None);
             }
         }
     }
@@ -435,22 +445,8 @@ impl Sim {
                     self.rng.random_range(0..2 * self.window.as_millis() as u64),
                 );
                 let twins = self.rng.random_bool(0.1);
-                if let Some(m) = self.procs[i].member.take() {
-                    // A leave revokes every grant: cooperating workers see it themselves.
-                    self.procs[i].held.retain(Held::cooperates);
-                    self.procs[i].shares.clear();
-                    let label = self.procs[i].label.clone();
-                    self.note(format!(
-                        "{label} leaves for a restart, back in {back:?}{}",
-                        if twins { " as twins" } else { "" }
-                    ));
-                    let leaving = m.clone();
-                    self.procs[i].member = Some(m);
-                    self.procs[i].leaving = true;
-                    tokio::spawn(async move {
-                        let _ = leaving.leave_for_restart().await;
-                    });
-                    self.procs[i].faults.resume();
+                let rest = format!(", back in {back:?}{}", if twins { " as twins" } else { "" });
+                if self.leave(i, Some(rest)) {
                     let at = self.now() + back;
                     self.restarts.push((at, id.clone()));
                     if twins {
@@ -460,7 +456,7 @@ impl Sim {
             }
             40..52 if alive.len() > 1 => {
                 let i = pick(&mut self.rng, &alive);
-                self.leave(i);
+                self.leave(i, None);
             }
             52..62 if alive.len() > 1 => {
                 let i = pick(&mut self.rng, &alive);
