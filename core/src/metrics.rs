@@ -66,6 +66,9 @@ pub const GROUP_HEARTBEAT_DURATION: &str = "headcount_group_heartbeat_duration_s
 /// Counter of heartbeats that failed (store error, or the slot was no longer ours), labels
 /// `group`, `kind`.
 pub const GROUP_HEARTBEAT_FAILURES: &str = "headcount_group_heartbeat_failures_total";
+/// Counter of calls a group member made early because the store notified a change, label
+/// `group` (see [`GroupConfig::with_notifications`](crate::recipes::group::GroupConfig::with_notifications)).
+pub const GROUP_NOTICE_CALLS: &str = "headcount_group_notice_calls_total";
 /// Counter of views this member activated, label `group`.
 pub const GROUP_VIEW_CHANGES: &str = "headcount_group_view_changes_total";
 /// Gauge of the epoch of the member's active view (the token of its share grants; a key grant's
@@ -121,6 +124,7 @@ pub const ALL: &[&str] = &[
     STORE_OPERATION_ERRORS,
     GROUP_HEARTBEAT_DURATION,
     GROUP_HEARTBEAT_FAILURES,
+    GROUP_NOTICE_CALLS,
     GROUP_VIEW_CHANGES,
     GROUP_EPOCH,
     GROUP_MEMBERS_LIVE,
@@ -160,6 +164,10 @@ pub fn describe() {
     describe_counter!(
         GROUP_HEARTBEAT_FAILURES,
         "Group heartbeats that failed, by error kind (`lost` when the slot was no longer ours)."
+    );
+    describe_counter!(
+        GROUP_NOTICE_CALLS,
+        "Calls a group member made before its timer because the store notified a change."
     );
     describe_counter!(GROUP_VIEW_CHANGES, "Views a group member activated.");
     describe_gauge!(
@@ -278,6 +286,11 @@ impl GroupMetrics {
     pub fn heartbeat_failed(&self, kind: &'static str) {
         ::metrics::counter!(GROUP_HEARTBEAT_FAILURES, "group" => self.group.clone(), "kind" => kind)
             .increment(1);
+    }
+
+    /// A call made early because the store notified a change.
+    pub fn notice_call(&self) {
+        ::metrics::counter!(GROUP_NOTICE_CALLS, "group" => self.group.clone()).increment(1);
     }
 
     /// A view became active: counts the change and sets the epoch and live-member gauges.

@@ -26,6 +26,7 @@ pub struct GroupConfig {
     pub(super) standby: Option<Duration>,
     pub(super) change_checks: bool,
     pub(super) one_call_versions: bool,
+    pub(super) notifications: bool,
     pub(super) eviction_allowed: bool,
 }
 
@@ -52,6 +53,7 @@ impl GroupConfig {
             standby: None,
             change_checks: true,
             one_call_versions: true,
+            notifications: true,
             eviction_allowed: false,
         }
     }
@@ -213,6 +215,20 @@ impl GroupConfig {
     /// protocol is the same.
     pub fn with_one_call_versions(mut self, on: bool) -> Self {
         self.one_call_versions = on;
+        self
+    }
+
+    /// Whether the member listens to the store's change notifications
+    /// ([`Store::subscribe`](crate::Store::subscribe), the default) so that a planned change (a
+    /// join, a graceful leave, a published view, an acknowledgement, a settled view) is seen
+    /// within a round trip instead of at the next heartbeat, or only polls (`false`, the design
+    /// before, kept to measure the two side by side). Notifications only make a member look
+    /// earlier: it polls at the same pace either way, and nothing it concludes depends on one
+    /// arriving. A crash is still seen when its lease runs out. A store without native
+    /// notifications ([`Capabilities::native_notifications`](crate::Capabilities)) polls either
+    /// way; see [`notify`](crate::notify) for what a subscription costs each backend.
+    pub fn with_notifications(mut self, on: bool) -> Self {
+        self.notifications = on;
         self
     }
 

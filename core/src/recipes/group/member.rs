@@ -79,6 +79,7 @@ impl Group {
         // Every handle dropped without leave(): the heartbeat is cancelled and the slot expires
         // after the TTL.
         let what = format!("group member {member}");
+        runner.subscribe().await;
         let task = if config.standby.is_some() {
             let record = runner.begin_standby().await?;
             Background::spawn(what, OnDrop::Abort, |stop| runner.run_standby(record, stop))

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::super::records::{Holder, SettledRecord, ViewRecord, MAX_EPOCH};
 use super::super::table::Table;
+use super::notices::{NOTICE_CALLS_PER_BEAT, NOTICE_GAP_DIVISOR};
 use super::{Claim, Discrepancy, Handoff, Settler, TableCache, REREAD_AFTER, SLOT_READS};
 use crate::assign::AssignorKind;
 
@@ -35,6 +36,52 @@ pub(super) enum Between {
     PollSettled,
     /// One renewing call that answers the slot table only if it changed.
     Watch,
+}
+
+/// Which of the group's directories notices named: a set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Seen(u8);
+
+impl Seen {
+    pub(super) const NONE: Seen = Seen(0);
+    /// The view directory: a published view, a settled mark.
+    pub(super) const VIEWS: Seen = Seen(1);
+    /// The acknowledgements.
+    pub(super) const ACKS: Seen = Seen(2);
+    /// The slot records.
+    pub(super) const SLOTS: Seen = Seen(4);
+    /// The standby records.
+    pub(super) const STANDBYS: Seen = Seen(8);
+
+    /// Whether every directory of `other` is in this set.
+    pub(super) fn has(self, other: Seen) -> bool {
+        self.0 & other.0 == other.0 && other.0 != 0
+    }
+}
+
+impl std::ops::BitOr for Seen {
+    type Output = Seen;
+    fn bitor(self, other: Seen) -> Seen {
+        Seen(self.0 | other.0)
+    }
+}
+
+/// When a notice that came at `now` may be answered: at least a heartbeat over
+/// [`NOTICE_GAP_DIVISOR`] after the last notice (`last`), so a burst of them is answered by one
+/// call; `None` once [`NOTICE_CALLS_PER_BEAT`] notice-driven calls were made since the last full
+/// heartbeat (`spent`): notices then wait for the heartbeat, and a storm of them costs a bounded
+/// number of calls.
+pub(super) fn notice_at(
+    spent: u32,
+    last: Option<Duration>,
+    now: Duration,
+    heartbeat: Duration,
+) -> Option<Duration> {
+    if spent >= NOTICE_CALLS_PER_BEAT {
+        return None;
+    }
+    let gap = heartbeat / NOTICE_GAP_DIVISOR;
+    Some(last.map_or(now, |l| now.max(l + gap)))
 }
 
 /// When the runner wakes next, and what it does then if that is before the next heartbeat.
@@ -190,6 +237,37 @@ impl Facts<'_> {
             Between::Beat
         };
         Wake { at, between }
+    }
+
+    /// The call a notice of the directories in `seen` makes now, if any: the one a timer would
+    /// make when it next wakes, made early. A view directory that changed (a view published, a
+    /// view settled) is read by every member: the settled mark alone (one small read) when that
+    /// is all it awaits, else a heartbeat's reads. Acknowledgements matter only to the member
+    /// that settles, and the slot records only to the members that read them at every heartbeat
+    /// (the two lowest slots, a member that sees a discrepancy or must look at the slots, one
+    /// that holds no claim); everyone else learns of those changes from the view the watchers
+    /// publish. A member that gave its lease up answers nothing: it waits for its lease to pass.
+    pub(super) fn on_notices(&self, seen: Seen) -> Option<Between> {
+        if self.abandoned {
+            return None;
+        }
+        let slots = seen.has(Seen::SLOTS)
+            && (self.claim.is_none()
+                || self.watches_slots()
+                || self.discrepancy.is_some()
+                || self.cache.need_slots);
+        let acks = seen.has(Seen::ACKS) && self.settler.settling;
+        if slots || acks {
+            return Some(Between::Beat);
+        }
+        if seen.has(Seen::VIEWS) {
+            return Some(if self.only_settling_awaited() {
+                Between::PollSettled
+            } else {
+                Between::Beat
+            });
+        }
+        None
     }
 
     /// Whether a renewed heartbeat has nothing to decide: the same table as at the last beat, an

@@ -26,6 +26,7 @@
 //! | `handoff.rs` | acknowledging, settling, re-asserting a lost acknowledgement, expiring stalled slots |
 //! | `leaving.rs` | revoking every grant, failing, and leaving the group (for good, or parked for a restart) |
 //! | `standby.rs` | standing by for a leaving member's slot, and handing a leaving member's slot to a standby |
+//! | `notices.rs` | the store's change notifications for the group's directories, which make a member look early |
 
 mod claims;
 mod decide;
@@ -33,6 +34,7 @@ mod driver;
 mod handoff;
 mod heartbeat;
 mod leaving;
+mod notices;
 mod standby;
 mod views;
 
@@ -102,6 +104,8 @@ pub(super) struct Settings {
     /// ([`Capabilities::native_renew_and_versions`](crate::Capabilities)): a member that reads
     /// both at a heartbeat asks for both versions first, and reads only what changed.
     one_call_versions: bool,
+    /// Subscribe to the store's change notifications ([`GroupConfig::with_notifications`]).
+    notifications: bool,
 }
 
 /// This process's claim on a slot: the slot and its record as stored.
@@ -265,6 +269,9 @@ pub(super) struct Runner {
     discrepancy: Option<Discrepancy>,
     /// The member fails for good ([`Runner::fail`]): its leave hands nothing to a standby.
     failing: bool,
+    /// The store's change notifications for the group's directories, when it has them and the
+    /// member listens ([`GroupConfig::with_notifications`]).
+    notices: Option<notices::Notices>,
 }
 
 impl Runner {
@@ -295,6 +302,7 @@ impl Runner {
                 restart_window: config.restart_window(),
                 standby: config.standby,
                 change_checks: config.change_checks,
+                notifications: config.notifications,
             },
             shared,
             claims: Claims::default(),
@@ -303,6 +311,20 @@ impl Runner {
             settler: Settler::default(),
             discrepancy: None,
             failing: false,
+            notices: None,
+        }
+    }
+
+    /// Subscribes to the store's change notifications for the group's directories, before the
+    /// first claim so that nothing after it goes unheard (see [`notices`]).
+    pub(in crate::recipes::group) async fn subscribe(&mut self) {
+        if self.cfg.notifications && self.cfg.store.capabilities().native_notifications {
+            self.notices = notices::Notices::subscribe(
+                &self.cfg.store,
+                &self.cfg.keys,
+                self.cfg.standby.is_some(),
+            )
+            .await;
         }
     }
 

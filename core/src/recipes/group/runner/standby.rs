@@ -16,6 +16,8 @@ use tokio::sync::watch;
 
 use super::super::records::{SlotRecord, StandbyRecord};
 use super::super::view::GroupPhase;
+use super::decide::Seen;
+use super::notices::Waited;
 use super::{Claim, Runner};
 use crate::error::{Error, Result};
 
@@ -115,6 +117,9 @@ impl Runner {
         if !self.stand_by(record, &mut stop).await {
             self.shared.publish(|a| a.phase = GroupPhase::Stopped);
             return Ok(());
+        }
+        if let Some(n) = &mut self.notices {
+            n.drop_standbys();
         }
         // The caller of `Group::join` heard `Ok` long ago: a store briefly unreachable is
         // retried here rather than ending the member.
@@ -243,11 +248,8 @@ impl Runner {
                 },
                 Err(e) => self.set_error(Some(&e)),
             }
-            tokio::select! {
-                biased;
-                _ = stop.changed() => {}
-                _ = self.cfg.clock.sleep(poll) => {}
-            }
+            // A leaving member's mark on this record is heard at once where the store notifies.
+            self.wait_or_notice(poll, Seen::STANDBYS, stop).await;
         }
     }
 
@@ -275,10 +277,12 @@ impl Runner {
             if self.cfg.clock.monotonic() >= give_up {
                 return Inherited::NotHanded;
             }
-            tokio::select! {
-                biased;
-                _ = stop.changed() => return Inherited::Stopped,
-                _ = self.cfg.clock.sleep(self.cfg.heartbeat / 8) => {}
+            // The park is heard at once where the store notifies.
+            let waited = self
+                .wait_or_notice(self.cfg.heartbeat / 8, Seen::SLOTS, stop)
+                .await;
+            if waited == Waited::Stopped {
+                return Inherited::Stopped;
             }
         }
     }

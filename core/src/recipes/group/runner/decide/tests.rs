@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    choose_slot, drain_timed_out, lists_before_dropping, next_view, publishes, settled_at_or_past,
-    unsettled, view_is_stale, view_needs_slots, view_slot_gone, Between, Facts,
+    choose_slot, drain_timed_out, lists_before_dropping, next_view, notice_at, publishes,
+    settled_at_or_past, unsettled, view_is_stale, view_needs_slots, view_slot_gone, Between, Facts,
+    Seen,
 };
 use crate::assign::AssignorKind;
 use crate::recipes::group::records::{Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
+use crate::recipes::group::runner::notices::{NOTICE_CALLS_PER_BEAT, NOTICE_GAP_DIVISOR};
 use crate::recipes::group::runner::{
     Claim, Discrepancy, Handoff, Settler, SlotsSeen, TableCache, REREAD_AFTER,
 };
@@ -528,4 +530,121 @@ fn a_drain_times_out_strictly_after_the_timeout() {
         !drain_timed_out(ms(100), ms(50), ms(1000)),
         "clock before the start"
     );
+}
+
+#[test]
+fn a_changed_view_directory_makes_every_member_look_now() {
+    let slots = [0, 1, 2, 3, 4, 5, 6];
+    // A steady member in the middle: a heartbeat's reads (the view, and what else it reads).
+    let f = Fixture::steady(5, &slots);
+    assert_eq!(f.facts().on_notices(Seen::VIEWS), Some(Between::Beat));
+    // One that acknowledged the pending view and awaits only its settled mark: that mark.
+    let mut f = Fixture::steady(5, &slots);
+    f.handoff = Some(Handoff {
+        since: f.now,
+        adopted_at: f.now,
+    });
+    f.pending_acked = true;
+    assert_eq!(
+        f.facts().on_notices(Seen::VIEWS),
+        Some(Between::PollSettled)
+    );
+    // One that gave its lease up waits for it to pass, whatever changed.
+    let mut f = Fixture::steady(5, &slots);
+    f.abandoned = true;
+    assert_eq!(f.facts().on_notices(Seen::VIEWS | Seen::SLOTS), None);
+}
+
+#[test]
+fn acknowledgements_wake_only_the_member_that_settles() {
+    let slots = [0, 1, 2, 3, 4, 5, 6];
+    let f = Fixture::steady(0, &slots);
+    assert_eq!(f.facts().on_notices(Seen::ACKS), None);
+    let mut f = Fixture::steady(5, &slots);
+    f.settler.settling = true;
+    assert_eq!(f.facts().on_notices(Seen::ACKS), Some(Between::Beat));
+    // Settling wins over polling the mark: the settler reads the acknowledgements.
+    f.pending_acked = true;
+    assert_eq!(
+        f.facts().on_notices(Seen::ACKS | Seen::VIEWS),
+        Some(Between::Beat)
+    );
+}
+
+#[test]
+fn slot_records_wake_only_the_members_that_read_them() {
+    let slots = [0, 1, 2, 3, 4, 5, 6];
+    assert_eq!(
+        Fixture::steady(0, &slots).facts().on_notices(Seen::SLOTS),
+        Some(Between::Beat),
+        "the lowest slot"
+    );
+    assert_eq!(
+        Fixture::steady(1, &slots).facts().on_notices(Seen::SLOTS),
+        Some(Between::Beat),
+        "the second lowest"
+    );
+    assert_eq!(
+        Fixture::steady(5, &slots).facts().on_notices(Seen::SLOTS),
+        None,
+        "a member in the middle learns of it from the view"
+    );
+    let mut f = Fixture::steady(5, &slots);
+    f.discrepancy = Some(Discrepancy {
+        live: Vec::new(),
+        since: f.now,
+        fast: true,
+    });
+    assert_eq!(f.facts().on_notices(Seen::SLOTS), Some(Between::Beat));
+    let mut f = Fixture::steady(5, &slots);
+    f.cache.need_slots = true;
+    assert_eq!(f.facts().on_notices(Seen::SLOTS), Some(Between::Beat));
+    let mut f = Fixture::steady(5, &slots);
+    f.claim = None;
+    assert_eq!(f.facts().on_notices(Seen::SLOTS), Some(Between::Beat));
+    // Nothing named, or only the standbys: no call.
+    assert_eq!(
+        Fixture::steady(0, &slots).facts().on_notices(Seen::NONE),
+        None
+    );
+    assert_eq!(
+        Fixture::steady(0, &slots)
+            .facts()
+            .on_notices(Seen::STANDBYS),
+        None
+    );
+}
+
+#[test]
+fn notices_are_answered_a_gap_apart_and_at_most_a_budget_per_heartbeat() {
+    let gap = HB / NOTICE_GAP_DIVISOR;
+    let now = ms(10_000);
+    assert_eq!(notice_at(0, None, now, HB), Some(now), "the first at once");
+    assert_eq!(
+        notice_at(1, Some(now - gap), now, HB),
+        Some(now),
+        "a gap after the last"
+    );
+    assert_eq!(
+        notice_at(1, Some(now - gap / 2), now, HB),
+        Some(now - gap / 2 + gap),
+        "within the gap: at its end"
+    );
+    assert_eq!(
+        notice_at(NOTICE_CALLS_PER_BEAT - 1, None, now, HB),
+        Some(now)
+    );
+    assert_eq!(
+        notice_at(NOTICE_CALLS_PER_BEAT, None, now, HB),
+        None,
+        "spent"
+    );
+}
+
+#[test]
+fn seen_is_a_set_of_directories() {
+    let both = Seen::VIEWS | Seen::ACKS;
+    assert!(both.has(Seen::VIEWS) && both.has(Seen::ACKS));
+    assert!(!both.has(Seen::SLOTS));
+    assert!(!Seen::NONE.has(Seen::NONE), "nothing is never named");
 }

@@ -1,0 +1,205 @@
+//! The store's change notifications ([`Store::subscribe`](crate::Store::subscribe)) for the
+//! group's directories: a notice makes the member look now, with the call its state calls for
+//! ([`Facts::on_notices`](super::decide::Facts::on_notices)), instead of at its next timer.
+//!
+//! A notice is only ever a reason to look early. The member reads the store as it would at a
+//! heartbeat and decides from what it read; a lost, late, duplicated or spurious notice changes
+//! when it looks, never what it concludes, and the heartbeat's timers go on as without
+//! notifications, so a notice that never comes costs what polling costs.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::super::keys::GroupKeys;
+use super::decide::Seen;
+use super::Runner;
+use crate::notify::Notifications;
+use crate::DynStore;
+
+/// At most this many notice-driven calls between two full heartbeats: beyond that, notices wait
+/// for the timers, so a storm of changes (hundreds a second) costs each member a bounded number
+/// of extra calls per heartbeat (16 a second at the default TTL of 6 s).
+pub(super) const NOTICE_CALLS_PER_BEAT: u32 = 32;
+
+/// Notice-driven calls are at least a heartbeat over this apart (8 ms at the default TTL):
+/// notices that come meanwhile (every member acknowledging a view within milliseconds) are
+/// answered by one call.
+pub(super) const NOTICE_GAP_DIVISOR: u32 = 256;
+
+/// The member's subscriptions, one per directory it may look at early.
+pub(super) struct Notices {
+    /// The view directory: a published view or a settled mark.
+    views: Notifications,
+    /// The acknowledgements: for the member that settles.
+    acks: Notifications,
+    /// The slot records: a claim, a leave, a park.
+    slots: Notifications,
+    /// The standby records: a standby's own record marked by a leaving member.
+    standbys: Option<Notifications>,
+    /// Notice-driven calls since the last full heartbeat.
+    pub(super) spent: u32,
+    /// When the last notice-driven call was made (monotonic).
+    pub(super) last: Option<Duration>,
+}
+
+impl Notices {
+    /// Subscribes to the group's directories on `store`; `standby` adds the standby directory.
+    /// A store without native notifications hands out ones that never fire, so the member
+    /// polls exactly as without. `None` when subscribing failed (said in a warning).
+    pub(super) async fn subscribe(
+        store: &DynStore,
+        keys: &GroupKeys,
+        standby: bool,
+    ) -> Option<Notices> {
+        let all = async {
+            let views = store.subscribe(&keys.views).await?;
+            let acks = store.subscribe(&keys.acks).await?;
+            let slots = store.subscribe(&keys.slots).await?;
+            let standbys = if standby {
+                Some(store.subscribe(&keys.standbys).await?)
+            } else {
+                None
+            };
+            Ok::<_, crate::Error>(Notices {
+                views,
+                acks,
+                slots,
+                standbys,
+                spent: 0,
+                last: None,
+            })
+        };
+        match all.await {
+            Ok(n) if n.views.is_native() => Some(n),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(group = keys.group(), error = %e, "could not subscribe to the group's change notifications: polling at the heartbeat's pace");
+                None
+            }
+        }
+    }
+
+    /// Waits for the next notice of any of the directories and answers which; cancel-safe.
+    /// Biased in a fixed order, so a simulation run is reproducible.
+    pub(super) async fn next(&mut self) -> Seen {
+        let standbys = async {
+            match &mut self.standbys {
+                Some(n) => {
+                    n.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = self.views.recv() => Seen::VIEWS,
+            _ = self.acks.recv() => Seen::ACKS,
+            _ = self.slots.recv() => Seen::SLOTS,
+            () = standbys => Seen::STANDBYS,
+        }
+    }
+
+    /// Waits for the next notice of a directory in `among`; the others stay pending.
+    async fn next_among(&mut self, among: Seen) -> Seen {
+        let standbys = async {
+            match &mut self.standbys {
+                Some(n) if among.has(Seen::STANDBYS) => {
+                    n.recv().await;
+                }
+                _ => std::future::pending().await,
+            }
+        };
+        let views = async {
+            if among.has(Seen::VIEWS) {
+                self.views.recv().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        let slots = async {
+            if among.has(Seen::SLOTS) {
+                self.slots.recv().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            biased;
+            () = views => Seen::VIEWS,
+            () = slots => Seen::SLOTS,
+            () = standbys => Seen::STANDBYS,
+        }
+    }
+
+    /// The directories with a notice pending, without waiting (and taking them).
+    pub(super) fn pending(&mut self) -> Seen {
+        let mut seen = Seen::NONE;
+        if self.views.try_recv().is_some() {
+            seen = seen | Seen::VIEWS;
+        }
+        if self.acks.try_recv().is_some() {
+            seen = seen | Seen::ACKS;
+        }
+        if self.slots.try_recv().is_some() {
+            seen = seen | Seen::SLOTS;
+        }
+        if self
+            .standbys
+            .as_mut()
+            .is_some_and(|n| n.try_recv().is_some())
+        {
+            seen = seen | Seen::STANDBYS;
+        }
+        seen
+    }
+
+    /// Stops hearing of the standby directory (the member no longer stands by).
+    pub(super) fn drop_standbys(&mut self) {
+        self.standbys = None;
+    }
+}
+
+/// How a wait of [`Runner::wait_or_notice`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Waited {
+    /// The time passed, or a notice of a directory waited on came.
+    Woken,
+    /// `stop` changed.
+    Stopped,
+}
+
+impl Runner {
+    /// Sleeps `d`, or less when a notice of a directory in `among` comes first (answered at
+    /// least a heartbeat over [`NOTICE_GAP_DIVISOR`] after the last one, so a storm of them does
+    /// not make the caller spin): the polls outside the heartbeat loop (a standby's renewals,
+    /// an heir waiting for its slot) look early this way.
+    pub(super) async fn wait_or_notice(
+        &mut self,
+        d: Duration,
+        among: Seen,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Waited {
+        let clock = self.cfg.clock.clone();
+        let until = clock.monotonic() + d;
+        let noticed = async {
+            match &mut self.notices {
+                Some(n) => {
+                    n.next_among(among).await;
+                    let gap = self.cfg.heartbeat / NOTICE_GAP_DIVISOR;
+                    if let Some(last) = n.last {
+                        clock.sleep_until(last + gap).await;
+                    }
+                    n.last = Some(clock.monotonic());
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = stop.changed() => Waited::Stopped,
+            () = clock.sleep_until(until) => Waited::Woken,
+            () = noticed => Waited::Woken,
+        }
+    }
+}
