@@ -7,9 +7,14 @@
 // Tests fail by panicking.
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use headcount_core::recipes::group::{GroupConfig, GroupPhase, Member};
+use async_trait::async_trait;
+use headcount_core::decorated::{Decorated, Hooks};
+use headcount_core::recipes::group::{Group, GroupConfig, GroupPhase, Member};
+use headcount_core::{DynStore, Op, Result};
 use tokio::time::Instant;
 
 mod paused_group;
@@ -187,6 +192,79 @@ async fn a_crash_is_still_seen_when_the_lease_runs_out() {
     let took = started.elapsed();
     assert!(took >= TTL - TTL / 10, "{took:?}");
     assert!(took <= TTL * 2, "{took:?}");
+    for m in members {
+        m.leave().await.unwrap();
+    }
+}
+
+/// Counts the calls that reach the store.
+#[derive(Debug, Default)]
+struct Count(Arc<AtomicU64>);
+
+#[async_trait]
+impl Hooks for Count {
+    async fn before(&self, _op: Op) -> Result<()> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_storm_of_notifications_costs_a_bounded_number_of_calls_and_changes_nothing() {
+    let f = Fixture::new();
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted: DynStore = Arc::new(Decorated::with(f.store.clone(), Count(calls.clone())));
+    let mut members = Vec::new();
+    for i in 0..3 {
+        let m = Group::join(counted.clone(), config(&f, &format!("m{i}"), true))
+            .await
+            .unwrap();
+        members.push(m);
+    }
+    let refs: Vec<&Member> = members.iter().collect();
+    let epoch = converged(&refs).await;
+    tokio::time::sleep(TTL).await;
+
+    // Three heartbeats of the steady state.
+    let window = TTL;
+    let before = calls.load(Ordering::Relaxed);
+    tokio::time::sleep(window).await;
+    let steady = calls.load(Ordering::Relaxed) - before;
+
+    // The same three heartbeats with a key of the view directory (one the group ignores)
+    // rewritten every 2 ms: 500 notifications a second to every member.
+    let noisy = f.store.clone();
+    let storm = tokio::spawn(async move {
+        let mut previous: Option<String> = None;
+        for i in 0..(window.as_millis() / 2) {
+            let value = format!("noise {i}");
+            noisy
+                .compare_and_set("hc:{g}:view:noise", previous.as_deref(), &value, None)
+                .await
+                .unwrap();
+            previous = Some(value);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    let before = calls.load(Ordering::Relaxed);
+    tokio::time::sleep(window).await;
+    let stormy = calls.load(Ordering::Relaxed) - before;
+    storm.await.unwrap();
+    eprintln!("calls in three heartbeats: {steady} steady, {stormy} in the storm");
+
+    // Each member answers at most 32 notices per heartbeat, each with one heartbeat's calls (at
+    // most two), over at most four budget windows in three heartbeats.
+    let bound = steady + 3 * 4 * 32 * 2;
+    assert!(
+        stormy <= bound,
+        "{stormy} calls in the storm, bound {bound}"
+    );
+    assert!(
+        stormy > steady,
+        "the notices were answered: {stormy} vs {steady}"
+    );
+    // Nothing changed for the group.
+    assert_eq!(converged(&refs).await, epoch);
     for m in members {
         m.leave().await.unwrap();
     }

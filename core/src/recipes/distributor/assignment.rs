@@ -11,6 +11,7 @@ use super::{assignment_key, check_service_name, read_table};
 use crate::clock::{Clock, Pace, SystemClock};
 use crate::error::{Error, Result};
 use crate::keys::Keyspace;
+use crate::notify::Notifications;
 use crate::task::{Background, OnDrop};
 use crate::DynStore;
 
@@ -82,7 +83,12 @@ impl ServiceAssignmentWatch {
 
 /// Watches the units of `service`: reads its record every `every` and reports each change, so a
 /// change reaches the service at most `every` (plus one store round trip) after a distributor
-/// writes it. A read that fails or finds a foreign value is logged and keeps the last units; an
+/// writes it. On a store that notifies changes ([`Store::subscribe`](crate::Store::subscribe):
+/// Redis, PostgreSQL, etcd, and SQLite within one process) it also reads the record as soon as
+/// a record of the distribution namespace changes, so a new table usually reaches the service
+/// within a round trip; the reads every `every` go on, so a lost notification costs only the
+/// wait for the next one. Reads a notification causes are at least `every / 16` (at most
+/// 100 ms) apart. A read that fails or finds a foreign value is logged and keeps the last units; an
 /// older version than the last seen is ignored. A record that disappears (it expired after the
 /// service left) reads as no units at the last version. Call it from within a Tokio runtime: it
 /// spawns the polling task there.
@@ -117,10 +123,32 @@ pub fn watch_assignment_with_clock(
     let (tx, rx) = watch::channel(ServiceAssignment::default());
     let what = format!("the assignment watch of service {service}");
     let task = Background::spawn(what, OnDrop::Abort, |_| async move {
-        // A read at once, then one every `every`.
+        // A read at once, then one every `every`, and one soon after each notification.
         let mut pace = Pace::new(every);
+        let dir = distribution.key("service:");
+        let mut notices = match store.subscribe(&dir).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(service = %service, error = %e, "could not subscribe to the distribution namespace's notifications: polling only");
+                Notifications::never(&dir)
+            }
+        };
+        let gap = (every / 16).min(Duration::from_millis(100));
+        let mut noticed: Option<Duration> = None;
         loop {
-            pace.tick(clock.as_ref()).await;
+            tokio::select! {
+                biased;
+                () = pace.tick(clock.as_ref()) => {}
+                _ = notices.recv() => {
+                    // A burst of notifications (a table rewriting every service's record) is
+                    // answered by one read.
+                    if let Some(at) = noticed {
+                        clock.sleep_until(at + gap).await;
+                    }
+                    let _ = notices.try_recv();
+                    noticed = Some(clock.monotonic());
+                }
+            }
             let read = read_assignment(&store, &distribution, &service).await;
             let last = tx.borrow().clone();
             let next = match read {
@@ -214,5 +242,57 @@ mod tests {
         put(1, &["c"]).await;
         assert!(seen(1).await, "the watch stayed on {:?}", watch.current());
         assert_eq!(watch.current().units, ["c"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_reads_a_new_record_when_notified_not_at_its_next_poll() {
+        let store: DynStore = Arc::new(crate::memory::MemoryStore::new());
+        let ns = Keyspace::with_prefix("hc", "dist").unwrap();
+        let every = Duration::from_secs(3600);
+        let clock: Arc<dyn crate::Clock> = Arc::new(crate::sim::SimClock::new(
+            std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+        ));
+        let watch =
+            super::watch_assignment_with_clock(store.clone(), ns.clone(), "s".into(), every, clock)
+                .unwrap();
+        // The first read, at once, finds nothing; let the task subscribe.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let started = tokio::time::Instant::now();
+        let a = ServiceAssignment {
+            version: 3,
+            units: vec!["u1".into()],
+        };
+        store
+            .compare_and_set(&assignment_key(&ns, "s"), None, &a.encode().unwrap(), None)
+            .await
+            .unwrap();
+        let mut rx = watch.receiver();
+        rx.wait_for(|x| x.version == 3).await.unwrap();
+        // Well before the next poll, an hour away.
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        // A second change within the gap is read at the gap's end, not an hour later.
+        let b = ServiceAssignment {
+            version: 4,
+            units: vec!["u2".into()],
+        };
+        store
+            .compare_and_set(
+                &assignment_key(&ns, "s"),
+                Some(&a.encode().unwrap()),
+                &b.encode().unwrap(),
+                None,
+            )
+            .await
+            .unwrap();
+        rx.wait_for(|x| x.version == 4).await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }
