@@ -130,6 +130,7 @@ macro_rules! for_each_case {
             { interval_outage_keeps_then_expires_pair, Store, "interval indexer: through a store outage a peer keeps its last pair and still processes its tasks, reports the fault, stops owning when the pair expires a quarter interval after the failed tick, and owns tasks again when the store is back" },
             { interval_foreign_previous_count_reported, Store, "interval indexer: a foreign value at the previous interval's counter during a tick is reported and emits no pair" },
             { group_join_leave_rejoin, Store, "group: three members get slots 0..=2 and pairs (1..=3, 3), every key has exactly one owner, a graceful leave moves the others to a newer epoch, and the same member id rejoins into its old slot" },
+            { group_planned_changes_notified, Store, "group: with the store's change notifications, at TTL 6 s a join, a graceful leave and a standby's hand-over each converge within half a heartbeat (1 s; the figures are printed); a store that does not notify is noted" },
             { group_crash_expires, Store, "group: a member that crashes (stops heartbeating) is replaced within TTL + one heartbeat (+5 s slack) under a newer epoch" },
             { group_handoff_no_double_grant, Store, "group: while members join, leave and crash, no two members hold a valid grant for the same key at the same time, and an epoch grants a key to one member" },
             { group_bad_config_rejected, Store, "group: bad TTLs, member ids, groups and slot limits are InvalidArgument at join" },

@@ -113,6 +113,86 @@ pub async fn group_join_leave_rejoin(ctx: &Ctx) -> CaseResult {
     ctx.cleanup().await
 }
 
+/// Waits, looking every 2 ms, until every member is active under one epoch with `n` live slots.
+async fn converged_within(limit: Duration, members: &[&Member], n: u32) -> Result<u64, Failure> {
+    let what = format!("members converged on {n} live slots");
+    wait::until(&what, limit, Duration::from_millis(2), || async {
+        let all: Vec<_> = members.iter().map(|m| m.assignment()).collect();
+        let epoch = all[0].epoch;
+        if all
+            .iter()
+            .all(|x| x.phase == GroupPhase::Active && x.epoch == epoch && x.replicas == n)
+        {
+            Ok(epoch)
+        } else {
+            Err(all)
+        }
+    })
+    .await
+    .map_err(Failure::new)
+}
+
+/// With the store's change notifications, a planned change takes round trips, not heartbeats: at
+/// TTL 6 s (a heartbeat every 2 s), a join, a graceful leave and a standby's hand-over each have
+/// every member active under the new view within half a heartbeat (typically tens of
+/// milliseconds: printed), where polling takes up to a heartbeat per step. A store that does not
+/// notify is only noted.
+pub async fn group_planned_changes_notified(ctx: &Ctx) -> CaseResult {
+    if !ctx.caps().native_notifications {
+        println!(
+            "NOTE group_planned_changes_notified: the {} backend does not notify here: members poll",
+            ctx.caps().backend
+        );
+        return ctx.cleanup().await;
+    }
+    let ttl = Duration::from_secs(6).max(ctx.caps().min_ttl);
+    let bound = ttl / 6;
+    let join_ttl =
+        |member: &str| -> Result<GroupConfig, Failure> { Ok(config(ctx, member)?.with_ttl(ttl)) };
+    let start = |cfg: GroupConfig| {
+        let store = ctx.store.clone();
+        async move { Group::join(store, cfg).await.during("join".to_owned()) }
+    };
+    let a = start(join_ttl("a")?).await?;
+    let b = start(join_ttl("b")?).await?;
+    let c = start(join_ttl("c")?).await?;
+    let limit = ttl * 4;
+    converged_within(limit, &[&a, &b, &c], 3).await?;
+    // The subscriptions open in the background: give them a moment past the joins.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let t = Instant::now();
+    let d = start(join_ttl("d")?).await?;
+    converged_within(limit, &[&a, &b, &c, &d], 4).await?;
+    let joined = t.elapsed();
+
+    let t = Instant::now();
+    b.leave().await.during("leave of b")?;
+    converged_within(limit, &[&a, &c, &d], 3).await?;
+    let left = t.elapsed();
+
+    let e = start(join_ttl("e")?.with_standby(ttl * 10)).await?;
+    ensure_eq!(e.assignment().phase, GroupPhase::Standby, "e stands by");
+    let t = Instant::now();
+    c.leave().await.during("leave of c")?;
+    converged_within(limit, &[&a, &d, &e], 3).await?;
+    let handed = t.elapsed();
+    println!(
+        "NOTE group_planned_changes_notified ({}): converged after a join in {joined:?}, a leave in {left:?}, a hand-over to a standby in {handed:?} (TTL {ttl:?})",
+        ctx.caps().backend
+    );
+    for (what, took) in [("join", joined), ("leave", left), ("hand-over", handed)] {
+        ensure!(
+            took <= bound,
+            "a {what} took {took:?} to converge, more than {bound:?} (half a heartbeat): were the notifications heard?"
+        );
+    }
+    for m in [a, d, e] {
+        m.leave().await.during("final leave")?;
+    }
+    ctx.cleanup().await
+}
+
 /// Members crash (dropped without leaving): the others take over their keys after the lease
 /// expires, within TTL plus a heartbeat and slack.
 pub async fn group_crash_expires(ctx: &Ctx) -> CaseResult {
