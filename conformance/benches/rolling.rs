@@ -5,6 +5,7 @@
 //! HEADCOUNT_REQUIRE_BACKENDS=all cargo bench -p headcount-conformance --bench rolling
 //! cargo bench -p headcount-conformance --bench rolling -- --backends redis,sqlite --sizes 10,50
 //! cargo bench -p headcount-conformance --bench rolling -- --styles static,leave --restart-ms 500
+//! cargo bench -p headcount-conformance --bench rolling -- --styles static,replace --notifications both
 //! ```
 //!
 //! Servers come from the conformance harness (started from their binaries on loopback, or the
@@ -37,6 +38,10 @@
 //! changes), the keys that changed owner (a member with another id) against the minimum (0 with
 //! the same ids, every key once with new ids), the longest time one key had no owner, the
 //! key-seconds without an owner, the store calls per step, and the rollout's wall time.
+//!
+//! Members listen to the store's change notifications (the default); `--notifications off` makes
+//! them poll only (the design before, a style then reads `static, polling`), and `both` runs each
+//! style both ways, one after the other, so the two come from one run.
 //!
 //! Run without `--bench` (as `cargo test --all-targets` does) it makes one small SQLite run.
 
@@ -76,6 +81,8 @@ struct Opts {
     ttl: Duration,
     restart: Duration,
     unrelated: u64,
+    /// Whether members listen to the store's notifications, per run of each style.
+    notifications: Vec<bool>,
 }
 
 fn opts() -> Opts {
@@ -97,6 +104,7 @@ fn opts() -> Opts {
         ttl: Duration::from_secs(2),
         restart: Duration::from_millis(200),
         unrelated: 10_000,
+        notifications: vec![true],
     };
     if !std::env::args().any(|a| a == "--bench") {
         o.backends = vec![ServerKind::Sqlite];
@@ -134,6 +142,14 @@ fn opts() -> Opts {
                 o.restart = Duration::from_millis(value().parse().expect("--restart-ms MS"))
             }
             "--unrelated" => o.unrelated = value().parse().expect("--unrelated N"),
+            "--notifications" => {
+                o.notifications = match value().as_str() {
+                    "on" => vec![true],
+                    "off" => vec![false],
+                    "both" => vec![true, false],
+                    other => panic!("--notifications on|off|both, not {other}"),
+                }
+            }
             _ => {}
         }
     }
@@ -270,6 +286,7 @@ async fn rollout(
     store: &DynStore,
     n: usize,
     style: &str,
+    notices: bool,
     o: &Opts,
 ) -> Result<Row, String> {
     let caps = store.capabilities();
@@ -282,6 +299,7 @@ async fn rollout(
             .with_prefix(PREFIX)
             .with_member(id)
             .with_restart_window(ttl * 5)
+            .with_notifications(notices)
     };
     let live: Live = Arc::new(Mutex::new(Vec::new()));
     for i in 0..n {
@@ -356,7 +374,11 @@ async fn rollout(
     Ok(Row {
         backend: backend.name(),
         members: n,
-        style: style.to_owned(),
+        style: if notices {
+            style.to_owned()
+        } else {
+            format!("{style}, polling")
+        },
         epochs: last - first,
         moved: seen.iter().map(|s| s.moves).sum(),
         minimum: if matches!(style, "surge" | "replace") {
@@ -402,10 +424,16 @@ fn main() {
             ttls.insert(backend.name(), o.ttl.max(store.capabilities().min_ttl));
             for &n in &o.sizes {
                 for style in &o.styles {
-                    eprintln!("rolling: {} members on {}, {style}", n, backend.name());
-                    match rollout(backend, &store, n, style, &o).await {
-                        Ok(row) => rows.push(row),
-                        Err(e) => panic!("{} {n} {style}: {e}", backend.name()),
+                    for &notices in &o.notifications {
+                        eprintln!(
+                            "rolling: {} members on {}, {style}, notifications {notices}",
+                            n,
+                            backend.name()
+                        );
+                        match rollout(backend, &store, n, style, notices, &o).await {
+                            Ok(row) => rows.push(row),
+                            Err(e) => panic!("{} {n} {style}: {e}", backend.name()),
+                        }
                     }
                 }
             }
