@@ -2,11 +2,11 @@
 //! spins. A Redis user whose ACL grants no pub/sub channel still writes (the scripts' `PUBLISH`
 //! is refused inside `redis.pcall`), and its subscription stays silent, retried rarely. A
 //! PostgreSQL role that may write the table but not create its change triggers says it does not
-//! notify, and works.
+//! notify, and works. On both, a group's members converge by polling.
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 use std::time::Duration;
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -67,6 +67,9 @@ async fn postgres_role_without_triggers_polls() {
         Some("m")
     );
     assert!(silent.try_recv().is_none());
+    // A group on the writer's store works by polling.
+    let writer: headcount::DynStore = std::sync::Arc::new(writer);
+    group_works_by_polling(writer.clone()).await;
     drop(writer);
     owner.close();
     admin
@@ -177,4 +180,46 @@ async fn redis_pubsub_refused_by_acl_keeps_writes_and_stays_silent() {
     // retried every 30 s), beside the connections of the two stores' subscriptions.
     let opened = connections_received(&mut admin).await - before;
     assert!(opened <= 4, "{opened} connections opened in about 3 s");
+    // A group on the limited user's store works by polling: its members join, converge, and see
+    // a graceful leave at a heartbeat.
+    group_works_by_polling(limited).await;
+}
+
+/// Three members of a group on `store` (whose notifications are silent) join and converge, and
+/// the two left converge after one leaves.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+async fn group_works_by_polling(store: headcount::DynStore) {
+    use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member};
+
+    let ttl = Duration::from_millis(900);
+    let group = format!("silent{:08x}", rand::random::<u32>());
+    let mut members = Vec::new();
+    for i in 0..3 {
+        let cfg = GroupConfig::new(group.clone(), ttl).with_member(format!("m{i}"));
+        members.push(Group::join(store.clone(), cfg).await.unwrap());
+    }
+    async fn converged(members: &[Member]) {
+        let start = tokio::time::Instant::now();
+        loop {
+            let a: Vec<_> = members.iter().map(|m| m.assignment()).collect();
+            if a.iter().all(|x| {
+                x.phase == GroupPhase::Active
+                    && x.epoch == a[0].epoch
+                    && x.live.len() == members.len()
+            }) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "never converged: {a:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    converged(&members).await;
+    members.remove(1).leave().await.unwrap();
+    converged(&members).await;
+    for m in members {
+        m.leave().await.unwrap();
+    }
 }
