@@ -252,9 +252,10 @@ async fn a_storm_of_notifications_costs_a_bounded_number_of_calls_and_changes_no
     storm.await.unwrap();
     eprintln!("calls in three heartbeats: {steady} steady, {stormy} in the storm");
 
-    // Each member answers at most 32 notices per heartbeat, each with one heartbeat's calls (at
-    // most two), over at most four budget windows in three heartbeats.
-    let bound = steady + 3 * 4 * 32 * 2;
+    // Each member answers a burst of 8 notices, then one per eighth of a heartbeat (the pace of
+    // a hand-off's polling), each with one heartbeat's calls (at most three: both directories'
+    // versions, then each directory that changed).
+    let bound = steady + 3 * (8 + 3 * 8 + 1) * 3;
     assert!(
         stormy <= bound,
         "{stormy} calls in the storm, bound {bound}"

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::super::records::{Holder, SettledRecord, ViewRecord, MAX_EPOCH};
 use super::super::table::Table;
-use super::notices::{NOTICE_CALLS_PER_BEAT, NOTICE_GAP_DIVISOR};
+use super::notices::{NOTICE_BURST, NOTICE_GAP_DIVISOR};
 use super::{Claim, Discrepancy, Handoff, Settler, TableCache, REREAD_AFTER, SLOT_READS};
 use crate::assign::AssignorKind;
 
@@ -66,22 +66,34 @@ impl std::ops::BitOr for Seen {
     }
 }
 
-/// When a notice that came at `now` may be answered: at least a heartbeat over
-/// [`NOTICE_GAP_DIVISOR`] after the last notice (`last`), so a burst of them is answered by one
-/// call; `None` once [`NOTICE_CALLS_PER_BEAT`] notice-driven calls were made since the last full
-/// heartbeat (`spent`): notices then wait for the heartbeat, and a storm of them costs a bounded
-/// number of calls.
-pub(super) fn notice_at(
-    spent: u32,
+/// When notices held since they came may be answered: a heartbeat over [`NOTICE_GAP_DIVISOR`]
+/// after the last notice-driven call (`last`), so a burst of notices is answered by one call,
+/// and within the budget [`charge`] keeps (`tat`, its theoretical arrival time): a burst of
+/// [`NOTICE_BURST`] calls at once, then one per [`notice_period`]. A storm of changes thus
+/// costs a member no more calls than the hand-off's own polling, while a planned change after a
+/// quiet spell is answered at once.
+pub(super) fn notice_due(
+    tat: Option<Duration>,
     last: Option<Duration>,
-    now: Duration,
     heartbeat: Duration,
-) -> Option<Duration> {
-    if spent >= NOTICE_CALLS_PER_BEAT {
-        return None;
-    }
+) -> Duration {
     let gap = heartbeat / NOTICE_GAP_DIVISOR;
-    Some(last.map_or(now, |l| now.max(l + gap)))
+    let tolerance = notice_period(heartbeat) * (NOTICE_BURST - 1);
+    let by_gap = last.map_or(Duration::ZERO, |l| l + gap);
+    let by_budget = tat.map_or(Duration::ZERO, |t| t.saturating_sub(tolerance));
+    by_gap.max(by_budget)
+}
+
+/// The budget's theoretical arrival time after a notice-driven call at `now` (the generic cell
+/// rate algorithm: each call moves it a [`notice_period`] on from `now` or from where it was).
+pub(super) fn charge(tat: Option<Duration>, now: Duration, heartbeat: Duration) -> Duration {
+    tat.map_or(now, |t| t.max(now)) + notice_period(heartbeat)
+}
+
+/// The sustained pace of notice-driven calls: one per eighth of a heartbeat, the pace at which a
+/// member in a hand-off polls the settled mark.
+pub(super) fn notice_period(heartbeat: Duration) -> Duration {
+    heartbeat / 8
 }
 
 /// When the runner wakes next, and what it does then if that is before the next heartbeat.

@@ -1,34 +1,26 @@
-//! The loop: sleeps until the wake [`Facts::wake`] chooses, then makes the call it names, until
-//! the member is told to stop or meets an error no retry fixes.
+//! The loop: sleeps until the wake [`Facts::wake`] chooses (or a change notification held is
+//! due), then makes the call it names, until the member is told to stop or meets an error no
+//! retry fixes.
 
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
-use super::decide::{notice_at, Between, Facts, Seen};
-use super::notices::{Notices, NOTICE_CALLS_PER_BEAT};
+use super::decide::{charge, notice_due, Between, Facts, Seen};
+use super::notices::Notices;
 use super::Runner;
 use crate::error::{ErrorKind, Result};
 
 /// What woke the loop.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Woke {
     /// The wake [`Facts::wake`] chose.
     Timer,
     /// A grant was dropped during a hand-off.
     Drained,
-    /// A change notification for these directories.
-    Notice(Seen),
-}
-
-/// What a notice leads to.
-enum Noticed {
-    /// `stop` changed while waiting out the gap between notices.
-    Stop,
-    /// No call: the member's state does not care about the directories named, or its budget
-    /// of notice-driven calls for this heartbeat is spent.
-    Nothing,
-    /// This call, now.
-    Call(Between),
+    /// A change notification came: it is held until due.
+    Heard(Seen),
+    /// The notifications held are due.
+    NoticeDue,
 }
 
 /// The next notice, for a member that listens (the branch is disabled otherwise).
@@ -40,42 +32,6 @@ async fn next_notice(notices: &mut Option<Notices>) -> Seen {
 }
 
 impl Runner {
-    /// Answers a notice of the directories in `seen`: waits out the gap since the last notice
-    /// (gathering the notices that come meanwhile), then picks the call the member's state
-    /// calls for ([`Facts::on_notices`]), within the budget of notice-driven calls per
-    /// heartbeat ([`notice_at`]).
-    async fn on_notice(&mut self, seen: Seen, stop: &mut watch::Receiver<bool>) -> Noticed {
-        let now = self.cfg.clock.monotonic();
-        let Some(n) = &self.notices else {
-            return Noticed::Nothing;
-        };
-        let Some(at) = notice_at(n.spent, n.last, now, self.cfg.heartbeat) else {
-            return Noticed::Nothing;
-        };
-        if at > now {
-            tokio::select! {
-                biased;
-                _ = stop.changed() => return Noticed::Stop,
-                _ = self.cfg.clock.sleep_until(at) => {}
-            }
-        }
-        let Some(n) = &mut self.notices else {
-            return Noticed::Nothing;
-        };
-        let seen = seen | n.pending();
-        n.last = Some(self.cfg.clock.monotonic());
-        match self.facts().on_notices(seen) {
-            Some(call) => {
-                if let Some(n) = &mut self.notices {
-                    n.spent += 1;
-                }
-                self.cfg.metrics.notice_call();
-                Noticed::Call(call)
-            }
-            None => Noticed::Nothing,
-        }
-    }
-
     /// The state the scheduling decisions read, now.
     pub(super) fn facts(&self) -> Facts<'_> {
         let pending_acked = self.pending().is_some_and(|p| self.has_acked(&p));
@@ -93,6 +49,29 @@ impl Runner {
         }
     }
 
+    /// When the notices held are due ([`notice_due`]), if any are held.
+    fn notices_due(&self) -> Option<std::time::Duration> {
+        let n = self.notices.as_ref()?;
+        (n.held != Seen::NONE).then(|| notice_due(n.tat, n.last, self.cfg.heartbeat))
+    }
+
+    /// Answers the notices held (and any pending since): the call the member's state calls for
+    /// ([`Facts::on_notices`]), charged to the budget of notice-driven calls when there is one.
+    fn answer_notices(&mut self) -> Option<Between> {
+        let now = self.cfg.clock.monotonic();
+        let n = self.notices.as_mut()?;
+        let seen = n.held | n.pending();
+        n.held = Seen::NONE;
+        let call = self.facts().on_notices(seen)?;
+        let heartbeat = self.cfg.heartbeat;
+        if let Some(n) = self.notices.as_mut() {
+            n.tat = Some(charge(n.tat, now, heartbeat));
+            n.last = Some(now);
+        }
+        self.cfg.metrics.notice_call();
+        Some(call)
+    }
+
     /// Heartbeats until `stop` changes, then leaves the group. Returns the error that ended it
     /// early ([`ErrorKind::Rejected`]: another live process uses the member id, say).
     pub(in crate::recipes::group) async fn run(
@@ -105,17 +84,19 @@ impl Runner {
         let mut next = self.cfg.clock.monotonic() + self.cfg.heartbeat;
         loop {
             let wake = self.facts().wake(next);
-            let listening = self
-                .notices
-                .as_ref()
-                .is_some_and(|n| n.spent < NOTICE_CALLS_PER_BEAT);
+            let due = self.notices_due();
+            let at = due.map_or(wake.at, |d| d.min(wake.at));
+            // A member holding notices waits until they are due; more coalesce meanwhile.
+            let listening = self.notices.is_some() && due.is_none();
             // Biased: a fixed order of readiness checks keeps a simulation run reproducible.
             let woke = tokio::select! {
                 biased;
                 _ = stop.changed() => break,
-                _ = self.cfg.clock.sleep_until(wake.at) => Woke::Timer,
+                _ = self.cfg.clock.sleep_until(at) => {
+                    if due.is_some_and(|d| d < wake.at) { Woke::NoticeDue } else { Woke::Timer }
+                }
                 _ = self.shared.released.notified(), if self.handoff.is_some() => Woke::Drained,
-                seen = next_notice(&mut self.notices), if listening => Woke::Notice(seen),
+                seen = next_notice(&mut self.notices), if listening => Woke::Heard(seen),
             };
             if *stop.borrow() {
                 break;
@@ -127,30 +108,36 @@ impl Runner {
                     self.progress(None).await;
                     continue;
                 }
-                Woke::Notice(seen) => match self.on_notice(seen, &mut stop).await {
-                    Noticed::Stop => break,
-                    Noticed::Nothing => continue,
-                    Noticed::Call(call) => call,
+                Woke::Heard(seen) => {
+                    if let Some(n) = &mut self.notices {
+                        n.held = seen;
+                    }
+                    continue;
+                }
+                Woke::NoticeDue => match self.answer_notices() {
+                    Some(call) => call,
+                    None => continue,
                 },
                 Woke::Timer => {
-                    let full = self.cfg.clock.monotonic() >= next;
-                    if full {
+                    if self.cfg.clock.monotonic() >= next {
                         next = self.cfg.clock.monotonic() + self.cfg.heartbeat;
-                        if let Some(n) = &mut self.notices {
-                            n.spent = 0;
-                        }
                         Between::Beat
                     } else {
                         wake.between
                     }
                 }
             };
+            if woke == Woke::Timer && call == Between::Beat {
+                // A heartbeat's reads cover whatever the notices held asked to look at.
+                if let Some(n) = &mut self.notices {
+                    n.held = Seen::NONE;
+                }
+            }
             let span = tracing::debug_span!(
                 "group.heartbeat",
                 group = self.cfg.keys.group(),
                 slot = self.claims.current.as_ref().map(|c| c.slot),
-                full = matches!(woke, Woke::Timer) && call == Between::Beat,
-                notice = matches!(woke, Woke::Notice(_))
+                noticed = woke == Woke::NoticeDue
             );
             let result = match call {
                 Between::Beat => self.beat().instrument(span).await,

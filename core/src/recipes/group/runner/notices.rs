@@ -17,10 +17,10 @@ use super::Runner;
 use crate::notify::Notifications;
 use crate::DynStore;
 
-/// At most this many notice-driven calls between two full heartbeats: beyond that, notices wait
-/// for the timers, so a storm of changes (hundreds a second) costs each member a bounded number
-/// of extra calls per heartbeat (16 a second at the default TTL of 6 s).
-pub(super) const NOTICE_CALLS_PER_BEAT: u32 = 32;
+/// How many notice-driven calls a member may make at once after a quiet spell; beyond that,
+/// one per eighth of a heartbeat ([`notice_period`](super::decide::notice_period)), so a storm of
+/// changes (hundreds a second) costs each member no more calls than a hand-off's own polling.
+pub(super) const NOTICE_BURST: u32 = 8;
 
 /// Notice-driven calls are at least a heartbeat over this apart (8 ms at the default TTL):
 /// notices that come meanwhile (every member acknowledging a view within milliseconds) are
@@ -37,8 +37,11 @@ pub(super) struct Notices {
     slots: Notifications,
     /// The standby records: a standby's own record marked by a leaving member.
     standbys: Option<Notifications>,
-    /// Notice-driven calls since the last full heartbeat.
-    pub(super) spent: u32,
+    /// The directories of the notices heard and not yet answered.
+    pub(super) held: Seen,
+    /// The budget of notice-driven calls: its theoretical arrival time (see
+    /// [`charge`](super::decide::charge)).
+    pub(super) tat: Option<Duration>,
     /// When the last notice-driven call was made (monotonic).
     pub(super) last: Option<Duration>,
 }
@@ -66,7 +69,8 @@ impl Notices {
                 acks,
                 slots,
                 standbys,
-                spent: 0,
+                held: Seen::NONE,
+                tat: None,
                 last: None,
             })
         };

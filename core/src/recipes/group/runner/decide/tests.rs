@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    choose_slot, drain_timed_out, lists_before_dropping, next_view, notice_at, publishes,
-    settled_at_or_past, unsettled, view_is_stale, view_needs_slots, view_slot_gone, Between, Facts,
-    Seen,
+    charge, choose_slot, drain_timed_out, lists_before_dropping, next_view, notice_due,
+    notice_period, publishes, settled_at_or_past, unsettled, view_is_stale, view_needs_slots,
+    view_slot_gone, Between, Facts, Seen,
 };
 use crate::assign::AssignorKind;
 use crate::recipes::group::records::{Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
-use crate::recipes::group::runner::notices::{NOTICE_CALLS_PER_BEAT, NOTICE_GAP_DIVISOR};
+use crate::recipes::group::runner::notices::{NOTICE_BURST, NOTICE_GAP_DIVISOR};
 use crate::recipes::group::runner::{
     Claim, Discrepancy, Handoff, Settler, SlotsSeen, TableCache, REREAD_AFTER,
 };
@@ -616,29 +616,50 @@ fn slot_records_wake_only_the_members_that_read_them() {
 }
 
 #[test]
-fn notices_are_answered_a_gap_apart_and_at_most_a_budget_per_heartbeat() {
+fn notices_are_answered_a_gap_apart_at_once_after_a_quiet_spell_then_at_the_polling_pace() {
     let gap = HB / NOTICE_GAP_DIVISOR;
+    let period = notice_period(HB);
+    assert_eq!(
+        period,
+        HB / 8,
+        "the pace at which a hand-off polls the settled mark"
+    );
     let now = ms(10_000);
-    assert_eq!(notice_at(0, None, now, HB), Some(now), "the first at once");
     assert_eq!(
-        notice_at(1, Some(now - gap), now, HB),
-        Some(now),
-        "a gap after the last"
+        notice_due(None, None, HB),
+        Duration::ZERO,
+        "the first at once"
     );
+    // A quiet spell: the budget is full, only the gap counts.
+    let tat = Some(now - HB);
+    assert_eq!(notice_due(tat, Some(now - HB), HB), now - HB + gap);
     assert_eq!(
-        notice_at(1, Some(now - gap / 2), now, HB),
-        Some(now - gap / 2 + gap),
-        "within the gap: at its end"
+        notice_due(tat, Some(now - gap / 2), HB),
+        now - gap / 2 + gap
     );
-    assert_eq!(
-        notice_at(NOTICE_CALLS_PER_BEAT - 1, None, now, HB),
-        Some(now)
+    // A burst: NOTICE_BURST calls in a row are due as soon as the gap allows, then one per
+    // period.
+    let (mut tat, mut t) = (None, now);
+    let mut times = Vec::new();
+    for _ in 0..NOTICE_BURST + 3 {
+        t = t.max(notice_due(tat, Some(t).filter(|_| tat.is_some()), HB));
+        times.push(t - now);
+        tat = Some(charge(tat, t, HB));
+    }
+    let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    let burst = usize::try_from(NOTICE_BURST).unwrap();
+    assert!(
+        gaps[..burst - 1].iter().all(|&g| g == gap),
+        "a burst a gap apart: {gaps:?}"
     );
-    assert_eq!(
-        notice_at(NOTICE_CALLS_PER_BEAT, None, now, HB),
-        None,
-        "spent"
+    assert!(
+        gaps[burst..].iter().all(|&g| g == period),
+        "then one per period: {gaps:?}"
     );
+    // Over one heartbeat of a storm a member answers at most the burst plus a heartbeat's worth
+    // of periods.
+    let answered = times.iter().filter(|&&x| x <= HB).count();
+    assert!(answered <= burst + 8 + 1, "{answered} calls in a heartbeat");
 }
 
 #[test]
