@@ -29,6 +29,21 @@ const FAST: Duration = Duration::from_millis(100);
 /// heartbeat.
 const SLOW: Duration = Duration::from_millis(250);
 
+/// Measures a change with notifications and then polling only: the first within [`FAST`], the
+/// second no faster than [`SLOW`] (both printed).
+async fn fast_with_notices_slow_without<F, Fut>(measure: F)
+where
+    F: Fn(bool) -> Fut,
+    Fut: std::future::Future<Output = Duration>,
+{
+    let fast = measure(true).await;
+    eprintln!("notices {fast:?}");
+    assert!(fast <= FAST, "with notifications: {fast:?}");
+    let slow = measure(false).await;
+    eprintln!("polling {slow:?}");
+    assert!(slow >= SLOW, "polling only: {slow:?}");
+}
+
 fn config(f: &Fixture, id: &str, notices: bool) -> GroupConfig {
     GroupConfig::new("g", TTL)
         .with_member(id)
@@ -108,12 +123,7 @@ async fn a_join_converges_within_milliseconds_where_polling_takes_part_of_a_hear
 
 #[tokio::test(start_paused = true)]
 async fn a_graceful_leave_converges_within_milliseconds_where_polling_takes_part_of_a_heartbeat() {
-    let fast = leave_takes(true).await;
-    eprintln!("notices {fast:?}");
-    assert!(fast <= FAST, "with notifications: {fast:?}");
-    let slow = leave_takes(false).await;
-    eprintln!("polling {slow:?}");
-    assert!(slow >= SLOW, "polling only: {slow:?}");
+    fast_with_notices_slow_without(leave_takes).await;
 }
 
 /// A standby inherits a leaving member's slot: from the start of the leave to the standby
@@ -138,12 +148,7 @@ async fn hand_over_takes(notices: bool) -> Duration {
 
 #[tokio::test(start_paused = true)]
 async fn a_standby_takes_a_leaving_members_slot_within_milliseconds() {
-    let fast = hand_over_takes(true).await;
-    eprintln!("notices {fast:?}");
-    assert!(fast <= FAST, "with notifications: {fast:?}");
-    let slow = hand_over_takes(false).await;
-    eprintln!("polling {slow:?}");
-    assert!(slow >= SLOW, "polling only: {slow:?}");
+    fast_with_notices_slow_without(hand_over_takes).await;
 }
 
 /// A member leaves for a restart (static membership) and its process comes back `restart`
@@ -158,13 +163,18 @@ async fn take_back_takes(notices: bool) -> Duration {
     }
     converged(&members.iter().collect::<Vec<_>>()).await;
     tokio::time::sleep(TTL).await;
-    members.remove(1).leave().await.unwrap();
+    let leaving = members.remove(1);
+    let (slot, epoch) = (leaving.assignment().slot, leaving.assignment().epoch);
+    leaving.leave_for_restart().await.unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let started = Instant::now();
     let cfg = config(&f, "m1", notices).with_restart_window(window);
     members.push(f.join(cfg).await);
-    converged(&members.iter().collect::<Vec<_>>()).await;
+    let back = converged(&members.iter().collect::<Vec<_>>()).await;
     let took = started.elapsed();
+    // Taken back: the same slot, one epoch on.
+    assert_eq!(members[4].assignment().slot, slot);
+    assert_eq!(back, epoch + 1);
     for m in members {
         m.leave().await.unwrap();
     }
@@ -173,12 +183,7 @@ async fn take_back_takes(notices: bool) -> Duration {
 
 #[tokio::test(start_paused = true)]
 async fn a_restarted_member_is_back_within_milliseconds() {
-    let fast = take_back_takes(true).await;
-    eprintln!("notices {fast:?}");
-    assert!(fast <= FAST, "with notifications: {fast:?}");
-    let slow = take_back_takes(false).await;
-    eprintln!("polling {slow:?}");
-    assert!(slow >= SLOW, "polling only: {slow:?}");
+    fast_with_notices_slow_without(take_back_takes).await;
 }
 
 #[tokio::test(start_paused = true)]
