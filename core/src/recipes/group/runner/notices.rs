@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::super::keys::GroupKeys;
-use super::decide::Seen;
+use super::decide::{charge, notice_due, Seen};
 use super::Runner;
 use crate::notify::Notifications;
 use crate::DynStore;
@@ -174,10 +174,10 @@ pub(super) enum Waited {
 }
 
 impl Runner {
-    /// Sleeps `d`, or less when a notice of a directory in `among` comes first (answered at
-    /// least a heartbeat over [`NOTICE_GAP_DIVISOR`] after the last one, so a storm of them does
-    /// not make the caller spin): the polls outside the heartbeat loop (a standby's renewals,
-    /// an heir waiting for its slot) look early this way.
+    /// Sleeps `d`, or less when a notice of a directory in `among` comes first (answered within
+    /// the same budget as the heartbeat loop's, [`notice_due`], so a storm of them does not make
+    /// the caller spin): the polls outside the heartbeat loop (a standby's renewals, an heir
+    /// waiting for its slot) look early this way.
     pub(super) async fn wait_or_notice(
         &mut self,
         d: Duration,
@@ -190,11 +190,13 @@ impl Runner {
             match &mut self.notices {
                 Some(n) => {
                     n.next_among(among).await;
-                    let gap = self.cfg.heartbeat / NOTICE_GAP_DIVISOR;
-                    if let Some(last) = n.last {
-                        clock.sleep_until(last + gap).await;
-                    }
-                    n.last = Some(clock.monotonic());
+                    let heartbeat = self.cfg.heartbeat;
+                    clock
+                        .sleep_until(notice_due(n.tat, n.last, heartbeat))
+                        .await;
+                    let now = clock.monotonic();
+                    n.tat = Some(charge(n.tat, now, heartbeat));
+                    n.last = Some(now);
                 }
                 None => std::future::pending().await,
             }
