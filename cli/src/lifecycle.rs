@@ -45,10 +45,16 @@ pub struct LifecycleArgs {
     /// (`exec: [test, -f, FILE]`). `/ready` on --metrics-addr answers the same.
     #[arg(long, env = "HEADCOUNT_READY_FILE", value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
+    /// Only poll the store, at the heartbeat's pace, instead of also listening to its change
+    /// notifications (Redis pub/sub, PostgreSQL LISTEN, an etcd watch), which make planned
+    /// changes (joins, leaves, hand-overs) take round trips instead of heartbeats. For a proxy
+    /// that mishandles subscriptions; a server that refuses them is detected without it.
+    #[arg(long, env = "HEADCOUNT_NO_NOTIFICATIONS")]
+    pub no_notifications: bool,
 }
 
 impl LifecycleArgs {
-    /// Applies the restart window and the standby wait to `config`.
+    /// Applies the restart window, the standby wait and `--no-notifications` to `config`.
     pub fn configure(&self, mut config: GroupConfig) -> GroupConfig {
         if let Some(w) = self.restart_window {
             config = config.with_restart_window(w);
@@ -56,7 +62,7 @@ impl LifecycleArgs {
         if let Some(w) = self.standby_for {
             config = config.with_standby(w);
         }
-        config
+        config.with_notifications(!self.no_notifications)
     }
 
     /// Refuses `--on-stop restart` without a member id, before any store is opened.
