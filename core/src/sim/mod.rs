@@ -160,7 +160,7 @@ impl Faults {
             paused: watch::Sender::new(false),
             down: AtomicBool::new(false),
             injected: AtomicU64::new(0),
-            notice_rng: Mutex::new(StdRng::seed_from_u64(seed ^ 0x0071_ce5e_ed)),
+            notice_rng: Mutex::new(StdRng::seed_from_u64(seed ^ 0x0071_ce5e)),
             notice_rates: Mutex::new(NoticeRates::NONE),
             notice_faults: AtomicU64::new(0),
         })
