@@ -43,6 +43,14 @@ pub trait Hooks: Send + Sync + Debug + 'static {
     /// Sees the inner store's answer, before [`Hooks::after`]: `error` is its error, if it
     /// failed. Cannot change the answer.
     fn outcome(&self, _op: Op, _took: Duration, _error: Option<&Error>) {}
+
+    /// Subscribes to `dir` on `inner` ([`Store::subscribe`](crate::Store::subscribe)): no store
+    /// call, so no [`Hooks::before`] nor [`Hooks::after`] runs around it. By default, the inner
+    /// store's notifications as they are; a fault layer can hand out others that it feeds from
+    /// them ([`FaultyStore`](crate::sim::FaultyStore) drops, delays and duplicates notices).
+    async fn subscribe(&self, inner: &DynStore, dir: &str) -> Result<Notifications> {
+        inner.subscribe(dir).await
+    }
 }
 
 /// A store that forwards every call to `inner`, each of the provided methods (`set_max`,
@@ -205,9 +213,9 @@ impl<H: Hooks> Backend for Decorated<H> {
         self.call(Op::Durability, "", self.inner.durability()).await
     }
 
-    /// Forwarded without hooks, like `capabilities`: a subscription is no store call, and the
-    /// notifications it hands out are the inner store's own.
+    /// Through [`Hooks::subscribe`] only (a subscription is no store call): by default the
+    /// inner store's own notifications.
     async fn subscribe(&self, dir: &str) -> Result<Notifications> {
-        self.inner.subscribe(dir).await
+        self.hooks.subscribe(&self.inner, dir).await
     }
 }

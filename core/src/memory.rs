@@ -145,6 +145,12 @@ impl MemoryStore {
         self.clock.now()
     }
 
+    /// The subscribers of this store and its clones: the simulation's models, which write the
+    /// data directly, notify their own writes through it.
+    pub(crate) fn hub(&self) -> &NotifyHub {
+        &self.hub
+    }
+
     /// A copy of every key and its expiry.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {

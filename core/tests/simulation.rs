@@ -10,7 +10,12 @@
 //! the others join when the wait ends), makes them leave gracefully, crashes them, pauses them
 //! past their lease, starts twins, rolls the store back, and injects faults into every store call
 //! (delays that reorder replies, failures before the store, writes applied with their reply
-//! lost). Workers hold grants for random keys for random times: about half of them select on
+//! lost) and into the store's change notifications, which every store sends (the models as
+//! their backends do) and members listen to: on a fifth of the seeds notices are delivered
+//! perfectly, on a fifth there are none (members only poll), and on the others they pass
+//! through a lossy channel that drops some (up to half), delays some (up to half, by up to
+//! 400 ms, which reorders them across directories), duplicates some (up to a fifth), and now
+//! and then sends one for nothing (`NoticeRates`). Notices are held while a member is paused. Workers hold grants for random keys for random times: about half of them select on
 //! the revocation hook (`Grant::revoked`) beside their work and drop the grant as soon as it
 //! fires, the others ignore it, a few of them past the drain timeout (the member then gives its
 //! lease up). Workers also hold grants for their whole share (the `(index, replicas)` pair that
@@ -32,7 +37,8 @@
 //!   answered it for before where its revision watch saw the store go back in between.
 //!
 //! Checked at the end, after the faults stop: every live member is active under one view, and
-//! every key has exactly one owner, within TTL + two heartbeats + the hand-off.
+//! every key has exactly one owner, within TTL + two heartbeats + the hand-off. The notification
+//! channel stays as it was (lossy, or off): convergence must not depend on a notice.
 //!
 //! The store is the in-memory one, the Redis model, the etcd model or the SQL model
 //! (`simulation/models.rs`): a quarter of the seeds run on each. On half the Redis seeds the
@@ -58,7 +64,7 @@ use std::time::{Duration, SystemTime};
 
 use headcount_core::assign::AssignorKind;
 use headcount_core::recipes::group::{Grant, Group, GroupConfig, GroupPhase, Member};
-use headcount_core::sim::{FaultRates, Faults, FaultyStore, SimClock};
+use headcount_core::sim::{FaultRates, Faults, FaultyStore, NoticeRates, SimClock};
 use headcount_core::{Clock, DynStore};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -100,6 +106,39 @@ impl Plan {
             },
             rollbacks: rng.random_bool(0.3),
         }
+    }
+}
+
+/// How a seed's members get the store's change notifications: perfectly on a fifth of the
+/// seeds, not at all on a fifth, through a lossy channel on the others. Drawn from a generator
+/// of its own, so that a seed's plan and schedule are those of before.
+fn notices_for_seed(seed: u64) -> NoticeRates {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x7071_ce55);
+    match rng.random_range(0..5) {
+        0 => NoticeRates::NONE,
+        1 => NoticeRates::OFF,
+        _ => NoticeRates {
+            enabled: true,
+            drop: rng.random_range(0.0..0.5),
+            delay: rng.random_range(0.0..0.5),
+            duplicate: rng.random_range(0.0..0.2),
+            spurious: rng.random_range(0.0..0.05),
+            max_delay: Duration::from_millis(rng.random_range(1..400)),
+        },
+    }
+}
+
+/// What the seed's log says of the notification channel.
+fn describe_notices(n: &NoticeRates) -> String {
+    if !n.enabled {
+        "off".into()
+    } else if *n == NoticeRates::NONE {
+        "perfect".into()
+    } else {
+        format!(
+            "lossy (drop {:.2}, delay {:.2} up to {:?}, duplicate {:.2}, spurious {:.3})",
+            n.drop, n.delay, n.max_delay, n.duplicate, n.spurious
+        )
     }
 }
 
@@ -238,6 +277,8 @@ struct Sim {
     replace_rng: StdRng,
     /// When a member leaves because a standby joined to replace it.
     leaves: Vec<Duration>,
+    /// How every process gets the store's change notifications.
+    notices: NoticeRates,
 }
 
 impl Sim {
@@ -266,6 +307,7 @@ impl Sim {
                 .wrapping_add(self.procs.len() as u64),
         );
         faults.set_rates(rates);
+        faults.set_notice_rates(self.notices);
         let clock: Arc<dyn Clock> = Arc::new(self.clock.clone());
         let inner: DynStore = self.store.store();
         let store: DynStore = Arc::new(FaultyStore::new(inner, faults.clone(), clock.clone()));
@@ -944,10 +986,12 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
         restarts: Vec::new(),
         replace_rng: StdRng::seed_from_u64(seed ^ 0x5eed_4e91ace),
         leaves: Vec::new(),
+        notices: notices_for_seed(seed),
     };
     sim.note(format!(
-        "{plan:?} assignor {assignor:?} store {}",
-        sim.store.describe()
+        "{plan:?} assignor {assignor:?} store {} notifications {}",
+        sim.store.describe(),
+        describe_notices(&sim.notices)
     ));
     let first = sim.rng.random_range(1..=3);
     for _ in 0..first {
@@ -1006,7 +1050,10 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
         sim.roll_back();
     }
     // The faults stop: everyone resumes, and the group must converge.
-    sim.note("faults stop".into());
+    let notice_faults: u64 = sim.procs.iter().map(|p| p.faults.notice_faults()).sum();
+    sim.note(format!(
+        "faults stop ({notice_faults} notice faults injected so far)"
+    ));
     for p in &mut sim.procs {
         p.faults.set_rates(FaultRates::NONE);
         p.faults.resume();

@@ -8,7 +8,10 @@
 //! [`FaultyStore`] per member, so each call can be delayed (replies come back reordered),
 //! fail before reaching the store, or be applied with its reply lost; it rolls the store back
 //! with [`MemoryStore::restore`](crate::memory::MemoryStore::restore), steps the store's clock
-//! with [`SimClock::step_wall`], and pauses a member with [`Faults::pause`].
+//! with [`SimClock::step_wall`], and pauses a member with [`Faults::pause`]. The change
+//! notifications a [`FaultyStore`] hands out pass through a lossy channel ([`NoticeRates`]):
+//! notices are dropped, delayed (reordered across directories), duplicated, and now and then
+//! one comes for nothing.
 //!
 //! The in-memory store answers a directory's version with a digest of its contents, which no
 //! fault can make miss a change. The models answer the way a backend does, so the simulation
@@ -22,6 +25,10 @@
 //!   with its revision (handing the lost revisions out again) or past it (`--bump-revision`),
 //!   and checks that no client answers a version for other contents than before;
 //! * [`SqlModel`]: the SQL backends' digests, one directory per call.
+//!
+//! Every model notifies the writes that change a directory, as its backend does (Redis's
+//! scripts publish, PostgreSQL's triggers `pg_notify`, etcd's watches see the events), to every
+//! process through the shared in-memory store's subscribers.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -35,13 +42,16 @@ use tokio::sync::watch;
 use crate::clock::Clock;
 use crate::decorated::{Decorated, Hooks};
 use crate::error::{Error, Result};
+use crate::notify::Notifications;
 use crate::{DynStore, Op};
 
 mod etcd;
+mod notices;
 mod redis;
 mod sql;
 
 pub use self::etcd::{EtcdModel, EtcdSnapshot};
+pub use self::notices::NoticeRates;
 pub use self::redis::{ModelFaults, ModelSnapshot, RedisModel};
 pub use self::sql::SqlModel;
 
@@ -124,8 +134,8 @@ impl FaultRates {
     };
 }
 
-/// The controls of one [`FaultyStore`]: its fault rates, its random generator and whether it is
-/// paused. Shared by the store and whoever drives the faults.
+/// The controls of one [`FaultyStore`]: its fault rates, its random generators and whether it
+/// is paused. Shared by the store and whoever drives the faults.
 #[derive(Debug)]
 pub struct Faults {
     rng: Mutex<StdRng>,
@@ -133,10 +143,16 @@ pub struct Faults {
     paused: watch::Sender<bool>,
     down: AtomicBool,
     injected: AtomicU64,
+    /// The draws of the notification channel, apart from the calls' so that the calls' faults
+    /// are drawn as they would be without notifications.
+    notice_rng: Mutex<StdRng>,
+    notice_rates: Mutex<NoticeRates>,
+    notice_faults: AtomicU64,
 }
 
 impl Faults {
-    /// Controls with no faults, drawing from a generator seeded with `seed`.
+    /// Controls with no faults (and notices delivered perfectly), drawing from generators
+    /// seeded with `seed`.
     pub fn new(seed: u64) -> Arc<Faults> {
         Arc::new(Faults {
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
@@ -144,6 +160,9 @@ impl Faults {
             paused: watch::Sender::new(false),
             down: AtomicBool::new(false),
             injected: AtomicU64::new(0),
+            notice_rng: Mutex::new(StdRng::seed_from_u64(seed ^ 0x0071_ce5e)),
+            notice_rates: Mutex::new(NoticeRates::NONE),
+            notice_faults: AtomicU64::new(0),
         })
     }
 
@@ -156,8 +175,8 @@ impl Faults {
         *self.lock_rates() = rates;
     }
 
-    /// Holds every call (new ones and those waiting to be applied) until [`Faults::resume`]: a
-    /// process stopped by SIGSTOP, or a connection that stalls.
+    /// Holds every call (new ones and those waiting to be applied) and every notice until
+    /// [`Faults::resume`]: a process stopped by SIGSTOP, or a connection that stalls.
     pub fn pause(&self) {
         self.paused.send_replace(true);
     }
@@ -223,9 +242,11 @@ pub struct Faulty {
 
 /// A [`Store`](crate::Store) that injects faults into every call to the store it wraps, under
 /// the control of a shared [`Faults`]: before the call, a pause, a delay, or a failure that
-/// never reaches the store; after it, a delay, a pause, or a lost reply. Delays sleep on the
-/// given clock, so under a simulation's paused time they cost nothing and reorder replies
-/// deterministically.
+/// never reaches the store; after it, a delay, a pause, or a lost reply. Its change
+/// notifications are the inner store's through a lossy channel ([`NoticeRates`]): a task per
+/// subscription drops, delays, duplicates and adds notices, and holds them while paused.
+/// Delays sleep on the given clock, so under a simulation's paused time they cost nothing and
+/// reorder replies and notices deterministically.
 pub type FaultyStore = Decorated<Faulty>;
 
 impl Decorated<Faulty> {
@@ -265,6 +286,21 @@ impl Hooks for Faulty {
             });
         }
         Ok(())
+    }
+
+    /// The inner store's notifications through the lossy channel, or none when the notice
+    /// rates say so ([`NoticeRates::enabled`]). Call it within a Tokio runtime: it spawns the
+    /// task that feeds them.
+    async fn subscribe(&self, inner: &DynStore, dir: &str) -> Result<Notifications> {
+        if !self.faults.notice_rates().enabled {
+            return Ok(Notifications::never(dir));
+        }
+        let upstream = inner.subscribe(dir).await?;
+        Ok(notices::lossy(
+            upstream,
+            self.faults.clone(),
+            self.clock.clone(),
+        ))
     }
 
     async fn after(&self, op: Op, _took: Duration) -> Result<()> {

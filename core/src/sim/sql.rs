@@ -11,6 +11,14 @@
 //! [`renew_and_versions`](crate::Store::renew_and_versions): one renewal and digest per
 //! directory), where the in-memory store does. The model is the in-memory store with the SQL
 //! backends' capabilities, so the group takes the path it takes on them.
+//!
+//! Change notifications: PostgreSQL's row triggers `pg_notify` a directory whenever a write
+//! changes a row under it (not on a renewal that changes nothing), and one `LISTEN` connection
+//! per handle hands them to every process; SQLite's wake the handles on the same file. The
+//! model's writes go through the in-memory store's methods, which notify every write that
+//! changes a key to the subscribers of its directory, in every process of the simulation (they
+//! share the store), and a rollback as [`Notice::MayHaveMissed`](crate::notify::Notice) (the
+//! listener reconnecting to the restored server).
 
 use std::time::Duration;
 
@@ -19,6 +27,7 @@ use async_trait::async_trait;
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::memory::MemoryStore;
+use crate::notify::Notifications;
 use crate::store::{Capabilities, Durability};
 
 const BACKEND: &str = "sql-model";
@@ -45,9 +54,7 @@ impl Backend for SqlModel {
         caps.backend = BACKEND;
         caps.native_renew_and_versions = false;
         caps.native_change_version = false;
-        // The model writes its data directly, not through the in-memory store's methods, so
-        // it notifies nothing (the simulation's lossy notification channel is to come).
-        caps.native_notifications = false;
+        caps.native_notifications = true;
         caps
     }
 
@@ -107,6 +114,12 @@ impl Backend for SqlModel {
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
         Backend::compare_and_delete(&self.data, key, expected).await
+    }
+
+    /// The in-memory store's: every write that changes a key under `dir`, as PostgreSQL's
+    /// triggers notify it (see the module docs).
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        Backend::subscribe(&self.data, dir).await
     }
 
     async fn durability(&self) -> Result<Durability> {

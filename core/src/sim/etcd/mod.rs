@@ -27,6 +27,14 @@
 //! as the backend did before it watched the revisions (issue 32, finding 5), to show what the
 //! simulation finds without it.
 //!
+//! Change notifications: the etcd backend keeps one watch stream per handle, with a prefix
+//! watch per directory subscribed, which sees every put and delete (a lease revocation's
+//! deletes too) of a key under it. The model notifies the directory of every key a call puts
+//! or deletes (not a keep-alive, which writes nothing) to the subscribers of the shared
+//! in-memory store, in every process of the simulation, after the call; a restore sends
+//! [`Notice::MayHaveMissed`](crate::notify::Notice), as the watch stream that a restore cuts
+//! does when the backend opens it again.
+//!
 //! Left out, on purpose: compaction (it drops only history, and the backend reads none: no
 //! watch, no range at an old revision; `--mark-compacted` matters only to watchers), and etcd's
 //! whole-second leases (the model keeps the in-memory store's exact TTLs, since the simulation's
@@ -44,6 +52,7 @@ use crate::backend::{
 };
 use crate::error::Result;
 use crate::memory::{expiry, Data, MemoryStore, Snapshot};
+use crate::notify::Notifications;
 use crate::store::{Capabilities, Durability, RenewedListing};
 
 const BACKEND: &str = "etcd-model";
@@ -124,6 +133,8 @@ struct Txn<'a> {
     now: SystemTime,
     /// The revision of this call's writes, once it wrote.
     wrote: Option<i64>,
+    /// The keys this call put or deleted, whose directories' watches see an event.
+    events: Vec<String>,
 }
 
 impl Txn<'_> {
@@ -143,6 +154,7 @@ impl Txn<'_> {
         self.keyspace.revision += 1;
         for k in gone {
             self.keyspace.keys.remove(&k);
+            self.events.push(k);
         }
     }
 
@@ -167,6 +179,7 @@ impl Txn<'_> {
     /// Gives `k` a new `mod_revision`, on a lease of its own or not.
     fn touch(&mut self, k: &str, own_lease: bool) {
         let mod_revision = self.revision();
+        self.events.push(k.to_owned());
         self.keyspace.keys.insert(
             k.to_owned(),
             KeyMeta {
@@ -183,6 +196,7 @@ impl Txn<'_> {
         self.data.map.remove(k);
         self.keyspace.keys.remove(k);
         self.revision();
+        self.events.push(k.to_owned());
         true
     }
 
@@ -319,20 +333,23 @@ impl EtcdModel {
     /// Like [`restore`](Self::restore), then moves the store's revision on by `bump`, as
     /// `etcdutl snapshot restore --bump-revision <bump>` does; the keys keep their revisions.
     pub fn restore_bumped(&self, snapshot: &EtcdSnapshot, bump: i64) {
-        let mut data = self.data.lock();
-        let mut keyspace = lock(&self.keyspace);
-        snapshot.data.restore_into(&mut data);
-        *keyspace = snapshot.keyspace.clone();
-        keyspace.revision += bump;
+        {
+            let mut data = self.data.lock();
+            let mut keyspace = lock(&self.keyspace);
+            snapshot.data.restore_into(&mut data);
+            *keyspace = snapshot.keyspace.clone();
+            keyspace.revision += bump;
+        }
+        self.data.hub().notify_missed();
     }
 
     /// Runs one request atomically, after the leases that ran out are revoked, and shows its
     /// response's revision to this client's watch: returns the answer and the watch's
-    /// generation after it.
+    /// generation after it. The keys it put or deleted are notified after it.
     fn txn<R>(&self, f: impl FnOnce(&mut Txn<'_>) -> R) -> (R, u64) {
         let sent = self.client.revisions.send();
         let now = self.data.now();
-        let (out, revision) = {
+        let (out, revision, events) = {
             let mut data = self.data.lock();
             let mut keyspace = lock(&self.keyspace);
             let mut t = Txn {
@@ -340,11 +357,16 @@ impl EtcdModel {
                 keyspace: &mut keyspace,
                 now,
                 wrote: None,
+                events: Vec::new(),
             };
             t.expire();
             let out = f(&mut t);
-            (out, keyspace.revision)
+            let events = t.events;
+            (out, keyspace.revision, events)
         };
+        for key in events {
+            self.data.hub().notify_key(&key);
+        }
         (out, self.client.revisions.receive(sent, revision))
     }
 
@@ -370,6 +392,7 @@ impl backend::Backend for EtcdModel {
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
         caps.native_change_version = true;
+        caps.native_notifications = true;
         caps
     }
 
@@ -481,6 +504,11 @@ impl backend::Backend for EtcdModel {
         self.answered(dir, &version, generation, &range.entries);
         let listing = (since != Some(version.as_str())).then_some(range.entries);
         Ok(RenewedListing::new(renewed, version, listing))
+    }
+
+    /// What the backend's prefix watches see, one per directory (see the module docs).
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        Ok(self.data.hub().subscribe(dir))
     }
 
     async fn durability(&self) -> Result<Durability> {

@@ -109,3 +109,28 @@ async fn a_restore_that_reuses_revisions_is_seen_by_a_client_that_watches() -> R
     assert_eq!(after_a_restore(true, 0, false).await?, (false, 0));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_put_or_delete_is_seen_by_every_client_and_a_keep_alive_is_not() -> Result<()> {
+    use crate::notify::Notice;
+    let (_, m) = model();
+    assert!(m.capabilities().native_notifications);
+    let mut n = m.handle().subscribe(DIR).await?;
+    assert!(
+        m.compare_and_set("hc:{g}:d:a", None, "me", Some(TTL))
+            .await?
+    );
+    assert_eq!(n.try_recv(), Some(Notice::Changed));
+    // The first renewal moves the key to a lease of its own (a put), the next is a keep-alive.
+    m.renew_and_list_if_changed("hc:{g}:d:a", "me", TTL, DIR, None)
+        .await?;
+    assert_eq!(n.try_recv(), Some(Notice::Changed));
+    m.renew_and_list_if_changed("hc:{g}:d:a", "me", TTL, DIR, None)
+        .await?;
+    assert_eq!(n.try_recv(), None);
+    assert!(m.delete("hc:{g}:d:a").await?);
+    assert_eq!(n.try_recv(), Some(Notice::Changed));
+    m.restore(&m.snapshot());
+    assert_eq!(n.try_recv(), Some(Notice::MayHaveMissed));
+    Ok(())
+}

@@ -21,6 +21,14 @@
 //! [`RedisModel::snapshot`] and [`RedisModel::restore`] roll the data, the index and the
 //! versions back together, as a failover to a replica does; the nonces that keep versions from
 //! repeating (the Redis scripts' random suffix) are not rolled back.
+//!
+//! Change notifications: the Redis backend's scripts `PUBLISH` on a directory's channel when
+//! they bump its version, and one pub/sub connection per handle hands them to every process.
+//! The model notifies every directory a call bumped (a write that changes a key, an expiry a
+//! sweep finds; not a dropped bump) to the subscribers of the shared in-memory store, in every
+//! process of the simulation, after the call; a restore sends
+//! [`Notice::MayHaveMissed`](crate::notify::Notice), as the pub/sub connection that a failover
+//! cuts does when it reconnects.
 
 mod script;
 
@@ -37,6 +45,7 @@ use super::lock;
 use crate::backend::{self, direct_entries, parse_counter};
 use crate::error::Result;
 use crate::memory::{expiry, MemoryStore, Snapshot};
+use crate::notify::Notifications;
 use crate::store::{Capabilities, Durability, RenewedListing};
 
 const BACKEND: &str = "redis-model";
@@ -167,23 +176,34 @@ impl RedisModel {
         }
     }
 
-    /// Replaces the data, the index and the versions with `snapshot`'s.
+    /// Replaces the data, the index and the versions with `snapshot`'s, and tells every
+    /// subscriber that notices may have been missed.
     pub fn restore(&self, snapshot: &ModelSnapshot) {
-        let mut data = self.data.lock();
-        let mut meta = lock(&self.meta);
-        snapshot.data.restore_into(&mut data);
-        *meta = snapshot.meta.clone();
+        {
+            let mut data = self.data.lock();
+            let mut meta = lock(&self.meta);
+            snapshot.data.restore_into(&mut data);
+            *meta = snapshot.meta.clone();
+        }
+        self.data.hub().notify_missed();
     }
 
     /// Runs one call atomically, as one Lua script: the data, the metadata and the controls
-    /// locked for its whole length.
+    /// locked for its whole length; then publishes the directories it bumped.
     fn script<R>(&self, f: impl FnOnce(&mut Script<'_>) -> R) -> R {
         let now = self.data.now();
-        let mut data = self.data.lock();
-        let mut meta = lock(&self.meta);
-        let mut ctl = lock(&self.ctl);
-        let mut s = Script::new(&mut data, &mut meta, &mut ctl, now);
-        f(&mut s)
+        let (out, published) = {
+            let mut data = self.data.lock();
+            let mut meta = lock(&self.meta);
+            let mut ctl = lock(&self.ctl);
+            let mut s = Script::new(&mut data, &mut meta, &mut ctl, now);
+            let out = f(&mut s);
+            (out, std::mem::take(&mut s.published))
+        };
+        for dir in published {
+            self.data.hub().notify(&dir);
+        }
+        out
     }
 }
 
@@ -194,9 +214,7 @@ impl backend::Backend for RedisModel {
         let mut caps = backend::Backend::capabilities(&self.data);
         caps.backend = BACKEND;
         caps.native_change_version = true;
-        // The model writes its data directly, not through the in-memory store's methods, so
-        // it notifies nothing (the simulation's lossy notification channel is to come).
-        caps.native_notifications = false;
+        caps.native_notifications = true;
         caps
     }
 
@@ -361,6 +379,12 @@ impl backend::Backend for RedisModel {
     ) -> Result<(bool, Vec<String>)> {
         let dirs: Vec<&str> = dirs.iter().map(|(d, _)| *d).collect();
         Ok(self.script(|s| s.heartbeat(key, holder, ttl, &dirs)))
+    }
+
+    /// The directories the scripts bump, as the Redis backend publishes them (see the module
+    /// docs).
+    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+        Ok(self.data.hub().subscribe(dir))
     }
 
     async fn durability(&self) -> Result<Durability> {

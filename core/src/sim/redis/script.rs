@@ -31,6 +31,8 @@ pub(super) struct Script<'a> {
     bumped: BTreeMap<String, String>,
     /// A heartbeat's own sweep, which sets the marker afterwards (`sweeping`).
     sweeping: bool,
+    /// The directories whose version this call bumped: each `PUBLISH`ed on its channel.
+    pub(super) published: Vec<String>,
 }
 
 impl<'a> Script<'a> {
@@ -47,6 +49,7 @@ impl<'a> Script<'a> {
             now,
             bumped: BTreeMap::new(),
             sweeping: false,
+            published: Vec::new(),
         }
     }
 
@@ -61,8 +64,9 @@ impl<'a> Script<'a> {
     }
 
     /// Sets a new version of `dir` (`bump`): one above its last, with a nonce no rollback
-    /// brings back (the random suffix), unless the model reuses counters. A dropped bump (a
-    /// fault) leaves the version as it was.
+    /// brings back (the random suffix), unless the model reuses counters, and publishes the
+    /// directory's change. A dropped bump (a fault) leaves the version as it was, and publishes
+    /// nothing: the change goes unseen.
     fn bump(&mut self, dir: &str) {
         let drop = self.ctl.drop_bumps;
         if drop > 0.0 && self.ctl.rng.random_bool(drop.min(1.0)) {
@@ -81,6 +85,7 @@ impl<'a> Script<'a> {
         };
         self.meta.versions.insert(dir.to_owned(), (n, text.clone()));
         self.bumped.insert(dir.to_owned(), text);
+        self.published.push(dir.to_owned());
     }
 
     /// Records that key `k`'s directory changed, once per call (`changed`).

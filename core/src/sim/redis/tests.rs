@@ -144,3 +144,22 @@ async fn a_dropped_bump_leaves_the_version() -> Result<()> {
     assert_eq!(m.list(DIR).await?.len(), 2);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_write_publishes_its_directory_and_a_renewal_does_not() -> Result<()> {
+    use crate::notify::Notice;
+    let (_, m) = model();
+    assert!(m.capabilities().native_notifications);
+    let mut n = m.subscribe(DIR).await?;
+    assert!(m.compare_and_set(KEY, None, "me", Some(TTL)).await?);
+    assert_eq!(n.try_recv(), Some(Notice::Changed));
+    m.renew_and_list_if_changed(KEY, "me", TTL, DIR, None)
+        .await?;
+    assert_eq!(n.try_recv(), None);
+    assert!(m.delete(KEY).await?);
+    assert_eq!(n.try_recv(), Some(Notice::Changed));
+    let snap = m.snapshot();
+    m.restore(&snap);
+    assert_eq!(n.try_recv(), Some(Notice::MayHaveMissed));
+    Ok(())
+}
