@@ -335,6 +335,22 @@ pub(super) fn view_is_stale(
     }
 }
 
+/// The epoch at which a member's token runs must break because the group moved on without it:
+/// the published `view` is newer than the view it works towards (`target`) and does not name
+/// its claim (`holder`). Such a view can give its keys to others without waiting for its grants
+/// (a store that hid its slot, say: a lost Redis key index), so a grant it makes from now on
+/// must not take the token of one still in flight from before, which a fence would then order
+/// before the other owner's: it takes a token above that epoch instead. A member the group left
+/// out in the ordinary way (it left, or its lease lapsed) holds no grants, and nothing changes.
+pub(super) fn left_out(
+    view: Option<&ViewRecord>,
+    target: Option<u64>,
+    holder: Option<Holder>,
+) -> Option<u64> {
+    let (view, target, holder) = (view?, target?, holder?);
+    (view.epoch > target && !view.holders.contains(&holder)).then_some(view.epoch)
+}
+
 /// Whether a member that did not read the slots in this heartbeat must read them at the next:
 /// the view is missing, went back below `floor`, or took this member's epoch (`twin`), and only
 /// a member that read the slots publishes the view above it.

@@ -7,9 +7,9 @@ use super::super::records::{Holder, ViewRecord};
 use super::super::table::Table;
 use super::super::view::{Change, GroupPhase, ViewState};
 use super::decide::{
-    next_view, publishes, unsettled, view_is_stale, view_needs_slots, view_slot_gone,
+    left_out, next_view, publishes, unsettled, view_is_stale, view_needs_slots, view_slot_gone,
 };
-use super::{Discrepancy, Handoff, Runner};
+use super::{Claim, Discrepancy, Handoff, Runner};
 use crate::error::{Error, Result};
 
 impl Runner {
@@ -120,7 +120,8 @@ impl Runner {
     }
 
     /// Looks for signs that a store which lost writes minted one of this member's epochs twice,
-    /// and breaks its token runs there (see `State::break_runs_at`). Returns whether the
+    /// or that the group moved on without waiting for it ([`left_out`]), and breaks its token
+    /// runs there (see `State::break_runs_at`). Returns whether the
     /// published view is such a twin: the epoch this member works towards, with other holders.
     /// Equal tokens would pass every fence, so the caller replaces it by a view above both.
     fn note_twins(&self, table: &Table) -> bool {
@@ -131,6 +132,11 @@ impl Runner {
         };
         if let (true, Some(v)) = (twin, &table.view) {
             st.break_runs_at(v.epoch);
+        }
+        let holder = self.claims.current.as_ref().map(Claim::holder);
+        let target = st.target().map(|t| t.epoch());
+        if let Some(epoch) = left_out(table.view.as_ref(), target, holder) {
+            st.break_runs_at(epoch);
         }
         twin
     }

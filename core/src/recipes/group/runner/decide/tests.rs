@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    charge, choose_slot, drain_timed_out, lists_before_dropping, next_view, notice_due,
+    charge, choose_slot, drain_timed_out, left_out, lists_before_dropping, next_view, notice_due,
     notice_period, publishes, settled_at_or_past, unsettled, view_is_stale, view_needs_slots,
     view_slot_gone, Between, Facts, Seen,
 };
@@ -668,4 +668,40 @@ fn seen_is_a_set_of_directories() {
     assert!(both.has(Seen::VIEWS) && both.has(Seen::ACKS));
     assert!(!both.has(Seen::SLOTS));
     assert!(!Seen::NONE.has(Seen::NONE), "nothing is never named");
+}
+
+#[test]
+fn a_newer_view_without_the_members_claim_breaks_its_token_runs() {
+    let me = Holder {
+        slot: 1,
+        nonce: 101,
+    };
+    let t = table(&[0, 1], Some((6, &[0])));
+    assert_eq!(
+        left_out(t.view.as_ref(), Some(4), Some(me)),
+        Some(6),
+        "a newer view leaves it out"
+    );
+    let t = table(&[0, 1], Some((6, &[0, 1])));
+    assert_eq!(left_out(t.view.as_ref(), Some(4), Some(me)), None, "named");
+    let t = table(&[0, 1], Some((4, &[0])));
+    assert_eq!(
+        left_out(t.view.as_ref(), Some(4), Some(me)),
+        None,
+        "not newer: a twin, which note_twins handles"
+    );
+    let other_claim = Holder { slot: 1, nonce: 7 };
+    let t = table(&[0, 1], Some((6, &[0, 1])));
+    assert_eq!(
+        left_out(t.view.as_ref(), Some(4), Some(other_claim)),
+        Some(6),
+        "the slot under an earlier claim is not this claim"
+    );
+    assert_eq!(
+        left_out(t.view.as_ref(), None, Some(me)),
+        None,
+        "no view yet"
+    );
+    assert_eq!(left_out(None, Some(4), Some(me)), None, "no view published");
+    assert_eq!(left_out(t.view.as_ref(), Some(4), None), None, "no claim");
 }
