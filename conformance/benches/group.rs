@@ -69,8 +69,9 @@
 //!   calls, round trips, server requests (Redis `INFO` commands processed, less the `PEXPIRE`s
 //!   that refresh version keys in a window placed by a hash of the member's key; etcd gRPC
 //!   messages received, from its `/metrics`) and proxy bytes per member per heartbeat of both
-//!   modes. Below the tables, each event's samples, the time until every member had adopted
-//!   the new view, and the store calls and this process's CPU time per event.
+//!   modes. Below the tables, each event's samples, the times until the first member and until
+//!   every member had adopted the new view, and the store calls (both groups'), the bytes from
+//!   the server (both groups') and this process's CPU time per event.
 //!
 //! Run without `--bench` (as `cargo test --all-targets` does) it makes one SQLite convergence
 //! repetition only, unless the arguments say otherwise. It prints Markdown tables;
@@ -1087,22 +1088,32 @@ impl Fleet {
             })
     }
 
-    /// The time from `t0` until [`Fleet::named_after`] `e0`, looking every millisecond, and
-    /// the time until every member had adopted a view above `e0` ([`Fleet::adopted`]).
+    /// The times from `t0` until [`Fleet::named_after`] `e0`, looking every millisecond, until
+    /// every member had adopted a view above `e0` ([`Fleet::adopted`]), and until the first
+    /// member had.
     async fn until_named(
         &self,
         t0: Instant,
         e0: u64,
         limit: Duration,
-    ) -> std::result::Result<(Duration, Duration), String> {
+    ) -> std::result::Result<[Duration; 3], String> {
         let mut adopted = None;
+        let mut first = None;
         loop {
+            if first.is_none()
+                && self.members.iter().any(|(_, rx)| {
+                    let a = rx.borrow();
+                    a.epoch > e0 || a.phase == GroupPhase::Handoff
+                })
+            {
+                first = Some(t0.elapsed());
+            }
             if adopted.is_none() && self.adopted(e0) {
                 adopted = Some(t0.elapsed());
             }
             if self.named_after(e0) {
                 let named = t0.elapsed();
-                return Ok((named, adopted.unwrap_or(named)));
+                return Ok([named, adopted.unwrap_or(named), first.unwrap_or(named)]);
             }
             if t0.elapsed() >= limit {
                 return Err(format!(
@@ -1135,6 +1146,8 @@ impl Fleet {
 struct Took {
     named: Duration,
     adopted: Duration,
+    /// Until the first member adopted it.
+    first: Duration,
     calls: u64,
     cpu: f64,
     /// Bytes from the server through the proxy (both groups).
@@ -1173,10 +1186,11 @@ impl EventStart {
         e0: u64,
         limit: Duration,
     ) -> std::result::Result<Took, String> {
-        let (named, adopted) = fleet.until_named(self.t0, e0, limit).await?;
+        let [named, adopted, first] = fleet.until_named(self.t0, e0, limit).await?;
         Ok(Took {
             named,
             adopted,
+            first,
             calls: delta(&self.calls, &meters.counting.snapshot())
                 .values()
                 .sum(),
@@ -1587,10 +1601,11 @@ async fn notify(
             let mut bytes: Vec<u64> = v.iter().map(|t| t.bytes).collect();
             bytes.sort_unstable();
             detail.push(format!(
-                "{} {n} {event}, {name}: all active {:?} ms; all adopted the view {:?} ms; median {} store calls, {} bytes from the server and {:.0} ms of this process's CPU per event",
+                "{} {n} {event}, {name}: all active {:?} ms; all adopted the view {:?} ms; the first adopted it {:?} ms; median {} store calls, {} bytes from the server and {:.0} ms of this process's CPU per event",
                 backend.name(),
                 v.iter().map(|t| t.named.as_millis()).collect::<Vec<_>>(),
                 v.iter().map(|t| t.adopted.as_millis()).collect::<Vec<_>>(),
+                v.iter().map(|t| t.first.as_millis()).collect::<Vec<_>>(),
                 calls[calls.len() / 2],
                 bytes[bytes.len() / 2],
                 cpu[cpu.len() / 2] * 1000.0,
