@@ -260,17 +260,14 @@ impl Facts<'_> {
     /// that holds no claim); everyone else learns of those changes from the view the watchers
     /// publish. A member that gave its lease up answers nothing: it waits for its lease to pass.
     pub(super) fn on_notices(&self, seen: Seen) -> Option<Between> {
-        if self.abandoned {
-            return None;
-        }
-        let slots = seen.has(Seen::SLOTS)
-            && (self.claim.is_none()
-                || self.watches_slots()
-                || self.discrepancy.is_some()
-                || self.cache.need_slots);
-        let acks = seen.has(Seen::ACKS) && self.settler.settling;
+        let listens = self.listens();
+        let slots = seen.has(Seen::SLOTS) && listens.has(Seen::SLOTS);
+        let acks = seen.has(Seen::ACKS) && listens.has(Seen::ACKS);
         if slots || acks {
             return Some(Between::Beat);
+        }
+        if !listens.has(Seen::VIEWS) {
+            return None;
         }
         if seen.has(Seen::VIEWS) {
             return Some(if self.only_settling_awaited() {
@@ -280,6 +277,29 @@ impl Facts<'_> {
             });
         }
         None
+    }
+
+    /// The directories whose notices this member acts on now ([`Facts::on_notices`]): the
+    /// view directory always, the acknowledgements while it settles, the slot records while it
+    /// reads them at every heartbeat; nothing once it gave its lease up. Notices of the others
+    /// wait in their mailboxes (coalesced) and do not wake it: in a large group only the one or
+    /// two members that settle are woken by each acknowledgement.
+    pub(super) fn listens(&self) -> Seen {
+        if self.abandoned {
+            return Seen::NONE;
+        }
+        let mut seen = Seen::VIEWS;
+        if self.settler.settling {
+            seen = seen | Seen::ACKS;
+        }
+        if self.claim.is_none()
+            || self.watches_slots()
+            || self.discrepancy.is_some()
+            || self.cache.need_slots
+        {
+            seen = seen | Seen::SLOTS;
+        }
+        seen
     }
 
     /// Whether a renewed heartbeat has nothing to decide: the same table as at the last beat, an

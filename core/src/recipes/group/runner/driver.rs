@@ -23,10 +23,11 @@ enum Woke {
     NoticeDue,
 }
 
-/// The next notice, for a member that listens (the branch is disabled otherwise).
-async fn next_notice(notices: &mut Option<Notices>) -> Seen {
+/// The next notice of a directory in `among`, for a member that listens (the branch is
+/// disabled otherwise).
+async fn next_notice(notices: &mut Option<Notices>, among: Seen) -> Seen {
     match notices {
-        Some(n) => n.next().await,
+        Some(n) => n.next_among(among).await,
         None => std::future::pending().await,
     }
 }
@@ -88,6 +89,7 @@ impl Runner {
             let at = due.map_or(wake.at, |d| d.min(wake.at));
             // A member holding notices waits until they are due; more coalesce meanwhile.
             let listening = self.notices.is_some() && due.is_none();
+            let among = self.facts().listens();
             // Biased: a fixed order of readiness checks keeps a simulation run reproducible.
             let woke = tokio::select! {
                 biased;
@@ -96,7 +98,7 @@ impl Runner {
                     if due.is_some_and(|d| d < wake.at) { Woke::NoticeDue } else { Woke::Timer }
                 }
                 _ = self.shared.released.notified(), if self.handoff.is_some() => Woke::Drained,
-                seen = next_notice(&mut self.notices), if listening => Woke::Heard(seen),
+                seen = next_notice(&mut self.notices, among), if listening => Woke::Heard(seen),
             };
             if *stop.borrow() {
                 break;

@@ -84,28 +84,10 @@ impl Notices {
         }
     }
 
-    /// Waits for the next notice of any of the directories and answers which; cancel-safe.
-    /// Biased in a fixed order, so a simulation run is reproducible.
-    pub(super) async fn next(&mut self) -> Seen {
-        let standbys = async {
-            match &mut self.standbys {
-                Some(n) => {
-                    n.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            biased;
-            _ = self.views.recv() => Seen::VIEWS,
-            _ = self.acks.recv() => Seen::ACKS,
-            _ = self.slots.recv() => Seen::SLOTS,
-            () = standbys => Seen::STANDBYS,
-        }
-    }
-
-    /// Waits for the next notice of a directory in `among`; the others stay pending.
-    async fn next_among(&mut self, among: Seen) -> Seen {
+    /// Waits for the next notice of a directory in `among`; the others stay pending (and
+    /// coalesced), so a member is not woken for changes it would not act on. Cancel-safe, and
+    /// biased in a fixed order so a simulation run is reproducible.
+    pub(super) async fn next_among(&mut self, among: Seen) -> Seen {
         let standbys = async {
             match &mut self.standbys {
                 Some(n) if among.has(Seen::STANDBYS) => {
@@ -121,6 +103,13 @@ impl Notices {
                 std::future::pending::<()>().await;
             }
         };
+        let acks = async {
+            if among.has(Seen::ACKS) {
+                self.acks.recv().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         let slots = async {
             if among.has(Seen::SLOTS) {
                 self.slots.recv().await;
@@ -131,6 +120,7 @@ impl Notices {
         tokio::select! {
             biased;
             () = views => Seen::VIEWS,
+            () = acks => Seen::ACKS,
             () = slots => Seen::SLOTS,
             () = standbys => Seen::STANDBYS,
         }

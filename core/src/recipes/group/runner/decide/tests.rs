@@ -705,3 +705,23 @@ fn a_newer_view_without_the_members_claim_breaks_its_token_runs() {
     assert_eq!(left_out(None, Some(4), Some(me)), None, "no view published");
     assert_eq!(left_out(t.view.as_ref(), Some(4), None), None, "no claim");
 }
+
+#[test]
+fn a_member_listens_only_to_the_directories_it_acts_on() {
+    let slots = [0, 1, 2, 3, 4, 5, 6];
+    assert_eq!(
+        Fixture::steady(5, &slots).facts().listens(),
+        Seen::VIEWS,
+        "a member in the middle: the view directory alone"
+    );
+    assert_eq!(
+        Fixture::steady(0, &slots).facts().listens(),
+        Seen::VIEWS | Seen::SLOTS,
+        "a watcher of the slot table"
+    );
+    let mut f = Fixture::steady(5, &slots);
+    f.settler.settling = true;
+    assert_eq!(f.facts().listens(), Seen::VIEWS | Seen::ACKS, "settling");
+    f.abandoned = true;
+    assert_eq!(f.facts().listens(), Seen::NONE, "gave its lease up");
+}
