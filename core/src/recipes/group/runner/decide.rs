@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::super::records::{Holder, SettledRecord, ViewRecord, MAX_EPOCH};
 use super::super::table::Table;
-use super::notices::{NOTICE_BURST, NOTICE_GAP_DIVISOR};
+use super::notices::{ACK_GAP_DIVISOR, NOTICE_BURST, NOTICE_GAP_DIVISOR};
 use super::{Claim, Discrepancy, Handoff, Settler, TableCache, REREAD_AFTER, SLOT_READS};
 use crate::assign::AssignorKind;
 
@@ -82,6 +82,18 @@ pub(super) fn notice_due(
     let by_gap = last.map_or(Duration::ZERO, |l| l + gap);
     let by_budget = tat.map_or(Duration::ZERO, |t| t.saturating_sub(tolerance));
     by_gap.max(by_budget)
+}
+
+/// When notices of the acknowledgements alone, held by the member that settles, may be
+/// answered: a heartbeat over [`ACK_GAP_DIVISOR`] after the last such call (`last`), outside
+/// the budget of [`notice_due`]. While a large group acknowledges a view, acknowledgements come
+/// for as long as its members take to drain, and the settling member reads them every 31 ms at
+/// the default TTL until the last is in, where the budget would make it wait an eighth of a
+/// heartbeat after its first eight reads. Only the one or two members that settle listen to
+/// them ([`Facts::listens`]), so this costs the store at most that many list calls per heartbeat
+/// while a view is being settled, and nothing otherwise.
+pub(super) fn acks_due(last: Option<Duration>, heartbeat: Duration) -> Duration {
+    last.map_or(Duration::ZERO, |l| l + heartbeat / ACK_GAP_DIVISOR)
 }
 
 /// The budget's theoretical arrival time after a notice-driven call at `now` (the generic cell

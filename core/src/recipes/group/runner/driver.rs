@@ -5,7 +5,7 @@
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
-use super::decide::{charge, notice_due, Between, Facts, Seen};
+use super::decide::{acks_due, charge, notice_due, Between, Facts, Seen};
 use super::notices::Notices;
 use super::Runner;
 use crate::error::{ErrorKind, Result};
@@ -50,10 +50,16 @@ impl Runner {
         }
     }
 
-    /// When the notices held are due ([`notice_due`]), if any are held.
+    /// When the notices held are due ([`notice_due`], or [`acks_due`] for acknowledgements
+    /// alone), if any are held.
     fn notices_due(&self) -> Option<std::time::Duration> {
         let n = self.notices.as_ref()?;
-        (n.held != Seen::NONE).then(|| notice_due(n.tat, n.last, self.cfg.heartbeat))
+        let heartbeat = self.cfg.heartbeat;
+        match n.held {
+            Seen::NONE => None,
+            Seen::ACKS => Some(acks_due(n.last_acks, heartbeat)),
+            _ => Some(notice_due(n.tat, n.last, heartbeat)),
+        }
     }
 
     /// Answers the notices held (and any pending since): the call the member's state calls for
@@ -66,8 +72,12 @@ impl Runner {
         let call = self.facts().on_notices(seen)?;
         let heartbeat = self.cfg.heartbeat;
         if let Some(n) = self.notices.as_mut() {
-            n.tat = Some(charge(n.tat, now, heartbeat));
-            n.last = Some(now);
+            if seen == Seen::ACKS {
+                n.last_acks = Some(now);
+            } else {
+                n.tat = Some(charge(n.tat, now, heartbeat));
+                n.last = Some(now);
+            }
         }
         self.cfg.metrics.notice_call();
         Some(call)

@@ -27,6 +27,11 @@ pub(super) const NOTICE_BURST: u32 = 8;
 /// answered by one call.
 pub(super) const NOTICE_GAP_DIVISOR: u32 = 256;
 
+/// Notices of the acknowledgements alone are answered at least a heartbeat over this apart (31 ms
+/// at the default TTL), outside the budget of the others: see
+/// [`acks_due`](super::decide::acks_due).
+pub(super) const ACK_GAP_DIVISOR: u32 = 64;
+
 /// The member's subscriptions, one per directory it may look at early.
 pub(super) struct Notices {
     /// The view directory: a published view or a settled mark.
@@ -44,6 +49,8 @@ pub(super) struct Notices {
     pub(super) tat: Option<Duration>,
     /// When the last notice-driven call was made (monotonic).
     pub(super) last: Option<Duration>,
+    /// When the last call for notices of the acknowledgements alone was made (monotonic).
+    pub(super) last_acks: Option<Duration>,
 }
 
 impl Notices {
@@ -72,6 +79,7 @@ impl Notices {
                 held: Seen::NONE,
                 tat: None,
                 last: None,
+                last_acks: None,
             })
         };
         match all.await {

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    charge, choose_slot, drain_timed_out, left_out, lists_before_dropping, next_view, notice_due,
-    notice_period, publishes, settled_at_or_past, unsettled, view_is_stale, view_needs_slots,
-    view_slot_gone, Between, Facts, Seen,
+    acks_due, charge, choose_slot, drain_timed_out, left_out, lists_before_dropping, next_view,
+    notice_due, notice_period, publishes, settled_at_or_past, unsettled, view_is_stale,
+    view_needs_slots, view_slot_gone, Between, Facts, Seen,
 };
 use crate::assign::AssignorKind;
 use crate::recipes::group::records::{Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
-use crate::recipes::group::runner::notices::{NOTICE_BURST, NOTICE_GAP_DIVISOR};
+use crate::recipes::group::runner::notices::{ACK_GAP_DIVISOR, NOTICE_BURST, NOTICE_GAP_DIVISOR};
 use crate::recipes::group::runner::{
     Claim, Discrepancy, Handoff, Settler, SlotsSeen, TableCache, REREAD_AFTER,
 };
@@ -724,4 +724,14 @@ fn a_member_listens_only_to_the_directories_it_acts_on() {
     assert_eq!(f.facts().listens(), Seen::VIEWS | Seen::ACKS, "settling");
     f.abandoned = true;
     assert_eq!(f.facts().listens(), Seen::NONE, "gave its lease up");
+}
+
+#[test]
+fn the_settling_member_reads_acknowledgements_a_short_gap_apart_outside_the_budget() {
+    let gap = HB / ACK_GAP_DIVISOR;
+    let now = ms(10_000);
+    assert_eq!(acks_due(None, HB), Duration::ZERO, "the first at once");
+    assert_eq!(acks_due(Some(now), HB), now + gap);
+    // Shorter than the budget's pace, longer than the gap of the other notices.
+    assert!(gap < notice_period(HB) && gap > HB / NOTICE_GAP_DIVISOR);
 }
