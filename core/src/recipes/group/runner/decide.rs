@@ -102,6 +102,15 @@ pub(super) fn charge(tat: Option<Duration>, now: Duration, heartbeat: Duration) 
     tat.map_or(now, |t| t.max(now)) + notice_period(heartbeat)
 }
 
+/// The budget's theoretical arrival time once a notice-driven call turned out to move a planned
+/// change along (a view adopted or activated, a view settled): the call is not charged. Only
+/// notices that led nowhere (a foreign write under the group's directories, a spurious notice)
+/// spend the budget, so a rolling deploy's steps one after another are all answered at once,
+/// while a storm of junk is held to [`notice_period`].
+pub(super) fn refund(tat: Option<Duration>, heartbeat: Duration) -> Option<Duration> {
+    tat.map(|t| t.saturating_sub(notice_period(heartbeat)))
+}
+
 /// The sustained pace of notice-driven calls: one per eighth of a heartbeat, the pace at which a
 /// member in a hand-off polls the settled mark.
 pub(super) fn notice_period(heartbeat: Duration) -> Duration {

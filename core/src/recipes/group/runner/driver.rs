@@ -5,7 +5,7 @@
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
-use super::decide::{acks_due, charge, notice_due, Between, Facts, Seen};
+use super::decide::{acks_due, charge, notice_due, refund, Between, Facts, Seen};
 use super::notices::Notices;
 use super::Runner;
 use crate::error::{ErrorKind, Result};
@@ -83,6 +83,18 @@ impl Runner {
         Some(call)
     }
 
+    /// What a planned change moves along: the view the member works towards, the active
+    /// epoch, and the newest settled mark read. A notice-driven call that changes it is refunded
+    /// ([`refund`]).
+    fn progress_mark(&self) -> impl PartialEq {
+        let st = self.shared.lock();
+        (
+            st.target().map(|t| (t.epoch(), t.digest)),
+            st.active.as_ref().map(|a| a.epoch()),
+            self.cache.settled,
+        )
+    }
+
     /// Heartbeats until `stop` changes, then leaves the group. Returns the error that ended it
     /// early ([`ErrorKind::Rejected`]: another live process uses the member id, say).
     pub(in crate::recipes::group) async fn run(
@@ -151,11 +163,18 @@ impl Runner {
                 slot = self.claims.current.as_ref().map(|c| c.slot),
                 noticed = woke == Woke::NoticeDue
             );
+            let before = (woke == Woke::NoticeDue).then(|| self.progress_mark());
             let result = match call {
                 Between::Beat => self.beat().instrument(span).await,
                 Between::PollSettled => self.poll_settled().instrument(span).await,
                 Between::Watch => self.watch().instrument(span).await,
             };
+            if before.is_some_and(|b| b != self.progress_mark()) {
+                let heartbeat = self.cfg.heartbeat;
+                if let Some(n) = &mut self.notices {
+                    n.tat = refund(n.tat, heartbeat);
+                }
+            }
             if let Err(e) = result {
                 if e.kind() == ErrorKind::Rejected {
                     self.fail(&e).await;

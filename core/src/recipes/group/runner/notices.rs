@@ -19,7 +19,9 @@ use crate::DynStore;
 
 /// How many notice-driven calls a member may make at once after a quiet spell; beyond that,
 /// one per eighth of a heartbeat ([`notice_period`](super::decide::notice_period)), so a storm of
-/// changes (hundreds a second) costs each member no more calls than a hand-off's own polling.
+/// changes that lead nowhere (hundreds a second) costs each member no more calls than a
+/// hand-off's own polling. A call that moved a change along is not charged
+/// ([`refund`](super::decide::refund)).
 pub(super) const NOTICE_BURST: u32 = 8;
 
 /// Notice-driven calls are at least a heartbeat over this apart (8 ms at the default TTL):

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{
     acks_due, charge, choose_slot, drain_timed_out, left_out, lists_before_dropping, next_view,
-    notice_due, notice_period, publishes, settled_at_or_past, unsettled, view_is_stale,
+    notice_due, notice_period, publishes, refund, settled_at_or_past, unsettled, view_is_stale,
     view_needs_slots, view_slot_gone, Between, Facts, Seen,
 };
 use crate::assign::AssignorKind;
@@ -734,4 +734,19 @@ fn the_settling_member_reads_acknowledgements_a_short_gap_apart_outside_the_budg
     assert_eq!(acks_due(Some(now), HB), now + gap);
     // Shorter than the budget's pace, longer than the gap of the other notices.
     assert!(gap < notice_period(HB) && gap > HB / NOTICE_GAP_DIVISOR);
+}
+
+#[test]
+fn a_notice_that_moved_a_change_along_is_not_charged() {
+    let now = ms(10_000);
+    let charged = charge(None, now, HB);
+    assert_eq!(refund(Some(charged), HB), Some(now), "the charge undone");
+    assert_eq!(refund(None, HB), None);
+    // However many refunds, the budget never holds more than its burst: what is due is never
+    // before `now` minus the burst's tolerance, and a charge starts from `now` at the latest.
+    let mut tat = Some(charged);
+    for _ in 0..100 {
+        tat = refund(tat, HB);
+    }
+    assert_eq!(charge(tat, now, HB), now + notice_period(HB));
 }
