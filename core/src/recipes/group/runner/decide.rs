@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::super::records::{Holder, SettledRecord, ViewRecord, MAX_EPOCH};
 use super::super::table::Table;
-use super::notices::{NOTICE_BURST, NOTICE_GAP_DIVISOR};
+use super::notices::{ACK_GAP_DIVISOR, NOTICE_BURST, NOTICE_GAP_DIVISOR};
 use super::{Claim, Discrepancy, Handoff, Settler, TableCache, REREAD_AFTER, SLOT_READS};
 use crate::assign::AssignorKind;
 
@@ -85,14 +85,15 @@ pub(super) fn notice_due(
 }
 
 /// When notices of the acknowledgements alone, held by the member that settles, may be
-/// answered: a heartbeat over [`NOTICE_GAP_DIVISOR`] after the last such call (`last`), like
-/// other notices, but outside the budget of [`notice_due`]. While a large group acknowledges a
-/// view, acknowledgements come for as long as its members take to drain, and the settling member
-/// reads them as they come until the last is in, where the budget would make it wait an eighth
-/// of a heartbeat after its first eight reads. Only the one or two members that settle listen to
-/// them ([`Facts::listens`]), and only while a view is unsettled.
+/// answered: a heartbeat over [`ACK_GAP_DIVISOR`] after the last such call (`last`), outside
+/// the budget of [`notice_due`]. While a large group acknowledges a view, acknowledgements come
+/// for as long as its members take to drain, and the settling member reads them every 31 ms at
+/// the default TTL until the last is in, where the budget would make it wait an eighth of a
+/// heartbeat after its first eight reads. Only the one or two members that settle listen to
+/// them ([`Facts::listens`]), so this costs the store at most that many list calls per heartbeat
+/// while a view is being settled, and nothing otherwise.
 pub(super) fn acks_due(last: Option<Duration>, heartbeat: Duration) -> Duration {
-    last.map_or(Duration::ZERO, |l| l + heartbeat / NOTICE_GAP_DIVISOR)
+    last.map_or(Duration::ZERO, |l| l + heartbeat / ACK_GAP_DIVISOR)
 }
 
 /// The budget's theoretical arrival time after a notice-driven call at `now` (the generic cell
@@ -101,13 +102,11 @@ pub(super) fn charge(tat: Option<Duration>, now: Duration, heartbeat: Duration) 
     tat.map_or(now, |t| t.max(now)) + notice_period(heartbeat)
 }
 
-/// The budget's theoretical arrival time once a notice-driven call turned out to complete a
-/// step of a planned change (a view activated or settled): the call is not charged. Notices
-/// that led nowhere (a foreign write under the group's directories, a spurious notice) and those
-/// that only adopted a newer view spend the budget, so a rolling deploy's steps one after another
-/// are answered at once (each costs one charged call, its adoption, and refills faster than the
-/// steps come), while a storm of junk and a burst of views (members joining one after another)
-/// are held to [`notice_period`].
+/// The budget's theoretical arrival time once a notice-driven call turned out to move a planned
+/// change along (a view adopted or activated, a view settled): the call is not charged. Only
+/// notices that led nowhere (a foreign write under the group's directories, a spurious notice)
+/// spend the budget, so a rolling deploy's steps one after another are all answered at once,
+/// while a storm of junk is held to [`notice_period`].
 pub(super) fn refund(tat: Option<Duration>, heartbeat: Duration) -> Option<Duration> {
     tat.map(|t| t.saturating_sub(notice_period(heartbeat)))
 }

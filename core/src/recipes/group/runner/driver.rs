@@ -83,13 +83,16 @@ impl Runner {
         Some(call)
     }
 
-    /// What the end of a planned change moves: the active epoch and the newest settled mark
-    /// read. A notice-driven call that changes it is refunded ([`refund`]); one that only adopts
-    /// a newer pending view is not, so a burst of views (a thousand members joining one after
-    /// another) is read at the budget's pace, not view by view.
+    /// What a planned change moves along: the view the member works towards, the active
+    /// epoch, and the newest settled mark read. A notice-driven call that changes it is refunded
+    /// ([`refund`]).
     fn progress_mark(&self) -> impl PartialEq {
         let st = self.shared.lock();
-        (st.active.as_ref().map(|a| a.epoch()), self.cache.settled)
+        (
+            st.target().map(|t| (t.epoch(), t.digest)),
+            st.active.as_ref().map(|a| a.epoch()),
+            self.cache.settled,
+        )
     }
 
     /// Heartbeats until `stop` changes, then leaves the group. Returns the error that ended it

@@ -20,14 +20,19 @@ use crate::DynStore;
 /// How many notice-driven calls a member may make at once after a quiet spell; beyond that,
 /// one per eighth of a heartbeat ([`notice_period`](super::decide::notice_period)), so a storm of
 /// changes that lead nowhere (hundreds a second) costs each member no more calls than a
-/// hand-off's own polling. A call that completed a step of a change (a view activated or
-/// settled) is not charged ([`refund`](super::decide::refund)).
+/// hand-off's own polling. A call that moved a change along is not charged
+/// ([`refund`](super::decide::refund)).
 pub(super) const NOTICE_BURST: u32 = 8;
 
 /// Notice-driven calls are at least a heartbeat over this apart (8 ms at the default TTL):
 /// notices that come meanwhile (every member acknowledging a view within milliseconds) are
 /// answered by one call.
 pub(super) const NOTICE_GAP_DIVISOR: u32 = 256;
+
+/// Notices of the acknowledgements alone are answered at least a heartbeat over this apart (31 ms
+/// at the default TTL), outside the budget of the others: see
+/// [`acks_due`](super::decide::acks_due).
+pub(super) const ACK_GAP_DIVISOR: u32 = 64;
 
 /// The member's subscriptions, one per directory it may look at early.
 pub(super) struct Notices {

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::assign::AssignorKind;
 use crate::recipes::group::records::{Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
-use crate::recipes::group::runner::notices::{NOTICE_BURST, NOTICE_GAP_DIVISOR};
+use crate::recipes::group::runner::notices::{ACK_GAP_DIVISOR, NOTICE_BURST, NOTICE_GAP_DIVISOR};
 use crate::recipes::group::runner::{
     Claim, Discrepancy, Handoff, Settler, SlotsSeen, TableCache, REREAD_AFTER,
 };
@@ -727,12 +727,13 @@ fn a_member_listens_only_to_the_directories_it_acts_on() {
 }
 
 #[test]
-fn the_settling_member_reads_acknowledgements_a_gap_apart_outside_the_budget() {
-    let gap = HB / NOTICE_GAP_DIVISOR;
+fn the_settling_member_reads_acknowledgements_a_short_gap_apart_outside_the_budget() {
+    let gap = HB / ACK_GAP_DIVISOR;
     let now = ms(10_000);
     assert_eq!(acks_due(None, HB), Duration::ZERO, "the first at once");
-    // However many came before: no budget, only the gap.
     assert_eq!(acks_due(Some(now), HB), now + gap);
+    // Shorter than the budget's pace, longer than the gap of the other notices.
+    assert!(gap < notice_period(HB) && gap > HB / NOTICE_GAP_DIVISOR);
 }
 
 #[test]
