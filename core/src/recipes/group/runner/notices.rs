@@ -98,35 +98,10 @@ impl Notices {
     /// coalesced), so a member is not woken for changes it would not act on. Cancel-safe, and
     /// biased in a fixed order so a simulation run is reproducible.
     pub(super) async fn next_among(&mut self, among: Seen) -> Seen {
-        let standbys = async {
-            match &mut self.standbys {
-                Some(n) if among.has(Seen::STANDBYS) => {
-                    n.recv().await;
-                }
-                _ => std::future::pending().await,
-            }
-        };
-        let views = async {
-            if among.has(Seen::VIEWS) {
-                self.views.recv().await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        let acks = async {
-            if among.has(Seen::ACKS) {
-                self.acks.recv().await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        let slots = async {
-            if among.has(Seen::SLOTS) {
-                self.slots.recv().await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
+        let views = recv_if(Some(&mut self.views), among.has(Seen::VIEWS));
+        let acks = recv_if(Some(&mut self.acks), among.has(Seen::ACKS));
+        let slots = recv_if(Some(&mut self.slots), among.has(Seen::SLOTS));
+        let standbys = recv_if(self.standbys.as_mut(), among.has(Seen::STANDBYS));
         tokio::select! {
             biased;
             () = views => Seen::VIEWS,
@@ -161,6 +136,16 @@ impl Notices {
     /// Stops hearing of the standby directory (the member no longer stands by).
     pub(super) fn drop_standbys(&mut self) {
         self.standbys = None;
+    }
+}
+
+/// The next notice of `notifications` when `listened` (and there are some), else never.
+async fn recv_if(notifications: Option<&mut Notifications>, listened: bool) {
+    match notifications {
+        Some(n) if listened => {
+            n.recv().await;
+        }
+        _ => std::future::pending().await,
     }
 }
 
