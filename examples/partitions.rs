@@ -1,6 +1,6 @@
 //! Consuming N partitions: every instance joins a group that declares the partitions `0` to
-//! `N-1`, each instance works on its share (within one partition of every other's, with the
-//! `balanced` assignor), stops a partition cleanly when a hand-off takes it away, and writes
+//! `N-1`, each instance works on its share (within one partition of every other's, and moved as
+//! little as that allows, with the `sticky` assignor), stops a partition cleanly when a hand-off takes it away, and writes
 //! through a fence so a deposed owner's late write is refused.
 //!
 //! The shape of a real consumer: a worker per owned partition, started when the member gains the

@@ -42,9 +42,10 @@ pub struct RunArgs {
     /// use the same one.
     #[arg(long, value_enum)]
     pub assignor: Option<AssignorArg>,
-    /// Declares N partitions, named 0 to N-1, and assigns them with the balanced assignor
-    /// (shares within one of each other, few moves on a change); each line then lists the
-    /// partitions this member owns. Every member of the group must give the same N.
+    /// Declares N partitions, named 0 to N-1, and assigns them with the sticky assignor
+    /// (shares within one of each other, and the fewest moves that allows on a change); each
+    /// line then lists the partitions this member owns. Every member of the group must give
+    /// the same N.
     #[arg(long, value_name = "N", conflicts_with = "assignor")]
     pub partitions: Option<u32>,
     /// This peer's capacity in `--mode interval`: a peer of capacity 2 owns twice the share

@@ -1029,7 +1029,7 @@ fn on_stop_restart_without_a_member_id_is_a_usage_error() {
 }
 
 /// `run --partitions 10`: three runs list disjoint partitions, 3 or 4 each, covering 0 to 9,
-/// and `status` counts the same split under the view's balanced assignor.
+/// and `status` counts the same split under the view's sticky assignor.
 #[test]
 fn three_runs_split_declared_partitions_within_one() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1092,7 +1092,7 @@ fn three_runs_split_declared_partitions_within_one() {
     assert!(
         status["assignor"]
             .as_str()
-            .is_some_and(|a| a.starts_with("balanced:10:")),
+            .is_some_and(|a| a.starts_with("sticky:10:")),
         "{status}"
     );
     let mut counts: Vec<u64> = status["sample_owned"]

@@ -1,6 +1,7 @@
-//! Prints the balanced assignor's report (see `headcount_core::assign::report::declared`): the
-//! shares and the movement of `balanced` and `jumpback` over 256 and 4096 declared partitions at
-//! 3, 10 and 20 members, as a Markdown table.
+//! Prints the report on the assignors for a declared key set (see
+//! `headcount_core::assign::report::declared`): the shares and the movement of `sticky`,
+//! `balanced` and `jumpback` over 256 and 4096 declared partitions at 3, 10 and 20 members, as a
+//! Markdown table.
 //!
 //! `cargo test -p headcount-core --bench balanced_report` runs it in a debug build, `cargo bench
 //! -p headcount-core --bench balanced_report` in an optimised one: the figures are exact counts,
@@ -22,7 +23,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("balanced report: {e}");
+            eprintln!("declared-set report: {e}");
             ExitCode::FAILURE
         }
     }

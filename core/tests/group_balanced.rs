@@ -1,5 +1,7 @@
-//! The balanced assignor in a group on the in-memory store: shares within one of each other,
-//! a declared set that differs is refused, and a leave keeps the shares balanced.
+//! The assignors for a declared key set in a group on the in-memory store, the sticky one
+//! (the default of `with_keys`) and the stateless balanced one: shares within one of each
+//! other, a declared set that differs is refused, a leave keeps the shares balanced, and with
+//! the sticky assignor a join and a leave move exactly the keys they must.
 // Tests fail by panicking.
 #![allow(clippy::expect_used, clippy::panic)]
 
@@ -38,10 +40,26 @@ async fn settled_shares(members: &[&Member], n: u32, keys: &[String]) -> Vec<usi
     .expect("the group settles within 5 s")
 }
 
+/// 256 partitions under the sticky assignor, or under the stateless balanced one.
+fn partitions(sticky: bool) -> GroupConfig {
+    let config = GroupConfig::new("g", TTL).with_partitions(256);
+    if sticky {
+        config
+    } else {
+        let id = KeySet::partitions(256).expect("keys").id();
+        config.with_assignor(AssignorKind::Balanced(id))
+    }
+}
+
 #[tokio::test]
 async fn three_members_own_85_or_86_of_256_partitions() {
+    three_members_own_85_or_86(true).await;
+    three_members_own_85_or_86(false).await;
+}
+
+async fn three_members_own_85_or_86(sticky: bool) {
     let store: DynStore = Arc::new(MemoryStore::new());
-    let config = || GroupConfig::new("g", TTL).with_partitions(256);
+    let config = || partitions(sticky);
     let a = Group::join(store.clone(), config()).await.expect("a joins");
     let b = Group::join(store.clone(), config()).await.expect("b joins");
     let c = Group::join(store.clone(), config()).await.expect("c joins");
@@ -103,8 +121,13 @@ async fn a_member_declaring_another_set_is_refused() {
             .await
             .expect_err("another set is refused");
         assert_eq!(err.kind(), ErrorKind::Config, "{err}");
-        assert!(err.to_string().contains("balanced:256:"), "{err}");
+        assert!(err.to_string().contains("sticky:256:"), "{err}");
     }
+    // The stateless balanced assignor over the same set maps keys differently: refused too.
+    let err = Group::join(store.clone(), partitions(false))
+        .await
+        .expect_err("balanced is refused");
+    assert!(err.to_string().contains("balanced:256:"), "{err}");
     // The same set, declared by name in another order, joins.
     let same = KeySet::new((0..256).rev().map(|i| i.to_string())).expect("keys");
     let b = Group::join(store.clone(), GroupConfig::new("g", TTL).with_keys(same))
@@ -146,4 +169,63 @@ fn bad_declarations_are_configuration_errors() {
         .with_assignor(by_name)
         .validate()
         .expect("partitions rebuild from their count");
+}
+
+/// Which member owns each of `keys`, by member index, once the members agree.
+fn owners(members: &[&Member], keys: &[String]) -> Vec<usize> {
+    keys.iter()
+        .map(|k| {
+            members
+                .iter()
+                .position(|m| m.would_grant(k).is_some())
+                .expect("an owner")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn with_the_sticky_assignor_a_join_and_a_leave_move_exactly_what_they_must() {
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let keys: Vec<String> = (0..256).map(|i| i.to_string()).collect();
+    let a = Group::join(store.clone(), partitions(true))
+        .await
+        .expect("a");
+    let b = Group::join(store.clone(), partitions(true))
+        .await
+        .expect("b");
+    let c = Group::join(store.clone(), partitions(true))
+        .await
+        .expect("c");
+    settled_shares(&[&a, &b, &c], 3, &keys).await;
+    let three = owners(&[&a, &b, &c], &keys);
+    // d joins: it takes 64, each of 21 or 22 from the others, and nothing else moves.
+    let d = Group::join(store.clone(), partitions(true))
+        .await
+        .expect("d");
+    let counts = settled_shares(&[&a, &b, &c, &d], 4, &keys).await;
+    assert_eq!(counts, [64, 64, 64, 64]);
+    let four = owners(&[&a, &b, &c, &d], &keys);
+    let moved = three.iter().zip(&four).filter(|(x, y)| x != y).count();
+    assert_eq!(moved, 64, "a join moves the newcomer's share");
+    assert!(three.iter().zip(&four).all(|(x, y)| x == y || *y == 3));
+    // b leaves: its 64 keys move, and only they.
+    b.leave().await.expect("b leaves");
+    let counts = settled_shares(&[&a, &c, &d], 3, &keys).await;
+    assert!(counts.iter().all(|&n| n == 85 || n == 86), "{counts:?}");
+    let after = owners(&[&a, &c, &d], &keys);
+    let stayed = |before: usize, now: usize| match before {
+        0 => now == 0,
+        2 => now == 1,
+        3 => now == 2,
+        _ => true,
+    };
+    let moved = four
+        .iter()
+        .zip(&after)
+        .filter(|&(&x, &y)| !stayed(x, y))
+        .count();
+    assert_eq!(moved, 0, "only the leaver's keys moved");
+    for m in [a, c, d] {
+        m.leave().await.expect("leave");
+    }
 }

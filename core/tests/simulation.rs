@@ -21,9 +21,10 @@
 //! lease up). Workers also hold grants for their whole share (the `(index, replicas)` pair that
 //! `headcount exec` splits work by). The assignor depends on the seed: the default, the modulo
 //! assignor (which moves keys between members that stay, so a key can move away from a member
-//! and back within two views), MementoHash, and on one seed in eight the balanced assignor over
-//! the simulation's keys declared as partitions (which also moves keys between members that
-//! stay).
+//! and back within two views), MementoHash, on one seed in eight the sticky assignor over the
+//! simulation's keys declared as partitions (its assignment stored in the view, and moving keys
+//! between members that stay when balance needs it), and on one in sixteen the stateless
+//! balanced assignor over them (which also moves keys between members that stay).
 //!
 //! Checked every 10 ms of virtual time:
 //! * no two members hold, or could take, a valid grant for one key at the same instant;
@@ -321,7 +322,12 @@ impl Sim {
             .with_change_checks(change_checks)
             .with_restart_window(self.window);
         match self.assignor {
-            Some(AssignorKind::Balanced(_)) => config = config.with_partitions(KEYS as u32),
+            Some(AssignorKind::Sticky(_)) => config = config.with_partitions(KEYS as u32),
+            Some(AssignorKind::Balanced(id)) => {
+                config = config
+                    .with_partitions(KEYS as u32)
+                    .with_assignor(AssignorKind::Balanced(id))
+            }
             Some(assignor) => config = config.with_assignor(assignor),
             None => {}
         }
@@ -950,6 +956,13 @@ impl Sim {
     }
 }
 
+/// The id of the simulation's keys declared as partitions.
+fn partitions_id() -> Result<headcount_core::assign::KeySetId, String> {
+    Ok(headcount_core::assign::KeySet::partitions(KEYS as u32)
+        .map_err(|e| e.to_string())?
+        .id())
+}
+
 async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let plan = Plan::for_seed(&mut rng);
@@ -959,11 +972,8 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
     let assignor = match seed % 4 {
         1 => Some(AssignorKind::Modulo),
         3 => Some(AssignorKind::Memento),
-        _ if seed % 8 == 2 => Some(AssignorKind::Balanced(
-            headcount_core::assign::KeySet::partitions(KEYS as u32)
-                .map_err(|e| e.to_string())?
-                .id(),
-        )),
+        _ if seed % 8 == 2 => Some(AssignorKind::Sticky(partitions_id()?)),
+        _ if seed.is_multiple_of(16) => Some(AssignorKind::Balanced(partitions_id()?)),
         _ => None,
     };
     let mut sim = Sim {

@@ -144,6 +144,23 @@ impl KeySet {
         KeySet::new((0..count).map(|i| i.to_string()))
     }
 
+    /// The set with id `id`: `keys` when they have it, else the partitions of its count when
+    /// those have it ([`KeySet::partitions`]), else [`AssignError::KeysNotDeclared`].
+    pub(crate) fn declared(
+        id: KeySetId,
+        keys: Option<&Arc<KeySet>>,
+    ) -> Result<Arc<KeySet>, AssignError> {
+        match keys.filter(|k| k.id() == id) {
+            Some(k) => Ok(k.clone()),
+            None => Ok(Arc::new(
+                KeySet::partitions(id.count)
+                    .ok()
+                    .filter(|p| p.id() == id)
+                    .ok_or(AssignError::KeysNotDeclared { id })?,
+            )),
+        }
+    }
+
     fn from_sorted_hashes(hashes: Vec<u64>) -> KeySet {
         let mut bytes = Vec::with_capacity(hashes.len() * 8);
         for h in &hashes {
@@ -226,11 +243,42 @@ impl KeySet {
 /// `O(m·n)` hashes plus `O(n)` per turned-away pair, at every view change on every member. A
 /// lookup is a binary search of the declared hashes. Refuses unequal weights.
 #[derive(Debug, Clone)]
-pub struct Balanced {
-    keys: Arc<KeySet>,
+pub struct Balanced(Declared);
+
+/// An owner for each key of a declared set, and [`JumpBackFailover`] for every other key: what
+/// [`Balanced`] and [`Sticky`](super::Sticky) hold once built.
+#[derive(Debug, Clone)]
+pub(super) struct Declared {
+    pub(super) keys: Arc<KeySet>,
     /// `owners[i]` owns `keys.hashes[i]`.
-    owners: Vec<u32>,
-    fallback: JumpBackFailover,
+    pub(super) owners: Vec<u32>,
+    pub(super) fallback: JumpBackFailover,
+}
+
+impl Declared {
+    /// How many declared keys each live slot owns, by slot, ascending.
+    pub(super) fn shares(&self) -> Vec<(u32, usize)> {
+        let mut shares: Vec<(u32, usize)> = self
+            .fallback
+            .topology()
+            .live_slots()
+            .map(|s| (s, 0))
+            .collect();
+        for &o in &self.owners {
+            if let Ok(i) = shares.binary_search_by_key(&o, |&(s, _)| s) {
+                shares[i].1 += 1;
+            }
+        }
+        shares
+    }
+
+    #[inline]
+    pub(super) fn owner(&self, key: u64) -> u32 {
+        match self.keys.hashes.binary_search(&key) {
+            Ok(i) => self.owners[i],
+            Err(_) => self.fallback.owner(key),
+        }
+    }
 }
 
 /// A (key, slot) pair in the order the matching takes them: highest score first, ties broken by
@@ -246,6 +294,47 @@ struct Pair {
     rank: u32,
 }
 
+/// Places `keys` (each its index in the set and its hash) on the `live` slots by deferred
+/// acceptance: the (key, slot) pairs in descending rendezvous score, a pair accepted when the key
+/// has no slot yet and `take(rank)` (the slot's index in `live`) says the slot has room, which it
+/// then counts. Writes `owners[index]`; a key every slot turned away keeps what it had.
+pub(super) fn deferred_acceptance(
+    live: &[u32],
+    keys: impl Iterator<Item = (u32, u64)>,
+    owners: &mut [u32],
+    mut take: impl FnMut(usize) -> bool,
+) {
+    let seeds: Vec<u64> = live.iter().map(|&s| hash_u64(u64::from(s))).collect();
+    // The best pair of `key` strictly after `after` in the matching's order.
+    let best_after = |index: u32, key: u64, after: Option<&Pair>| -> Option<Pair> {
+        let mut best: Option<Pair> = None;
+        for (rank, (&slot, &seed)) in live.iter().zip(&seeds).enumerate() {
+            let pair = Pair {
+                score: combine_hash(key, seed),
+                slot,
+                key,
+                index,
+                rank: rank as u32,
+            };
+            if after.is_some_and(|a| pair >= *a) {
+                continue;
+            }
+            if best.is_none_or(|b| pair > b) {
+                best = Some(pair);
+            }
+        }
+        best
+    };
+    let mut heap: BinaryHeap<Pair> = keys.filter_map(|(i, k)| best_after(i, k, None)).collect();
+    while let Some(pair) = heap.pop() {
+        if take(pair.rank as usize) {
+            owners[pair.index as usize] = pair.slot;
+        } else if let Some(next) = best_after(pair.index, pair.key, Some(&pair)) {
+            heap.push(next);
+        }
+    }
+}
+
 impl Balanced {
     /// Builds the assignment of `keys` over `topology`'s live slots.
     pub fn new(topology: &Topology, keys: Arc<KeySet>) -> Result<Balanced, AssignError> {
@@ -253,79 +342,42 @@ impl Balanced {
         topology.require_uniform("balanced")?;
         let fallback = JumpBackFailover::build(topology)?;
         let live: Vec<u32> = topology.live_slots().collect();
-        let seeds: Vec<u64> = live.iter().map(|&s| hash_u64(u64::from(s))).collect();
         let n = live.len();
         let m = keys.len();
         let floor = m / n;
         let mut extra = m % n;
         let mut load = vec![0usize; n];
         let mut owners = vec![u32::MAX; m];
-
-        // The best pair of `key` strictly after `after` in the matching's order.
-        let best_after = |index: u32, key: u64, after: Option<&Pair>| -> Option<Pair> {
-            let mut best: Option<Pair> = None;
-            for (rank, (&slot, &seed)) in live.iter().zip(&seeds).enumerate() {
-                let pair = Pair {
-                    score: combine_hash(key, seed),
-                    slot,
-                    key,
-                    index,
-                    rank: rank as u32,
-                };
-                if after.is_some_and(|a| pair >= *a) {
-                    continue;
-                }
-                if best.is_none_or(|b| pair > b) {
-                    best = Some(pair);
-                }
-            }
-            best
-        };
-
-        let mut heap: BinaryHeap<Pair> = keys
-            .hashes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, &k)| best_after(i as u32, k, None))
-            .collect();
-        while let Some(pair) = heap.pop() {
-            let r = pair.rank as usize;
+        let all = keys.hashes.iter().enumerate().map(|(i, &k)| (i as u32, k));
+        deferred_acceptance(&live, all, &mut owners, |r| {
             let room = load[r] < floor || (load[r] == floor && extra > 0);
             if room {
                 if load[r] == floor {
                     extra -= 1;
                 }
                 load[r] += 1;
-                owners[pair.index as usize] = pair.slot;
-            } else if let Some(next) = best_after(pair.index, pair.key, Some(&pair)) {
-                heap.push(next);
             }
-        }
+            room
+        });
         // Every key is placed (see the type's docs); a slot is never u32::MAX, so check anyway.
         if owners.contains(&u32::MAX) {
             return Err(AssignError::NoLiveSlot);
         }
-        Ok(Balanced {
+        Ok(Balanced(Declared {
             keys,
             owners,
             fallback,
-        })
+        }))
     }
 
     /// The declared keys.
     pub fn keys(&self) -> &Arc<KeySet> {
-        &self.keys
+        &self.0.keys
     }
 
     /// How many declared keys each live slot owns, by slot, ascending.
     pub fn shares(&self) -> Vec<(u32, usize)> {
-        let mut shares: Vec<(u32, usize)> = self.topology().live_slots().map(|s| (s, 0)).collect();
-        for &o in &self.owners {
-            if let Ok(i) = shares.binary_search_by_key(&o, |&(s, _)| s) {
-                shares[i].1 += 1;
-            }
-        }
-        shares
+        self.0.shares()
     }
 }
 
@@ -337,19 +389,16 @@ impl Assignor for Balanced {
     }
 
     fn kind(&self) -> AssignorKind {
-        AssignorKind::Balanced(self.keys.id)
+        AssignorKind::Balanced(self.0.keys.id)
     }
 
     fn topology(&self) -> &Topology {
-        self.fallback.topology()
+        self.0.fallback.topology()
     }
 
     #[inline]
     fn owner(&self, key: u64) -> u32 {
-        match self.keys.hashes.binary_search(&key) {
-            Ok(i) => self.owners[i],
-            Err(_) => self.fallback.owner(key),
-        }
+        self.0.owner(key)
     }
 }
 

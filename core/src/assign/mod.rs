@@ -124,6 +124,7 @@ mod movement;
 mod rendezvous;
 pub mod report;
 mod ring;
+mod sticky;
 mod topology;
 #[cfg(test)]
 mod vectors;
@@ -136,6 +137,8 @@ pub use modulo::Modulo;
 pub use movement::{count_moved, preview, preview_bytes, Move, Movement};
 pub use rendezvous::Rendezvous;
 pub use ring::{match_work_units, Ring, MAX_RING_POINTS, POINTS_PER_WEIGHT};
+pub use sticky::Sticky;
+pub(crate) use sticky::{decode_owners, encode_owners};
 pub use topology::{AssignError, DeathOrder, Topology, UnknownAssignor, MAX_SLOTS};
 
 /// The owner of a key, given a topology of slots some of which may be dead.
@@ -191,11 +194,17 @@ pub enum AssignorKind {
     /// [`AssignorKind::ALL`]: it needs its keys, so build it with
     /// [`build_with`](AssignorKind::build_with).
     Balanced(KeySetId),
+    /// [`Sticky`] over the declared [`KeySet`] with this id, named `sticky` and written
+    /// `sticky:<count>:<digest>`: balanced like [`AssignorKind::Balanced`], and minimal in
+    /// movement because a group stores each assignment in its view. Not in
+    /// [`AssignorKind::ALL`]; [`build_with`](AssignorKind::build_with) builds the first
+    /// assignment, [`Sticky::next`] the ones after it.
+    Sticky(KeySetId),
 }
 
 impl AssignorKind {
     /// Every assignor that needs nothing but a topology, in the order of the table in the module
-    /// docs: all but [`AssignorKind::Balanced`].
+    /// docs: all but [`AssignorKind::Balanced`] and [`AssignorKind::Sticky`].
     pub const ALL: [AssignorKind; 7] = [
         AssignorKind::Modulo,
         AssignorKind::JumpFailover,
@@ -207,7 +216,8 @@ impl AssignorKind {
     ];
 
     /// The assignor's name: `modulo`, `jump`, `ring`, `rendezvous`, `memento`, `jumpback`,
-    /// `jumpback-memento` or `balanced` (without its key set's id, which `Display` adds).
+    /// `jumpback-memento`, `balanced` or `sticky` (without the key set's id, which `Display`
+    /// adds).
     pub fn name(self) -> &'static str {
         match self {
             AssignorKind::Modulo => "modulo",
@@ -218,6 +228,16 @@ impl AssignorKind {
             AssignorKind::JumpBackFailover => "jumpback",
             AssignorKind::JumpBackMemento => "jumpback-memento",
             AssignorKind::Balanced(_) => "balanced",
+            AssignorKind::Sticky(_) => "sticky",
+        }
+    }
+
+    /// The id of the key set a [`Balanced`] or [`Sticky`] assignor declares; `None` for the
+    /// hashing assignors, which take any key.
+    pub fn declared(self) -> Option<KeySetId> {
+        match self {
+            AssignorKind::Balanced(id) | AssignorKind::Sticky(id) => Some(id),
+            _ => None,
         }
     }
 
@@ -229,9 +249,10 @@ impl AssignorKind {
         self.build_with(topology, None)
     }
 
-    /// Builds this assignor for `topology`, giving [`AssignorKind::Balanced`] its declared
-    /// `keys` (ignored by every other assignor, and by `Balanced` when their id differs, which
-    /// then builds as [`build`](Self::build) does).
+    /// Builds this assignor for `topology`, giving [`AssignorKind::Balanced`] and
+    /// [`AssignorKind::Sticky`] their declared `keys` (ignored by every other assignor, and by
+    /// those two when their id differs, which then build as [`build`](Self::build) does). For
+    /// `Sticky` this is the first assignment, with nothing to stick to ([`Sticky::new`]).
     pub fn build_with(
         self,
         topology: &Topology,
@@ -246,16 +267,10 @@ impl AssignorKind {
             AssignorKind::JumpBackFailover => Box::new(JumpBackFailover::build(topology)?),
             AssignorKind::JumpBackMemento => Box::new(JumpBackMemento::build(topology)?),
             AssignorKind::Balanced(id) => {
-                let keys = match keys.filter(|k| k.id() == id) {
-                    Some(k) => k.clone(),
-                    None => Arc::new(
-                        KeySet::partitions(id.count)
-                            .ok()
-                            .filter(|p| p.id() == id)
-                            .ok_or(AssignError::KeysNotDeclared { id })?,
-                    ),
-                };
-                Box::new(Balanced::new(topology, keys)?)
+                Box::new(Balanced::new(topology, KeySet::declared(id, keys)?)?)
+            }
+            AssignorKind::Sticky(id) => {
+                Box::new(Sticky::new(topology, KeySet::declared(id, keys)?)?)
             }
         })
     }
@@ -280,6 +295,7 @@ impl fmt::Display for AssignorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AssignorKind::Balanced(id) => write!(f, "balanced:{id}"),
+            AssignorKind::Sticky(id) => write!(f, "sticky:{id}"),
             _ => f.write_str(self.name()),
         }
     }
@@ -294,13 +310,23 @@ impl From<UnknownAssignor> for crate::Error {
 impl FromStr for AssignorKind {
     type Err = UnknownAssignor;
 
-    /// A name of [`AssignorKind::ALL`], or `balanced:<count>:<digest>` as `Display` writes it,
-    /// or `balanced:<count>` for [`KeySet::partitions`]`(count)`.
+    /// A name of [`AssignorKind::ALL`], or `balanced:<count>:<digest>` or
+    /// `sticky:<count>:<digest>` as `Display` writes them, or `balanced:<count>` or
+    /// `sticky:<count>` for [`KeySet::partitions`]`(count)`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if let Some(id) = s.strip_prefix("balanced:") {
-            return KeySetId::parse(id)
-                .map(AssignorKind::Balanced)
-                .ok_or_else(|| UnknownAssignor(s.chars().take(64).collect()));
+        let declared = [
+            (
+                "balanced:",
+                AssignorKind::Balanced as fn(KeySetId) -> AssignorKind,
+            ),
+            ("sticky:", AssignorKind::Sticky),
+        ];
+        for (prefix, kind) in declared {
+            if let Some(id) = s.strip_prefix(prefix) {
+                return KeySetId::parse(id)
+                    .map(kind)
+                    .ok_or_else(|| UnknownAssignor(s.chars().take(64).collect()));
+            }
         }
         AssignorKind::ALL
             .into_iter()

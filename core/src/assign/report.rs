@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use std::sync::Arc;
 
-use super::{hash_u64, AssignError, Assignor, AssignorKind, KeySet, Topology};
+use super::{hash_u64, AssignError, Assignor, AssignorKind, KeySet, Sticky, Topology};
 
 /// The group sizes of the report: 3, 10, 100 and 1000 members.
 pub const MEMBERS: [u32; 4] = [3, 10, 100, 1000];
@@ -178,17 +178,18 @@ pub fn markdown(rows: &[ReportRow]) -> String {
     out
 }
 
-/// The declared key counts of the balanced assignor's report: 256 and 4096 partitions.
+/// The declared key counts of the report on assignors for a declared set: 256 and 4096 partitions.
 pub const DECLARED_KEYS: [u32; 2] = [256, 4096];
 
-/// The group sizes of the balanced assignor's report: 3, 10 and 20 members.
+/// The group sizes of the report on assignors for a declared set: 3, 10 and 20 members.
 pub const DECLARED_MEMBERS: [u32; 3] = [3, 10, 20];
 
 /// One assignor over a declared set of partitions at one group size: what
 /// [`declared`] measures.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeclaredRow {
-    /// The assignor: [`AssignorKind::Balanced`] over the set, or a hashing one over the same keys.
+    /// The assignor: [`AssignorKind::Sticky`] or [`AssignorKind::Balanced`] over the set, or a
+    /// hashing one over the same keys.
     pub assignor: AssignorKind,
     /// Live members (slots `0..members`).
     pub members: u32,
@@ -232,8 +233,10 @@ fn owners(a: &dyn Assignor, keys: &KeySet) -> Vec<u32> {
 }
 
 /// Measures `kind` over `keys` partitions at `members` members, building
-/// [`AssignorKind::Balanced`] with the set. The join appends slot `members` to slots
-/// `0..members`; the leaves take each slot of `0..members` away in turn.
+/// [`AssignorKind::Balanced`] and [`AssignorKind::Sticky`] with the set (the sticky assignor's
+/// first assignment, then each change from it as a group computes it, with [`Sticky::next`]).
+/// The join appends slot `members` to slots `0..members`; the leaves take each slot of
+/// `0..members` away in turn.
 pub fn measure_declared(
     kind: AssignorKind,
     members: u32,
@@ -242,18 +245,25 @@ pub fn measure_declared(
     let set = Arc::new(KeySet::partitions(keys)?);
     let kind = match kind {
         AssignorKind::Balanced(_) => AssignorKind::Balanced(set.id()),
+        AssignorKind::Sticky(_) => AssignorKind::Sticky(set.id()),
         other => other,
     };
-    let build = |t: &Topology| kind.build_with(t, Some(&set));
     let base = Topology::new(members)?;
-    let before = owners(build(&base)?.as_ref(), &set);
+    let before = owners(kind.build_with(&base, Some(&set))?.as_ref(), &set);
+    // The owners after a change from `before`.
+    let build = |t: &Topology| -> Result<Vec<u32>, AssignError> {
+        match kind {
+            AssignorKind::Sticky(_) => Ok(Sticky::next(t, set.clone(), &before)?.owners().to_vec()),
+            _ => Ok(owners(kind.build_with(t, Some(&set))?.as_ref(), &set)),
+        }
+    };
     let mut load = vec![0usize; members as usize];
     for &o in &before {
         load[o as usize] += 1;
     }
     let mut joined = base.clone();
     let newcomer = joined.push_slot()?;
-    let after = owners(build(&joined)?.as_ref(), &set);
+    let after = build(&joined)?;
     let moved: Vec<(u32, u32)> = before
         .iter()
         .zip(&after)
@@ -266,7 +276,7 @@ pub fn measure_declared(
         for leaver in 0..members {
             let mut left = base.clone();
             left.set_dead(leaver)?;
-            let after = owners(build(&left)?.as_ref(), &set);
+            let after = build(&left)?;
             let moved = before.iter().zip(&after).filter(|(o, n)| o != n).count();
             let own = load[leaver as usize];
             leave_moved_total += moved;
@@ -290,14 +300,16 @@ pub fn measure_declared(
     })
 }
 
-/// [`AssignorKind::Balanced`] and [`AssignorKind::JumpBackFailover`] for each of `keys`
-/// partition counts at each of `members`.
+/// [`AssignorKind::Sticky`], [`AssignorKind::Balanced`] and [`AssignorKind::JumpBackFailover`]
+/// for each of `keys` partition counts at each of `members`.
 pub fn declared(keys: &[u32], members: &[u32]) -> Result<Vec<DeclaredRow>, AssignError> {
     let mut rows = Vec::new();
     for &m in keys {
         for &n in members {
+            let none = KeySet::partitions(0)?.id();
             for kind in [
-                AssignorKind::Balanced(KeySet::partitions(0)?.id()),
+                AssignorKind::Sticky(none),
+                AssignorKind::Balanced(none),
                 AssignorKind::JumpBackFailover,
             ] {
                 rows.push(measure_declared(kind, n, m)?);
@@ -362,13 +374,19 @@ mod tests {
     #[test]
     fn the_declared_report_is_balanced_for_balanced() {
         let rows = super::declared(&[256], &[3, 10]).unwrap();
-        assert_eq!(rows.len(), 4);
+        assert_eq!(rows.len(), 6);
         for r in &rows {
             assert!(r.leave_moved_total >= r.leave_minimum_total, "{r:?}");
             assert!(r.join_moved >= r.join_minimum || r.assignor.name() == "jumpback");
-            if r.assignor.name() == "balanced" {
+            if r.assignor.name() != "jumpback" {
                 assert!(r.largest - r.smallest <= 1, "{r:?}");
-            } else {
+            }
+            if r.assignor.name() == "sticky" {
+                // Exactly the minimum, every time.
+                assert_eq!(r.join_moved, r.join_minimum, "{r:?}");
+                assert_eq!(r.leave_moved_total, r.leave_minimum_total, "{r:?}");
+            }
+            if r.assignor.name() != "balanced" {
                 assert_eq!(r.join_not_to_newcomer, 0, "{r:?}");
                 assert_eq!(r.leave_moved_total, r.leave_minimum_total, "{r:?}");
             }
@@ -376,6 +394,7 @@ mod tests {
         let table = super::declared_markdown(&rows);
         assert_eq!(table.lines().count(), rows.len() + 2);
         assert!(table.contains("| 256 | 3 | balanced | 85–86 |"), "{table}");
+        assert!(table.contains("| 256 | 3 | sticky | 85–86 |"), "{table}");
     }
 
     #[test]

@@ -105,12 +105,21 @@ pub enum AssignError {
         max: usize,
     },
 
-    /// The balanced assignor was asked to build for a key set it was not given (and that is not
-    /// a set of partitions it could rebuild from the count).
-    #[error("the balanced assignor needs its declared keys (set {id}), which were not given")]
+    /// The balanced or sticky assignor was asked to build for a key set it was not given (and
+    /// that is not a set of partitions it could rebuild from the count).
+    #[error("the assignor for a declared key set needs its keys (set {id}), which were not given")]
     KeysNotDeclared {
         /// The set's id.
         id: crate::assign::KeySetId,
+    },
+
+    /// A stored assignment of a declared key set (a view of the sticky assignor) that cannot be
+    /// this topology's: another number of keys, an owner that is not live, or shares more than
+    /// one key apart.
+    #[error("the stored assignment is not valid for these slots and keys: {reason}")]
+    StoredAssignmentInvalid {
+        /// What is wrong.
+        reason: String,
     },
 
     /// Work units to distribute but no service to take them.
@@ -123,7 +132,7 @@ pub enum AssignError {
 
 /// A name that is not one of [`AssignorKind::name`](crate::assign::AssignorKind::name)'s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown assignor {0:?}; expected one of modulo, jump, ring, rendezvous, memento, jumpback, jumpback-memento, balanced:<partitions>, balanced:<count>:<digest>")]
+#[error("unknown assignor {0:?}; expected one of modulo, jump, ring, rendezvous, memento, jumpback, jumpback-memento, balanced:<partitions>, balanced:<count>:<digest>, sticky:<partitions>, sticky:<count>:<digest>")]
 pub struct UnknownAssignor(pub String);
 
 impl From<AssignError> for crate::Error {

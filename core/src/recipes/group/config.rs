@@ -80,28 +80,40 @@ impl GroupConfig {
         self
     }
 
-    /// Declares the group's keys and assigns them with the [balanced](crate::assign::Balanced)
-    /// assignor: every live member owns `⌊keys / members⌋` or `⌈keys / members⌉` of them, and
-    /// a join, leave or crash moves few keys (measured in `docs/assignors.md`). A key outside
-    /// the set still has an owner, by `jumpback`. Every member of the group must declare the
-    /// same set: the view records its [id](KeySet::id), and a member with another set is
-    /// refused at [`Group::join`](super::Group::join) with
-    /// [`ErrorKind::Config`](crate::ErrorKind::Config). Replaces the assignor;
-    /// a later [`with_assignor`](Self::with_assignor) of another one is refused by
-    /// [`validate`](Self::validate).
+    /// Declares the group's keys and assigns them with the [sticky](crate::assign::Sticky)
+    /// assignor: every live member owns `⌊keys / members⌋` or `⌈keys / members⌉` of them, and a
+    /// join, leave or crash moves the fewest keys that balance allows (a join exactly the
+    /// newcomer's share, a leave exactly the leaver's keys). A key outside the set still has an
+    /// owner, by `jumpback`. Every member of the group must declare the same set: the view
+    /// records its [id](KeySet::id), and a member with another set is refused at
+    /// [`Group::join`](super::Group::join) with [`ErrorKind::Config`](crate::ErrorKind::Config).
+    ///
+    /// Replaces the assignor, unless it is already one for a declared set: to keep the
+    /// stateless [balanced](crate::assign::Balanced) assignor (a function of the live members
+    /// alone, which moves more keys), call
+    /// `with_assignor(AssignorKind::Balanced(keys.id()))` after this.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use headcount_core::assign::KeySet;
+    /// use headcount_core::assign::{AssignorKind, KeySet};
     /// use headcount_core::recipes::group::GroupConfig;
     ///
     /// let keys = KeySet::new((0..256).map(|i| format!("p{i:03}")))?;
-    /// let config = GroupConfig::new("consumers", Duration::from_secs(6)).with_keys(keys);
+    /// let config = GroupConfig::new("consumers", Duration::from_secs(6)).with_keys(keys.clone());
     /// config.validate()?;
+    /// // The stateless balanced assignor instead, for comparison:
+    /// let id = keys.id();
+    /// let stateless = GroupConfig::new("consumers", Duration::from_secs(6))
+    ///     .with_keys(keys)
+    ///     .with_assignor(AssignorKind::Balanced(id));
+    /// stateless.validate()?;
     /// # Ok::<(), headcount_core::Error>(())
     /// ```
     pub fn with_keys(mut self, keys: KeySet) -> Self {
-        self.assignor = AssignorKind::Balanced(keys.id());
+        self.assignor = match self.assignor {
+            AssignorKind::Balanced(_) => AssignorKind::Balanced(keys.id()),
+            _ => AssignorKind::Sticky(keys.id()),
+        };
         self.declared = Some(Arc::new(keys));
         self
     }
@@ -116,8 +128,11 @@ impl GroupConfig {
             // Too many: leave an id that `check` refuses with the reason.
             Err(_) => {
                 let mut this = self;
-                this.assignor =
-                    AssignorKind::Balanced(crate::assign::KeySetId { count, digest: 0 });
+                let id = crate::assign::KeySetId { count, digest: 0 };
+                this.assignor = match this.assignor {
+                    AssignorKind::Balanced(_) => AssignorKind::Balanced(id),
+                    _ => AssignorKind::Sticky(id),
+                };
                 this.declared = None;
                 this
             }
@@ -296,31 +311,34 @@ impl GroupConfig {
         Ok(keys)
     }
 
-    /// The balanced assignor has its keys, and declared keys have the balanced assignor.
+    /// An assignor for a declared set has its keys, and declared keys have such an assignor.
     fn check_declared(&self) -> Result<()> {
-        match (self.assignor, &self.declared) {
-            (AssignorKind::Balanced(id), _) if id.count == 0 => Err(Error::config(
-                "the balanced assignor needs at least one declared key",
-            )),
-            (AssignorKind::Balanced(id), _) if id.count as usize > crate::assign::MAX_DECLARED_KEYS => {
+        let kind = self.assignor;
+        match (kind.declared(), &self.declared) {
+            (Some(id), _) if id.count == 0 => Err(Error::config(format!(
+                "the {} assignor needs at least one declared key",
+                kind.name()
+            ))),
+            (Some(id), _) if id.count as usize > crate::assign::MAX_DECLARED_KEYS => {
                 Err(Error::config(format!(
                     "{} declared keys are more than the limit of {}",
                     id.count,
                     crate::assign::MAX_DECLARED_KEYS
                 )))
             }
-            (AssignorKind::Balanced(id), Some(keys)) if keys.id() == id => Ok(()),
-            (AssignorKind::Balanced(id), _) => match KeySet::partitions(id.count) {
+            (Some(id), Some(keys)) if keys.id() == id => Ok(()),
+            (Some(id), _) => match KeySet::partitions(id.count) {
                 Ok(p) if p.id() == id => Ok(()),
                 _ => Err(Error::config(format!(
-                    "the balanced assignor `balanced:{id}` needs its keys: declare them with GroupConfig::with_keys"
+                    "the {} assignor `{kind}` needs its keys: declare them with GroupConfig::with_keys",
+                    kind.name()
                 ))),
             },
-            (other, Some(keys)) => Err(Error::config(format!(
-                "{} keys are declared for the balanced assignor but the assignor is `{other}`: call with_assignor before with_keys, or not at all",
+            (None, Some(keys)) => Err(Error::config(format!(
+                "{} keys are declared but the assignor is `{kind}`, which takes no declared set: declare keys with with_keys alone (the sticky assignor), or follow it with with_assignor(AssignorKind::Balanced(id))",
                 keys.len()
             ))),
-            (_, None) => Ok(()),
+            (None, None) => Ok(()),
         }
     }
 }

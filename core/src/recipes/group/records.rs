@@ -304,10 +304,14 @@ pub(super) fn parse_acks(prefix: &str, listing: Vec<(String, String)>) -> BTreeM
         .collect()
 }
 
-/// A published view: the epoch and the live slots with their holders.
+/// A published view: the epoch and the live slots with their holders, and for the sticky
+/// assignor the owner of every declared key.
 ///
 /// `v1 epoch=<E> assignor=<name> slots=<slot>@<nonce hex>,...` (slots ascending; `slots=` empty
-/// when nobody is live; `assignor=` absent in views written before it was recorded).
+/// when nobody is live; `assignor=` absent in views written before it was recorded), followed
+/// by ` owners=<text>` when the assignor is `sticky:…` and a slot is live: each declared key's
+/// owner as its rank among the slots, in `⌈log₂ slots⌉` bits, in URL-safe base64 (see
+/// [`Sticky`](crate::assign::Sticky)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ViewRecord {
     /// The epoch: minted by the store (a compare-and-set from the previous view), only increases.
@@ -317,6 +321,11 @@ pub struct ViewRecord {
     /// The assignor of the member that published it: members configured with another one
     /// would map keys differently, so they refuse to join.
     pub assignor: Option<AssignorKind>,
+    /// For the sticky assignor, the slot owning each declared key, in the key set's order
+    /// ([`KeySet::hashes`](crate::assign::KeySet::hashes)); `None` for every other assignor and
+    /// for a view with no live slot. A view that parses has one owner per key, every owner a
+    /// slot of the view, and shares within one key of each other.
+    pub owners: Option<Vec<u32>>,
 }
 
 impl ViewRecord {
@@ -331,7 +340,9 @@ impl ViewRecord {
             Some(name) => Some(name.parse::<AssignorKind>().ok()?),
             None => None,
         };
-        if fields.len() != 2 + usize::from(assignor.is_some()) {
+        let owners_text = fields.get("owners");
+        if fields.len() != 2 + usize::from(assignor.is_some()) + usize::from(owners_text.is_some())
+        {
             return None;
         }
         let epoch: u64 = fields.get("epoch")?.parse().ok()?;
@@ -360,20 +371,52 @@ impl ViewRecord {
         if holders.windows(2).any(|w| w[0].slot >= w[1].slot) {
             return None;
         }
+        // Owners exactly when the assignor is sticky and a slot is live.
+        let sticky = matches!(assignor, Some(AssignorKind::Sticky(_)));
+        let owners = match (assignor, owners_text) {
+            (Some(AssignorKind::Sticky(id)), Some(text)) if !holders.is_empty() => {
+                let slots: Vec<u32> = holders.iter().map(|h| h.slot).collect();
+                let owners = crate::assign::decode_owners(text, id.count as usize, &slots)?;
+                Some(balanced_shares(&owners, &slots).then_some(owners)?)
+            }
+            (_, None) if !sticky || holders.is_empty() => None,
+            _ => return None,
+        };
         Some(ViewRecord {
             epoch,
             holders,
             assignor,
+            owners,
         })
     }
 
-    /// A digest of the holders (not the epoch), never 0: what a slot record's `view=` names.
+    /// A digest of the holders and, for the sticky assignor, the owners (not the epoch), never
+    /// 0: what a slot record's `view=` names, so an acknowledgement covers the assignment.
     pub fn digest(&self) -> u64 {
         let mut text = String::with_capacity(self.holders.len() * 24);
         for h in &self.holders {
             text.push_str(&format!("{}@{:016x},", h.slot, h.nonce));
         }
+        if let Some(owners) = self.owners_text() {
+            text.push_str("owners=");
+            text.push_str(&owners);
+        }
         crate::assign::hash_bytes(text.as_bytes()) | 1
+    }
+
+    /// Whether both views give every key the same owner and name the same holders: only the
+    /// epoch may differ (a view republished after it was lost or garbled).
+    pub fn same_assignment(&self, other: &ViewRecord) -> bool {
+        self.holders == other.holders && self.owners == other.owners
+    }
+
+    /// The `owners=` text, when the view has owners.
+    fn owners_text(&self) -> Option<String> {
+        let owners = self.owners.as_ref()?;
+        let slots: Vec<u32> = self.slots().collect();
+        // A view built by this crate names only its own slots; one that does not is written
+        // with no owner text, and fails to parse back.
+        Some(crate::assign::encode_owners(owners, &slots).unwrap_or_default())
     }
 
     /// The live slot numbers, ascending.
@@ -395,8 +438,23 @@ impl fmt::Display for ViewRecord {
             }
             write!(f, "{}@{:016x}", h.slot, h.nonce)?;
         }
+        if let Some(owners) = self.owners_text() {
+            write!(f, " owners={owners}")?;
+        }
         Ok(())
     }
+}
+
+/// Whether the shares of `owners` over `slots` differ by at most one key.
+fn balanced_shares(owners: &[u32], slots: &[u32]) -> bool {
+    let mut shares = vec![0usize; slots.len()];
+    for o in owners {
+        if let Ok(r) = slots.binary_search(o) {
+            shares[r] += 1;
+        }
+    }
+    let lo = shares.iter().min().copied().unwrap_or(0);
+    shares.iter().all(|&c| c <= lo + 1)
 }
 
 #[cfg(test)]
@@ -455,6 +513,58 @@ mod tests {
     }
 
     #[test]
+    fn sticky_views_carry_their_owners_and_reject_bad_ones() {
+        use crate::assign::{KeySet, Sticky, Topology};
+        use std::sync::Arc;
+        let keys = Arc::new(KeySet::partitions(10).unwrap());
+        let kind = AssignorKind::Sticky(keys.id());
+        let holders = vec![
+            Holder { slot: 1, nonce: 1 },
+            Holder { slot: 4, nonce: 2 },
+            Holder { slot: 7, nonce: 3 },
+        ];
+        let sticky = Sticky::new(&Topology::from_live_slots([1, 4, 7]).unwrap(), keys).unwrap();
+        let v = ViewRecord {
+            epoch: 5,
+            holders: holders.clone(),
+            assignor: Some(kind),
+            owners: Some(sticky.owners().to_vec()),
+        };
+        let text = v.to_string();
+        assert!(text.starts_with(&format!("v1 epoch=5 assignor={kind} slots=1@")));
+        // Ten keys of two bits: three bytes, four characters.
+        let owners = text.split(" owners=").nth(1).unwrap();
+        assert_eq!(owners.len(), 4, "{text}");
+        assert_eq!(ViewRecord::parse(&text), Some(v.clone()));
+        // Owners are required for a sticky view with a live slot, refused for any other view,
+        // and must be one per key, ranks of the view's slots, within one key of each other.
+        let without = text.split(" owners=").next().unwrap();
+        assert_eq!(ViewRecord::parse(without), None);
+        let jb = without.replace(&kind.to_string(), "jumpback");
+        assert!(ViewRecord::parse(&jb).is_some());
+        assert_eq!(ViewRecord::parse(&format!("{jb} owners={owners}")), None);
+        let empty = format!("v1 epoch=5 assignor={kind} slots=");
+        assert_eq!(ViewRecord::parse(&empty).map(|v| v.owners), Some(None));
+        assert_eq!(ViewRecord::parse(&format!("{empty} owners=AAAA")), None);
+        let bad_owners = |owners: &[u32]| {
+            let text = crate::assign::encode_owners(owners, &[1, 4, 7]).unwrap();
+            ViewRecord::parse(&format!("{without} owners={text}"))
+        };
+        assert!(bad_owners(&[1, 4, 7, 1, 4, 7, 1, 4, 7, 1]).is_some());
+        assert_eq!(bad_owners(&[1, 4, 7, 1, 4]), None, "five owners");
+        assert!(
+            bad_owners(&[1, 1, 1, 1, 4, 4, 4, 7, 7, 7]).is_some(),
+            "4-3-3 is fine"
+        );
+        assert_eq!(
+            bad_owners(&[1, 1, 1, 1, 1, 4, 4, 7, 7, 7]),
+            None,
+            "5-2-3 is not"
+        );
+        assert_eq!(ViewRecord::parse(&format!("{without} owners=////")), None);
+    }
+
+    #[test]
     fn views_round_trip_and_reject_garbage() {
         let v = ViewRecord {
             epoch: 12,
@@ -466,6 +576,7 @@ mod tests {
                 },
             ],
             assignor: None,
+            owners: None,
         };
         let text = v.to_string();
         assert_eq!(
@@ -487,6 +598,7 @@ mod tests {
             epoch: 3,
             holders: vec![],
             assignor: None,
+            owners: None,
         };
         assert_eq!(ViewRecord::parse(&empty.to_string()), Some(empty));
         for bad in [

@@ -269,10 +269,11 @@ pub async fn status_with_keys(
         .as_ref()
         .and_then(|v| v.assignor)
         .unwrap_or(assignor);
-    // A balanced view maps keys only with its declared set: the keys given, or the partitions
-    // its key set's id names. Other keys given are not that set: reported as unmapped.
-    let declared = match assignor {
-        AssignorKind::Balanced(id) => match declared {
+    // A balanced or sticky view maps keys only with its declared set: the keys given, or the
+    // partitions its key set's id names. Other keys given are not that set: reported as
+    // unmapped.
+    let declared = match assignor.declared() {
+        Some(id) => match declared {
             Some(k) if k.id() == id => Some(k),
             Some(_) => None,
             None => KeySet::partitions(id.count)
@@ -283,8 +284,8 @@ pub async fn status_with_keys(
         _ => declared,
     };
     if let Some(v) = &table.view {
-        match assignor {
-            AssignorKind::Balanced(id) if declared.is_none() => {
+        match assignor.declared() {
+            Some(id) if declared.is_none() => {
                 unmapped = Some(AssignError::KeysNotDeclared { id });
             }
             _ => {
@@ -348,6 +349,7 @@ mod tests {
             epoch: 5,
             holders,
             assignor: None,
+            owners: None,
         };
         table.settled = Some(SettledRecord {
             epoch: 5,

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::records::{Holder, SlotRecord, ViewRecord};
-use crate::assign::{hash_bytes, Assignor, AssignorKind, KeySet, Topology};
+use crate::assign::{hash_bytes, Assignor, AssignorKind, KeySet, Sticky, Topology};
 use crate::error::Result;
 
 /// Where a member stands.
@@ -119,7 +119,16 @@ impl ViewState {
             None
         } else {
             let topology = Topology::from_live_slots(record.slots())?;
-            Some(kind.build_with(&topology, keys)?)
+            match (kind, &record.owners) {
+                // The sticky assignment is the one the view stores.
+                (AssignorKind::Sticky(id), Some(owners)) => Some(Box::new(Sticky::from_owners(
+                    &topology,
+                    KeySet::declared(id, keys)?,
+                    owners.clone(),
+                )?)
+                    as Box<dyn Assignor>),
+                _ => Some(kind.build_with(&topology, keys)?),
+            }
         };
         let digest = record.digest();
         Ok(ViewState {
@@ -177,10 +186,18 @@ impl ViewState {
         self.pair_of(holder).is_some() && self.owner(hash) == Some(holder.slot)
     }
 
-    /// Whether both views name the same holders (only the epoch differs: a view republished
-    /// after it was lost or garbled), so no key changes hands between them.
-    pub(super) fn same_holders(&self, other: &ViewState) -> bool {
-        self.record.holders == other.record.holders
+    /// Whether both views name the same holders and give every key the same owner (only the
+    /// epoch differs: a view republished after it was lost or garbled), so no key changes hands
+    /// between them.
+    pub(super) fn same_assignment(&self, other: &ViewState) -> bool {
+        self.record.same_assignment(&other.record)
+    }
+
+    /// Whether a key may change owner between the two views: they differ in their slots or, for
+    /// the sticky assignor, in their owners. (A claim taken back from a restart changes a slot's
+    /// holder and moves nothing.)
+    pub(super) fn moves_keys_from(&self, other: &ViewState) -> bool {
+        self.record.slots().ne(other.record.slots()) || self.record.owners != other.record.owners
     }
 }
 

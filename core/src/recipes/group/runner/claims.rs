@@ -8,7 +8,7 @@ use super::super::records::{Holder, SlotRecord, ViewRecord};
 use super::super::table::Table;
 use super::super::view::GroupPhase;
 use super::super::MIN_LEASE_TTL;
-use super::decide::{choose_slot, next_view};
+use super::decide::choose_slot;
 use super::{Claim, Runner, CLAIM_ATTEMPTS};
 use crate::error::{Error, Result};
 
@@ -92,7 +92,7 @@ impl Runner {
         let live = table.live();
         if view.holders.iter().any(|h| live.contains(h)) {
             return Err(Error::config(format!(
-                "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one (and for `balanced`, declare the same keys: `balanced:<count>:<digest>`)",
+                "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one (and for `sticky` or `balanced`, declare the same keys: `<name>:<count>:<digest>`)",
                 self.cfg.keys.group(),
                 theirs,
                 self.cfg.assignor
@@ -229,7 +229,7 @@ impl Runner {
         if !settled || !view.holders.contains(&parked) || swapped != table.live() {
             return None;
         }
-        let next = next_view(self.cache.highest, table.live(), self.cfg.assignor)?;
+        let next = self.next_view(table, self.cache.highest, table.live())?;
         match self.publish(table, &next).await {
             Ok(true) => {
                 self.forget_seen();

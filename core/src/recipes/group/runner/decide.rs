@@ -2,13 +2,14 @@
 //! [`Facts`]) or of a table, each with its unit tests below. The files around this one do the
 //! store calls these decisions ask for.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::records::{Holder, SettledRecord, ViewRecord, MAX_EPOCH};
 use super::super::table::Table;
 use super::notices::{ACK_GAP_DIVISOR, NOTICE_BURST, NOTICE_GAP_DIVISOR};
 use super::{Claim, Discrepancy, Handoff, Settler, TableCache, REREAD_AFTER, SLOT_READS};
-use crate::assign::AssignorKind;
+use crate::assign::{AssignorKind, KeySet, KeySetId, Sticky, Topology};
 
 /// The part of a runner's state its scheduling decisions read, borrowed at one instant.
 #[derive(Clone, Copy)]
@@ -434,17 +435,58 @@ pub(super) fn publishes(
 }
 
 /// The view to publish over `highest`, the highest epoch seen anywhere, for the `live` holders;
-/// `None` when the next epoch would pass [`MAX_EPOCH`] (a foreign value holds the largest).
+/// `None` when the next epoch would pass [`MAX_EPOCH`] (a foreign value holds the largest), or
+/// when the sticky assignment cannot be computed, which the configuration check rules out.
+///
+/// For the sticky assignor the view carries its assignment, computed from the first of
+/// `previous` that has one for the same key set (the view it replaces, then the member's own
+/// newest): [`Sticky::next`] moves the fewest keys from it. With none, it is the first
+/// assignment ([`Sticky::new`]). Which previous view is used matters only for movement: members
+/// read the owners from the view, so they agree whatever the publisher started from.
 pub(super) fn next_view(
     highest: u64,
     live: Vec<Holder>,
     assignor: AssignorKind,
+    keys: Option<&Arc<KeySet>>,
+    previous: &[Option<&ViewRecord>],
 ) -> Option<ViewRecord> {
-    (highest < MAX_EPOCH).then(|| ViewRecord {
+    if highest >= MAX_EPOCH {
+        return None;
+    }
+    let owners = match assignor {
+        AssignorKind::Sticky(id) if !live.is_empty() => {
+            Some(sticky_owners(&live, id, keys, previous)?)
+        }
+        _ => None,
+    };
+    Some(ViewRecord {
         epoch: highest.saturating_add(1),
         holders: live,
         assignor: Some(assignor),
+        owners,
     })
+}
+
+/// The sticky assignment for `live` (see [`next_view`]); `None` when the keys of `id` are not
+/// at hand (the configuration check makes sure they are).
+fn sticky_owners(
+    live: &[Holder],
+    id: KeySetId,
+    keys: Option<&Arc<KeySet>>,
+    previous: &[Option<&ViewRecord>],
+) -> Option<Vec<u32>> {
+    let keys = KeySet::declared(id, keys).ok()?;
+    let topology = Topology::from_live_slots(live.iter().map(|h| h.slot)).ok()?;
+    let before = previous.iter().flatten().find_map(|v| {
+        (v.assignor == Some(AssignorKind::Sticky(id)))
+            .then_some(v.owners.as_deref())
+            .flatten()
+    });
+    let next = match before {
+        Some(owners) => Sticky::next(&topology, keys, owners),
+        None => Sticky::new(&topology, keys),
+    };
+    Some(next.ok()?.owners().to_vec())
 }
 
 /// Whether the published `view` is newer than the newest settled mark. Compared by digest too:

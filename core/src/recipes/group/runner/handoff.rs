@@ -18,17 +18,17 @@ impl Runner {
     /// table (woken by a dropped grant) it only acknowledges.
     pub(super) async fn progress(&mut self, table: Option<&Table>) {
         // An acknowledgement the store lost is written again by `reassert`.
-        let (pending, drained, same_holders) = {
+        let (pending, drained, same_assignment) = {
             let st = self.shared.lock();
             let Some(p) = st.pending.clone() else {
                 return;
             };
-            // Nothing moves to or from this member when the holders stayed the same, unless a
+            // Nothing moves to or from this member when the holders and owners stayed the same, unless a
             // view in between moved something away and back (then another member may have
             // started it: wait for everyone's acknowledgement).
             let same = match (&st.active, st.holder) {
                 (Some(a), Some(h)) => {
-                    st.skipped.is_empty() && a.same_holders(&p) && p.pair_of(h).is_some()
+                    st.skipped.is_empty() && a.same_assignment(&p) && p.pair_of(h).is_some()
                 }
                 // A claim taken back from a restart is no exception although nothing moves to
                 // it: the view it published waits for the others' acknowledgements like any
@@ -89,7 +89,7 @@ impl Runner {
         if epoch <= self.claims.floor {
             return;
         }
-        if same_holders || settled || others_acked {
+        if same_assignment || settled || others_acked {
             self.activate(pending, claim.holder());
         }
     }
@@ -118,9 +118,9 @@ impl Runner {
             self.settler.stalled = None;
             return false;
         }
-        // The same epoch for other holders: a store that lost writes minted it twice, and
-        // `on_table` replaces it.
-        if target.record().holders != view.holders || !self.has_acked(&target) {
+        // The same epoch for other holders or owners: a store that lost writes minted it twice,
+        // and `on_table` replaces it.
+        if !target.record().same_assignment(view) || !self.has_acked(&target) {
             return false;
         }
         let lowest = table.working().next() == Some(own);

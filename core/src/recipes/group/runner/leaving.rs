@@ -8,7 +8,7 @@ use std::time::UNIX_EPOCH;
 use super::super::grants::Shared;
 use super::super::records::SlotRecord;
 use super::super::view::GroupPhase;
-use super::decide::{next_view, view_is_stale};
+use super::decide::view_is_stale;
 use super::{Claim, Runner};
 use crate::error::{Error, Result};
 
@@ -196,7 +196,7 @@ impl Runner {
         if !names_slot || !view_is_stale(table.view.as_ref(), &live, 0, false) {
             return;
         }
-        if let Some(next) = next_view(highest, live, self.cfg.assignor) {
+        if let Some(next) = self.next_view(&table, highest, live) {
             let _ = self.publish(&table, &next).await;
         }
     }

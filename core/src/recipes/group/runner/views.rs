@@ -49,7 +49,7 @@ impl Runner {
                 since,
                 fast,
             };
-            match next_view(self.cache.highest, live, self.cfg.assignor) {
+            match self.next_view(table, self.cache.highest, live) {
                 None => {
                     let e = Error::foreign(
                         &self.cfg.keys.view,
@@ -127,7 +127,7 @@ impl Runner {
     fn note_twins(&self, table: &Table) -> bool {
         let mut st = self.shared.lock();
         let twin = match (st.target(), &table.view) {
-            (Some(t), Some(v)) => t.epoch() == v.epoch && t.record().holders != v.holders,
+            (Some(t), Some(v)) => t.epoch() == v.epoch && !t.record().same_assignment(v),
             _ => false,
         };
         if let (true, Some(v)) = (twin, &table.view) {
@@ -139,6 +139,24 @@ impl Runner {
             st.break_runs_at(epoch);
         }
         twin
+    }
+
+    /// The view to publish over `highest` for the `live` holders (see [`next_view`]): a sticky
+    /// assignment starts from the view `table` holds, or else from this member's newest.
+    pub(super) fn next_view(
+        &self,
+        table: &Table,
+        highest: u64,
+        live: Vec<Holder>,
+    ) -> Option<ViewRecord> {
+        let own = self.target();
+        next_view(
+            highest,
+            live,
+            self.cfg.assignor,
+            self.cfg.declared.as_ref(),
+            &[table.view.as_ref(), own.as_ref().map(|v| v.record())],
+        )
     }
 
     /// Publishes `next` over the view `table` holds, with a compare-and-set against its text, so
@@ -178,14 +196,12 @@ impl Runner {
             st.remember(state.clone());
             // What the member owns changes: tell the application before it acknowledges.
             let revoking = match (&st.active, st.holder) {
-                (Some(active), Some(holder)) if active.record.slots().ne(state.record.slots()) => {
-                    Some(Change {
-                        from: Some(active.clone()),
-                        to: state,
-                        slot: holder.slot,
-                        holder,
-                    })
-                }
+                (Some(active), Some(holder)) if state.moves_keys_from(active) => Some(Change {
+                    from: Some(active.clone()),
+                    to: state,
+                    slot: holder.slot,
+                    holder,
+                }),
                 _ => None,
             };
             (st.active.is_some(), revoking)

@@ -10,7 +10,7 @@ use super::{
     notice_due, notice_period, publishes, refund, settled_at_or_past, unsettled, view_is_stale,
     view_needs_slots, view_slot_gone, Between, Facts, Seen,
 };
-use crate::assign::AssignorKind;
+use crate::assign::{Assignor, AssignorKind, Balanced, KeySet, Topology};
 use crate::recipes::group::records::{Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
 use crate::recipes::group::runner::notices::{ACK_GAP_DIVISOR, NOTICE_BURST, NOTICE_GAP_DIVISOR};
 use crate::recipes::group::runner::{
@@ -52,6 +52,7 @@ fn table(slots: &[u32], view: Option<(u64, &[u32])>) -> Table {
             })
             .collect(),
         assignor: None,
+        owners: None,
     });
     t
 }
@@ -497,11 +498,79 @@ fn publishing_waits_a_heartbeat_unless_the_member_is_lowest_or_changed_the_table
 #[test]
 fn the_next_view_is_one_above_the_highest_and_never_past_the_largest_epoch() {
     let live = vec![Holder { slot: 0, nonce: 1 }];
-    let v = next_view(7, live.clone(), AssignorKind::JumpBackFailover).unwrap();
+    let jb = AssignorKind::JumpBackFailover;
+    let v = next_view(7, live.clone(), jb, None, &[]).unwrap();
     assert_eq!((v.epoch, v.holders.clone()), (8, live.clone()));
-    assert_eq!(v.assignor, Some(AssignorKind::JumpBackFailover));
-    assert!(next_view(MAX_EPOCH - 1, live.clone(), AssignorKind::JumpBackFailover).is_some());
-    assert!(next_view(MAX_EPOCH, live, AssignorKind::JumpBackFailover).is_none());
+    assert_eq!((v.assignor, v.owners), (Some(jb), None));
+    assert!(next_view(MAX_EPOCH - 1, live.clone(), jb, None, &[]).is_some());
+    assert!(next_view(MAX_EPOCH, live, jb, None, &[]).is_none());
+}
+
+fn holders(slots: &[u32]) -> Vec<Holder> {
+    slots
+        .iter()
+        .map(|&slot| Holder {
+            slot,
+            nonce: u64::from(slot) + 100,
+        })
+        .collect()
+}
+
+#[test]
+fn a_sticky_view_carries_the_assignment_that_moves_fewest_keys_from_the_view_it_replaces() {
+    let keys = Arc::new(KeySet::partitions(256).unwrap());
+    let kind = AssignorKind::Sticky(keys.id());
+    let k = Some(&keys);
+    // The first view: the balanced assignment.
+    let first = next_view(0, holders(&[0, 1, 2]), kind, k, &[None]).unwrap();
+    let owners = first.owners.clone().unwrap();
+    let balanced = Balanced::new(&Topology::new(3).unwrap(), keys.clone()).unwrap();
+    let expected: Vec<u32> = keys.hashes().iter().map(|&h| balanced.owner(h)).collect();
+    assert_eq!(owners, expected);
+    // A join takes exactly the newcomer's share, from the view it replaces.
+    let joined = next_view(1, holders(&[0, 1, 2, 3]), kind, k, &[Some(&first)]).unwrap();
+    let after = joined.owners.clone().unwrap();
+    let moved = owners.iter().zip(&after).filter(|(a, b)| a != b).count();
+    assert_eq!(moved, after.iter().filter(|&&o| o == 3).count());
+    assert_eq!(moved, 64);
+    // The view it replaces comes first; the member's own is the fallback when it is missing
+    // or of another assignor.
+    let other = next_view(
+        1,
+        holders(&[0, 1, 2]),
+        AssignorKind::JumpBackFailover,
+        None,
+        &[],
+    )
+    .unwrap();
+    let from_own = next_view(
+        2,
+        holders(&[0, 1, 2, 3]),
+        kind,
+        k,
+        &[Some(&other), Some(&first)],
+    )
+    .unwrap();
+    assert_eq!(from_own.owners, joined.owners);
+    let from_missing =
+        next_view(2, holders(&[0, 1, 2, 3]), kind, k, &[None, Some(&first)]).unwrap();
+    assert_eq!(from_missing.owners, joined.owners);
+    // No live slot: no owners.
+    let empty = next_view(3, vec![], kind, k, &[Some(&joined)]).unwrap();
+    assert_eq!(empty.owners, None);
+    // The assignment is part of the view's identity: same holders, other owners, another
+    // digest, so an acknowledgement of one is not one of the other.
+    let fresh = next_view(2, holders(&[0, 1, 2, 3]), kind, k, &[]).unwrap();
+    assert_eq!(fresh.holders, joined.holders);
+    assert_ne!(fresh.owners, joined.owners);
+    assert!(!fresh.same_assignment(&joined));
+    assert_ne!(fresh.digest(), joined.digest());
+    let republished = ViewRecord {
+        epoch: 9,
+        ..joined.clone()
+    };
+    assert!(republished.same_assignment(&joined));
+    assert_eq!(republished.digest(), joined.digest());
 }
 
 #[test]
