@@ -113,6 +113,85 @@ pub async fn group_join_leave_rejoin(ctx: &Ctx) -> CaseResult {
     ctx.cleanup().await
 }
 
+/// Which of `members` owns each of the partitions `"0"` to `"count - 1"` (by index in
+/// `members`), when exactly one does.
+fn partition_owners(members: &[&Member], count: u32) -> Result<Vec<usize>, Failure> {
+    (0..count)
+        .map(|p| {
+            let key = p.to_string();
+            let owners: Vec<usize> = (0..members.len())
+                .filter(|&i| members[i].would_grant(&key).is_some())
+                .collect();
+            match owners[..] {
+                [one] => Ok(one),
+                _ => Err(Failure::new(format!(
+                    "partition {key} has {} owners",
+                    owners.len()
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// The sticky assignor over 4,096 declared partitions, its assignment stored in the view on the
+/// store under test: three members own 1,365 or 1,366 each, a fourth member's join moves exactly
+/// its share (1,024) and only to it, and a leave moves exactly the leaver's partitions.
+pub async fn group_sticky_partitions(ctx: &Ctx) -> CaseResult {
+    const COUNT: u32 = 4096;
+    let join = |m: &'static str| async move {
+        Group::join(ctx.store.clone(), config(ctx, m)?.with_partitions(COUNT))
+            .await
+            .during(format!("join of {m}"))
+    };
+    let (a, b, c) = (join("a").await?, join("b").await?, join("c").await?);
+    converged(ctx, &[&a, &b, &c], 3).await?;
+    let three = partition_owners(&[&a, &b, &c], COUNT)?;
+    for i in 0..3 {
+        let share = three.iter().filter(|&&o| o == i).count();
+        ensure!(share == 1365 || share == 1366, "member {i} owns {share}");
+    }
+    let view = ctx
+        .store
+        .get(&format!("{}view:current", ctx.prefix))
+        .await
+        .during("reading the view")?
+        .unwrap_or_default();
+    ensure!(
+        view.contains(" assignor=sticky:4096:") && view.contains(" owners="),
+        "the view does not carry its assignment: {}",
+        view.chars().take(200).collect::<String>()
+    );
+    let d = join("d").await?;
+    converged(ctx, &[&a, &b, &c, &d], 4).await?;
+    let four = partition_owners(&[&a, &b, &c, &d], COUNT)?;
+    let moved: Vec<usize> = (0..COUNT as usize)
+        .filter(|&k| three[k] != four[k])
+        .collect();
+    ensure_eq!(moved.len(), 1024, "partitions moved by a join");
+    ensure!(
+        moved.iter().all(|&k| four[k] == 3),
+        "a join moved a partition to a member that was there before"
+    );
+    b.leave().await.during("leave of b")?;
+    converged(ctx, &[&a, &c, &d], 3).await?;
+    let after = partition_owners(&[&a, &c, &d], COUNT)?;
+    // a, c, d are 0, 1, 2 now; b was 1.
+    let renamed = [Some(0), None, Some(1), Some(2)];
+    let stayed = (0..COUNT as usize)
+        .filter(|&k| renamed[four[k]] == Some(after[k]))
+        .count();
+    let b_share = four.iter().filter(|&&o| o == 1).count();
+    ensure_eq!(
+        COUNT as usize - stayed,
+        b_share,
+        "partitions moved by a leave (the leaver's)"
+    );
+    for m in [a, c, d] {
+        m.leave().await.during("final leave")?;
+    }
+    ctx.cleanup().await
+}
+
 /// Waits, looking every 2 ms, until every member is active under one epoch with `n` live slots.
 async fn converged_within(limit: Duration, members: &[&Member], n: u32) -> Result<u64, Failure> {
     let what = format!("members converged on {n} live slots");
