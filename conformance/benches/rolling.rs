@@ -6,6 +6,7 @@
 //! cargo bench -p headcount-conformance --bench rolling -- --backends redis,sqlite --sizes 10,50
 //! cargo bench -p headcount-conformance --bench rolling -- --styles static,leave --restart-ms 500
 //! cargo bench -p headcount-conformance --bench rolling -- --styles static,replace --notifications both
+//! cargo bench -p headcount-conformance --bench rolling -- --styles leave,surge --assignors jumpback,balanced,sticky
 //! ```
 //!
 //! Servers come from the conformance harness (started from their binaries on loopback, or the
@@ -39,6 +40,10 @@
 //! the same ids, every key once with new ids), the longest time one key had no owner, the
 //! key-seconds without an owner, the store calls per step, and the rollout's wall time.
 //!
+//! The keys are assigned with `jumpback`, the default; `--assignors` runs each style under each
+//! assignor named, where `sticky` and `balanced` declare the keys as the group's key set (a style
+//! then reads `surge, sticky`).
+//!
 //! Members listen to the store's change notifications (the default); `--notifications off` makes
 //! them poll only (the design before, a style then reads `static, polling`), and `both` runs each
 //! style both ways, one after the other, so the two come from one run.
@@ -53,6 +58,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use headcount::assign::{AssignorKind, KeySet};
 use headcount::recipes::group::{Group, GroupConfig, Member};
 use headcount::{DynStore, Op};
 use headcount_conformance::harness::ServerKind;
@@ -83,6 +89,8 @@ struct Opts {
     unrelated: u64,
     /// Whether members listen to the store's notifications, per run of each style.
     notifications: Vec<bool>,
+    /// `jumpback`, `balanced` or `sticky`, per run of each style.
+    assignors: Vec<String>,
 }
 
 fn opts() -> Opts {
@@ -105,6 +113,7 @@ fn opts() -> Opts {
         restart: Duration::from_millis(200),
         unrelated: 10_000,
         notifications: vec![true],
+        assignors: vec!["jumpback".into()],
     };
     if !std::env::args().any(|a| a == "--bench") {
         o.backends = vec![ServerKind::Sqlite];
@@ -142,6 +151,7 @@ fn opts() -> Opts {
                 o.restart = Duration::from_millis(value().parse().expect("--restart-ms MS"))
             }
             "--unrelated" => o.unrelated = value().parse().expect("--unrelated N"),
+            "--assignors" => o.assignors = value().split(',').map(str::to_owned).collect(),
             "--notifications" => {
                 o.notifications = match value().as_str() {
                     "on" => vec![true],
@@ -287,6 +297,7 @@ async fn rollout(
     n: usize,
     style: &str,
     notices: bool,
+    assignor: &str,
     o: &Opts,
 ) -> Result<Row, String> {
     let caps = store.capabilities();
@@ -294,12 +305,21 @@ async fn rollout(
     let group = format!("r{:08x}", rand::random::<u32>());
     let calls = Arc::new(Decorated::with(store.clone(), Calls::default()));
     let counted: DynStore = calls.clone();
+    let keys: Vec<String> = (0..o.keys).map(|k| format!("p{k}")).collect();
+    let set = KeySet::new(&keys).map_err(|e| e.to_string())?;
     let config = |id: &str| {
-        GroupConfig::new(group.clone(), ttl)
+        let config = GroupConfig::new(group.clone(), ttl)
             .with_prefix(PREFIX)
             .with_member(id)
             .with_restart_window(ttl * 5)
-            .with_notifications(notices)
+            .with_notifications(notices);
+        match assignor {
+            "sticky" => config.with_keys(set.clone()),
+            "balanced" => config
+                .with_keys(set.clone())
+                .with_assignor(AssignorKind::Balanced(set.id())),
+            _ => config,
+        }
     };
     let live: Live = Arc::new(Mutex::new(Vec::new()));
     for i in 0..n {
@@ -310,7 +330,6 @@ async fn rollout(
         live.lock().unwrap().push((id, m));
     }
     let first = ready(&live, n, ttl * 20).await?;
-    let keys: Vec<String> = (0..o.keys).map(|k| format!("p{k}")).collect();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let sampler = tokio::spawn(sample(live.clone(), keys.clone(), stop_rx));
     tokio::time::sleep(SAMPLE_EVERY * 3).await;
@@ -374,10 +393,11 @@ async fn rollout(
     Ok(Row {
         backend: backend.name(),
         members: n,
-        style: if notices {
-            style.to_owned()
-        } else {
-            format!("{style}, polling")
+        style: match (notices, assignor) {
+            (true, "jumpback") => style.to_owned(),
+            (true, a) => format!("{style}, {a}"),
+            (false, "jumpback") => format!("{style}, polling"),
+            (false, a) => format!("{style}, {a}, polling"),
         },
         epochs: last - first,
         moved: seen.iter().map(|s| s.moves).sum(),
@@ -425,14 +445,16 @@ fn main() {
             for &n in &o.sizes {
                 for style in &o.styles {
                     for &notices in &o.notifications {
-                        eprintln!(
-                            "rolling: {} members on {}, {style}, notifications {notices}",
-                            n,
-                            backend.name()
-                        );
-                        match rollout(backend, &store, n, style, notices, &o).await {
-                            Ok(row) => rows.push(row),
-                            Err(e) => panic!("{} {n} {style}: {e}", backend.name()),
+                        for assignor in &o.assignors {
+                            eprintln!(
+                                "rolling: {} members on {}, {style}, notifications {notices}, {assignor}",
+                                n,
+                                backend.name()
+                            );
+                            match rollout(backend, &store, n, style, notices, assignor, &o).await {
+                                Ok(row) => rows.push(row),
+                                Err(e) => panic!("{} {n} {style}: {e}", backend.name()),
+                            }
                         }
                     }
                 }

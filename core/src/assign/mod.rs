@@ -17,11 +17,14 @@
 //! | [`JumpBackFailover`] | Ertl 2024 (JumpBackHash) + RavenDB | ≈1 | only its keys move | only keys to it move¹ | all survivors, evenly | `O(1)` expected per hop |
 //! | [`JumpBackMemento`] | Ertl 2024 + Coluzzi et al. 2023 | ≈1 | only its keys move² | only keys to it move² | all survivors, evenly | `O(1)` expected + table hops |
 //! | [`Balanced`] (a declared [`KeySet`] only) | Gale & Shapley's deferred acceptance over rendezvous scores, capacities ⌊m/n⌋ and ⌈m/n⌉ | within one key | its keys and some others move³ | keys to it and some others move³ | the next in each key's ranking, where there is room | binary search |
+//! | [`Sticky`] (a declared [`KeySet`] only; not a function of the topology⁴) | the previous assignment, kept up to each slot's capacity; the rest by [`Balanced`]'s matching | within one key | only its keys move | only its share moves, to it | the slots with room, by [`Balanced`]'s matching | binary search |
 //!
 //! ¹ When it revives a dead slot, or is appended while no slot is dead (see [`JumpFailover`]).
 //! ² See [Determinism and the order of deaths](#determinism-and-the-order-of-deaths).
 //! ³ How many others is measured in `docs/assignors.md` (1.005–2.25 times the minimum in the
 //! measured cases); keys outside the declared set are [`JumpBackFailover`]'s.
+//! ⁴ Each assignment is computed from the previous one ([`Sticky::next`]) and stored: a group
+//! keeps it in its view. The fewest moves balance allows, after any change.
 //!
 //! [`JumpBackFailover`] and [`JumpBackMemento`] are [`JumpFailover`] and [`Memento`] with
 //! [`jump_back_hash`] (Otmar Ertl's JumpBackHash, 2024) in place of [`jump_consistent_hash`]
@@ -43,7 +46,9 @@
 //! # Determinism and the order of deaths
 //!
 //! Members must agree on every key's owner, so an assignment may depend on nothing but the
-//! topology: not on the order in which a member saw members die and join. [`Modulo`], [`Ring`],
+//! topology: not on the order in which a member saw members die and join. (The one exception,
+//! [`Sticky`], depends on the previous assignment too, so a group stores it in the view for every
+//! member to read rather than compute.) [`Modulo`], [`Ring`],
 //! [`Rendezvous`], [`JumpFailover`] and [`JumpBackFailover`] are pure functions of the slot count,
 //! the live set and the weights, and their guarantees in the table hold for any single change
 //! (within footnote ¹).
