@@ -229,3 +229,92 @@ async fn with_the_sticky_assignor_a_join_and_a_leave_move_exactly_what_they_must
         m.leave().await.expect("leave");
     }
 }
+
+/// A view published with another assignor (written here by hand; in life, a member of another
+/// configuration that joined while the view was missing) is neither adopted nor acknowledged:
+/// computing its owners with this member's assignor would grant keys another member holds under
+/// the same epoch. The member keeps its view and says why.
+#[tokio::test]
+async fn a_view_of_another_assignor_is_not_adopted() {
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let a = Group::join(store.clone(), GroupConfig::new("g", TTL))
+        .await
+        .expect("a joins");
+    tokio::time::timeout(Duration::from_secs(5), a.active(0))
+        .await
+        .expect("in time")
+        .expect("active");
+    let epoch = a.assignment().epoch;
+    let key = "hc:{g}:view:current";
+    let text = store.get(key).await.expect("get").expect("a view");
+    let other = text
+        .replace(" assignor=jumpback ", " assignor=modulo ")
+        .replace(&format!("epoch={epoch} "), &format!("epoch={} ", epoch + 1));
+    assert_ne!(other, text);
+    assert!(store
+        .compare_and_set(key, Some(&text), &other, None)
+        .await
+        .expect("cas"));
+    // Three heartbeats: the member reads the view and refuses it.
+    tokio::time::sleep(TTL).await;
+    let now = a.assignment();
+    assert_eq!(now.epoch, epoch, "{now:?}");
+    assert!(
+        now.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("`modulo` assignor")),
+        "{now:?}"
+    );
+    assert!(
+        a.owns("some-key").is_some(),
+        "it keeps working under its view"
+    );
+    a.leave().await.expect("leave");
+}
+
+/// A view a later version of headcount wrote (an assignor or a field this version does not know)
+/// is neither replaced nor adopted, and a member does not join a group that has one: replacing
+/// it would undo the newer members' changes, and reading it without the unknown part would
+/// compute other owners under the same epoch.
+#[tokio::test]
+async fn a_view_of_a_later_version_is_left_alone() {
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let a = Group::join(store.clone(), GroupConfig::new("g", TTL))
+        .await
+        .expect("a joins");
+    tokio::time::timeout(Duration::from_secs(5), a.active(0))
+        .await
+        .expect("in time")
+        .expect("active");
+    let epoch = a.assignment().epoch;
+    let key = "hc:{g}:view:current";
+    let text = store.get(key).await.expect("get").expect("a view");
+    let later = format!(
+        "{} shards=4",
+        text.replace(&format!("epoch={epoch} "), &format!("epoch={} ", epoch + 1))
+    );
+    assert!(store
+        .compare_and_set(key, Some(&text), &later, None)
+        .await
+        .expect("cas"));
+    tokio::time::sleep(TTL).await;
+    let now = a.assignment();
+    assert_eq!(now.epoch, epoch, "{now:?}");
+    assert!(
+        now.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("later version")),
+        "{now:?}"
+    );
+    assert_eq!(
+        store.get(key).await.expect("get").as_deref(),
+        Some(later.as_str()),
+        "the later version's view was replaced"
+    );
+    let err = Group::join(store.clone(), GroupConfig::new("g", TTL))
+        .await
+        .expect_err("a member of this version does not join");
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(err.to_string().contains("later version"), "{err}");
+    a.leave().await.expect("leave");
+}

@@ -419,6 +419,36 @@ impl ViewRecord {
         Some(crate::assign::encode_owners(owners, &slots).unwrap_or_default())
     }
 
+    /// The epoch of a view this version cannot read because a later version of headcount wrote
+    /// it: this format's tag, an epoch and a slot list, and an assignor this version does not know
+    /// or a field it does not know. `None` for anything else, which is a garbled view (replaced
+    /// by the members) or one this version reads.
+    ///
+    /// Members neither replace nor adopt such a view, and a member does not join a group that has
+    /// one: replacing it would undo every change the newer members make, and a field left unread
+    /// (an assignment, say) would have this member compute other owners under the same epoch.
+    pub fn newer_version_epoch(text: &str) -> Option<u64> {
+        let mut parts = text.split(' ');
+        if parts.next()? != TAG || ViewRecord::parse(text).is_some() {
+            return None;
+        }
+        let fields = fields(parts)?;
+        let epoch: u64 = fields.get("epoch")?.parse().ok()?;
+        fields.get("slots")?;
+        let unknown_field = fields
+            .keys()
+            .any(|k| !matches!(*k, "epoch" | "slots" | "assignor" | "owners"));
+        // A known name with a bad argument (`sticky:x`) is garbled, not newer.
+        let known = |name: &str| {
+            AssignorKind::ALL.iter().any(|k| k.name() == name)
+                || ["balanced", "sticky"].contains(&name)
+        };
+        let unknown_assignor = fields
+            .get("assignor")
+            .is_some_and(|a| !known(a.split(':').next().unwrap_or(a)));
+        (epoch <= MAX_EPOCH && (unknown_field || unknown_assignor)).then_some(epoch)
+    }
+
     /// The live slot numbers, ascending.
     pub fn slots(&self) -> impl Iterator<Item = u32> + '_ {
         self.holders.iter().map(|h| h.slot)
@@ -562,6 +592,30 @@ mod tests {
             "5-2-3 is not"
         );
         assert_eq!(ViewRecord::parse(&format!("{without} owners=////")), None);
+    }
+
+    #[test]
+    fn views_of_a_later_version_are_told_from_garbage() {
+        let newer = ViewRecord::newer_version_epoch;
+        assert_eq!(newer("v1 epoch=7 assignor=quantum:9 slots=0@1"), Some(7));
+        assert_eq!(
+            newer("v1 epoch=7 assignor=jumpback slots=0@0000000000000001 shards=3"),
+            Some(7)
+        );
+        assert_eq!(newer("v1 epoch=7 slots= weights=1"), Some(7));
+        for not_newer in [
+            "v1 epoch=7 assignor=jumpback slots=0@0000000000000001",
+            "{not a view",
+            "v1 epoch=7 assignor=sticky:x slots=",
+            "v1 epoch=7 assignor=jumpback slots=0@1 owners=AA",
+            "v1 epoch=x assignor=quantum slots=",
+            "v1 assignor=quantum slots=",
+            "v1 epoch=7 assignor=quantum",
+            "v2 epoch=7 assignor=quantum slots=",
+            "v1 epoch=9223372036854775807 assignor=quantum slots=",
+        ] {
+            assert_eq!(newer(not_newer), None, "{not_newer}");
+        }
     }
 
     #[test]

@@ -19,6 +19,9 @@ pub struct Table {
     pub view_text: Option<String>,
     /// The published view, when there is one and it parses.
     pub view: Option<ViewRecord>,
+    /// The epoch of the published view when a later version of headcount wrote it (see
+    /// [`ViewRecord::newer_version_epoch`]): members neither replace nor adopt it.
+    pub view_newer: Option<u64>,
     /// The settled mark as stored (for a compare-and-set), when there is one.
     pub settled_text: Option<String>,
     /// The settled mark, when there is one and it parses.
@@ -71,10 +74,14 @@ impl Table {
     /// (which ends in `view:`), replacing those it had.
     pub fn set_view(&mut self, prefix: &str, listing: Vec<(String, String)>) {
         (self.view, self.view_text, self.settled, self.settled_text) = (None, None, None, None);
+        self.view_newer = None;
         for (key, value) in listing {
             match key.strip_prefix(prefix) {
                 Some("current") => {
                     self.view = ViewRecord::parse(&value);
+                    if self.view.is_none() {
+                        self.view_newer = ViewRecord::newer_version_epoch(&value);
+                    }
                     self.view_text = Some(value);
                 }
                 Some("settled") => {
@@ -89,6 +96,7 @@ impl Table {
     /// Takes the view and the settled mark of `other`.
     pub fn take_view(&mut self, other: &Table) {
         self.view.clone_from(&other.view);
+        self.view_newer = other.view_newer;
         self.view_text.clone_from(&other.view_text);
         self.settled = other.settled;
         self.settled_text.clone_from(&other.settled_text);
@@ -102,6 +110,7 @@ impl Table {
         self.view
             .as_ref()
             .map_or(0, |v| v.epoch)
+            .max(self.view_newer.unwrap_or(0))
             .max(acked)
             .max(settled)
     }

@@ -110,11 +110,22 @@ impl fmt::Debug for ViewState {
 impl ViewState {
     /// The state of `record` under assignor `kind`, giving the balanced assignor its declared
     /// `keys` (see [`AssignorKind::build_with`]).
+    ///
+    /// Fails with [`ErrorKind::Config`](crate::ErrorKind::Config) when the view names another
+    /// assignor: its publisher maps keys another way, and a member that computed owners with its
+    /// own assignor for that view would grant keys another member holds under the same epoch.
+    /// The member then neither adopts nor acknowledges the view, so no member can act on it.
     pub(super) fn build_with(
         record: ViewRecord,
         kind: AssignorKind,
         keys: Option<&Arc<KeySet>>,
     ) -> Result<ViewState> {
+        if let Some(theirs) = record.assignor.filter(|&a| a != kind) {
+            return Err(crate::Error::config(format!(
+                "the view of epoch {} was published with the `{theirs}` assignor and this member is configured with `{kind}`: it is not adopted (every member of a group must use the same assignor)",
+                record.epoch
+            )));
+        }
         let assignor = if record.holders.is_empty() {
             None
         } else {

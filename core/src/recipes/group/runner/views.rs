@@ -12,6 +12,13 @@ use super::decide::{
 use super::{Claim, Discrepancy, Handoff, Runner};
 use crate::error::{Error, Result};
 
+/// Why a member does not touch a view a later version of headcount wrote.
+pub(super) fn newer_version(epoch: u64) -> Error {
+    Error::config(format!(
+        "the group's view (epoch {epoch}) was written by a later version of headcount: this member neither replaces nor adopts it, and keeps its own; run every member of a group on one version"
+    ))
+}
+
 impl Runner {
     /// Publishes a view when the table calls for one, adopts the newest view, and moves the
     /// hand-off along. `fresh` says the slots were read after the view, in this heartbeat: only
@@ -25,11 +32,18 @@ impl Runner {
         // lost or overwritten) still must not publish an epoch some member already acted on.
         let floor = self.cache.highest.max(table.highest_epoch());
         let twin_epoch = self.note_twins(table);
-        let stale = view_is_stale(table.view.as_ref(), &live, floor, twin_epoch);
+        // A view a later version wrote is neither replaced nor adopted (see
+        // `ViewRecord::newer_version_epoch`): this member keeps its own and says why.
+        let newer = table.view_newer;
+        if let Some(epoch) = newer {
+            self.set_error(Some(&newer_version(epoch)));
+        }
+        let stale = newer.is_none() && view_is_stale(table.view.as_ref(), &live, floor, twin_epoch);
         self.cache.highest = floor;
         // A view that went back, is missing or took this member's epoch needs a view above it,
         // which only a member that read the slots publishes: read them at the next beat.
-        self.cache.need_slots = !fresh && view_needs_slots(table.view.as_ref(), floor, twin_epoch);
+        self.cache.need_slots =
+            !fresh && newer.is_none() && view_needs_slots(table.view.as_ref(), floor, twin_epoch);
         if !fresh {
             // Adopt the published view as it is; what the slots call for is decided by the
             // members that read them.
