@@ -230,13 +230,9 @@ async fn with_the_sticky_assignor_a_join_and_a_leave_move_exactly_what_they_must
     }
 }
 
-/// A view published with another assignor (written here by hand; in life, a member of another
-/// configuration that joined while the view was missing) is neither adopted nor acknowledged:
-/// computing its owners with this member's assignor would grant keys another member holds under
-/// the same epoch. The member keeps its view and says why.
-#[tokio::test]
-async fn a_view_of_another_assignor_is_not_adopted() {
-    let store: DynStore = Arc::new(MemoryStore::new());
+/// One member active alone in group `g` under the default assignor; its epoch, and the view's
+/// key and text.
+async fn alone(store: &DynStore) -> (Member, u64, &'static str, String) {
     let a = Group::join(store.clone(), GroupConfig::new("g", TTL))
         .await
         .expect("a joins");
@@ -244,27 +240,49 @@ async fn a_view_of_another_assignor_is_not_adopted() {
         .await
         .expect("in time")
         .expect("active");
-    let epoch = a.assignment().epoch;
     let key = "hc:{g}:view:current";
     let text = store.get(key).await.expect("get").expect("a view");
-    let other = text
-        .replace(" assignor=jumpback ", " assignor=modulo ")
-        .replace(&format!("epoch={epoch} "), &format!("epoch={} ", epoch + 1));
-    assert_ne!(other, text);
+    let epoch = a.assignment().epoch;
+    (a, epoch, key, text)
+}
+
+/// Writes `next` over the view `text`, then waits three heartbeats and checks the member kept
+/// `epoch` and says `why`.
+async fn kept_its_view(
+    store: &DynStore,
+    a: &Member,
+    epoch: u64,
+    text: &str,
+    next: &str,
+    why: &str,
+) {
+    let key = "hc:{g}:view:current";
+    assert_ne!(next, text);
     assert!(store
-        .compare_and_set(key, Some(&text), &other, None)
+        .compare_and_set(key, Some(text), next, None)
         .await
         .expect("cas"));
-    // Three heartbeats: the member reads the view and refuses it.
     tokio::time::sleep(TTL).await;
     let now = a.assignment();
     assert_eq!(now.epoch, epoch, "{now:?}");
     assert!(
-        now.last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("`modulo` assignor")),
+        now.last_error.as_deref().is_some_and(|e| e.contains(why)),
         "{now:?}"
     );
+}
+
+/// A view published with another assignor (written here by hand; in life, a member of another
+/// configuration that joined while the view was missing) is neither adopted nor acknowledged:
+/// computing its owners with this member's assignor would grant keys another member holds under
+/// the same epoch. The member keeps its view and says why.
+#[tokio::test]
+async fn a_view_of_another_assignor_is_not_adopted() {
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let (a, epoch, _, text) = alone(&store).await;
+    let other = text
+        .replace(" assignor=jumpback ", " assignor=modulo ")
+        .replace(&format!("epoch={epoch} "), &format!("epoch={} ", epoch + 1));
+    kept_its_view(&store, &a, epoch, &text, &other, "`modulo` assignor").await;
     assert!(
         a.owns("some-key").is_some(),
         "it keeps working under its view"
@@ -279,33 +297,12 @@ async fn a_view_of_another_assignor_is_not_adopted() {
 #[tokio::test]
 async fn a_view_of_a_later_version_is_left_alone() {
     let store: DynStore = Arc::new(MemoryStore::new());
-    let a = Group::join(store.clone(), GroupConfig::new("g", TTL))
-        .await
-        .expect("a joins");
-    tokio::time::timeout(Duration::from_secs(5), a.active(0))
-        .await
-        .expect("in time")
-        .expect("active");
-    let epoch = a.assignment().epoch;
-    let key = "hc:{g}:view:current";
-    let text = store.get(key).await.expect("get").expect("a view");
+    let (a, epoch, key, text) = alone(&store).await;
     let later = format!(
         "{} shards=4",
         text.replace(&format!("epoch={epoch} "), &format!("epoch={} ", epoch + 1))
     );
-    assert!(store
-        .compare_and_set(key, Some(&text), &later, None)
-        .await
-        .expect("cas"));
-    tokio::time::sleep(TTL).await;
-    let now = a.assignment();
-    assert_eq!(now.epoch, epoch, "{now:?}");
-    assert!(
-        now.last_error
-            .as_deref()
-            .is_some_and(|e| e.contains("later version")),
-        "{now:?}"
-    );
+    kept_its_view(&store, &a, epoch, &text, &later, "later version").await;
     assert_eq!(
         store.get(key).await.expect("get").as_deref(),
         Some(later.as_str()),
