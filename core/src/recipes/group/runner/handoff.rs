@@ -23,9 +23,9 @@ impl Runner {
             let Some(p) = st.pending.clone() else {
                 return;
             };
-            // Nothing moves to or from this member when the holders and owners stayed the same, unless a
-            // view in between moved something away and back (then another member may have
-            // started it: wait for everyone's acknowledgement).
+            // Nothing moves to or from this member when the holders and owners stayed the same,
+            // unless a view in between moved something away and back (then another member may
+            // have started it: wait for everyone's acknowledgement).
             let same = match (&st.active, st.holder) {
                 (Some(a), Some(h)) => {
                     st.skipped.is_empty() && a.same_assignment(&p) && p.pair_of(h).is_some()
