@@ -230,16 +230,20 @@ async fn with_the_sticky_assignor_a_join_and_a_leave_move_exactly_what_they_must
     }
 }
 
-/// One member active alone in group `g` under the default assignor; its epoch, and the view's
-/// key and text.
-async fn alone(store: &DynStore) -> (Member, u64, &'static str, String) {
-    let a = Group::join(store.clone(), GroupConfig::new("g", TTL))
-        .await
-        .expect("a joins");
-    tokio::time::timeout(Duration::from_secs(5), a.active(0))
+/// Joins and waits (5 s at most) until the member is active.
+async fn join_active(store: &DynStore, config: GroupConfig) -> Member {
+    let m = Group::join(store.clone(), config).await.expect("joins");
+    tokio::time::timeout(Duration::from_secs(5), m.active(0))
         .await
         .expect("in time")
         .expect("active");
+    m
+}
+
+/// One member active alone in group `g` under the default assignor; its epoch, and the view's
+/// key and text.
+async fn alone(store: &DynStore) -> (Member, u64, &'static str, String) {
+    let a = join_active(store, GroupConfig::new("g", TTL)).await;
     let key = "hc:{g}:view:current";
     let text = store.get(key).await.expect("get").expect("a view");
     let epoch = a.assignment().epoch;
@@ -291,9 +295,9 @@ async fn a_view_of_another_assignor_is_not_adopted() {
 }
 
 /// A view a later version of headcount wrote (an assignor or a field this version does not know)
-/// is neither replaced nor adopted, and a member does not join a group that has one: replacing
-/// it would undo the newer members' changes, and reading it without the unknown part would
-/// compute other owners under the same epoch.
+/// is neither replaced nor adopted while a holder it names is live, and a member does not join
+/// the group then: replacing it would undo the newer members' changes, and reading it without
+/// the unknown part would compute other owners under the same epoch.
 #[tokio::test]
 async fn a_view_of_a_later_version_is_left_alone() {
     let store: DynStore = Arc::new(MemoryStore::new());
@@ -313,5 +317,9 @@ async fn a_view_of_a_later_version_is_left_alone() {
         .expect_err("a member of this version does not join");
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     assert!(err.to_string().contains("later version"), "{err}");
+    // Once no holder it names is live, it is replaced like a garbled view: a member joins.
     a.leave().await.expect("leave");
+    let b = join_active(&store, GroupConfig::new("g", TTL)).await;
+    assert!(b.assignment().epoch > epoch + 1);
+    b.leave().await.expect("leave");
 }

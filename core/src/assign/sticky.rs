@@ -250,7 +250,7 @@ pub(crate) fn encode_owners(owners: &[u32], live: &[u32]) -> Option<String> {
 pub(crate) fn decode_owners(text: &str, count: usize, live: &[u32]) -> Option<Vec<u32>> {
     let bits = rank_bits(live.len());
     let bytes = base64_decode(text)?;
-    if bytes.len() != (count * bits).div_ceil(8) {
+    if bytes.len() != count.checked_mul(bits)?.div_ceil(8) {
         return None;
     }
     let mut owners = Vec::with_capacity(count);

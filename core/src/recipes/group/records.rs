@@ -349,28 +349,7 @@ impl ViewRecord {
         if epoch > MAX_EPOCH {
             return None;
         }
-        let list = fields.get("slots")?;
-        let mut holders = Vec::new();
-        if !list.is_empty() {
-            for item in list.split(',') {
-                let (slot, nonce) = item.split_once('@')?;
-                let slot: u32 = slot.parse().ok()?;
-                if slot >= crate::assign::MAX_SLOTS {
-                    return None;
-                }
-                holders.push(Holder {
-                    slot,
-                    nonce: u64::from_str_radix(nonce, 16).ok()?,
-                });
-                if holders.len() > MAX_VIEW_SLOTS {
-                    return None;
-                }
-            }
-        }
-        // Strictly ascending slots: one holder per slot, one canonical text per view.
-        if holders.windows(2).any(|w| w[0].slot >= w[1].slot) {
-            return None;
-        }
+        let holders = parse_holders(fields.get("slots")?)?;
         // Owners exactly when the assignor is sticky and a slot is live.
         let sticky = matches!(assignor, Some(AssignorKind::Sticky(_)));
         let owners = match (assignor, owners_text) {
@@ -419,22 +398,24 @@ impl ViewRecord {
         Some(crate::assign::encode_owners(owners, &slots).unwrap_or_default())
     }
 
-    /// The epoch of a view this version cannot read because a later version of headcount wrote
-    /// it: this format's tag, an epoch and a slot list, and an assignor this version does not know
-    /// or a field it does not know. `None` for anything else, which is a garbled view (replaced
-    /// by the members) or one this version reads.
+    /// The epoch and holders of a view this version cannot read because a later version of
+    /// headcount wrote it: this format's tag, an epoch and a slot list, and an assignor this
+    /// version does not know or a field it does not know. `None` for anything else, which is a
+    /// garbled view (replaced by the members) or one this version reads.
     ///
-    /// Members neither replace nor adopt such a view, and a member does not join a group that has
-    /// one: replacing it would undo every change the newer members make, and a field left unread
-    /// (an assignment, say) would have this member compute other owners under the same epoch.
-    pub fn newer_version_epoch(text: &str) -> Option<u64> {
+    /// While a holder it names is live, members neither replace nor adopt such a view, and a
+    /// member does not join the group: replacing it would undo every change the newer members
+    /// make, and a field left unread (an assignment, say) would have this member compute other
+    /// owners under the same epoch. Once none of its holders is live it is replaced like a
+    /// garbled view.
+    pub fn newer_version(text: &str) -> Option<(u64, Vec<Holder>)> {
         let mut parts = text.split(' ');
         if parts.next()? != TAG || ViewRecord::parse(text).is_some() {
             return None;
         }
         let fields = fields(parts)?;
         let epoch: u64 = fields.get("epoch")?.parse().ok()?;
-        fields.get("slots")?;
+        let holders = parse_holders(fields.get("slots")?)?;
         let unknown_field = fields
             .keys()
             .any(|k| !matches!(*k, "epoch" | "slots" | "assignor" | "owners"));
@@ -446,7 +427,7 @@ impl ViewRecord {
         let unknown_assignor = fields
             .get("assignor")
             .is_some_and(|a| !known(a.split(':').next().unwrap_or(a)));
-        (epoch <= MAX_EPOCH && (unknown_field || unknown_assignor)).then_some(epoch)
+        (epoch <= MAX_EPOCH && (unknown_field || unknown_assignor)).then_some((epoch, holders))
     }
 
     /// The live slot numbers, ascending.
@@ -473,6 +454,29 @@ impl fmt::Display for ViewRecord {
         }
         Ok(())
     }
+}
+
+/// The holders of a view's `slots=` list; `None` unless strictly ascending (one holder per
+/// slot, one canonical text per view), every slot addressable, and at most [`MAX_VIEW_SLOTS`].
+fn parse_holders(list: &str) -> Option<Vec<Holder>> {
+    let mut holders = Vec::new();
+    if !list.is_empty() {
+        for item in list.split(',') {
+            let (slot, nonce) = item.split_once('@')?;
+            let slot: u32 = slot.parse().ok()?;
+            if slot >= crate::assign::MAX_SLOTS {
+                return None;
+            }
+            holders.push(Holder {
+                slot,
+                nonce: u64::from_str_radix(nonce, 16).ok()?,
+            });
+            if holders.len() > MAX_VIEW_SLOTS {
+                return None;
+            }
+        }
+    }
+    (!holders.windows(2).any(|w| w[0].slot >= w[1].slot)).then_some(holders)
 }
 
 /// Whether the shares of `owners` over `slots` differ by at most one key.
@@ -596,8 +600,15 @@ mod tests {
 
     #[test]
     fn views_of_a_later_version_are_told_from_garbage() {
-        let newer = ViewRecord::newer_version_epoch;
+        let newer = |text: &str| ViewRecord::newer_version(text).map(|(epoch, _)| epoch);
         assert_eq!(newer("v1 epoch=7 assignor=quantum:9 slots=0@1"), Some(7));
+        assert_eq!(
+            ViewRecord::newer_version("v1 epoch=7 assignor=quantum:9 slots=0@1,3@2").map(|v| v.1),
+            Some(vec![
+                Holder { slot: 0, nonce: 1 },
+                Holder { slot: 3, nonce: 2 }
+            ])
+        );
         assert_eq!(
             newer("v1 epoch=7 assignor=jumpback slots=0@0000000000000001 shards=3"),
             Some(7)
@@ -611,6 +622,7 @@ mod tests {
             "v1 epoch=x assignor=quantum slots=",
             "v1 assignor=quantum slots=",
             "v1 epoch=7 assignor=quantum",
+            "v1 epoch=7 assignor=quantum slots=3@1,2@1",
             "v2 epoch=7 assignor=quantum slots=",
             "v1 epoch=9223372036854775807 assignor=quantum slots=",
         ] {

@@ -22,7 +22,8 @@ pub struct GroupStatus {
     pub acks: BTreeMap<u32, AckRecord>,
     /// Whether the published view names exactly the live slots.
     pub view_current: bool,
-    /// Whether the settled mark settles the published view (its epoch and its holders): then
+    /// Whether the settled mark settles the published view (its epoch and its digest, which
+    /// covers its holders and any stored owners): then
     /// every holder that view names acknowledged it.
     pub view_settled: bool,
     /// For each live slot of the published view, how many of the sampled keys it owns.

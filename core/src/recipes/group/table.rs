@@ -19,9 +19,9 @@ pub struct Table {
     pub view_text: Option<String>,
     /// The published view, when there is one and it parses.
     pub view: Option<ViewRecord>,
-    /// The epoch of the published view when a later version of headcount wrote it (see
-    /// [`ViewRecord::newer_version_epoch`]): members neither replace nor adopt it.
-    pub view_newer: Option<u64>,
+    /// The epoch and holders of the published view when a later version of headcount wrote it
+    /// (see [`ViewRecord::newer_version`]).
+    pub view_newer: Option<(u64, Vec<Holder>)>,
     /// The settled mark as stored (for a compare-and-set), when there is one.
     pub settled_text: Option<String>,
     /// The settled mark, when there is one and it parses.
@@ -80,7 +80,7 @@ impl Table {
                 Some("current") => {
                     self.view = ViewRecord::parse(&value);
                     if self.view.is_none() {
-                        self.view_newer = ViewRecord::newer_version_epoch(&value);
+                        self.view_newer = ViewRecord::newer_version(&value);
                     }
                     self.view_text = Some(value);
                 }
@@ -96,7 +96,7 @@ impl Table {
     /// Takes the view and the settled mark of `other`.
     pub fn take_view(&mut self, other: &Table) {
         self.view.clone_from(&other.view);
-        self.view_newer = other.view_newer;
+        self.view_newer.clone_from(&other.view_newer);
         self.view_text.clone_from(&other.view_text);
         self.settled = other.settled;
         self.settled_text.clone_from(&other.settled_text);
@@ -110,7 +110,7 @@ impl Table {
         self.view
             .as_ref()
             .map_or(0, |v| v.epoch)
-            .max(self.view_newer.unwrap_or(0))
+            .max(self.view_newer.as_ref().map_or(0, |(e, _)| *e))
             .max(acked)
             .max(settled)
     }
@@ -130,6 +130,18 @@ impl Table {
                     .get(&slot)
                     .is_some_and(|a| a.nonce == r.nonce && a.has_acked_digest(epoch, digest))
         })
+    }
+
+    /// The epoch of the published view when a later version of headcount wrote it and a holder
+    /// it names is live: then members neither replace nor adopt it, nor join (see
+    /// [`ViewRecord::newer_version`]). Once its holders are all gone it is replaced like a
+    /// garbled view.
+    pub fn newer_view_in_use(&self) -> Option<u64> {
+        let (epoch, holders) = self.view_newer.as_ref()?;
+        holders
+            .iter()
+            .any(|h| self.slots.get(&h.slot).is_some_and(|r| r.nonce == h.nonce))
+            .then_some(*epoch)
     }
 
     /// The live holders, ascending by slot: the view this listing calls for.

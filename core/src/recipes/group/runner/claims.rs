@@ -83,7 +83,7 @@ impl Runner {
     /// Refuses to join a group whose live members map keys with another assignor: both sides
     /// would grant the same keys.
     fn check_assignor(&self, table: &Table) -> Result<()> {
-        if let Some(epoch) = table.view_newer {
+        if let Some(epoch) = table.newer_view_in_use() {
             return Err(super::views::newer_version(epoch));
         }
         let Some(view) = &table.view else {

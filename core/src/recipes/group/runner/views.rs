@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::super::records::{Holder, ViewRecord};
+use super::super::records::{Holder, ViewRecord, MAX_EPOCH};
 use super::super::table::Table;
 use super::super::view::{Change, GroupPhase, ViewState};
 use super::decide::{
@@ -32,9 +32,9 @@ impl Runner {
         // lost or overwritten) still must not publish an epoch some member already acted on.
         let floor = self.cache.highest.max(table.highest_epoch());
         let twin_epoch = self.note_twins(table);
-        // A view a later version wrote is neither replaced nor adopted (see
-        // `ViewRecord::newer_version_epoch`): this member keeps its own and says why.
-        let newer = table.view_newer;
+        // A view a later version wrote is neither replaced nor adopted while a holder it names
+        // is live (see `ViewRecord::newer_version`): this member keeps its own and says why.
+        let newer = table.newer_view_in_use();
         if let Some(epoch) = newer {
             self.set_error(Some(&newer_version(epoch)));
         }
@@ -64,6 +64,15 @@ impl Runner {
                 fast,
             };
             match self.next_view(table, self.cache.highest, live) {
+                // Unreachable: the configuration check makes sure the keys are at hand.
+                None if self.cache.highest < MAX_EPOCH => {
+                    let e = Error::config(format!(
+                        "the `{}` assignor could not compute an assignment: its declared keys are not at hand",
+                        self.cfg.assignor
+                    ));
+                    self.set_error(Some(&e));
+                    self.discrepancy = Some(discrepancy);
+                }
                 None => {
                     let e = Error::foreign(
                         &self.cfg.keys.view,
