@@ -169,6 +169,16 @@ fn owned(s: &GroupStatus, slot: u32) -> Option<u64> {
         .map(|&(_, n)| n)
 }
 
+/// How many keys the group declares, when they are counted per member: the set given or rebuilt,
+/// or the count a sticky view's stored owners cover.
+fn declared_count(s: &GroupStatus) -> Option<usize> {
+    match (&s.keys, s.assignor.declared()) {
+        (Some(keys), _) => Some(keys.len()),
+        (None, Some(id)) if !s.keys_owned.is_empty() => Some(id.count as usize),
+        _ => None,
+    }
+}
+
 fn keys_owned(s: &GroupStatus, slot: u32) -> Option<u64> {
     s.keys_owned
         .iter()
@@ -233,8 +243,9 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
         "sample_owned": s.sample_owned.iter().map(|&(slot, n)| serde_json::json!({"slot": slot, "keys": n})).collect::<Vec<_>>(),
         "unlisted": s.unlisted,
         "keys": args.keys.iter().map(|k| key_json(k, s)).collect::<Vec<_>>(),
-        // The declared key set counted per member (`--keys-file`, or a group's partitions).
-        "declared_keys": s.keys.as_ref().map(|k| k.len()),
+        // The declared key set counted per member (`--keys-file`, a group's partitions, or the
+        // owners a sticky view stores).
+        "declared_keys": declared_count(s),
         "keys_owned": s.keys_owned.iter().map(|&(slot, n)| serde_json::json!({"slot": slot, "keys": n})).collect::<Vec<_>>(),
         "unmapped": unmapped(args, s),
         // New members standing by for a leaving member's place (`--standby-for`), oldest first.
@@ -352,8 +363,8 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
             "owns"
         )?;
         for (&slot, r) in &s.table.slots {
-            let owns = match (&s.keys, keys_owned(s, slot), owned(s, slot)) {
-                (Some(declared), Some(n), _) => format!("{n} of {}", declared.len()),
+            let owns = match (declared_count(s), keys_owned(s, slot), owned(s, slot)) {
+                (Some(declared), Some(n), _) => format!("{n} of {declared}"),
                 (None, _, Some(n)) if args.sample > 0 => {
                     format!("{n} ({:.1}%)", n as f64 * 100.0 / args.sample as f64)
                 }
@@ -403,11 +414,14 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
     for (slot, value) in &s.table.foreign {
         emit!("slot {slot}: foreign value {value:?} (occupied, not a member)")?;
     }
-    match (&s.keys, unmapped(args, s)) {
-        (_, Some(why)) => emit!("owns: cannot map keys: {why}")?,
+    match (declared_count(s), unmapped(args, s)) {
+        (Some(declared), Some(why)) => emit!(
+            "owns: of the {declared} declared keys under the published view ({} assignor, counted from the owners it stores); names cannot be looked up: {why}",
+            s.assignor
+        )?,
+        (None, Some(why)) => emit!("owns: cannot map keys: {why}")?,
         (Some(declared), None) => emit!(
-            "owns: of the {} declared keys under the published view ({} assignor)",
-            declared.len(),
+            "owns: of the {declared} declared keys under the published view ({} assignor)",
             s.assignor
         )?,
         (None, None) => emit!(

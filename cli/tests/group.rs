@@ -427,8 +427,10 @@ fn two_members(
 }
 
 /// `status` counts a group's declared keys per member: a group of partitions from the store
-/// alone, a group of named keys (`with_keys`) from `--keys-file`, and without the file (or with
-/// another set) it says what is missing instead of failing; a bad file is a usage error.
+/// alone, a group of named keys (`with_keys`, the sticky assignor) from the owners its view
+/// stores, and a name is looked up with `--keys-file`; without the file (or with another set)
+/// it says what is missing instead of failing; a bad file is a usage error. Under the stateless
+/// balanced assignor named keys need the file to be counted.
 #[test]
 fn status_counts_a_declared_key_set_per_member() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -455,10 +457,27 @@ fn status_counts_a_declared_key_set_per_member() {
         c.with_keys(headcount::assign::KeySet::new(&names).expect("a valid key set"))
     });
     let s = status_json(&url, "named", &["--key", "tenant-03"]);
-    assert!(s["declared_keys"].is_null(), "{s}");
+    // Counted from the owners the sticky view stores; a name needs the file.
+    assert_eq!(s["declared_keys"], 12, "{s}");
+    assert_eq!(owns(&s), [6, 6], "{s}");
     let why = s["unmapped"].as_str().expect("unmapped says why");
     assert!(why.contains("--keys-file"), "{why}");
     assert!(s["keys"][0]["error"].is_string(), "{s}");
+    // The stateless balanced assignor stores no owners: without the file, nothing is counted.
+    let (_rt3, _balanced) = two_members(&url, "named-balanced", |c| {
+        let keys = headcount::assign::KeySet::new(&names).expect("a valid key set");
+        let id = keys.id();
+        c.with_keys(keys)
+            .with_assignor(headcount::assign::AssignorKind::Balanced(id))
+    });
+    let s = status_json(&url, "named-balanced", &[]);
+    assert!(s["declared_keys"].is_null(), "{s}");
+    assert!(
+        s["unmapped"]
+            .as_str()
+            .is_some_and(|w| w.contains("--keys-file")),
+        "{s}"
+    );
 
     let file = dir.path().join("tenants.txt");
     std::fs::write(&file, format!("{}\n\n", names.join("\n"))).expect("write");
@@ -489,12 +508,22 @@ fn status_counts_a_declared_key_set_per_member() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("6 of 12"), "{text}");
     assert!(text.contains("of the 12 declared keys"), "{text}");
+    // Without the file, the table counts the stored owners and says a name needs the file.
+    let out = headcount()
+        .args(["status", "--store", &url, "--group", "named"])
+        .output()
+        .expect("status");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("6 of 12"), "{text}");
+    assert!(text.contains("counted from the owners it stores"), "{text}");
+    assert!(text.contains("--keys-file"), "{text}");
 
-    // Another set than the group's: said, not counted.
+    // Another set than the group's: said, and counted only from the stored owners.
     let other = dir.path().join("other.txt");
     std::fs::write(&other, "tenant-00\ntenant-01\n").expect("write");
     let s = status_json(&url, "named", &["--keys-file", other.to_str().unwrap()]);
-    assert!(s["declared_keys"].is_null(), "{s}");
+    assert_eq!(s["declared_keys"], 12, "{s}");
     assert!(
         s["unmapped"]
             .as_str()

@@ -41,8 +41,10 @@ pub struct GroupStatus {
     /// [`status_with_keys`], else the partitions a view of the balanced assignor declares
     /// (`with_partitions`); `None` otherwise.
     pub keys: Option<Arc<KeySet>>,
-    /// For each live slot of the published view, how many of [`keys`](Self::keys) it owns;
-    /// empty without them.
+    /// For each live slot of the published view, how many of [`keys`](Self::keys) it owns.
+    /// For a view of the sticky assignor, which stores each declared key's owner, counted from
+    /// the view even when the names are not at hand (then [`keys`](Self::keys) is `None` and
+    /// [`unmapped`](Self::unmapped) says why a name cannot be looked up). Empty otherwise.
     pub keys_owned: Vec<(u32, u64)>,
     /// Why the published view could not map keys to its slots: a view of the balanced assignor
     /// over a set of named keys (`with_keys`) that the store does not hold, and that was not
@@ -288,6 +290,14 @@ pub async fn status_with_keys(
         match assignor.declared() {
             Some(id) if declared.is_none() => {
                 unmapped = Some(AssignError::KeysNotDeclared { id });
+                // A sticky view stores every declared key's owner: count them without names.
+                if let Some(owners) = &v.owners {
+                    let mut counts: BTreeMap<u32, u64> = v.slots().map(|s| (s, 0)).collect();
+                    for o in owners {
+                        *counts.entry(*o).or_insert(0) += 1;
+                    }
+                    keys_owned = counts.into_iter().collect();
+                }
             }
             _ => {
                 let state = ViewState::build_with(v.clone(), assignor, declared.as_ref())?;
