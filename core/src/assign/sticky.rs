@@ -61,7 +61,7 @@ use super::{
 /// hashes, plus a sort of each over-full slot's keys. Reading an assignment back
 /// ([`Sticky::from_owners`]) is `O(m)`. A lookup is a binary search of the declared hashes. The
 /// stored assignment costs `⌈log₂ n⌉` bits per key in the view: 256 keys over 20 slots, 214
-/// bytes; 4,096 keys, about 3.4 KB; the most, 65,536 keys over 65,536 slots, 171 KB.
+/// bytes; 4,096 keys, about 3.4 KB; the most, 65,536 keys over 65,536 slots, about 175 KB.
 #[derive(Debug, Clone)]
 pub struct Sticky(Declared);
 
