@@ -143,7 +143,7 @@ pub use movement::{count_moved, preview, preview_bytes, Move, Movement};
 pub use rendezvous::Rendezvous;
 pub use ring::{match_work_units, Ring, MAX_RING_POINTS, POINTS_PER_WEIGHT};
 pub use sticky::Sticky;
-pub(crate) use sticky::{decode_owners, encode_owners};
+pub(crate) use sticky::{check_shares, decode_owners, encode_owners};
 pub use topology::{AssignError, DeathOrder, Topology, UnknownAssignor, MAX_SLOTS};
 
 /// The owner of a key, given a topology of slots some of which may be dead.
@@ -312,6 +312,24 @@ impl From<UnknownAssignor> for crate::Error {
     }
 }
 
+/// Builds a declared-set assignor from its key set's id.
+type DeclaredKind = fn(KeySetId) -> AssignorKind;
+
+/// The assignors for a declared key set, by name, as `FromStr` reads `<name>:<id>`.
+const DECLARED_KINDS: [(&str, DeclaredKind); 2] = [
+    ("balanced", AssignorKind::Balanced),
+    ("sticky", AssignorKind::Sticky),
+];
+
+impl AssignorKind {
+    /// Whether `name` (without a key set's id) names an assignor this version knows: a view
+    /// that names another one was written by a later version.
+    pub(crate) fn is_known_name(name: &str) -> bool {
+        AssignorKind::ALL.iter().any(|k| k.name() == name)
+            || DECLARED_KINDS.iter().any(|(n, _)| *n == name)
+    }
+}
+
 impl FromStr for AssignorKind {
     type Err = UnknownAssignor;
 
@@ -319,15 +337,8 @@ impl FromStr for AssignorKind {
     /// `sticky:<count>:<digest>` as `Display` writes them, or `balanced:<count>` or
     /// `sticky:<count>` for [`KeySet::partitions`]`(count)`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let declared = [
-            (
-                "balanced:",
-                AssignorKind::Balanced as fn(KeySetId) -> AssignorKind,
-            ),
-            ("sticky:", AssignorKind::Sticky),
-        ];
-        for (prefix, kind) in declared {
-            if let Some(id) = s.strip_prefix(prefix) {
+        for (name, kind) in DECLARED_KINDS {
+            if let Some(id) = s.strip_prefix(name).and_then(|r| r.strip_prefix(':')) {
                 return KeySetId::parse(id)
                     .map(kind)
                     .ok_or_else(|| UnknownAssignor(s.chars().take(64).collect()));

@@ -162,19 +162,8 @@ impl Sticky {
             ));
         }
         let live: Vec<u32> = topology.live_slots().collect();
-        let mut shares = vec![0usize; live.len()];
-        for &o in &owners {
-            match live.binary_search(&o) {
-                Ok(r) => shares[r] += 1,
-                Err(_) => return invalid(format!("slot {o} owns a key but is not live")),
-            }
-        }
-        let (lo, hi) = (
-            shares.iter().min().copied().unwrap_or(0),
-            shares.iter().max().copied().unwrap_or(0),
-        );
-        if hi > lo + 1 {
-            return invalid(format!("shares range from {lo} to {hi} keys"));
+        if let Err(reason) = check_shares(&owners, &live) {
+            return invalid(reason);
         }
         Ok(Sticky(Declared {
             keys,
@@ -218,6 +207,26 @@ impl Assignor for Sticky {
     fn owner(&self, key: u64) -> u32 {
         self.0.owner(key)
     }
+}
+
+/// Checks that every owner is one of the `live` slots (ascending) and that their shares are
+/// within one key of each other; the reason when not.
+pub(crate) fn check_shares(owners: &[u32], live: &[u32]) -> Result<(), String> {
+    let mut shares = vec![0usize; live.len()];
+    for &o in owners {
+        match live.binary_search(&o) {
+            Ok(r) => shares[r] += 1,
+            Err(_) => return Err(format!("slot {o} owns a key but is not live")),
+        }
+    }
+    let (lo, hi) = (
+        shares.iter().min().copied().unwrap_or(0),
+        shares.iter().max().copied().unwrap_or(0),
+    );
+    if hi > lo + 1 {
+        return Err(format!("shares range from {lo} to {hi} keys"));
+    }
+    Ok(())
 }
 
 /// Writes an assignment as the view record stores it: each owner as its rank among the view's

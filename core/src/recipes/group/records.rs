@@ -356,7 +356,8 @@ impl ViewRecord {
             (Some(AssignorKind::Sticky(id)), Some(text)) if !holders.is_empty() => {
                 let slots: Vec<u32> = holders.iter().map(|h| h.slot).collect();
                 let owners = crate::assign::decode_owners(text, id.count as usize, &slots)?;
-                Some(balanced_shares(&owners, &slots).then_some(owners)?)
+                crate::assign::check_shares(&owners, &slots).ok()?;
+                Some(owners)
             }
             (_, None) if !sticky || holders.is_empty() => None,
             _ => return None,
@@ -420,13 +421,9 @@ impl ViewRecord {
             .keys()
             .any(|k| !matches!(*k, "epoch" | "slots" | "assignor" | "owners"));
         // A known name with a bad argument (`sticky:x`) is garbled, not newer.
-        let known = |name: &str| {
-            AssignorKind::ALL.iter().any(|k| k.name() == name)
-                || ["balanced", "sticky"].contains(&name)
-        };
         let unknown_assignor = fields
             .get("assignor")
-            .is_some_and(|a| !known(a.split(':').next().unwrap_or(a)));
+            .is_some_and(|a| !AssignorKind::is_known_name(a.split(':').next().unwrap_or(a)));
         (epoch <= MAX_EPOCH && (unknown_field || unknown_assignor)).then_some((epoch, holders))
     }
 
@@ -477,18 +474,6 @@ fn parse_holders(list: &str) -> Option<Vec<Holder>> {
         }
     }
     (!holders.windows(2).any(|w| w[0].slot >= w[1].slot)).then_some(holders)
-}
-
-/// Whether the shares of `owners` over `slots` differ by at most one key.
-fn balanced_shares(owners: &[u32], slots: &[u32]) -> bool {
-    let mut shares = vec![0usize; slots.len()];
-    for o in owners {
-        if let Ok(r) = slots.binary_search(o) {
-            shares[r] += 1;
-        }
-    }
-    let lo = shares.iter().min().copied().unwrap_or(0);
-    shares.iter().all(|&c| c <= lo + 1)
 }
 
 #[cfg(test)]

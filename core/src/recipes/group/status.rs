@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::keys::GroupKeys;
-use super::records::{parse_acks, AckRecord, StandbyRecord};
+use super::records::{parse_acks, AckRecord, StandbyRecord, ViewRecord};
 use super::table::Table;
 use super::view::ViewState;
 use crate::assign::{hash_bytes, AssignError, AssignorKind, KeySet};
@@ -292,23 +292,13 @@ pub async fn status_with_keys(
                 unmapped = Some(AssignError::KeysNotDeclared { id });
                 // A sticky view stores every declared key's owner: count them without names.
                 if let Some(owners) = &v.owners {
-                    let mut counts: BTreeMap<u32, u64> = v.slots().map(|s| (s, 0)).collect();
-                    for o in owners {
-                        *counts.entry(*o).or_insert(0) += 1;
-                    }
-                    keys_owned = counts.into_iter().collect();
+                    keys_owned = tally(v, owners.iter().copied());
                 }
             }
             _ => {
                 let state = ViewState::build_with(v.clone(), assignor, declared.as_ref())?;
                 let count = |hashes: &mut dyn Iterator<Item = u64>| {
-                    let mut counts: BTreeMap<u32, u64> = v.slots().map(|s| (s, 0)).collect();
-                    for h in hashes {
-                        if let Some(owner) = state.owner(h) {
-                            *counts.entry(owner).or_insert(0) += 1;
-                        }
-                    }
-                    counts.into_iter().collect::<Vec<_>>()
+                    tally(v, hashes.filter_map(|h| state.owner(h)))
                 };
                 sample_owned =
                     count(&mut (0..sample).map(|k| hash_bytes(k.to_string().as_bytes())));
@@ -331,6 +321,15 @@ pub async fn status_with_keys(
         unmapped,
         standbys,
     })
+}
+
+/// How many of `owners` each slot of `view` is, by slot (every slot listed, 0 when none).
+fn tally(view: &ViewRecord, owners: impl Iterator<Item = u32>) -> Vec<(u32, u64)> {
+    let mut counts: BTreeMap<u32, u64> = view.slots().map(|s| (s, 0)).collect();
+    for owner in owners {
+        *counts.entry(owner).or_insert(0) += 1;
+    }
+    counts.into_iter().collect()
 }
 
 #[cfg(test)]
