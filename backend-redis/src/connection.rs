@@ -155,7 +155,7 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Conn> {
             }
             Deployment::Sentinel => {
                 let conn = SentinelConn::open(config.clone()).await.map_err(classify)?;
-                Conn::Sentinel(conn)
+                Conn::Sentinel(Arc::new(conn))
             }
         };
         Ok::<_, Error>(conn)

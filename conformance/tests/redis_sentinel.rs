@@ -164,6 +164,279 @@ async fn survives(label: &str, how: Failover) {
     }
 }
 
+/// What the sampler saw: overlaps (a key granted by two members at one instant) and, per key
+/// and token, the members that granted it.
+#[derive(Default)]
+struct Observed {
+    overlaps: Vec<String>,
+    holders: std::collections::BTreeMap<(u32, u64), std::collections::BTreeSet<String>>,
+    rounds: u64,
+}
+
+/// The members of a run by name, shared with the sampler.
+type Members = Arc<std::sync::Mutex<Vec<(String, Arc<Member>)>>>;
+
+/// Reads, again and again, which member would grant each of `keys` partitions and with which
+/// token, from the members' own state ([`Member::would_grant`]), until `stop`. Two members
+/// granting one key are checked again in the order A, B, A, B: an overlap is recorded only when
+/// both still grant it with the same tokens, so both held it at A's second reading (a hand-off
+/// that completed between two readings is not one).
+async fn sample(members: Members, keys: u32, stop: Arc<tokio::sync::Notify>) -> Observed {
+    let mut seen = Observed::default();
+    loop {
+        let now: Vec<(String, Arc<Member>)> = members.lock().unwrap().clone();
+        for key in 0..keys {
+            let name = key.to_string();
+            let first: Vec<(usize, u64)> = now
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (_, m))| m.would_grant(&name).map(|t| (i, t)))
+                .collect();
+            for (i, token) in &first {
+                seen.holders
+                    .entry((key, *token))
+                    .or_default()
+                    .insert(now[*i].0.clone());
+            }
+            if first.len() > 1 {
+                let again: Vec<(usize, u64)> = first
+                    .iter()
+                    .filter_map(|(i, _)| now[*i].1.would_grant(&name).map(|t| (*i, t)))
+                    .collect();
+                if again == first {
+                    let who: Vec<String> = first
+                        .iter()
+                        .map(|(i, t)| {
+                            format!("{} (token {t}, {:?})", now[*i].0, now[*i].1.assignment())
+                        })
+                        .collect();
+                    seen.overlaps
+                        .push(format!("partition {key} granted by {}", who.join(" and ")));
+                }
+            }
+        }
+        seen.rounds += 1;
+        tokio::select! {
+            () = stop.notified() => return seen,
+            () = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    }
+}
+
+/// Joins member `name` over its own store and adds it to `members`.
+async fn join_partitioned(url: &str, name: &str, ttl: Duration, members: &Members) {
+    let store = headcount::connect(url).await.unwrap();
+    let config = GroupConfig::new("split", ttl)
+        .with_member(name)
+        .with_partitions(PARTITIONS);
+    let member = loop {
+        // A join may meet the failover (a retryable error): a member retries as a supervisor
+        // would restart it.
+        match Group::join(store.clone(), config.clone()).await {
+            Ok(m) => break m,
+            Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => panic!("{name}: {e}"),
+        }
+    };
+    members
+        .lock()
+        .unwrap()
+        .push((name.to_owned(), Arc::new(member)));
+}
+
+/// The partitions of [`no_two_owners_across_a_failover`].
+const PARTITIONS: u32 = 12;
+
+/// Members a, b and c own 12 partitions; `SENTINEL FAILOVER` promotes the replica while d
+/// joins, and e joins a TTL and a half after the Sentinels switched (when renewals that went on
+/// reaching the old primary would have let every lease lapse on the new one, so e would find
+/// the group empty and take all 12). From the members' own state, read every few milliseconds
+/// throughout: no partition is granted by two members at one instant, no token is granted by
+/// two members, and all five end active under one view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_two_owners_across_a_failover() {
+    let label = "redis_sentinel::no_two_owners_across_a_failover";
+    let Some(servers) = sentinels(label).await else {
+        return;
+    };
+    let url = servers.url();
+    let ttl = Duration::from_secs(3);
+    let members: Members = Arc::default();
+    for name in ["a", "b", "c"] {
+        join_partitioned(&url, name, ttl, &members).await;
+    }
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let sampler = tokio::spawn(sample(Arc::clone(&members), PARTITIONS, Arc::clone(&stop)));
+    let wait = |n: u32, what: &'static str| {
+        let members = Arc::clone(&members);
+        async move {
+            let start = Instant::now();
+            loop {
+                let now: Vec<_> = members
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|(_, m)| m.assignment())
+                    .collect();
+                if now.len() == n as usize
+                    && now.iter().all(|a| {
+                        a.phase == GroupPhase::Active && a.epoch == now[0].epoch && a.replicas == n
+                    })
+                {
+                    return start.elapsed();
+                }
+                assert!(
+                    start.elapsed() < FAILOVER_BOUND + ttl * 2,
+                    "{what}: not converged: {now:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait(3, "before the failover").await;
+
+    let sentinel_ports = servers.sentinel_ports();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}", sentinel_ports[0])).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let started = Instant::now();
+    redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(SENTINEL_MASTER)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let during = {
+        let (url, members) = (url.clone(), Arc::clone(&members));
+        tokio::spawn(async move { join_partitioned(&url, "d", ttl, &members).await })
+    };
+    loop {
+        if primary_port(sentinel_ports[0]).await.ok() == Some(servers.servers[1].port) {
+            break;
+        }
+        assert!(
+            started.elapsed() < FAILOVER_BOUND,
+            "the Sentinels did not switch the master within {FAILOVER_BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let switched = started.elapsed();
+    tokio::time::sleep(ttl + ttl / 2).await;
+    join_partitioned(&url, "e", ttl, &members).await;
+    during.await.unwrap();
+    let took = wait(5, "after the failover").await;
+    // Two more TTLs under watch: a member still renewing on the old primary would lapse on the
+    // new one in that time.
+    tokio::time::sleep(ttl * 2).await;
+    wait(5, "two TTLs after the failover").await;
+    stop.notify_one();
+    let seen = sampler.await.unwrap();
+    assert!(seen.rounds > 100, "the sampler ran {} rounds", seen.rounds);
+    assert!(
+        seen.overlaps.is_empty(),
+        "{} overlaps, the first: {:#?}",
+        seen.overlaps.len(),
+        &seen.overlaps[..seen.overlaps.len().min(5)]
+    );
+    let shared: Vec<_> = seen
+        .holders
+        .iter()
+        .filter(|(_, who)| who.len() > 1)
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "tokens granted by two members: {shared:?}"
+    );
+    eprintln!(
+        "{label}: Sentinels switched {switched:?} after SENTINEL FAILOVER; five members active \
+         under one view {took:?} after e joined; {} readings, no overlap, {} (partition, token) \
+         pairs each granted by one member",
+        seen.rounds,
+        seen.holders.len()
+    );
+    let members = std::mem::take(&mut *members.lock().unwrap());
+    for (name, m) in members {
+        let m = Arc::try_unwrap(m).unwrap_or_else(|_| panic!("{name} still shared"));
+        m.leave().await.unwrap();
+    }
+}
+
+/// Two of the three Sentinels gone: no call can be confirmed to come from the current primary,
+/// so every call fails retryably, naming how many answered, and a member stops granting by its
+/// lease deadline (its renewals fail) although the primary itself is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unconfirmed_primary_stops_grants_by_the_lease_deadline() {
+    let label = "redis_sentinel::unconfirmed_primary_stops_grants_by_the_lease_deadline";
+    let Some(servers) = sentinels(label).await else {
+        return;
+    };
+    let url = servers.url();
+    let ttl = Duration::from_secs(2);
+    let store = headcount::connect(&url).await.unwrap();
+    let config = GroupConfig::new("unconfirmed", ttl).with_member("a");
+    let member = Group::join(store.clone(), config).await.unwrap();
+    let active = member.active(0).await.unwrap();
+    assert!(member.share().is_some(), "{active:?}");
+    let sentinels: Vec<usize> = (0..servers.servers.len())
+        .filter(|i| servers.sentinel_ports().contains(&servers.servers[*i].port))
+        .collect();
+    let s = Arc::clone(&servers);
+    let gone = sentinels[1..].to_vec();
+    tokio::task::spawn_blocking(move || {
+        for i in gone {
+            s.servers[i].kill().unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let killed = Instant::now();
+    let err = store.get("hc:{unconfirmed}:x").await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("of 3 Sentinels answered"), "{err}");
+    while member.share().is_some() {
+        assert!(
+            killed.elapsed() < ttl + Duration::from_millis(500),
+            "still granting {:?} after two Sentinels went away: {:?}",
+            killed.elapsed(),
+            member.assignment()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "{label}: stopped granting {:?} after two of three Sentinels went away (TTL {ttl:?})",
+        killed.elapsed()
+    );
+    drop(member);
+}
+
+/// Mistakes in the URL that asking again cannot fix fail at once with the permanent
+/// `Rejected`, naming the fix: a database the primary does not have, and the primary's own
+/// address where the Sentinels' were expected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn url_mistakes_are_permanent() {
+    let Some(servers) = sentinels("redis_sentinel::url_mistakes_are_permanent").await else {
+        return;
+    };
+    let out_of_range = servers.url().replace(
+        &format!("/{SENTINEL_MASTER}"),
+        &format!("/{SENTINEL_MASTER}/99"),
+    );
+    let primary = format!(
+        "redis+sentinel://127.0.0.1:{}/{SENTINEL_MASTER}",
+        servers.servers[0].port
+    );
+    for (url, says) in [
+        (out_of_range, "out of range"),
+        (primary, "names the Sentinels"),
+    ] {
+        let started = Instant::now();
+        let err = headcount::connect(&url).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Rejected, "{url}: {err}");
+        assert!(!err.is_retryable(), "{url}: {err}");
+        assert!(err.to_string().contains(says), "{url}: {err}");
+        assert!(started.elapsed() < OP_TIMEOUT, "{:?}", started.elapsed());
+    }
+}
+
 /// A master name no Sentinel watches: `Rejected`, naming it, well within the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unknown_master_is_rejected_by_name() {
