@@ -101,7 +101,8 @@ async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -
                     return (
                         Ended::Refused(format!(
                             "the server refuses SUBSCRIBE to this user (an ACL without \
-                             channel permissions for `{CHANNEL_PREFIX}*`?): {e}"
+                             channel permissions: grant them with ACL SETUSER <user> \
+                             '&{CHANNEL_PREFIX}*'): {e}"
                         )),
                         up,
                     )
@@ -115,11 +116,12 @@ async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -
             if subscribed.is_empty() {
                 match tokio::time::timeout(target.timeout, sink.ping_message::<Value>("hc")).await {
                     Ok(Ok(Value::Array(_) | Value::Push { .. })) => {}
-                    Ok(Ok(other)) => {
+                    Ok(Ok(_)) => {
                         return (
                             Ended::Refused(format!(
-                                "the server did not subscribe this user to `{CHANNEL_PREFIX}…` \
-                                 (an ACL without channel permissions? it answered {other:?})"
+                                "the server did not subscribe this user to `{CHANNEL_PREFIX}*` \
+                                 (an ACL without channel permissions: grant them with ACL \
+                                 SETUSER <user> '&{CHANNEL_PREFIX}*')"
                             )),
                             up,
                         )

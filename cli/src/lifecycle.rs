@@ -77,6 +77,9 @@ impl LifecycleArgs {
                 "--restart-window applies to --on-stop restart (or HEADCOUNT_ON_STOP=restart)",
             ));
         }
+        if let Some(file) = &self.ready_file {
+            check_ready_file(file)?;
+        }
         Ok(())
     }
 
@@ -87,6 +90,31 @@ impl LifecycleArgs {
             OnStop::Restart => member.leave_for_restart().await,
         }
     }
+}
+
+/// Refuses a `--ready-file` that could never be written: one naming a directory, or one in a
+/// directory that does not exist. A member that ran on with it would never be ready, and a
+/// deploy tool would wait on it for ever.
+fn check_ready_file(file: &Path) -> Result<()> {
+    if file.is_dir() {
+        return Err(Error::invalid(format!(
+            "--ready-file {}: is a directory; name a file in it (for example {})",
+            file.display(),
+            file.join("ready").display()
+        )));
+    }
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(Error::invalid(format!(
+            "--ready-file {}: directory {} does not exist; create it first (an emptyDir volume in Kubernetes)",
+            file.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Follows a member's readiness into `--ready-file` and `/ready` until dropped, when the member

@@ -25,8 +25,19 @@ fn usage_errors_are_found_before_connecting() {
     let dir = tempfile::tempdir().unwrap();
     let never = dir.path().join("never.db");
     let fresh = sqlite(dir.path(), "never.db");
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--group", "bad group"], "group"),
+        // A readiness file that could never be written: the member would never be ready.
+        (
+            &[
+                "--group",
+                "g",
+                "--ready-file",
+                "/nonexistent/headcount/ready",
+            ],
+            "does not exist",
+        ),
+        (&["--group", "g", "--ready-file", "/"], "is a directory"),
         (&["--group", "g", "--member", "not an id!"], "member"),
         (&["--group", "g", "--ttl", "5ms"], "TTL"),
         (&["--group", "g", "--ttl", "2h"], "TTL"),

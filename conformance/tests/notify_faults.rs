@@ -52,10 +52,29 @@ async fn postgres_role_without_triggers_polls() {
         .await
         .unwrap();
     let writer_url = url.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    let logs = capture_logs();
     let writer = PostgresStore::connect(&format!("{writer_url}{sep}table={table}"))
         .await
         .unwrap();
     assert!(!writer.capabilities().native_notifications);
+    // One clean line with the server's reason, not the client's "db error".
+    let said = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    let line = said
+        .lines()
+        .find(|l| l.contains(&format!("change triggers on table `{table}`")))
+        .unwrap_or_else(|| panic!("no warning about the triggers in: {said}"));
+    // "must be owner of table …" or, where the role may not create the trigger function in the
+    // schema, "permission denied for schema …".
+    assert!(
+        line.contains("(does this role own it?): must be owner of")
+            || line.contains("(does this role own it?): permission denied for"),
+        "{line}"
+    );
+    let message = &line[line.find("cannot install").unwrap_or(0)..];
+    assert!(
+        !message.contains("db error") && !message.contains("  "),
+        "{line}"
+    );
     let mut silent = writer.subscribe("hc:{pg}:slot:").await.unwrap();
     assert!(!silent.is_native());
     assert!(writer
@@ -78,6 +97,43 @@ async fn postgres_role_without_triggers_polls() {
         ))
         .await
         .unwrap();
+}
+
+/// What the store logs from here on, as text: a global subscriber (the test binary's only one)
+/// writing into the buffer returned, for every test of this binary alike.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+fn capture_logs() -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&logs);
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Buffer(Arc::clone(&sink)))
+            .try_init();
+        logs
+    })
+    .clone()
+}
+
+/// A writer that appends to a shared buffer.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+impl std::io::Write for Buffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(feature = "redis")]
@@ -131,6 +187,7 @@ async fn redis_pubsub_refused_by_acl_keeps_writes_and_stays_silent() {
     assert!(limited.capabilities().native_notifications);
 
     let dir = "hc:{acl}:slot:";
+    let logs = capture_logs();
     let before = connections_received(&mut admin).await;
     let mut refused = limited.subscribe(dir).await.unwrap();
     let mut heard = full.subscribe(dir).await.unwrap();
@@ -180,6 +237,73 @@ async fn redis_pubsub_refused_by_acl_keeps_writes_and_stays_silent() {
     // retried every 30 s), beside the connections of the two stores' subscriptions.
     let opened = connections_received(&mut admin).await - before;
     assert!(opened <= 4, "{opened} connections opened in about 3 s");
+    // The warning names the fix in plain words (not the client's reply).
+    let start = tokio::time::Instant::now();
+    let line = loop {
+        let said = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+        if let Some(l) = said
+            .lines()
+            .find(|l| l.contains("did not subscribe this user"))
+        {
+            break l.to_owned();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no warning: {said}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        line.contains("ACL SETUSER") && !line.contains("bulk-string"),
+        "{line}"
+    );
+    // The refused PUBLISH of each of the limited user's writes shares one ACL LOG entry.
+    let denied = |log: &redis::Value| -> Vec<i64> {
+        let redis::Value::Array(entries) = log else {
+            return Vec::new();
+        };
+        entries
+            .iter()
+            .filter_map(|e| {
+                let redis::Value::Array(fields) = e else {
+                    return None;
+                };
+                let text = |v: &redis::Value| match v {
+                    redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    _ => String::new(),
+                };
+                let field = |name: &str| {
+                    fields
+                        .chunks(2)
+                        .find(|kv| text(&kv[0]) == name)
+                        .map(|kv| kv[1].clone())
+                };
+                let user = field("username").map(|v| text(&v))?;
+                let count = match field("count")? {
+                    redis::Value::Int(n) => n,
+                    _ => 0,
+                };
+                // A channel refused inside a script: the scripts' PUBLISH.
+                let published = field("reason").is_some_and(|r| text(&r) == "channel")
+                    && field("context").is_some_and(|c| text(&c) == "lua");
+                (user == "nochan" && published).then_some(count)
+            })
+            .collect()
+    };
+    for i in 0..10 {
+        assert!(limited
+            .compare_and_set(&format!("{dir}n{i}"), None, "m", None)
+            .await
+            .unwrap());
+    }
+    let log: redis::Value = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let entries = denied(&log);
+    assert_eq!(entries.len(), 1, "ACL LOG: {log:?}");
+    assert!(entries[0] >= 10, "ACL LOG: {log:?}");
     // A group on the limited user's store works by polling: its members join, converge, and see
     // a graceful leave at a heartbeat.
     group_works_by_polling(limited).await;

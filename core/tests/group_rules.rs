@@ -795,3 +795,207 @@ async fn status_names_the_member_that_grants_each_key() {
     }
     assert_eq!(by.len(), 2, "32 keys all on one member: {by:?}");
 }
+
+/// Holds the first `n` compare-and-sets on the group's view key until all `n` arrived: `n`
+/// members that claimed their slots before any of them published a view, as members started at
+/// the same moment do.
+#[derive(Debug)]
+struct PublishTogether {
+    barrier: tokio::sync::Barrier,
+    left: std::sync::atomic::AtomicUsize,
+    /// The key of the call about to run: `span` sees it just before `before` runs, with no
+    /// await between them.
+    key: std::sync::Mutex<String>,
+}
+
+#[async_trait::async_trait]
+impl headcount_core::decorated::Hooks for PublishTogether {
+    fn span(&self, _op: headcount_core::Op, key: &str) -> tracing::Span {
+        *self.key.lock().expect("lock") = key.to_owned();
+        tracing::Span::none()
+    }
+
+    async fn before(&self, op: headcount_core::Op) -> headcount_core::Result<()> {
+        use std::sync::atomic::Ordering;
+        let view = self.key.lock().expect("lock").ends_with(":view:current");
+        let first = op == headcount_core::Op::CompareAndSet
+            && view
+            && self
+                .left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if first {
+            self.barrier.wait().await;
+        }
+        Ok(())
+    }
+}
+
+/// Three members with three assignors (`--partitions 8`, `--partitions 16`, `--assignor
+/// modulo`: a fleet restarted with a half-applied configuration change) join at the same
+/// moment: whichever view is published first is the group's, the other two end `failed` with
+/// a configuration error naming both assignors (the CLI's exit 2), and the first is active
+/// alone. Started one after another, the later ones are refused at join: the same outcome.
+#[tokio::test]
+async fn members_of_other_assignors_started_together_fail_and_the_first_view_stands() {
+    use headcount_core::decorated::Decorated;
+    use headcount_core::recipes::group::GroupPhase;
+    let memory: DynStore = Arc::new(MemoryStore::new());
+    let store: DynStore = Arc::new(Decorated::with(
+        memory,
+        PublishTogether {
+            barrier: tokio::sync::Barrier::new(3),
+            left: 3.into(),
+            key: std::sync::Mutex::default(),
+        },
+    ));
+    let configs = [
+        GroupConfig::new("g", TTL)
+            .with_member("p8")
+            .with_partitions(8),
+        GroupConfig::new("g", TTL)
+            .with_member("p16")
+            .with_partitions(16),
+        GroupConfig::new("g", TTL)
+            .with_member("modulo")
+            .with_assignor(AssignorKind::Modulo),
+    ];
+    let [a, b, c] = configs.map(|config| Group::join(store.clone(), config));
+    let (a, b, c) = tokio::join!(a, b, c);
+    // A join that read another assignor's view after its claim lost a race is refused at once,
+    // as a later join would be; the others join and end as below.
+    let mut members = Vec::new();
+    let mut refused = 0;
+    for joined in [a, b, c] {
+        match joined {
+            Ok(m) => members.push(m),
+            Err(err) => {
+                assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+                assert!(err.to_string().contains("assignor"), "{err}");
+                refused += 1;
+            }
+        }
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let phases: Vec<_> = members.iter().map(|m| m.assignment()).collect();
+            let failed = phases
+                .iter()
+                .filter(|a| a.phase == GroupPhase::Failed)
+                .count();
+            let alone = phases
+                .iter()
+                .filter(|a| a.phase == GroupPhase::Active && a.replicas == 1)
+                .count();
+            if refused + failed == 2 && alone == 1 {
+                return phases;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        let now: Vec<_> = members.iter().map(|m| m.assignment()).collect();
+        panic!("no single assignor won within 10 s ({refused} refused at join): {now:#?}")
+    });
+    for (member, now) in members.into_iter().zip(ended) {
+        let left = member.leave().await;
+        if now.phase == GroupPhase::Failed {
+            let err = left.expect_err("a member that failed says why when it leaves");
+            assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+            assert!(err.to_string().contains("assignor"), "{err}");
+            assert!(
+                now.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("assignor")),
+                "{now:?}"
+            );
+        } else {
+            left.expect("the member of the group's assignor leaves cleanly");
+        }
+    }
+}
+
+/// A standby of another key set (`--standby-for 30s --partitions 16` beside a group of
+/// `--partitions 12`) is refused before it stands by: a deploy tool would otherwise read it as
+/// ready and stop a member for a standby that can never take over.
+#[tokio::test]
+async fn a_standby_that_could_never_take_over_is_refused_before_it_stands_by() {
+    let store: DynStore = Arc::new(MemoryStore::new());
+    let a = join_active(
+        store.clone(),
+        GroupConfig::new("g", TTL)
+            .with_member("a")
+            .with_partitions(12),
+    )
+    .await;
+    let err = Group::join(
+        store.clone(),
+        GroupConfig::new("g", TTL)
+            .with_member("b")
+            .with_partitions(16)
+            .with_standby(Duration::from_secs(30)),
+    )
+    .await
+    .expect_err("a standby of another key set is refused");
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(err.to_string().contains("sticky"), "{err}");
+    // One of the same key set stands by.
+    let b = Group::join(
+        store.clone(),
+        GroupConfig::new("g", TTL)
+            .with_member("b")
+            .with_partitions(12)
+            .with_standby(Duration::from_secs(30)),
+    )
+    .await
+    .expect("a standby of the same key set stands by");
+    b.leave().await.expect("leave b");
+    a.leave().await.expect("leave a");
+}
+
+/// A process paused past its lease while a new process with its member id took its place
+/// yields when it resumes, before claiming a slot or publishing a view: the group's view and
+/// every key's owner stay as they are, and the process that had been away ends `failed`,
+/// saying why.
+#[tokio::test]
+async fn a_resumed_process_whose_id_was_taken_yields_without_claiming() {
+    use headcount_core::recipes::group::GroupPhase;
+    let mut group = TestGroup::builder("g")
+        .member_ids(["a", "b", "c", "a"])
+        .members(3)
+        .start()
+        .await
+        .expect("active");
+    group.pause(0);
+    group.advance(group.ttl() * 2).await;
+    let replacement = group.join().await.expect("the replacement joins");
+    let before = group.converged().await.expect("converged without a");
+    let keys: Vec<String> = (0..64).map(|k| format!("k{k}")).collect();
+    let owners: Vec<_> = keys.iter().map(|k| group.owner_of(k)).collect();
+    group.resume(0);
+    group.advance(group.ttl() * 2).await;
+    for i in [1, 2, replacement] {
+        let a = group.member(i).assignment();
+        assert!(
+            a.phase == GroupPhase::Active && a.epoch == before.epoch,
+            "member {i} is not active under epoch {}: {a:?}",
+            before.epoch
+        );
+    }
+    let now: Vec<_> = keys.iter().map(|k| group.owner_of(k)).collect();
+    assert_eq!(now, owners, "keys moved among the members that stayed");
+    let resumed = group.member(0).assignment();
+    assert_eq!(resumed.phase, GroupPhase::Failed, "{resumed:?}");
+    assert!(
+        resumed
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("yields")),
+        "{resumed:?}"
+    );
+    assert_eq!(
+        group.member(replacement).assignment().phase,
+        GroupPhase::Active
+    );
+}

@@ -410,10 +410,15 @@ impl Connections {
             }
             Err(e) => {
                 conn.reuse();
+                // The server's own reason ("must be owner of table …"), not the client's
+                // "db error".
+                let why = e
+                    .as_db_error()
+                    .map_or_else(|| e.to_string(), |db| db.message().to_owned());
                 self.notify_warned.warn(
                     BACKEND,
                     &format!(
-                        "cannot install the change triggers on table `{}` (does this role own                          it?): {e}",
+                        "cannot install the change triggers on table `{}` (does this role own it?): {why}",
                         self.config.table()
                     ),
                 );

@@ -82,18 +82,32 @@ impl Runner {
 
     /// Refuses to join a group whose live members map keys with another assignor: both sides
     /// would grant the same keys.
-    fn check_assignor(&self, table: &Table) -> Result<()> {
+    pub(super) fn check_assignor(&self, table: &Table) -> Result<()> {
         if let Some(epoch) = table.newer_view_in_use() {
             return Err(super::views::newer_version(epoch));
         }
+        self.check_view_assignor(table)
+    }
+
+    /// Refuses a published view of another assignor (or key set) that live members other
+    /// than this one work under: the group has its assignor, and this member can never adopt
+    /// its views.
+    pub(super) fn check_view_assignor(&self, table: &Table) -> Result<()> {
         let Some(view) = &table.view else {
             return Ok(());
         };
         let Some(theirs) = view.assignor.filter(|&a| a != self.cfg.assignor) else {
             return Ok(());
         };
+        // Live members other than this one work under it: the group has its assignor. (A view
+        // that names only this member is its own business: it keeps its view and says why.)
         let live = table.live();
-        if view.holders.iter().any(|h| live.contains(h)) {
+        let mine = self.claims.current.as_ref().map(Claim::holder);
+        if view
+            .holders
+            .iter()
+            .any(|h| live.contains(h) && Some(*h) != mine)
+        {
             return Err(Error::config(format!(
                 "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one (and for `sticky` or `balanced`, declare the same keys: `<name>:<count>:<digest>`)",
                 self.cfg.keys.group(),
@@ -282,8 +296,16 @@ impl Runner {
     }
 
     /// Claims again after losing the lease. A full group or a store error is retried at the
-    /// next beat, never fatal: the member was in the group a moment ago.
-    pub(super) async fn reclaim(&mut self, table: &Table) {
+    /// next beat, never fatal: the member was in the group a moment ago. Fatal only when
+    /// another live process holds this member id ([`Runner::replaced_by`]): this one was away
+    /// (paused, cut off) while it was replaced, and yields before claiming anything.
+    pub(super) async fn reclaim(&mut self, table: &Table) -> Result<()> {
+        if let Some(slot) = self.replaced_by(table) {
+            return Err(self.rejected(format!(
+                "member id `{}` is held by slot {slot}, a live process that took over while this one was away (its lease lapsed): this one yields",
+                self.cfg.member
+            )));
+        }
         // A store that lost writes may show this member id's parked slot again (a rollback to
         // before a take-back): take it back rather than claim another slot beside it.
         let parked = table
@@ -293,15 +315,36 @@ impl Runner {
             .map(|(&s, r)| (s, r.clone()));
         if let Some((slot, parked)) = parked {
             match self.resume(table, slot, parked).await {
-                Ok(true) => return self.set_error(None),
+                Ok(true) => {
+                    self.set_error(None);
+                    return Ok(());
+                }
                 Ok(false) => {}
-                Err(e) => return self.set_error(Some(&e)),
+                Err(e) => {
+                    self.set_error(Some(&e));
+                    return Ok(());
+                }
             }
         }
         match self.claim(table, 0).await {
             Ok(_) => self.set_error(None),
             Err(e) => self.set_error(Some(&e)),
         }
+        Ok(())
+    }
+
+    /// The slot of a live, working claim with this member id that this process did not make:
+    /// a newer process with the same id.
+    fn replaced_by(&self, table: &Table) -> Option<u32> {
+        table
+            .slots
+            .iter()
+            .find(|(_, r)| {
+                r.member == self.cfg.member
+                    && !r.is_parked()
+                    && !self.claims.own_nonces.contains(&r.nonce)
+            })
+            .map(|(&s, _)| s)
     }
 
     /// Another live slot with our member id: the holder of the higher slot yields. Claims this

@@ -176,7 +176,7 @@ impl Runner {
                 }
             }
             if let Err(e) = result {
-                if e.kind() == ErrorKind::Rejected {
+                if matches!(e.kind(), ErrorKind::Rejected | ErrorKind::Config) {
                     self.fail(&e).await;
                     return Err(e);
                 }

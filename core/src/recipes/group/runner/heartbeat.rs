@@ -56,8 +56,7 @@ impl Runner {
                     return Ok(());
                 }
             };
-            self.reclaim(&table).await;
-            return Ok(());
+            return self.reclaim(&table).await;
         };
         if self.claims.abandoned {
             if expired {
@@ -138,8 +137,7 @@ impl Runner {
             self.revoke("lost", "the slot was no longer ours at renewal");
             self.claims.current = None;
             self.claims.preferred = Some(claim.slot);
-            self.reclaim(&heard.table).await;
-            return Ok(());
+            return self.reclaim(&heard.table).await;
         }
         {
             let mut st = self.shared.lock();
@@ -154,6 +152,7 @@ impl Runner {
         if heard.fresh {
             self.check_twin(&heard.table, claim.slot).await?;
         }
+        self.check_view_assignor(&heard.table)?;
         self.on_table(&heard.table, false, heard.fresh).await;
         Ok(())
     }

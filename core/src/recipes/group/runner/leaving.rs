@@ -189,10 +189,10 @@ impl Runner {
         };
         let live = table.live();
         let highest = self.cache.highest.max(table.highest_epoch());
-        let names_slot = table
-            .view
-            .as_ref()
-            .is_some_and(|v| v.slots().any(|s| s == slot));
+        // A view of another assignor is never replaced by this one's: its members publish.
+        let names_slot = table.view.as_ref().is_some_and(|v| {
+            v.slots().any(|s| s == slot) && v.assignor.is_none_or(|a| a == self.cfg.assignor)
+        });
         if !names_slot || !view_is_stale(table.view.as_ref(), &live, 0, false) {
             return;
         }

@@ -62,6 +62,10 @@ impl Runner {
     /// process of this member id was chosen as an heir and its record still says so, goes on
     /// with that inheritance. Errors as the store's.
     pub(in crate::recipes::group) async fn begin_standby(&mut self) -> Result<StandbyRecord> {
+        // A standby that could never take over (another assignor or key set than the group's)
+        // is refused now, before a deploy tool reads it as ready and stops a member for it.
+        let table = self.list().await?;
+        self.check_assignor(&table)?;
         let key = self.cfg.keys.standby(&self.cfg.member);
         let old = self.cfg.store.get(&key).await?;
         let chosen = old

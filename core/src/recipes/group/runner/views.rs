@@ -25,6 +25,13 @@ impl Runner {
     /// then does the member compare them (a copy from an earlier heartbeat may lack claims the
     /// view already names), publish, or settle.
     pub(super) async fn on_table(&mut self, table: &Table, own_change: bool, fresh: bool) {
+        if let Err(e) = self.check_view_assignor(table) {
+            // Other live members work under a view of another assignor: publishing over it
+            // would have them publish over ours in turn, for ever. The heartbeat ends this
+            // member with the reason.
+            self.set_error(Some(&e));
+            return;
+        }
         let live = table.live();
         let my_slot = self.claims.current.as_ref().map(|c| c.slot);
         let mut newest = table.view.clone();
