@@ -137,3 +137,66 @@ async fn pgbouncer_refusing_a_startup_parameter_is_a_permanent_error_naming_it()
         assert!(message.contains(needle), "{needle:?} not in {message}");
     }
 }
+
+/// PgBouncer in session mode keeps a client connection on one server connection, so `LISTEN`
+/// holds: with `pool_mode=session` in the URL the store's notifications stay on and a write
+/// through another store is heard; without it the store (which cannot tell the modes apart)
+/// polls, as it must in transaction mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbouncer_in_session_mode_keeps_notifications_with_pool_mode_session() {
+    use headcount_conformance::harness::{PgBouncer, PgServer};
+    let started = tokio::task::spawn_blocking(|| {
+        PgBouncer::start_in_front_as(
+            std::sync::Arc::new(PgServer::start_new(None)?),
+            None,
+            "session",
+        )
+    })
+    .await
+    .unwrap();
+    let Some(bouncer) = headcount_conformance::harness::skip_unless_required(
+        ServerKind::PgBouncer,
+        "pgbouncer_in_session_mode_keeps_notifications_with_pool_mode_session",
+        started,
+    ) else {
+        return;
+    };
+    let plain = PostgresStore::connect(&bouncer.url()).await.unwrap();
+    assert!(!plain.capabilities().native_notifications);
+    let session = PostgresStore::connect(&with(&bouncer.url(), "pool_mode=session"))
+        .await
+        .unwrap();
+    assert!(session.capabilities().native_notifications);
+    let dir = "hc:{session}:slot:";
+    let mut heard = session.subscribe(dir).await.unwrap();
+    assert!(heard.is_native());
+    // The subscription becomes active shortly after: write until a write is heard.
+    let start = std::time::Instant::now();
+    let mut i = 0;
+    loop {
+        i += 1;
+        assert!(plain
+            .compare_and_set(&format!("{dir}{i}"), None, "m", None)
+            .await
+            .unwrap());
+        if tokio::time::timeout(Duration::from_millis(200), heard.recv())
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no notification through PgBouncer in session mode"
+        );
+    }
+    let err = PostgresStore::connect(&with(&bouncer.url(), "pool_mode=statement"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(err.to_string().contains("pool_mode"), "{err}");
+    drop((plain, session));
+    tokio::task::spawn_blocking(move || drop(bouncer))
+        .await
+        .unwrap();
+}

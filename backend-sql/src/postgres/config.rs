@@ -128,6 +128,8 @@ pub struct PostgresConfig {
     table: String,
     ssl_mode: SslMode,
     ssl_root_cert: Option<PathBuf>,
+    /// `pool_mode=session`: a pooler in front runs in session mode, where `LISTEN` holds.
+    session_pooler: bool,
 }
 
 impl fmt::Debug for PostgresConfig {
@@ -153,6 +155,7 @@ impl fmt::Debug for PostgresConfig {
             .field("pool_size", &self.pool_size)
             .field("sslmode", &self.ssl_mode)
             .field("sslrootcert", &self.ssl_root_cert)
+            .field("session_pooler", &self.session_pooler)
             .field("application_name", &self.pg.get_application_name())
             .finish()
     }
@@ -163,6 +166,13 @@ impl PostgresConfig {
     /// `postgresql://`). See the crate README for the options.
     pub fn from_url(url: &str) -> Result<Self> {
         parse(url)
+    }
+
+    /// Whether the URL says a pooler in front of the server runs in session mode
+    /// (`pool_mode=session`): each client connection keeps one server connection, so `LISTEN`
+    /// holds there and change notifications stay on.
+    pub fn session_pooler(&self) -> bool {
+        self.session_pooler
     }
 
     /// The deadline of every operation (`timeout`).
@@ -260,6 +270,7 @@ fn parse(url: &str) -> Result<PostgresConfig> {
     let mut table = DEFAULT_TABLE.to_owned();
     let mut ssl_mode = SslMode::default();
     let mut ssl_root_cert = None;
+    let mut session_pooler = false;
     let mut passthrough = Vec::new();
     for (key, value) in url.query {
         match key.as_str() {
@@ -267,6 +278,17 @@ fn parse(url: &str) -> Result<PostgresConfig> {
             "pool_size" => pool_size = parse_pool_size(&value)?,
             "table" => table = parse_table(&value)?,
             "sslmode" => ssl_mode = SslMode::parse(&value)?,
+            "pool_mode" => {
+                session_pooler = match value.as_str() {
+                    "session" => true,
+                    "transaction" => false,
+                    other => {
+                        return Err(bad(format!(
+                            "invalid value for option `pool_mode`: `{other}`; expected `session` (a pooler in session mode in front: notifications stay on) or `transaction` (the default)"
+                        )))
+                    }
+                }
+            }
             "sslrootcert" => {
                 if value.is_empty() {
                     return Err(bad("option `sslrootcert` is empty"));
@@ -298,7 +320,7 @@ fn parse(url: &str) -> Result<PostgresConfig> {
             }
             k => {
                 return Err(bad(format!(
-                    "unknown option `{k}`; headcount's options are timeout, pool_size, table, sslmode and sslrootcert, and the connection options {}",
+                    "unknown option `{k}`; headcount's options are timeout, pool_size, table, pool_mode, sslmode and sslrootcert, and the connection options {}",
                     PASSTHROUGH.join(", ")
                 )))
             }
@@ -359,6 +381,7 @@ fn parse(url: &str) -> Result<PostgresConfig> {
         table,
         ssl_mode,
         ssl_root_cert,
+        session_pooler,
     })
 }
 

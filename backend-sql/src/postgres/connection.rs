@@ -364,11 +364,15 @@ impl Connections {
         // where its pool's go).
         match self.protocol(client).await {
             Ok(Protocol::Prepared) => {}
+            // The URL says the pooler runs in session mode: the listener's connection keeps
+            // its server connection, so its LISTEN holds.
+            Ok(Protocol::Unnamed) if self.config.session_pooler() => {}
             Ok(Protocol::Unnamed) => {
                 self.notify_warned.warn(
                     BACKEND,
                     "the connections go through a pooler (or one that cannot be told apart \
-                     from it), where LISTEN does not hold",
+                     from it), where LISTEN does not hold in transaction mode (in session mode \
+                     it does: add pool_mode=session to the URL)",
                 );
                 return Ok(());
             }

@@ -88,6 +88,7 @@ pub struct PgBouncer {
     process: Arc<ServerProcess>,
     op_timeout: Option<Duration>,
     server: Arc<PgServer>,
+    pool_mode: &'static str,
 }
 
 impl PgBouncer {
@@ -100,10 +101,19 @@ impl PgBouncer {
         Self::start_in_front(Arc::new(server), op_timeout)
     }
 
-    /// Starts a PgBouncer in front of `server`.
+    /// Starts a PgBouncer in transaction mode in front of `server`.
     pub fn start_in_front(
         server: Arc<PgServer>,
         op_timeout: Option<Duration>,
+    ) -> Result<PgBouncer, Unavailable> {
+        Self::start_in_front_as(server, op_timeout, "transaction")
+    }
+
+    /// Starts a PgBouncer in front of `server` with `pool_mode` (`session`, `transaction`).
+    pub fn start_in_front_as(
+        server: Arc<PgServer>,
+        op_timeout: Option<Duration>,
+        pool_mode: &'static str,
     ) -> Result<PgBouncer, Unavailable> {
         let bin = find_bin()?;
         // PgBouncer refuses to run as root, like PostgreSQL: run it as the server's user.
@@ -122,6 +132,7 @@ impl PgBouncer {
             process: ServerProcess::new(libc::SIGTERM),
             op_timeout,
             server,
+            pool_mode,
         };
         process::start_on_free_port(&bouncer.log, |port| {
             bouncer.port.store(port, Ordering::SeqCst);
@@ -151,8 +162,8 @@ impl PgBouncer {
              auth_type = trust\n\
              auth_file = {userlist}\n\
              pidfile = {pid}\n\
-             pool_mode = transaction\n\
-             default_pool_size = {POOL_SIZE}\n\
+             pool_mode = {pool_mode}\n\
+             default_pool_size = {pool_size}\n\
              min_pool_size = 0\n\
              reserve_pool_size = 0\n\
              max_client_conn = 2000\n\
@@ -166,6 +177,14 @@ impl PgBouncer {
             sock = sock.display(),
             userlist = userlist.display(),
             pid = self.root.join("pgbouncer.pid").display(),
+            pool_mode = self.pool_mode,
+            // In session mode each client connection holds a server connection for its whole
+            // life: a pool of two would leave a third client (a listener) waiting.
+            pool_size = if self.pool_mode == "session" {
+                64
+            } else {
+                POOL_SIZE
+            },
         );
         fs::write(&self.ini, ini)?;
         process::open_log(&self.log, self.run_as)?;
