@@ -47,6 +47,22 @@ async fn primary_port(port: u16) -> redis::RedisResult<u16> {
     Ok(primary)
 }
 
+/// Waits until the first Sentinel names the replica as the primary, at most [`FAILOVER_BOUND`]
+/// after `started`; returns the time since `started`.
+async fn wait_switched(servers: &KvStore, started: Instant) -> Duration {
+    let sentinel = servers.sentinel_ports()[0];
+    loop {
+        if primary_port(sentinel).await.ok() == Some(servers.servers[1].port) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < FAILOVER_BOUND,
+            "the Sentinels did not switch the master within {FAILOVER_BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether every member is active under one epoch with `n` live slots.
 fn converged(members: &[Member], n: u32) -> bool {
     let all: Vec<_> = members.iter().map(Member::assignment).collect();
@@ -136,17 +152,7 @@ async fn survives(label: &str, how: Failover) {
         }
     }
     // The Sentinels name the replica...
-    loop {
-        if primary_port(sentinel_ports[0]).await.ok() == Some(servers.servers[1].port) {
-            break;
-        }
-        assert!(
-            started.elapsed() < FAILOVER_BOUND,
-            "the Sentinels did not switch the master within {FAILOVER_BOUND:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let switched = started.elapsed();
+    let switched = wait_switched(&servers, started).await;
     // ... and the members, having renewed on the new primary, are active under one view.
     let remaining = FAILOVER_BOUND.saturating_sub(started.elapsed());
     wait_converged(&members, 3, remaining, "after the failover").await;
@@ -309,17 +315,7 @@ async fn no_two_owners_across_a_failover() {
         let (url, members) = (url.clone(), Arc::clone(&members));
         tokio::spawn(async move { join_partitioned(&url, "d", ttl, &members).await })
     };
-    loop {
-        if primary_port(sentinel_ports[0]).await.ok() == Some(servers.servers[1].port) {
-            break;
-        }
-        assert!(
-            started.elapsed() < FAILOVER_BOUND,
-            "the Sentinels did not switch the master within {FAILOVER_BOUND:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let switched = started.elapsed();
+    let switched = wait_switched(&servers, started).await;
     tokio::time::sleep(ttl + ttl / 2).await;
     join_partitioned(&url, "e", ttl, &members).await;
     during.await.unwrap();
