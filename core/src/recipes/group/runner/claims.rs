@@ -336,12 +336,20 @@ impl Runner {
     /// The slot of a live, working claim with this member id that this process did not make:
     /// a newer process with the same id.
     fn replaced_by(&self, table: &Table) -> Option<u32> {
+        self.twins(table).next()
+    }
+
+    /// The slots of live, working claims with this member id that this process did not make
+    /// (neither its current claim nor one it made before), ascending.
+    fn twins<'a>(&'a self, table: &'a Table) -> impl Iterator<Item = u32> + 'a {
+        let mine = self.claims.current.as_ref().map(|c| c.record.nonce);
         table
             .slots
             .iter()
-            .find(|(_, r)| {
+            .filter(move |(_, r)| {
                 r.member == self.cfg.member
                     && !r.is_parked()
+                    && Some(r.nonce) != mine
                     && !self.claims.own_nonces.contains(&r.nonce)
             })
             .map(|(&s, _)| s)
@@ -351,9 +359,9 @@ impl Runner {
     /// process made before (a write that timed out but was applied, a lease given up) are ours,
     /// not a twin's: they are shortened to expire soon instead.
     pub(super) async fn check_twin(&mut self, table: &Table, slot: u32) -> Result<()> {
-        let Some(mine) = self.claims.current.as_ref().map(|c| c.record.nonce) else {
+        if self.claims.current.is_none() {
             return Ok(());
-        };
+        }
         for (&s, r) in &table.slots {
             if s != slot && r.member == self.cfg.member && self.claims.own_nonces.contains(&r.nonce)
             {
@@ -367,14 +375,8 @@ impl Runner {
             }
         }
         // A parked record of this id is no live process: it is taken back at the next claim.
-        match table.slots.iter().find(|(&s, r)| {
-            r.member == self.cfg.member
-                && !r.is_parked()
-                && r.nonce != mine
-                && !self.claims.own_nonces.contains(&r.nonce)
-                && s < slot
-        }) {
-            Some((&other, _)) => Err(self.rejected(format!(
+        match self.twins(table).find(|&s| s < slot) {
+            Some(other) => Err(self.rejected(format!(
                 "member id `{}` is also held by slot {other}, a live process: this one (slot {slot}) yields",
                 self.cfg.member
             ))),
