@@ -82,6 +82,10 @@ pub const GROUP_HANDOFF_DURATION: &str = "headcount_group_handoff_duration_secon
 /// Counter of revocations: times the member stopped granting keys it held (a view moved them
 /// away, its lease lapsed or was lost), labels `group`, `reason`.
 pub const GROUP_GRANTS_REVOKED: &str = "headcount_group_grants_revoked_total";
+/// Counter of drains a member cut short while grants were still in flight, labels `group` and
+/// `reason` (`timeout`: the drain timeout passed; `lost`: the slot was no longer the member's;
+/// `lapsed`: the store did not answer the renewals until the lease ran out).
+pub const GROUP_DRAINS_CUT: &str = "headcount_group_drains_cut_total";
 /// Gauge of the declared keys (partitions) the member owns under its active view, label `group`;
 /// recorded only by members of a group with a declared key set
 /// ([`GroupConfig::with_keys`](crate::recipes::group::GroupConfig::with_keys),
@@ -130,6 +134,7 @@ pub const ALL: &[&str] = &[
     GROUP_MEMBERS_LIVE,
     GROUP_HANDOFF_DURATION,
     GROUP_GRANTS_REVOKED,
+    GROUP_DRAINS_CUT,
     GROUP_KEYS_OWNED,
     FENCE_REJECTIONS,
     IDS_ROUNDS,
@@ -186,6 +191,10 @@ pub fn describe() {
     describe_counter!(
         GROUP_GRANTS_REVOKED,
         "Times a member stopped granting keys it held, by reason."
+    );
+    describe_counter!(
+        GROUP_DRAINS_CUT,
+        "Drains a group member cut short with grants still in flight, by reason."
     );
     describe_gauge!(
         GROUP_KEYS_OWNED,
@@ -321,6 +330,13 @@ impl GroupMetrics {
     /// ours), `left`.
     pub fn grants_revoked(&self, reason: &'static str) {
         ::metrics::counter!(GROUP_GRANTS_REVOKED, "group" => self.group.clone(), "reason" => reason)
+            .increment(1);
+    }
+
+    /// A drain ended with grants still in flight; `reason` is a fixed word: `timeout`, `lost`,
+    /// `lapsed`.
+    pub fn drain_cut(&self, reason: &'static str) {
+        ::metrics::counter!(GROUP_DRAINS_CUT, "group" => self.group.clone(), "reason" => reason)
             .increment(1);
     }
 }

@@ -152,8 +152,15 @@ impl GroupConfig {
         self
     }
 
-    /// How long in-flight grants of revoked keys may take to drain before the member gives up its
-    /// lease so the others can proceed (default: the TTL).
+    /// How long in-flight grants of revoked keys may take to drain (default: the TTL). Set it
+    /// above your longest checkpoint: a leave ([`Member::leave`](super::Member::leave),
+    /// [`leave_for_restart`](super::Member::leave_for_restart)) waits that long for its grants
+    /// to be dropped, renewing its lease meanwhile so the others wait too, and only then deletes
+    /// its claim, parks it or hands it to a standby; in a view change the member gives its lease
+    /// up after it, so the others proceed without it. A drain cut short (by this timeout, a lost
+    /// slot or a store that stopped answering until the lease ran out) is logged at `warn` with
+    /// the keys it cut and counted in `headcount_group_drains_cut_total`. It may be shorter or
+    /// longer than the TTL; at most [`MAX_LEASE_TTL`].
     pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = Some(timeout);
         self

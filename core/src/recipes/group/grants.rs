@@ -172,6 +172,25 @@ impl State {
         }
     }
 
+    /// The grants in flight that `kept` does not cover, for a log line: the keys by hash (as
+    /// [`hash_bytes`](crate::assign::hash_bytes) gives them, sorted), and whether the whole
+    /// share is held too.
+    pub(super) fn held(&self, kept: impl Fn(u64) -> bool) -> (Vec<String>, bool) {
+        let mut keys: Vec<String> = self
+            .in_flight
+            .iter()
+            .filter(|(&h, f)| f.count > 0 && !kept(h))
+            .map(|(h, _)| format!("{h:016x}"))
+            .collect();
+        keys.sort_unstable();
+        (keys, self.share_in_flight > 0)
+    }
+
+    /// Whether any grant is in flight.
+    pub(super) fn busy(&self) -> bool {
+        self.in_flight.values().any(|f| f.count > 0) || self.share_in_flight > 0
+    }
+
     /// Whether every grant in flight is still valid under the pending view.
     pub(super) fn drained(&self) -> bool {
         let (Some(holder), Some(pending)) = (self.holder, self.pending.as_ref()) else {

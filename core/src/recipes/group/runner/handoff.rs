@@ -49,16 +49,11 @@ impl Runner {
                 // (`assign::hash_bytes`); the whole share is named as such.
                 let (keys, share) = {
                     let st = self.shared.lock();
-                    let mut keys: Vec<String> = st
-                        .in_flight
-                        .iter()
-                        .filter(|(&h, f)| f.count > 0 && !pending.owned_by(h, claim_holder(&st)))
-                        .map(|(h, _)| format!("{h:016x}"))
-                        .collect();
-                    keys.sort_unstable();
-                    (keys, st.share_in_flight > 0)
+                    let holder = claim_holder(&st);
+                    st.held(|h| pending.owned_by(h, holder))
                 };
                 tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch, key_hashes = ?keys, share, "grants did not drain within the drain timeout: giving up the lease (the keys named by hash, and the whole share when `share` is true, were still held)");
+                self.cfg.metrics.drain_cut("timeout");
                 self.claims.abandoned = true;
             }
             return;

@@ -49,28 +49,93 @@ impl Runner {
         });
     }
 
-    /// Waits until no grant is in flight, at most the drain timeout. Returns whether they
-    /// drained.
+    /// Waits until no grant is in flight, at most the drain timeout, renewing the lease every
+    /// heartbeat meanwhile: the others wait for the drain (the leaving member stays in the view
+    /// and its slot stays live), however long it takes within the timeout. Returns whether
+    /// every grant was dropped; a claim given up for a hand-off's drain timeout is not renewed.
+    /// A drain cut short (the timeout, the slot lost, the lease run out
+    /// while the store did not answer) is logged with the keys it cut and counted.
     async fn drain(&mut self) -> bool {
-        let give_up = self.cfg.clock.monotonic() + self.cfg.drain_timeout;
+        let start = self.cfg.clock.monotonic();
+        let give_up = start + self.cfg.drain_timeout;
+        let mut renew_at = self
+            .cache
+            .last_beat
+            .map_or(start, |b| b + self.cfg.heartbeat)
+            .max(start);
         loop {
-            let busy = {
-                let st = self.shared.lock();
-                st.in_flight.values().any(|f| f.count > 0) || st.share_in_flight > 0
-            };
-            if !busy {
+            if !self.shared.lock().busy() {
                 return true;
             }
-            if self.cfg.clock.monotonic() >= give_up {
-                tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, "grants still in flight after the drain timeout: leaving the lease to expire instead of deleting the slot");
+            let now = self.cfg.clock.monotonic();
+            let deadline = self.shared.lock().deadline;
+            let lapsed = deadline.is_none_or(|d| now >= d);
+            let renews = !self.claims.abandoned;
+            let cut = if now >= give_up {
+                Some("timeout")
+            } else if lapsed {
+                Some("lapsed")
+            } else if renews && now >= renew_at {
+                renew_at = now + self.cfg.heartbeat;
+                match self.renew_while_leaving().await {
+                    Ok(true) => None,
+                    Ok(false) => Some("lost"),
+                    Err(e) => {
+                        self.set_error(Some(&e));
+                        // Again soon: the lease has until its deadline.
+                        renew_at = now + self.cfg.heartbeat / 4;
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            if let Some(reason) = cut {
+                let (keys, share) = self.shared.lock().held(|_| false);
+                let why = match reason {
+                    "timeout" => "the drain timeout passed",
+                    "lost" => "the slot was no longer this member's",
+                    _ => "the store did not answer the renewals before the lease ran out",
+                };
+                tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, reason, key_hashes = ?keys, share, waited = ?now.saturating_sub(start), "leaving with grants still in flight ({why}): the others take the keys named by hash (and the whole share when `share` is true) once the lease has expired, and a fence refuses the cut work's later writes");
+                self.cfg.metrics.drain_cut(reason);
                 return false;
+            }
+            // A given-up claim is not renewed: it waits for the grants, the timeout or its
+            // deadline, whichever comes first.
+            let mut wake = give_up.min(deadline.unwrap_or(give_up));
+            if renews {
+                wake = wake.min(renew_at);
             }
             tokio::select! {
                 biased;
                 _ = self.shared.released.notified() => {}
-                _ = self.cfg.clock.sleep(self.cfg.heartbeat / 4) => {}
+                _ = self.cfg.clock.sleep_until(wake) => {}
             }
         }
+    }
+
+    /// One renewal of the current claim while it drains (a compare-and-set of its exact text
+    /// onto itself with the lease TTL): whether the slot still held it. The lease deadline moves
+    /// on when it did.
+    async fn renew_while_leaving(&mut self) -> Result<bool> {
+        let Some(claim) = self.claims.current.clone() else {
+            return Ok(false);
+        };
+        let text = claim.record.to_string();
+        let key = self.cfg.keys.slot(claim.slot);
+        let sent = self.cfg.clock.monotonic();
+        let store = self.cfg.store.clone();
+        let renewed = self
+            .before_lapse(store.compare_and_set(&key, Some(&text), &text, Some(self.cfg.ttl)))
+            .await?;
+        if renewed {
+            let mut st = self.shared.lock();
+            if st.deadline.is_some() {
+                st.deadline = Some(self.deadline(sent));
+            }
+        }
+        Ok(renewed)
     }
 
     /// Stops granting, drains, deletes the slot and publishes the view without it; or, when
