@@ -23,6 +23,7 @@ pub struct GroupConfig {
     pub(super) max_slots: u32,
     pub(super) drain_timeout: Option<Duration>,
     pub(super) restart_window: Option<Duration>,
+    pub(super) outage_grace: Option<Duration>,
     pub(super) standby: Option<Duration>,
     pub(super) change_checks: bool,
     pub(super) one_call_versions: bool,
@@ -50,6 +51,7 @@ impl GroupConfig {
             max_slots: DEFAULT_MAX_SLOTS,
             drain_timeout: None,
             restart_window: None,
+            outage_grace: None,
             standby: None,
             change_checks: true,
             one_call_versions: true,
@@ -195,6 +197,29 @@ impl GroupConfig {
         self
     }
 
+    /// How long, after the store answers again, the members of the last view have to take
+    /// their own slots back before any of them publishes a view without the others (default:
+    /// the lease TTL; `Duration::ZERO` turns it off; at most [`MAX_RESTART_WINDOW`]).
+    ///
+    /// A store that is down (restarted, failed over, cut off) for longer than a lease lets every
+    /// lease run out: each member stops granting at its deadline, as it must. When the store
+    /// comes back, the first member to reach it would find the others' slots expired and take
+    /// all their keys, then hand them back one by one as the others return. Instead, a member
+    /// whose store did not answer for a heartbeat or more claims its own slot again and waits,
+    /// up to this grace, for every slot of the view it worked under to be claimed again; then
+    /// one view with the same slots is published and no key moves. A member that does not come
+    /// back within the grace is left out, as after a crash. The grace delays nothing else: a
+    /// crash seen by members whose store kept answering is handled as always.
+    pub fn with_outage_grace(mut self, grace: Duration) -> Self {
+        self.outage_grace = Some(grace);
+        self
+    }
+
+    /// The outage grace (see [`GroupConfig::with_outage_grace`]).
+    pub fn outage_grace(&self) -> Duration {
+        self.outage_grace.unwrap_or(self.ttl)
+    }
+
     /// The restart window (see [`GroupConfig::with_restart_window`]).
     pub fn restart_window(&self) -> Duration {
         self.restart_window.unwrap_or(self.ttl)
@@ -301,6 +326,13 @@ impl GroupConfig {
             if w < MIN_LEASE_TTL || w > MAX_RESTART_WINDOW {
                 return Err(Error::invalid(format!(
                     "restart window {w:?} is outside {MIN_LEASE_TTL:?}..={MAX_RESTART_WINDOW:?}: a member away longer than that is gone, and its keys must not wait for it"
+                )));
+            }
+        }
+        if let Some(g) = self.outage_grace {
+            if g > MAX_RESTART_WINDOW {
+                return Err(Error::invalid(format!(
+                    "outage grace {g:?} is longer than {MAX_RESTART_WINDOW:?}: the keys of a member that does not come back have no owner for that long"
                 )));
             }
         }

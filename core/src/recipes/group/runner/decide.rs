@@ -23,6 +23,9 @@ pub(super) struct Facts<'a> {
     /// The member's pending view is one its claim has acknowledged.
     pub(super) pending_acked: bool,
     pub(super) change_checks: bool,
+    /// The last heartbeat met a store error: the next one comes at a quarter heartbeat, so a
+    /// store that is back is reached long before the lease deadline.
+    pub(super) failing: bool,
     pub(super) heartbeat: Duration,
     /// Monotonic.
     pub(super) now: Duration,
@@ -228,7 +231,7 @@ impl Facts<'_> {
     /// acknowledged: then it polls that small key instead of renewing and reading the table, so
     /// a hand-off costs it a constant number of table reads however many members acknowledge.
     pub(super) fn only_settling_awaited(&self) -> bool {
-        if self.claim.is_none() || self.abandoned || self.settler.settling {
+        if self.claim.is_none() || self.abandoned || self.settler.settling || self.failing {
             return false;
         }
         if self.discrepancy.is_some_and(|d| d.fast) {
@@ -246,6 +249,7 @@ impl Facts<'_> {
     pub(super) fn wake(&self, next: Duration) -> Wake {
         let settling_awaited = self.only_settling_awaited();
         let fast = self.handoff.is_some()
+            || self.failing
             || self.claim.is_none()
             || self.cache.need_slots
             || self.settler.settling
@@ -432,6 +436,28 @@ pub(super) fn publishes(
     heartbeat: Duration,
 ) -> bool {
     own_change || lowest || lasted >= heartbeat
+}
+
+/// Whether a member back from an outage of the store holds back the view the `live` holders
+/// call for: its grace runs until `until`, and a slot of the view it worked under before the
+/// outage (`before`) or of the `published` one is not claimed again yet. A view without that
+/// slot would give its keys to the others, and the slot's member would take them back when it
+/// claims it a moment later: every such key would move twice.
+pub(super) fn awaits_returning(
+    until: Option<Duration>,
+    now: Duration,
+    before: Option<&ViewRecord>,
+    published: Option<&ViewRecord>,
+    live: &[Holder],
+) -> bool {
+    if until.is_none_or(|u| now >= u) {
+        return false;
+    }
+    [before, published]
+        .into_iter()
+        .flatten()
+        .flat_map(ViewRecord::slots)
+        .any(|s| !live.iter().any(|h| h.slot == s))
 }
 
 /// The view to publish over `highest`, the highest epoch seen anywhere, for the `live` holders;

@@ -45,6 +45,7 @@ impl Runner {
             discrepancy: self.discrepancy.as_ref(),
             pending_acked,
             change_checks: self.cfg.change_checks,
+            failing: self.outage.failing_since.is_some(),
             heartbeat: self.cfg.heartbeat,
             now: self.cfg.clock.monotonic(),
         }

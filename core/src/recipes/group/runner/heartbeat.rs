@@ -3,9 +3,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::super::records::SettledRecord;
 use super::super::table::Table;
+use super::super::view::ViewState;
 use super::decide::lists_before_dropping;
 use super::{Claim, Runner, SlotsSeen};
 use crate::error::{Error, Result};
@@ -49,13 +51,16 @@ impl Runner {
             self.revoke("lapsed", "the lease deadline passed without a renewal");
         }
         let Some(claim) = self.claims.current.clone() else {
+            let sent = self.cfg.clock.monotonic();
             let table = match self.list().await {
                 Ok(t) => t,
                 Err(e) => {
+                    self.store_failed();
                     self.set_error(Some(&e));
                     return Ok(());
                 }
             };
+            self.store_answered(sent);
             return self.reclaim(&table).await;
         };
         if self.claims.abandoned {
@@ -116,10 +121,12 @@ impl Runner {
         let heard = match result {
             Ok(heard) => heard,
             Err(e) => {
+                self.store_failed();
                 self.set_error(Some(&e));
                 return Ok(());
             }
         };
+        self.store_answered(sent);
         if !heard.renewed {
             // A write of ours that reported an error may have been applied after all (an
             // acknowledgement that timed out): the slot then holds our claim with other
@@ -155,6 +162,45 @@ impl Runner {
         self.check_view_assignor(&heard.table)?;
         self.on_table(&heard.table, false, heard.fresh).await;
         Ok(())
+    }
+
+    /// A heartbeat met a store error: the first of a run remembers when, and the view the
+    /// member worked towards then.
+    fn store_failed(&mut self) {
+        if self.outage.failing_since.is_some() {
+            return;
+        }
+        self.outage.failing_since = Some(self.cfg.clock.monotonic());
+        let cached = self
+            .cache
+            .slots
+            .as_ref()
+            .and_then(|s| s.table.view.clone())
+            .and_then(|v| {
+                ViewState::build_with(v, self.cfg.assignor, self.cfg.declared.as_ref()).ok()
+            })
+            .map(Arc::new);
+        self.outage.last_view = self.target().or(cached);
+    }
+
+    /// A heartbeat sent at `sent` reached the store. After a heartbeat or more without an
+    /// answer, leases may have run out in the store meanwhile, the others' as well as this
+    /// member's: the outage grace starts ([`GroupConfig::with_outage_grace`]).
+    ///
+    /// [`GroupConfig::with_outage_grace`]: super::super::GroupConfig::with_outage_grace
+    fn store_answered(&mut self, sent: Duration) {
+        let last_ok = self.outage.last_ok.replace(sent);
+        let Some(since) = self.outage.failing_since.take() else {
+            return;
+        };
+        let away = sent.saturating_sub(last_ok.unwrap_or(since));
+        if away < self.cfg.heartbeat || self.cfg.outage_grace.is_zero() {
+            self.outage.last_view = None;
+            return;
+        }
+        let now = self.cfg.clock.monotonic();
+        self.outage.grace_until = Some(now + self.cfg.outage_grace);
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, away = ?away, grace = ?self.cfg.outage_grace, "the store answers again: waiting up to the outage grace for the members of the last view to claim their slots again before publishing a view without them");
     }
 
     /// A heartbeat without change checks: the view directory first, then the renewal and the

@@ -12,7 +12,8 @@
 //! * `handoff`: the hand-off in progress (a view adopted but not yet active), one
 //!   `Option<`[`Handoff`]`>` whose fields vanish together when it ends;
 //! * [`Settler`]: the member's part in settling a view it published or, as the lowest slot, watches;
-//! * `discrepancy`: live slots that disagree with the published view, while they do.
+//! * `discrepancy`: live slots that disagree with the published view, while they do;
+//! * [`Outage`]: whether the store answers the heartbeats, and the grace after it did not.
 //!
 //! Each decision that does not touch the store is a pure function of that state in [`decide`],
 //! with its unit tests beside it; the files around it do the store calls:
@@ -94,6 +95,9 @@ pub(super) struct Settings {
     /// How long a parked claim waits for this member id to come back
     /// ([`GroupConfig::with_restart_window`]).
     restart_window: Duration,
+    /// How long the members of the last view have to claim their slots again after an outage
+    /// of the store ([`GroupConfig::with_outage_grace`]); zero: no grace.
+    outage_grace: Duration,
     /// How long a new member stands by for a leaving member's slot
     /// ([`GroupConfig::with_standby`]); `None`: it claims at once.
     standby: Option<Duration>,
@@ -258,6 +262,22 @@ struct Discrepancy {
     fast: bool,
 }
 
+/// The store not answering the member's heartbeats, and the member riding through it.
+#[derive(Default)]
+struct Outage {
+    /// When a heartbeat last reached the store (monotonic; when it was sent).
+    last_ok: Option<Duration>,
+    /// Since when the heartbeats fail with store errors, while they do (monotonic).
+    failing_since: Option<Duration>,
+    /// The view the member worked towards when the store stopped answering: after the outage,
+    /// its slots are the ones the member waits for, and a sticky assignment starts from it when
+    /// the store came back without the published view.
+    last_view: Option<Arc<ViewState>>,
+    /// Until when a view that leaves out a slot of `last_view` (or of the published view)
+    /// waits for it to be claimed again (monotonic; see [`GroupConfig::with_outage_grace`]).
+    grace_until: Option<Duration>,
+}
+
 /// The background heartbeat of one member.
 pub(super) struct Runner {
     cfg: Settings,
@@ -267,6 +287,7 @@ pub(super) struct Runner {
     handoff: Option<Handoff>,
     settler: Settler,
     discrepancy: Option<Discrepancy>,
+    outage: Outage,
     /// The member fails for good ([`Runner::fail`]): its leave hands nothing to a standby.
     failing: bool,
     /// The store's change notifications for the group's directories, when it has them and the
@@ -300,6 +321,7 @@ impl Runner {
                 max_slots: config.max_slots,
                 drain_timeout: config.drain_timeout.unwrap_or(config.ttl),
                 restart_window: config.restart_window(),
+                outage_grace: config.outage_grace(),
                 standby: config.standby,
                 change_checks: config.change_checks,
                 notifications: config.notifications,
@@ -310,6 +332,7 @@ impl Runner {
             handoff: None,
             settler: Settler::default(),
             discrepancy: None,
+            outage: Outage::default(),
             failing: false,
             notices: None,
         }

@@ -7,7 +7,8 @@ use super::super::records::{Holder, ViewRecord, MAX_EPOCH};
 use super::super::table::Table;
 use super::super::view::{Change, GroupPhase, ViewState};
 use super::decide::{
-    left_out, next_view, publishes, unsettled, view_is_stale, view_needs_slots, view_slot_gone,
+    awaits_returning, left_out, next_view, publishes, unsettled, view_is_stale, view_needs_slots,
+    view_slot_gone,
 };
 use super::{Claim, Discrepancy, Handoff, Runner};
 use crate::error::{Error, Result};
@@ -51,12 +52,25 @@ impl Runner {
         // which only a member that read the slots publishes: read them at the next beat.
         self.cache.need_slots =
             !fresh && newer.is_none() && view_needs_slots(table.view.as_ref(), floor, twin_epoch);
+        let now = self.cfg.clock.monotonic();
+        if self.outage.grace_until.is_some_and(|u| now >= u) {
+            self.outage.grace_until = None;
+            self.outage.last_view = None;
+        }
         if !fresh {
             // Adopt the published view as it is; what the slots call for is decided by the
             // members that read them.
         } else if stale {
             let lowest = table.working().next() == my_slot && my_slot.is_some();
-            let now = self.cfg.clock.monotonic();
+            // Back from an outage of the store: the members of the last view claim their slots
+            // again before anyone publishes a view without them.
+            let returning = awaits_returning(
+                self.outage.grace_until,
+                now,
+                self.outage.last_view.as_ref().map(|v| v.record()),
+                table.view.as_ref(),
+                &live,
+            );
             let since = match &self.discrepancy {
                 Some(d) if d.live == live => d.since,
                 _ => now,
@@ -89,7 +103,9 @@ impl Runner {
                     self.set_error(Some(&e));
                     self.discrepancy = Some(discrepancy);
                 }
-                Some(next) if publishes(own_change, lowest, lasted, self.cfg.heartbeat) => {
+                Some(next)
+                    if !returning && publishes(own_change, lowest, lasted, self.cfg.heartbeat) =>
+                {
                     match self.publish(table, &next).await {
                         Ok(true) => {
                             tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, live = next.holders.len(), "published a view");
@@ -180,12 +196,19 @@ impl Runner {
         live: Vec<Holder>,
     ) -> Option<ViewRecord> {
         let own = self.target();
+        // Back from an outage that took the view with it (a store that restarted empty), a
+        // sticky assignment starts from the view the member worked under before.
+        let before = self.outage.last_view.as_ref().map(|v| v.record());
         next_view(
             highest,
             live,
             self.cfg.assignor,
             self.cfg.declared.as_ref(),
-            &[table.view.as_ref(), own.as_ref().map(|v| v.record())],
+            &[
+                table.view.as_ref(),
+                own.as_ref().map(|v| v.record()),
+                before,
+            ],
         )
     }
 

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    acks_due, charge, choose_slot, drain_timed_out, left_out, lists_before_dropping, next_view,
-    notice_due, notice_period, publishes, refund, settled_at_or_past, unsettled, view_is_stale,
-    view_needs_slots, view_slot_gone, Between, Facts, Seen,
+    acks_due, awaits_returning, charge, choose_slot, drain_timed_out, left_out,
+    lists_before_dropping, next_view, notice_due, notice_period, publishes, refund,
+    settled_at_or_past, unsettled, view_is_stale, view_needs_slots, view_slot_gone, Between, Facts,
+    Seen,
 };
 use crate::assign::{Assignor, AssignorKind, Balanced, KeySet, Topology};
 use crate::recipes::group::records::{Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
@@ -83,6 +84,7 @@ struct Fixture {
     discrepancy: Option<Discrepancy>,
     abandoned: bool,
     pending_acked: bool,
+    failing: bool,
     now: Duration,
 }
 
@@ -96,6 +98,7 @@ impl Fixture {
             discrepancy: None,
             abandoned: false,
             pending_acked: false,
+            failing: false,
             now: ms(10_000),
         }
     }
@@ -110,6 +113,7 @@ impl Fixture {
             discrepancy: self.discrepancy.as_ref(),
             pending_acked: self.pending_acked,
             change_checks: true,
+            failing: self.failing,
             heartbeat: HB,
             now: self.now,
         }
@@ -504,6 +508,82 @@ fn the_next_view_is_one_above_the_highest_and_never_past_the_largest_epoch() {
     assert_eq!((v.assignor, v.owners), (Some(jb), None));
     assert!(next_view(MAX_EPOCH - 1, live.clone(), jb, None, &[]).is_some());
     assert!(next_view(MAX_EPOCH, live, jb, None, &[]).is_none());
+}
+
+#[test]
+fn a_failing_heartbeat_is_tried_again_at_a_quarter_heartbeat() {
+    let next = ms(10_000) + HB;
+    let mut f = Fixture::steady(3, &[0, 1, 2, 3]);
+    f.pending_acked = true;
+    assert_eq!(f.facts().wake(next).between, Between::PollSettled);
+    f.failing = true;
+    let w = f.facts().wake(next);
+    // A renewing heartbeat, not a poll of the settled mark, which renews nothing.
+    assert_eq!((w.at, w.between), (f.now + HB / 4, Between::Beat));
+}
+
+#[test]
+fn back_from_an_outage_a_view_waits_for_the_slots_of_the_last_one_within_the_grace() {
+    let before = view(4, &[0, 1, 2]);
+    let now = ms(10_000);
+    let grace = Some(now + HB);
+    // The slots 1 and 2 are not claimed again yet: wait.
+    assert!(awaits_returning(
+        grace,
+        now,
+        Some(&before),
+        None,
+        &holders(&[0])
+    ));
+    // The published view counts too (a store that kept it while the member remembers none).
+    assert!(awaits_returning(
+        grace,
+        now,
+        None,
+        Some(&before),
+        &holders(&[0, 2])
+    ));
+    // Every slot is back (under new claims, a newcomer beside them): publish.
+    let back: Vec<Holder> = holders(&[0, 1, 2, 5])
+        .into_iter()
+        .map(|h| Holder {
+            nonce: h.nonce + 7,
+            ..h
+        })
+        .collect();
+    assert!(!awaits_returning(
+        grace,
+        now,
+        Some(&before),
+        Some(&before),
+        &back
+    ));
+    // The grace is over, or there is none: publish whatever is live.
+    assert!(!awaits_returning(
+        grace,
+        now + HB,
+        Some(&before),
+        None,
+        &holders(&[0])
+    ));
+    assert!(!awaits_returning(
+        None,
+        now,
+        Some(&before),
+        None,
+        &holders(&[0])
+    ));
+    // Nothing to wait for.
+    assert!(!awaits_returning(grace, now, None, None, &holders(&[0])));
+}
+
+fn view(epoch: u64, slots: &[u32]) -> ViewRecord {
+    ViewRecord {
+        epoch,
+        holders: holders(slots),
+        assignor: None,
+        owners: None,
+    }
 }
 
 fn holders(slots: &[u32]) -> Vec<Holder> {
