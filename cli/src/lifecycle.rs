@@ -34,6 +34,18 @@ pub struct LifecycleArgs {
     /// does not come back in time, the others take them as after a crash.
     #[arg(long, env = "HEADCOUNT_RESTART_WINDOW", value_parser = crate::util::parse_duration)]
     pub restart_window: Option<Duration>,
+    /// Keep this member's place for this long beyond its lease if its process dies (1s, 20s;
+    /// at most 15m; needs --member), so that the same --member started again (a container
+    /// restarted in place) takes its keys back with none moved. A member that really died
+    /// leaves its keys without an owner for this plus the TTL. Off by default.
+    #[arg(long, env = "HEADCOUNT_CRASH_GRACE", value_parser = crate::util::parse_duration)]
+    pub crash_grace: Option<Duration>,
+    /// After the store did not answer for a heartbeat or more, how long the members of the
+    /// last view have to claim their places again before any of them publishes a view without
+    /// the others (0s turns it off; at most 15m) [default: the TTL]. A store down past the
+    /// lease then comes back with no key moved.
+    #[arg(long, env = "HEADCOUNT_OUTAGE_GRACE", value_parser = crate::util::parse_duration)]
+    pub outage_grace: Option<Duration>,
     /// Join as a standby first, for up to this long (5s, 30s; at most 15m): outside the group,
     /// ready, waiting for a member that leaves to hand over its place, so that its keys move
     /// once, straight to this member (a Deployment rolled out with maxSurge). With nobody
@@ -54,13 +66,20 @@ pub struct LifecycleArgs {
 }
 
 impl LifecycleArgs {
-    /// Applies the restart window, the standby wait and `--no-notifications` to `config`.
+    /// Applies the restart window, the standby wait, the graces and `--no-notifications` to
+    /// `config`.
     pub fn configure(&self, mut config: GroupConfig) -> GroupConfig {
         if let Some(w) = self.restart_window {
             config = config.with_restart_window(w);
         }
         if let Some(w) = self.standby_for {
             config = config.with_standby(w);
+        }
+        if let Some(g) = self.crash_grace {
+            config = config.with_crash_grace(g);
+        }
+        if let Some(g) = self.outage_grace {
+            config = config.with_outage_grace(g);
         }
         config.with_notifications(!self.no_notifications)
     }
@@ -70,6 +89,11 @@ impl LifecycleArgs {
         if self.on_stop == OnStop::Restart && member.is_none() {
             return Err(Error::invalid(
                 "--on-stop restart needs --member (or HEADCOUNT_MEMBER): a restarted process comes back under its member id",
+            ));
+        }
+        if self.crash_grace.is_some_and(|g| !g.is_zero()) && member.is_none() {
+            return Err(Error::invalid(
+                "--crash-grace needs --member (or HEADCOUNT_MEMBER): only a process started again under the same id can come back to the place that waits for it",
             ));
         }
         if self.restart_window.is_some() && self.on_stop != OnStop::Restart {

@@ -106,6 +106,14 @@ pub fn check(args: &RunArgs) -> Result<(), Error> {
                         args.lifecycle.standby_for.is_some(),
                         "--standby-for (or HEADCOUNT_STANDBY_FOR)",
                     ),
+                    (
+                        args.lifecycle.crash_grace.is_some(),
+                        "--crash-grace (or HEADCOUNT_CRASH_GRACE)",
+                    ),
+                    (
+                        args.lifecycle.outage_grace.is_some(),
+                        "--outage-grace (or HEADCOUNT_OUTAGE_GRACE)",
+                    ),
                 ],
                 "applies to --mode group; the interval indexer's keys live three intervals",
             )?;

@@ -1057,6 +1057,25 @@ fn on_stop_restart_without_a_member_id_is_a_usage_error() {
     assert!(err.contains("restart window"), "{err}");
 }
 
+#[test]
+fn a_crash_grace_without_a_member_id_or_past_its_bound_is_a_usage_error() {
+    let run = |extra: &[&str]| {
+        let out = headcount()
+            .args(["run", "--store", "sqlite::memory:", "--group", "g"])
+            .args(extra)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["--crash-grace", "20s"]);
+    assert!(err.contains("--crash-grace needs --member"), "{err}");
+    let err = run(&["--member", "a", "--crash-grace", "1h"]);
+    assert!(err.contains("crash grace"), "{err}");
+    let err = run(&["--outage-grace", "1h"]);
+    assert!(err.contains("outage grace"), "{err}");
+}
+
 /// `run --partitions 10`: three runs list disjoint partitions, 3 or 4 each, covering 0 to 9,
 /// and `status` counts the same split under the view's sticky assignor.
 #[test]

@@ -138,3 +138,177 @@ async fn a_standby_is_handed_the_slot_after_a_drain_longer_than_a_lease() {
     converged(&[&a, &c]).await;
     assert_eq!(owners(&[&a, &c]), before, "b's keys moved once, to c");
 }
+
+mod crash_grace {
+    use std::time::Duration;
+
+    use headcount_core::recipes::group::{
+        Change, Group, GroupConfig, GroupPhase, MAX_RESTART_WINDOW,
+    };
+    use headcount_core::testkit::{TestGroup, TestGroupBuilder};
+    use headcount_core::ErrorKind;
+
+    const TTL: Duration = Duration::from_secs(6);
+    const GRACE: Duration = Duration::from_secs(20);
+
+    fn keys() -> Vec<String> {
+        (0..128).map(|i| format!("p{i}")).collect()
+    }
+
+    /// Which member owns each key now.
+    fn owners(group: &TestGroup) -> Vec<Option<usize>> {
+        keys().iter().map(|k| group.owner_of(k)).collect()
+    }
+
+    fn builder() -> TestGroupBuilder {
+        TestGroup::builder("g")
+            .members(3)
+            .ttl(TTL)
+            .configure(|c| c.with_crash_grace(GRACE))
+    }
+
+    /// The keys the members other than `i` gained or lost in the views they activated since
+    /// `receivers` were taken (one per member, `None` for `i`).
+    fn moved(receivers: &mut [Option<tokio::sync::broadcast::Receiver<Change>>]) -> Vec<String> {
+        let keys = keys();
+        let mut moved = Vec::new();
+        for rx in receivers.iter_mut().flatten() {
+            while let Ok(change) = rx.try_recv() {
+                moved.extend(change.lost(&keys).into_iter().cloned());
+                moved.extend(change.gained(&keys).into_iter().cloned());
+            }
+        }
+        moved
+    }
+
+    fn survivors(
+        group: &TestGroup,
+        but: usize,
+    ) -> Vec<Option<tokio::sync::broadcast::Receiver<Change>>> {
+        (0..group.len())
+            .map(|j| (j != but).then(|| group.member(j).changes()))
+            .collect()
+    }
+
+    /// `kill -9` and the same id started again 1 to 18 s later (with a 6 s TTL: before and
+    /// long after its lease ran out), ten times over: the process started again takes its
+    /// slot over and no key moves, every time (the others gain and lose nothing); none is
+    /// granted twice.
+    #[tokio::test]
+    async fn a_crash_and_restart_within_the_grace_moves_nothing_every_time() {
+        let mut group = builder().start().await.expect("starts");
+        let before = owners(&group);
+        for run in 0..10 {
+            let i = run % 3;
+            let mut others = survivors(&group, i);
+            group.crash(i);
+            let away = [1, 2, 4, 6, 8, 10, 12, 14, 16, 18][run];
+            group.advance(Duration::from_secs(away)).await;
+            group.restart(i).await.expect("restarts");
+            group.converged().await.expect("converges");
+            group.assert_exclusive(&keys());
+            assert_eq!(moved(&mut others), Vec::<String>::new(), "away {away} s");
+            assert_eq!(owners(&group), before, "away {away} s");
+        }
+    }
+
+    /// A member that crashed and never came back costs its keys the grace plus a lease.
+    #[tokio::test]
+    async fn a_real_crash_costs_the_grace_plus_a_lease() {
+        let mut group = builder().start().await.expect("starts");
+        let theirs: Vec<String> = keys()
+            .into_iter()
+            .filter(|k| group.owner_of(k) == Some(2))
+            .collect();
+        group.crash(2);
+        let held = group
+            .wait_until("the crashed member's keys have a new owner", |g| {
+                theirs.iter().all(|k| g.owner_of(k).is_some())
+            })
+            .await
+            .expect("moves after the grace");
+        assert!(
+            held >= GRACE + TTL - TTL / 3 && held <= GRACE + TTL + TTL,
+            "{held:?}"
+        );
+    }
+
+    /// A process frozen for ten seconds (SIGSTOP), within its grace, finds its slot its own
+    /// when it goes on: no key moves.
+    #[tokio::test]
+    async fn a_pause_within_the_grace_moves_nothing() {
+        let mut group = builder().start().await.expect("starts");
+        let before = owners(&group);
+        let mut others = survivors(&group, 1);
+        group.pause(1);
+        group.advance(Duration::from_secs(10)).await;
+        group.resume(1);
+        group.converged().await.expect("converges");
+        assert_eq!(moved(&mut others), Vec::<String>::new());
+        assert_eq!(owners(&group), before);
+    }
+
+    /// Two live processes with one id: the newer one replaces the older, which ends with
+    /// `Rejected`.
+    #[tokio::test]
+    async fn a_second_process_with_the_id_replaces_the_first() {
+        let group = builder().members(2).start().await.expect("starts");
+        let first = group.member(1).clone();
+        let config = GroupConfig::new("g", TTL)
+            .with_member(group.id(1))
+            .with_crash_grace(GRACE)
+            .with_clock(std::sync::Arc::new(group.clock().clone()));
+        let store = group.store();
+        let second = tokio::spawn(async move { Group::join(store, config).await });
+        group
+            .wait_until("the first process yields", |_| {
+                first.assignment().phase == GroupPhase::Failed
+            })
+            .await
+            .expect("yields");
+        let error = first.assignment().last_error.unwrap_or_default();
+        assert!(error.contains("took over"), "{error}");
+        group
+            .wait_until("the second joins", |_| second.is_finished())
+            .await
+            .expect("joins");
+        let second = second.await.unwrap().expect("joined");
+        group
+            .wait_until("the second is active", |_| {
+                second.assignment().phase == GroupPhase::Active
+            })
+            .await
+            .expect("active");
+        assert_eq!(
+            second.assignment().slot,
+            first.assignment().slot.or(Some(1))
+        );
+    }
+
+    #[test]
+    fn a_grace_needs_a_member_id_and_a_bound() {
+        let e = GroupConfig::new("g", TTL)
+            .with_crash_grace(GRACE)
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+        assert!(e.to_string().contains("member id"), "{e}");
+        let e = GroupConfig::new("g", TTL)
+            .with_member("a")
+            .with_crash_grace(MAX_RESTART_WINDOW + Duration::from_secs(1))
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("crash grace"), "{e}");
+        let e = GroupConfig::new("g", TTL)
+            .with_outage_grace(MAX_RESTART_WINDOW * 2)
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("outage grace"), "{e}");
+        GroupConfig::new("g", TTL)
+            .with_member("a")
+            .with_crash_grace(GRACE)
+            .with_outage_grace(Duration::ZERO)
+            .validate()
+            .unwrap();
+    }
+}

@@ -24,6 +24,7 @@ pub struct GroupConfig {
     pub(super) drain_timeout: Option<Duration>,
     pub(super) restart_window: Option<Duration>,
     pub(super) outage_grace: Option<Duration>,
+    pub(super) crash_grace: Duration,
     pub(super) standby: Option<Duration>,
     pub(super) change_checks: bool,
     pub(super) one_call_versions: bool,
@@ -52,6 +53,7 @@ impl GroupConfig {
             drain_timeout: None,
             restart_window: None,
             outage_grace: None,
+            crash_grace: Duration::ZERO,
             standby: None,
             change_checks: true,
             one_call_versions: true,
@@ -215,6 +217,30 @@ impl GroupConfig {
         self
     }
 
+    /// Gives this member a *crash grace* (static membership, as Kafka's `group.instance.id`
+    /// with its session timeout): if its process dies, its slot and its keys wait this long
+    /// beyond the lease for the same member id to come back, instead of moving to the others.
+    /// Off by default (`Duration::ZERO`); needs an explicit member id
+    /// ([`with_member`](Self::with_member)); at most [`MAX_RESTART_WINDOW`].
+    ///
+    /// This is what a container restarted in place needs (Kubernetes restarts a crashed or
+    /// OOM-killed container under the same pod name within seconds): the process started again
+    /// under the same id takes its slot over at [`Group::join`](super::Group::join), waits one
+    /// lease TTL so the process it replaces has surely stopped granting (it may be frozen, not
+    /// dead), and works on with the same keys: none moves. A process frozen for less than the
+    /// grace (SIGSTOP, a long garbage collection) finds its slot still its own and goes on.
+    ///
+    /// The trade-off: a member that really died leaves its keys without an owner for the grace
+    /// plus a lease (instead of a lease), and a view change meanwhile (a join or a leave) waits
+    /// for it too. Choose a grace a little longer than a restart takes. A process that joins
+    /// with the id of a live one replaces it: the older one stops granting at once and ends
+    /// with [`ErrorKind::Rejected`](crate::ErrorKind::Rejected), so give each instance its own
+    /// id. Every member of the group must run a version of headcount that knows the grace.
+    pub fn with_crash_grace(mut self, grace: Duration) -> Self {
+        self.crash_grace = grace;
+        self
+    }
+
     /// The outage grace (see [`GroupConfig::with_outage_grace`]).
     pub fn outage_grace(&self) -> Duration {
         self.outage_grace.unwrap_or(self.ttl)
@@ -334,6 +360,19 @@ impl GroupConfig {
                 return Err(Error::invalid(format!(
                     "outage grace {g:?} is longer than {MAX_RESTART_WINDOW:?}: the keys of a member that does not come back have no owner for that long"
                 )));
+            }
+        }
+        if !self.crash_grace.is_zero() {
+            if self.crash_grace > MAX_RESTART_WINDOW {
+                return Err(Error::invalid(format!(
+                    "crash grace {:?} is longer than {MAX_RESTART_WINDOW:?}: the keys of a member that died have no owner for that long",
+                    self.crash_grace
+                )));
+            }
+            if self.member.is_none() {
+                return Err(Error::config(
+                    "a crash grace needs an explicit member id (GroupConfig::with_member, `--member`, `HEADCOUNT_MEMBER`): only a process started again under the same id can come back to the slot that waits for it",
+                ));
             }
         }
         if let Some(w) = self.standby {

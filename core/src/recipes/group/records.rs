@@ -20,7 +20,8 @@ pub const MAX_EPOCH: u64 = i64::MAX as u64 - 1;
 
 /// One live slot's record: who holds it, since when, and the newest epoch it acknowledged.
 ///
-/// `v1 member=<id> nonce=<16 hex> since=<unix ms> ttl=<ms> acked=<epoch> view=<16 hex>`, with
+/// `v1 member=<id> nonce=<16 hex> since=<unix ms> ttl=<ms> acked=<epoch> view=<16 hex>`, then
+/// ` grace=<ms>` when the member has a crash grace (see [`SlotRecord::grace`]), and
 /// ` parked=<unix ms>` at the end while the member is away for a restart (see
 /// [`SlotRecord::parked`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,9 +52,19 @@ pub struct SlotRecord {
     /// wall clock, milliseconds since the Unix epoch. A parked claim holds nothing and grants
     /// nothing until it is taken back, so it counts as having acknowledged every view.
     pub parked: Option<u64>,
+    /// The member's crash grace in milliseconds
+    /// ([`GroupConfig::with_crash_grace`](super::GroupConfig::with_crash_grace)), when it has
+    /// one: the record lives that much longer than the lease in the store, so after a crash its
+    /// slot and keys wait that long for the same member id to come back.
+    pub grace: Option<u64>,
 }
 
 impl SlotRecord {
+    /// How long the store keeps the record after a renewal: the lease TTL plus the crash grace.
+    pub fn kept_for(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ttl_ms.saturating_add(self.grace.unwrap_or(0)))
+    }
+
     /// Whether this holder has acknowledged `view`: that epoch for that view, or that epoch or
     /// a newer one for every view (a claim holding nothing).
     ///
@@ -98,8 +109,13 @@ impl SlotRecord {
                 Some(ms) => Some(ms.parse().ok()?),
                 None => None,
             },
+            grace: match fields.get("grace") {
+                Some(ms) => Some(ms.parse().ok()?),
+                None => None,
+            },
         };
-        let expected = 6 + usize::from(record.parked.is_some());
+        let expected =
+            6 + usize::from(record.parked.is_some()) + usize::from(record.grace.is_some());
         (fields.len() == expected && record.acked <= MAX_EPOCH).then_some(record)
     }
 
@@ -119,6 +135,9 @@ impl fmt::Display for SlotRecord {
             "{TAG} member={} nonce={:016x} since={} ttl={} acked={} view={:016x}",
             self.member, self.nonce, self.since_ms, self.ttl_ms, self.acked, self.view
         )?;
+        if let Some(ms) = self.grace {
+            write!(f, " grace={ms}")?;
+        }
         match self.parked {
             Some(ms) => write!(f, " parked={ms}"),
             None => Ok(()),
@@ -494,6 +513,7 @@ mod tests {
             acked: 7,
             view: 0x1f,
             parked: None,
+            grace: None,
         };
         let text = r.to_string();
         assert_eq!(
@@ -509,6 +529,22 @@ mod tests {
         let text = parked.to_string();
         assert!(text.ends_with(" view=000000000000001f parked=1700000005000"));
         assert_eq!(SlotRecord::parse(&text), Some(parked.clone()));
+        // With a crash grace: kept that much longer than the lease.
+        let graced = SlotRecord {
+            grace: Some(20_000),
+            ..parked.clone()
+        };
+        let text = graced.to_string();
+        assert!(
+            text.ends_with(" grace=20000 parked=1700000005000"),
+            "{text}"
+        );
+        assert_eq!(SlotRecord::parse(&text), Some(graced.clone()));
+        assert_eq!(graced.kept_for(), std::time::Duration::from_millis(23_000));
+        assert_eq!(
+            SlotRecord::parse(&text.replace("grace=20000", "grace=x")),
+            None
+        );
         assert!(parked.has_acked_digest(99, 0x1234) && !r.has_acked_digest(99, 0x1234));
         assert_eq!(SlotRecord::parse(&format!("{text} parked=1")), None);
         assert_eq!(

@@ -346,6 +346,7 @@ mod tests {
             acked,
             view: 0,
             parked: None,
+            grace: None,
         }
     }
 

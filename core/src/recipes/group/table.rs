@@ -188,6 +188,7 @@ mod tests {
                 acked: 0,
                 view: 0,
                 parked: None,
+                grace: None,
             }
             .to_string()
         };

@@ -20,13 +20,27 @@ impl Runner {
         self.check_assignor(&table)?;
         let mine =
             |t: &Table, m: &str| t.slots.iter().find(|(_, r)| r.member == m).map(|(&s, _)| s);
-        if mine(&table, &self.cfg.member).is_some() {
-            let give_up =
-                self.cfg.clock.monotonic() + self.cfg.effective_ttl + 2 * self.cfg.heartbeat;
+        if let Some(slot) = mine(&table, &self.cfg.member) {
+            // The previous process's record outlives its lease by its crash grace, if it had one.
+            let grace = table
+                .slots
+                .get(&slot)
+                .and_then(|r| r.grace)
+                .map_or(Duration::ZERO, Duration::from_millis);
+            let give_up = self.cfg.clock.monotonic()
+                + self.cfg.effective_ttl
+                + grace
+                + 2 * self.cfg.heartbeat;
             let mut take_backs = 0;
             while let Some(slot) = mine(&table, &self.cfg.member) {
                 self.claims.preferred = Some(slot);
-                let parked = table.slots.get(&slot).filter(|r| r.is_parked()).cloned();
+                // A parked claim is taken back; with a crash grace, so is a live one: the
+                // process that held it crashed (or is frozen) and this one replaces it.
+                let parked = table
+                    .slots
+                    .get(&slot)
+                    .filter(|r| r.is_parked() || !self.cfg.crash_grace.is_zero())
+                    .cloned();
                 if let Some(parked) = parked {
                     if self.resume(&table, slot, parked).await? {
                         return Ok(());
@@ -139,6 +153,7 @@ impl Runner {
             acked: self.cache.highest,
             view: 0,
             parked: None,
+            grace: self.grace_ms(),
         };
         self.claims.remember_nonce(record.nonce);
         self.claims.floor = 0;
@@ -147,7 +162,7 @@ impl Runner {
         if !self
             .cfg
             .store
-            .compare_and_set(&key, None, &record.to_string(), Some(self.cfg.ttl))
+            .compare_and_set(&key, None, &record.to_string(), Some(self.cfg.slot_ttl))
             .await?
         {
             return Ok(false);
@@ -164,7 +179,17 @@ impl Runner {
     /// the next epoch when it can ([`Runner::republish`]) and goes on like a fresh claim. Returns
     /// whether it took the slot (not when another process with this id took it first, or the
     /// record changed or expired).
+    ///
+    /// With a crash grace ([`GroupConfig::with_crash_grace`]) the claim taken over may be live:
+    /// a process of this id that crashed, or is frozen and may still grant until its lease
+    /// deadline. The compare-and-set stops its renewals, and this process then waits one lease
+    /// TTL (by which that deadline has passed) before it goes on. Until then its record keeps
+    /// the previous claim's acknowledgements, not more: the previous process may still hold what
+    /// it held, so no view may count this slot as having let go of anything.
+    ///
+    /// [`GroupConfig::with_crash_grace`]: super::super::GroupConfig::with_crash_grace
     async fn resume(&mut self, table: &Table, slot: u32, parked: SlotRecord) -> Result<bool> {
+        let takeover = !parked.is_parked();
         self.cache.highest = self.cache.highest.max(table.highest_epoch());
         // A claim of this process's own, with a fresh nonce: two processes that took back one
         // parked claim (a twin after a rollback restored the parked record) must never hold
@@ -174,9 +199,14 @@ impl Runner {
             nonce: rand::random(),
             since_ms: self.now_ms(),
             ttl_ms: self.cfg.ttl.as_millis() as u64,
-            acked: parked.acked.max(self.cache.highest),
-            view: 0,
+            acked: if takeover {
+                parked.acked
+            } else {
+                parked.acked.max(self.cache.highest)
+            },
+            view: if takeover { parked.view } else { 0 },
             parked: None,
+            grace: self.grace_ms(),
             member: parked.member.clone(),
         };
         self.claims.remember_nonce(record.nonce);
@@ -188,7 +218,12 @@ impl Runner {
         let written = match self
             .cfg
             .store
-            .compare_and_set(&key, Some(&stored), &record.to_string(), Some(self.cfg.ttl))
+            .compare_and_set(
+                &key,
+                Some(&stored),
+                &record.to_string(),
+                Some(self.cfg.slot_ttl),
+            )
             .await
         {
             Ok(written) => written,
@@ -202,8 +237,25 @@ impl Runner {
         if !written {
             return Ok(false);
         }
-        let mut table = table.clone();
-        table.slots.insert(slot, record.clone());
+        let (sent, mut table) = if takeover {
+            tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, wait = ?self.cfg.ttl, "took over the slot of this member id's previous process (crash grace): waiting one lease TTL, until that process has surely stopped granting");
+            self.cfg.clock.sleep(self.cfg.ttl).await;
+            let text = record.to_string();
+            let sent = self.cfg.clock.monotonic();
+            let renewed = self
+                .cfg
+                .store
+                .compare_and_set(&key, Some(&text), &text, Some(self.cfg.slot_ttl))
+                .await?;
+            if !renewed {
+                return Ok(false);
+            }
+            (sent, self.list().await?)
+        } else {
+            let mut table = table.clone();
+            table.slots.insert(slot, record.clone());
+            (sent, table)
+        };
         self.claims.floor = self.cache.highest;
         let republished = self
             .republish(&table, parked.holder(slot), record.holder(slot))
@@ -213,7 +265,7 @@ impl Runner {
             table.view_text = Some(next.to_string());
             table.view = Some(next);
         }
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, epoch, "took back the slot parked for a restart: the same slots, no key moves");
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, epoch, "took back the slot of this member id: the same slots, no key moves");
         self.hold(slot, record, sent, &table).await;
         Ok(true)
     }
@@ -261,6 +313,12 @@ impl Runner {
                 None
             }
         }
+    }
+
+    /// The crash grace as a slot record carries it.
+    fn grace_ms(&self) -> Option<u64> {
+        let grace = self.cfg.crash_grace;
+        (!grace.is_zero()).then_some(grace.as_millis() as u64)
     }
 
     /// Wall-clock milliseconds since the Unix epoch, as records carry them.

@@ -209,7 +209,7 @@ impl Runner {
         let (store, key, ttl) = (
             self.cfg.store.clone(),
             self.cfg.keys.slot(slot),
-            self.cfg.ttl,
+            self.cfg.slot_ttl,
         );
         let (views_dir, slots_dir) = (self.cfg.keys.views.clone(), self.cfg.keys.slots.clone());
         let call = async {
@@ -228,7 +228,7 @@ impl Runner {
     async fn renew_and_read_changes(&mut self, slot: u32, text: &str) -> Result<Heard> {
         let reads_slots = self.facts().reads_slots(slot);
         let store = self.cfg.store.clone();
-        let (key, ttl) = (self.cfg.keys.slot(slot), self.cfg.ttl);
+        let (key, ttl) = (self.cfg.keys.slot(slot), self.cfg.slot_ttl);
         let (views_dir, slots_dir) = (self.cfg.keys.views.clone(), self.cfg.keys.slots.clone());
         let view_since = self.cache.view_version.clone();
         let slot_since = self.cache.slots.as_ref().map(|s| s.version.clone());
@@ -367,7 +367,7 @@ impl Runner {
             self.cfg.store.clone(),
             self.cfg.keys.slot(claim.slot),
             claim.record.to_string(),
-            self.cfg.ttl,
+            self.cfg.slot_ttl,
         );
         let slots_dir = self.cfg.keys.slots.clone();
         let call =

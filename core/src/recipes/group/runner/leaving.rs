@@ -127,7 +127,7 @@ impl Runner {
         let sent = self.cfg.clock.monotonic();
         let store = self.cfg.store.clone();
         let renewed = self
-            .before_lapse(store.compare_and_set(&key, Some(&text), &text, Some(self.cfg.ttl)))
+            .before_lapse(store.compare_and_set(&key, Some(&text), &text, Some(self.cfg.slot_ttl)))
             .await?;
         if renewed {
             let mut st = self.shared.lock();

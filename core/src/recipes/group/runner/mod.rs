@@ -95,6 +95,11 @@ pub(super) struct Settings {
     /// How long a parked claim waits for this member id to come back
     /// ([`GroupConfig::with_restart_window`]).
     restart_window: Duration,
+    /// The crash grace ([`GroupConfig::with_crash_grace`]); zero: none.
+    crash_grace: Duration,
+    /// How long the store keeps this member's slot record after a renewal: the lease TTL plus
+    /// the crash grace.
+    slot_ttl: Duration,
     /// How long the members of the last view have to claim their slots again after an outage
     /// of the store ([`GroupConfig::with_outage_grace`]); zero: no grace.
     outage_grace: Duration,
@@ -322,6 +327,8 @@ impl Runner {
                 drain_timeout: config.drain_timeout.unwrap_or(config.ttl),
                 restart_window: config.restart_window(),
                 outage_grace: config.outage_grace(),
+                crash_grace: config.crash_grace,
+                slot_ttl: config.ttl + config.crash_grace,
                 standby: config.standby,
                 change_checks: config.change_checks,
                 notifications: config.notifications,

@@ -34,6 +34,7 @@ fn record(nonce: u64) -> SlotRecord {
         acked: 0,
         view: 0,
         parked: None,
+        grace: None,
     }
 }
 
