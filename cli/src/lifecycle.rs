@@ -159,10 +159,11 @@ impl Readiness {
             loop {
                 // The member's own answer: it counts a lease past its deadline as not ready
                 // before the heartbeat task publishes it.
-                let ready = member.ready();
-                if was != Some(ready) {
-                    set(path.as_deref(), ready);
-                    was = Some(ready);
+                let a = member.assignment();
+                let now = (a.is_ready(), a.is_working());
+                if was != Some(now) {
+                    set(path.as_deref(), now.0, now.1);
+                    was = Some(now);
                 }
                 tokio::select! {
                     changed = watch.changed() => if changed.is_err() { break },
@@ -170,7 +171,7 @@ impl Readiness {
                     () = tokio::time::sleep(Duration::from_millis(250)) => {}
                 }
             }
-            set(path.as_deref(), false);
+            set(path.as_deref(), false, false);
         });
         Readiness { file, task }
     }
@@ -179,13 +180,14 @@ impl Readiness {
 impl Drop for Readiness {
     fn drop(&mut self) {
         self.task.abort();
-        set(self.file.as_deref(), false);
+        set(self.file.as_deref(), false, false);
     }
 }
 
-/// Publishes readiness: the flag `/ready` answers, and the file when there is one.
-fn set(file: Option<&Path>, ready: bool) {
-    crate::observe::set_ready(ready);
+/// Publishes readiness: the flags `/ready` and `/working` answer, and the file when there is
+/// one.
+fn set(file: Option<&Path>, ready: bool, working: bool) {
+    crate::observe::set_ready(ready, working);
     let Some(file) = file else { return };
     let result = if ready {
         std::fs::write(file, b"ready\n")

@@ -64,9 +64,14 @@ pub const METRICS_LOG_TARGET: &str = "headcount::metrics";
 /// ready, 2 ready. `/ready` answers it.
 static READY: AtomicU8 = AtomicU8::new(0);
 
-/// Sets what `/ready` answers (see `lifecycle::Readiness`).
-pub fn set_ready(ready: bool) {
+/// Whether the member works (owns its share; a standby that waits does not), for `/working`:
+/// 0 not followed, 1 not working, 2 working.
+static WORKING: AtomicU8 = AtomicU8::new(0);
+
+/// Sets what `/ready` and `/working` answer (see `lifecycle::Readiness`).
+pub fn set_ready(ready: bool, working: bool) {
     READY.store(if ready { 2 } else { 1 }, Ordering::Relaxed);
+    WORKING.store(if working { 2 } else { 1 }, Ordering::Relaxed);
 }
 
 /// Binds `addr`, installs the Prometheus recorder and serves `/metrics` in the background for
@@ -144,7 +149,8 @@ async fn answer(mut stream: TcpStream, handle: PrometheusHandle) -> std::io::Res
     let (status, body) = match (method, path) {
         ("GET" | "HEAD", "/metrics" | "/") => ("200 OK", handle.render()),
         ("GET" | "HEAD", "/ready") => match READY.load(Ordering::Relaxed) {
-            2 => ("200 OK", "ready\n".to_owned()),
+            2 if WORKING.load(Ordering::Relaxed) == 2 => ("200 OK", "ready\n".to_owned()),
+            2 => ("200 OK", "ready (standing by)\n".to_owned()),
             1 => ("503 Service Unavailable", "not ready\n".to_owned()),
             _ => (
                 "404 Not Found",
@@ -152,9 +158,21 @@ async fn answer(mut stream: TcpStream, handle: PrometheusHandle) -> std::io::Res
                     .to_owned(),
             ),
         },
+        ("GET" | "HEAD", "/working") => match WORKING.load(Ordering::Relaxed) {
+            2 => ("200 OK", "working\n".to_owned()),
+            1 => (
+                "503 Service Unavailable",
+                "not working (joining, standing by, or in no view)\n".to_owned(),
+            ),
+            _ => (
+                "404 Not Found",
+                "no membership here: /working is served by `run` and `exec` in group mode\n"
+                    .to_owned(),
+            ),
+        },
         ("GET" | "HEAD", _) => (
             "404 Not Found",
-            "not found: try /metrics or /ready\n".to_owned(),
+            "not found: try /metrics, /ready or /working\n".to_owned(),
         ),
         _ => ("405 Method Not Allowed", "use GET\n".to_owned()),
     };

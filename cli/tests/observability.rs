@@ -116,6 +116,10 @@ fn run_serves_the_documented_metrics_and_logs_json() {
     }
     let (status, _) = http_get(&addr, "/nothing");
     assert!(status.contains("404"), "{status}");
+    let ready = http_get(&addr, "/ready");
+    assert_eq!(ready, ("HTTP/1.1 200 OK".into(), "ready\n".into()));
+    let working = http_get(&addr, "/working");
+    assert_eq!(working, ("HTTP/1.1 200 OK".into(), "working\n".into()));
     drop(reap);
     // Every line the process wrote on stderr was a JSON object.
     for line in rx.try_iter() {
@@ -299,4 +303,48 @@ fn distributor_service_lines_carry_a_timestamp() {
         .as_str()
         .unwrap_or_else(|| panic!("no `at` in {last}"));
     assert!(at.ends_with('Z') && at.len() == 24, "{at}");
+}
+
+/// A standby is ready (a deploy may go on) but not working (it owns nothing yet): `/ready` and
+/// `/working` tell the two apart.
+#[test]
+fn a_standby_is_ready_but_not_working() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/m.db", dir.path().display());
+    let first = headcount()
+        .args(["run", "--store", &url, "--group", "surge", "--ttl", "600ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start headcount");
+    let _first = Reap(first);
+    let mut child = headcount()
+        .args(["run", "--store", &url, "--group", "surge", "--ttl", "600ms"])
+        .args(["--standby-for", "60s"])
+        .args(["--metrics-addr", "127.0.0.1:0", "--log-format", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start headcount");
+    let stderr = child.stderr.take().expect("stderr");
+    let _reap = Reap(child);
+    let line = BufReader::new(stderr)
+        .lines()
+        .next()
+        .expect("a log line")
+        .expect("a line");
+    let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
+    let addr = v["fields"]["addr"].as_str().expect("addr").to_owned();
+    let every = Duration::from_millis(50);
+    eventually_blocking("the standby ready", Duration::from_secs(20), every, || {
+        let ready = http_get(&addr, "/ready");
+        if ready.0 == "HTTP/1.1 200 OK" {
+            Ok(())
+        } else {
+            Err(ready)
+        }
+    });
+    assert_eq!(http_get(&addr, "/ready").1, "ready (standing by)\n");
+    let (status, body) = http_get(&addr, "/working");
+    assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
 }

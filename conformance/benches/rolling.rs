@@ -7,6 +7,8 @@
 //! cargo bench -p headcount-conformance --bench rolling -- --styles static,leave --restart-ms 500
 //! cargo bench -p headcount-conformance --bench rolling -- --styles static,replace --notifications both
 //! cargo bench -p headcount-conformance --bench rolling -- --styles leave,surge --assignors jumpback,balanced,sticky
+//! cargo bench -p headcount-conformance --bench rolling -- --styles kill,kill-grace,checkpoint,twin --assignors sticky
+//! cargo bench -p headcount-conformance --bench rolling -- --backends redis,postgres --styles outage-3s,outage-10s --ttl 6
 //! ```
 //!
 //! Servers come from the conformance harness (started from their binaries on loopback, or the
@@ -31,14 +33,34 @@
 //!   ([`GroupConfig::with_standby`], `--standby-for`): it is ready while it stands by, and the
 //!   old member's leave hands it its slot;
 //! * **kill** (only when asked): the member is dropped without leaving and the same id joins
-//!   after `--restart-ms` (a pod killed and restarted): it waits out its old lease.
+//!   after `--restart-ms` (a pod killed and restarted): it waits out its old lease, racing the
+//!   others' view without it;
+//! * **kill-grace**: the same with a crash grace of five TTLs on every member
+//!   ([`GroupConfig::with_crash_grace`]): the same id takes its slot over, waits one lease TTL,
+//!   and nothing moves;
+//! * **checkpoint**: a static restart whose member holds a grant on every key it owns for a
+//!   checkpoint of 1.5 TTLs when told to stop, with a drain timeout of three TTLs: the leave
+//!   waits for the checkpoint, renewing its lease, and parks the claim afterwards. Each
+//!   checkpoint then writes its keys through a fence that every owner the sampler sees writes
+//!   through too: `refused` counts the checkpoints' writes the fence refused (another member
+//!   took the key and wrote while the checkpoint ran);
+//! * **twin**: a member is frozen (its store calls held) while a new process with its id joins
+//!   and takes its place (with a crash grace, as `kill-grace`); then it goes on, finds its id
+//!   held by the newer process, and must yield before claiming or publishing anything: no key
+//!   moves;
+//! * **outage-3s**, **outage-10s**: not a step per member but one event: the store's server is
+//!   killed (SIGKILL) and started again on the same data after 3 s or 10 s, every member
+//!   running (Redis with its append-only file, PostgreSQL and etcd keep their data; not SQLite,
+//!   which has no server). Run them with `--ttl 6` to see the outage shorter than a lease ride
+//!   through without a lapse.
 //!
 //! Before each next step the bench waits until every member is ready (active under one epoch
 //! naming them all), as a deploy tool that waits for readiness does. A sampler reads, every
 //! 10 ms, which member would grant each key, and reports per style: the epochs created (view
 //! changes), the keys that changed owner (a member with another id) against the minimum (0 with
 //! the same ids, every key once with new ids), the longest time one key had no owner, the
-//! key-seconds without an owner, the store calls per step, and the rollout's wall time.
+//! key-seconds without an owner, the checkpoints refused by the fence, the store calls per
+//! step, and the rollout's wall time.
 //!
 //! The keys are assigned with `jumpback`, the default; `--assignors` runs each style under each
 //! assignor named, where `sticky` and `balanced` declare the keys as the group's key set (a style
@@ -59,10 +81,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use headcount::assign::{AssignorKind, KeySet};
-use headcount::recipes::group::{Group, GroupConfig, Member};
+use headcount::fence::Fence;
+use headcount::recipes::group::{Grant, Group, GroupConfig, Member};
 use headcount::{DynStore, Op};
 use headcount_conformance::harness::ServerKind;
-use headcount_conformance::{Decorated, Hooks};
+use headcount_conformance::{Decorated, Hooks, ServerControl};
 
 const PREFIX: &str = "hcr";
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
@@ -75,6 +98,30 @@ struct Calls(AtomicU64);
 impl Hooks for Calls {
     async fn before(&self, _op: Op) -> headcount::Result<()> {
         self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Holds one member's calls and their replies while it is frozen (as SIGSTOP would).
+#[derive(Debug, Clone)]
+struct Freeze(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Freeze {
+    async fn pass(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|frozen| !*frozen).await;
+    }
+}
+
+#[async_trait]
+impl Hooks for Freeze {
+    async fn before(&self, _op: Op) -> headcount::Result<()> {
+        self.pass().await;
+        Ok(())
+    }
+
+    async fn after(&self, _op: Op, _took: Duration) -> headcount::Result<()> {
+        self.pass().await;
         Ok(())
     }
 }
@@ -210,6 +257,7 @@ type Live = Arc<Mutex<Vec<(String, Member)>>>;
 async fn sample(
     live: Live,
     keys: Vec<String>,
+    fence: Arc<Fence>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<KeySeen> {
     let mut seen = vec![KeySeen::default(); keys.len()];
@@ -220,9 +268,12 @@ async fn sample(
             for (k, key) in keys.iter().enumerate() {
                 let mut owners = members
                     .iter()
-                    .filter(|(_, m)| m.would_grant(key).is_some())
-                    .map(|(id, _)| id);
-                let owner = owners.next();
+                    .filter_map(|(id, m)| m.would_grant(key).map(|t| (id, t)));
+                // The owner writes the key through the fence, as a worker would.
+                let owner = owners.next().map(|(id, token)| {
+                    fence.admit(key, token);
+                    id
+                });
                 let s = &mut seen[k];
                 if owners.next().is_some() {
                     s.doubles += 1;
@@ -289,11 +340,20 @@ struct Row {
     calls_per_step: f64,
     wall: Duration,
     doubles: u64,
+    refused: u64,
 }
 
+/// The outage of an `outage-<N>s` style, if it is one.
+fn outage_of(style: &str) -> Option<Duration> {
+    let secs = style.strip_prefix("outage-")?.strip_suffix('s')?;
+    Some(Duration::from_secs_f64(secs.parse().ok()?))
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn rollout(
     backend: ServerKind,
     store: &DynStore,
+    control: Option<&dyn ServerControl>,
     n: usize,
     style: &str,
     notices: bool,
@@ -305,14 +365,31 @@ async fn rollout(
     let group = format!("r{:08x}", rand::random::<u32>());
     let calls = Arc::new(Decorated::with(store.clone(), Calls::default()));
     let counted: DynStore = calls.clone();
+    // Each member over a freeze of its own (the `twin` style freezes one).
+    let freezes: Arc<Mutex<BTreeMap<String, Freeze>>> = Arc::default();
+    let store_for = |id: &str| -> DynStore {
+        let freeze = Freeze(Arc::new(tokio::sync::watch::Sender::new(false)));
+        freezes
+            .lock()
+            .unwrap()
+            .insert(id.to_owned(), freeze.clone());
+        Arc::new(Decorated::with(counted.clone(), freeze))
+    };
     let keys: Vec<String> = (0..o.keys).map(|k| format!("p{k}")).collect();
     let set = KeySet::new(&keys).map_err(|e| e.to_string())?;
+    let fence = Arc::new(Fence::new());
+    let refused = Arc::new(AtomicU64::new(0));
     let config = |id: &str| {
-        let config = GroupConfig::new(group.clone(), ttl)
+        let mut config = GroupConfig::new(group.clone(), ttl)
             .with_prefix(PREFIX)
             .with_member(id)
             .with_restart_window(ttl * 5)
             .with_notifications(notices);
+        match style {
+            "kill-grace" | "twin" => config = config.with_crash_grace(ttl * 5),
+            "checkpoint" => config = config.with_drain_timeout(ttl * 3),
+            _ => {}
+        }
         match assignor {
             "sticky" => config.with_keys(set.clone()),
             "balanced" => config
@@ -324,19 +401,31 @@ async fn rollout(
     let live: Live = Arc::new(Mutex::new(Vec::new()));
     for i in 0..n {
         let id = format!("m{i}");
-        let m = Group::join(counted.clone(), config(&id))
+        let m = Group::join(store_for(&id), config(&id))
             .await
             .map_err(|e| e.to_string())?;
         live.lock().unwrap().push((id, m));
     }
     let first = ready(&live, n, ttl * 20).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let sampler = tokio::spawn(sample(live.clone(), keys.clone(), stop_rx));
+    let sampler = tokio::spawn(sample(live.clone(), keys.clone(), fence.clone(), stop_rx));
     tokio::time::sleep(SAMPLE_EVERY * 3).await;
     let calls_before = calls.hooks().0.load(Ordering::Relaxed);
     let started = Instant::now();
     let within = ttl * 20;
-    for i in 0..n {
+    let steps = if let Some(down) = outage_of(style) {
+        let control = control.ok_or("an outage needs a server the bench started")?;
+        control.kill().await.map_err(|e| e.to_string())?;
+        let killed = Instant::now();
+        tokio::time::sleep(down.saturating_sub(killed.elapsed())).await;
+        control.start().await.map_err(|e| e.to_string())?;
+        eprintln!("  server down {:.2} s", killed.elapsed().as_secs_f64());
+        ready(&live, n, within).await?;
+        0
+    } else {
+        n
+    };
+    for i in 0..steps {
         let old = format!("m{i}");
         let take = |live: &Live| {
             let mut members = live.lock().unwrap();
@@ -344,22 +433,61 @@ async fn rollout(
             members.remove(at).1
         };
         match style {
-            "static" | "leave" | "kill" => {
+            "static" | "leave" | "kill" | "kill-grace" | "checkpoint" => {
                 let m = take(&live);
                 match style {
                     "static" => m.leave_for_restart().await.map_err(|e| e.to_string())?,
                     "leave" => m.leave().await.map_err(|e| e.to_string())?,
+                    "checkpoint" => {
+                        // Every key it owns is in a checkpoint that ends 1.5 TTLs after the
+                        // stop, then written through the fence.
+                        let held: Vec<(String, Grant)> = keys
+                            .iter()
+                            .filter_map(|k| m.owns(k).map(|g| (k.clone(), g)))
+                            .collect();
+                        let (fence, refused) = (fence.clone(), refused.clone());
+                        let checkpoint = tokio::spawn(async move {
+                            tokio::time::sleep(ttl * 3 / 2).await;
+                            for (k, g) in held {
+                                if !fence.admit(&k, g.token()) {
+                                    refused.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        });
+                        m.leave_for_restart().await.map_err(|e| e.to_string())?;
+                        checkpoint.await.map_err(|e| e.to_string())?;
+                    }
                     _ => drop(m),
                 }
                 tokio::time::sleep(o.restart).await;
-                let m = Group::join(counted.clone(), config(&old))
+                let m = Group::join(store_for(&old), config(&old))
                     .await
                     .map_err(|e| e.to_string())?;
                 live.lock().unwrap().push((old.clone(), m));
             }
+            "twin" => {
+                // Frozen past its lease while a new process with its id takes its place.
+                let freeze = freezes.lock().unwrap()[&old].clone();
+                freeze.0.send_replace(true);
+                let frozen = take(&live);
+                let m = Group::join(store_for(&old), config(&old))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                live.lock().unwrap().push((old.clone(), m));
+                ready(&live, n, within).await?;
+                // It goes on and must yield; the sampler watches it meanwhile.
+                let watched = format!("{old}-frozen");
+                live.lock().unwrap().push((watched.clone(), frozen.clone()));
+                freeze.0.send_replace(false);
+                match tokio::time::timeout(within, frozen.active(u64::MAX)).await {
+                    Ok(Err(_)) => {}
+                    _ => return Err(format!("{old}: the resumed twin did not yield")),
+                }
+                live.lock().unwrap().retain(|(id, _)| *id != watched);
+            }
             "surge" => {
                 let new = format!("n{i}");
-                let m = Group::join(counted.clone(), config(&new))
+                let m = Group::join(store_for(&new), config(&new))
                     .await
                     .map_err(|e| e.to_string())?;
                 live.lock().unwrap().push((new, m));
@@ -368,7 +496,7 @@ async fn rollout(
             }
             "replace" => {
                 let new = format!("n{i}");
-                let m = Group::join(counted.clone(), config(&new).with_standby(within))
+                let m = Group::join(store_for(&new), config(&new).with_standby(within))
                     .await
                     .map_err(|e| e.to_string())?;
                 // Ready while it stands by: the deploy tool stops the old member next.
@@ -412,10 +540,49 @@ async fn rollout(
             .max()
             .unwrap_or_default(),
         key_seconds: seen.iter().map(|s| s.unowned.as_secs_f64()).sum(),
-        calls_per_step: (calls_after - calls_before) as f64 / n as f64,
+        calls_per_step: (calls_after - calls_before) as f64 / steps.max(1) as f64,
         wall,
         doubles: seen.iter().map(|s| s.doubles).sum(),
+        refused: refused.load(Ordering::Relaxed),
     })
+}
+
+/// A server for an outage: one the bench starts and may kill, with its data kept across a
+/// restart (Redis with its append-only file); `None` for SQLite, which has no server.
+async fn outage_server(backend: ServerKind) -> Option<(String, Arc<dyn ServerControl>)> {
+    use headcount_conformance::harness::{KvControl, KvStore, PgControl, PgServer};
+    let timeout = Duration::from_secs(5);
+    tokio::task::spawn_blocking(move || match backend {
+        ServerKind::Redis => {
+            let s = KvStore::redis_with(None, &["--appendonly", "yes", "--appendfsync", "always"])
+                .expect("a Redis with its append-only file");
+            let s = Arc::new(s);
+            let url = s.url();
+            Some((
+                url,
+                Arc::new(KvControl::new(s, timeout)) as Arc<dyn ServerControl>,
+            ))
+        }
+        ServerKind::Etcd => {
+            let s = Arc::new(KvStore::etcd(1, None).expect("an etcd"));
+            let url = s.url();
+            Some((
+                url,
+                Arc::new(KvControl::new(s, timeout)) as Arc<dyn ServerControl>,
+            ))
+        }
+        ServerKind::Postgres => {
+            let s = Arc::new(PgServer::start_new(None).expect("a PostgreSQL"));
+            let url = s.url();
+            Some((
+                url,
+                Arc::new(PgControl::new(s, timeout)) as Arc<dyn ServerControl>,
+            ))
+        }
+        _ => None,
+    })
+    .await
+    .unwrap()
 }
 
 fn main() {
@@ -444,6 +611,26 @@ fn main() {
             ttls.insert(backend.name(), o.ttl.max(store.capabilities().min_ttl));
             for &n in &o.sizes {
                 for style in &o.styles {
+                    // An outage kills a server of its own, started with its data kept.
+                    let dedicated = match outage_of(style) {
+                        Some(_) => match outage_server(backend).await {
+                            Some((url, control)) => {
+                                fill_store(&url, o.unrelated).await.unwrap_or_else(|e| {
+                                    panic!("{}: filling: {e}", backend.name())
+                                });
+                                Some((headcount::connect(&url).await.unwrap(), control))
+                            }
+                            None => {
+                                eprintln!("SKIP {style} on {}: no server to kill", backend.name());
+                                continue;
+                            }
+                        },
+                        None => None,
+                    };
+                    let (on, control) = match &dedicated {
+                        Some((s, c)) => (s, Some(c.as_ref())),
+                        None => (&store, None),
+                    };
                     for &notices in &o.notifications {
                         for assignor in &o.assignors {
                             eprintln!(
@@ -451,7 +638,9 @@ fn main() {
                                 n,
                                 backend.name()
                             );
-                            match rollout(backend, &store, n, style, notices, assignor, &o).await {
+                            match rollout(backend, on, control, n, style, notices, assignor, &o)
+                                .await
+                            {
                                 Ok(row) => rows.push(row),
                                 Err(e) => panic!("{} {n} {style}: {e}", backend.name()),
                             }
@@ -467,11 +656,11 @@ fn main() {
         o.restart.as_millis(),
         o.unrelated
     );
-    println!("| backend | TTL ms | members | style | epochs created | keys moved | minimum | longest pause of a key ms | key-seconds without an owner | store calls per step | rollout s |");
-    println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| backend | TTL ms | members | style | epochs created | keys moved | minimum | longest pause of a key ms | key-seconds without an owner | checkpoints refused | store calls per step | rollout s |");
+    println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.1} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} | {:.0} | {:.1} |",
             r.backend,
             ttls[r.backend].as_millis(),
             r.members,
@@ -481,6 +670,7 @@ fn main() {
             r.minimum,
             r.longest.as_millis(),
             r.key_seconds,
+            r.refused,
             r.calls_per_step,
             r.wall.as_secs_f64()
         );

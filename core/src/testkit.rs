@@ -17,7 +17,12 @@
 //!   stop, its handle lives on, its grants turn invalid at its lease deadline),
 //!   [`TestGroup::resume`] lets it go on, [`TestGroup::restart`] crashes it and joins again with
 //!   the same member id, [`TestGroup::leave`] leaves gracefully (its keys move at once) and
-//!   [`TestGroup::join`] adds a member;
+//!   [`TestGroup::join`] adds a member ([`TestGroup::join_with`] one with a configuration of its
+//!   own: a standby, a crash grace);
+//! * [`TestGroup::leave_for_restart`] then [`TestGroup::restart`] is a static restart (its place
+//!   waits, no key moves), [`TestGroup::crash`] then [`TestGroup::restart`] a crash-restart (with
+//!   [`GroupConfig::with_crash_grace`] in [`TestGroupBuilder::configure`], no key moves either),
+//!   and [`TestGroup::store_down`] / [`TestGroup::store_up`] an outage of the store;
 //! * [`TestGroup::converged`] moves the manual clock in small steps until every running member
 //!   is active under one view whose live slots are exactly the running members, or fails with
 //!   [`KitError::NotConverged`] naming those that are not, after a bound of simulated time
@@ -85,7 +90,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -347,6 +352,7 @@ impl TestGroupBuilder {
             step,
             limit: self.limit.unwrap_or(self.ttl * 20),
             calls: Arc::new(AtomicU64::new(0)),
+            down: Arc::new(AtomicBool::new(false)),
             members: Vec::new(),
             initial: self.members,
         }
@@ -374,6 +380,8 @@ fn refuse_multi_thread() {
 struct Gate {
     calls: Arc<AtomicU64>,
     paused: watch::Sender<bool>,
+    /// The store is down for every member ([`TestGroup::store_down`]).
+    down: Arc<AtomicBool>,
 }
 
 impl Gate {
@@ -387,8 +395,15 @@ impl Gate {
 
 #[async_trait]
 impl Hooks for Arc<Gate> {
-    async fn before(&self, _op: Op) -> Result<()> {
+    async fn before(&self, op: Op) -> Result<()> {
         self.pass().await;
+        if self.down.load(Ordering::Relaxed) {
+            return Err(Error::Unavailable {
+                backend: "memory",
+                message: format!("the test kit's store is down (`{op:?}` did not reach it)"),
+                source: None,
+            });
+        }
         Ok(())
     }
 
@@ -424,6 +439,8 @@ pub struct TestGroup {
     step: Duration,
     limit: Duration,
     calls: Arc<AtomicU64>,
+    /// The store is down for every member ([`TestGroup::store_down`]).
+    down: Arc<AtomicBool>,
     members: Vec<Slot>,
     initial: usize,
 }
@@ -577,6 +594,16 @@ impl TestGroup {
     /// Joins one more member (id `m{index}` unless [`TestGroupBuilder::member_ids`] named it)
     /// and returns its index. Does not wait for the group to converge.
     pub async fn join(&mut self) -> std::result::Result<usize, KitError> {
+        self.join_with(|c| c).await
+    }
+
+    /// [`TestGroup::join`] with the member's [`GroupConfig`] changed further by `f`, for this
+    /// member alone: a standby (`|c| c.with_standby(wait)`, which waits until a member leaves
+    /// or its wait ends), a crash grace. A restart of this member uses the kit's configuration.
+    pub async fn join_with(
+        &mut self,
+        f: impl FnOnce(GroupConfig) -> GroupConfig,
+    ) -> std::result::Result<usize, KitError> {
         let i = self.members.len();
         let id = self.ids.get(i).cloned().unwrap_or_else(|| format!("m{i}"));
         self.members.push(Slot {
@@ -585,7 +612,7 @@ impl TestGroup {
             gate: self.new_gate(),
             state: MemberState::Crashed,
         });
-        match self.start_member(i).await {
+        match self.start_member_with(i, f).await {
             Ok(()) => Ok(i),
             Err(e) => {
                 self.members.pop();
@@ -598,6 +625,7 @@ impl TestGroup {
         Arc::new(Gate {
             calls: self.calls.clone(),
             paused: watch::Sender::new(false),
+            down: self.down.clone(),
         })
     }
 
@@ -616,6 +644,15 @@ impl TestGroup {
 
     /// Joins member `i` afresh, through a new gate, with its id.
     async fn start_member(&mut self, i: usize) -> std::result::Result<(), KitError> {
+        self.start_member_with(i, |c| c).await
+    }
+
+    /// [`TestGroup::start_member`] with the configuration changed by `f`.
+    async fn start_member_with(
+        &mut self,
+        i: usize,
+        f: impl FnOnce(GroupConfig) -> GroupConfig,
+    ) -> std::result::Result<(), KitError> {
         let gate = self.new_gate();
         let id = self.slot(i).id.clone();
         let mut store = Arc::new(self.store.clone()) as DynStore;
@@ -623,7 +660,7 @@ impl TestGroup {
             store = layer(i, store, Arc::new(self.clock.clone()));
         }
         let store: DynStore = Arc::new(Decorated::with(store, gate.clone()));
-        let config = self.config(&id);
+        let config = f(self.config(&id));
         let joined = self
             .drive(i, "join", async move { Group::join(store, config).await })
             .await?;
@@ -705,6 +742,41 @@ impl TestGroup {
             action: "leave",
             source,
         })
+    }
+
+    /// Member `i` leaves for a restart ([`Member::leave_for_restart`]): its grants drain and
+    /// its claim is parked for the restart window, its keys waiting for it. Start it again with
+    /// [`TestGroup::restart`] (within the window: it takes its place back and no key moves).
+    /// Needs an explicit member id, which every kit member has. Does nothing to a member that
+    /// crashed or left.
+    pub async fn leave_for_restart(&mut self, i: usize) -> std::result::Result<(), KitError> {
+        self.resume(i);
+        let slot = self.slot_mut(i);
+        let Some(member) = slot.handle.take() else {
+            return Ok(());
+        };
+        slot.state = MemberState::Left;
+        let id = slot.id.clone();
+        let left = self.drive(i, "leave", member.leave_for_restart()).await?;
+        left.map_err(|source| KitError::Group {
+            index: i,
+            member: id,
+            action: "leave",
+            source,
+        })
+    }
+
+    /// The store goes down for every member: each of their calls fails with
+    /// [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable), as when a Redis or a PostgreSQL
+    /// restarts or fails over, until [`TestGroup::store_up`]. Its data is kept, and its TTLs run
+    /// on (a slot whose lease was not renewed expires meanwhile, as on a real server).
+    pub fn store_down(&self) {
+        self.down.store(true, Ordering::Relaxed);
+    }
+
+    /// The store answers again (see [`TestGroup::store_down`]).
+    pub fn store_up(&self) {
+        self.down.store(false, Ordering::Relaxed);
     }
 
     /// Runs `work` in a task of its own, stepping the clock until it finishes.

@@ -312,3 +312,158 @@ mod crash_grace {
             .unwrap();
     }
 }
+
+mod service_api {
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use headcount_core::assign::KeySet;
+    use headcount_core::recipes::group::{Cause, Change, GroupPhase};
+    use headcount_core::testkit::TestGroup;
+    use tokio::sync::broadcast::Receiver;
+
+    const TTL: Duration = Duration::from_secs(6);
+
+    fn names() -> Vec<String> {
+        [
+            "orders", "payments", "refunds", "invoices", "audit", "search", "mail", "sms",
+        ]
+        .iter()
+        .flat_map(|t| (0..8).map(move |p| format!("{t}-{p}")))
+        .collect()
+    }
+
+    async fn group(n: usize, grace: Option<Duration>) -> TestGroup {
+        let keys = KeySet::new(names()).unwrap();
+        TestGroup::builder("svc")
+            .members(n)
+            .ttl(TTL)
+            .configure(move |c| {
+                let c = c.with_keys(keys.clone());
+                match grace {
+                    Some(g) => c.with_outage_grace(g),
+                    None => c,
+                }
+            })
+            .start()
+            .await
+            .expect("starts")
+    }
+
+    /// Every change `rx` got: the keys each lost, with its cause.
+    fn drained(rx: &mut Receiver<Change>) -> Vec<(Cause, usize)> {
+        let keys = names();
+        let mut out = Vec::new();
+        while let Ok(c) = rx.try_recv() {
+            out.push((c.cause, c.lost(&keys).len()));
+        }
+        out
+    }
+
+    /// `owned()` names the declared keys by the names the service gave them; the members'
+    /// snapshots split the set exactly.
+    #[tokio::test]
+    async fn owned_names_the_keys_of_the_service() {
+        let group = group(3, None).await;
+        let mut seen = BTreeSet::new();
+        for i in 0..3 {
+            let owned = group.member(i).owned();
+            assert!(!owned.is_empty());
+            for k in owned {
+                assert!(group.member(i).owns(&k).is_some(), "{k}");
+                assert!(seen.insert(k.clone()), "{k} owned twice");
+            }
+        }
+        assert_eq!(seen, names().into_iter().collect());
+    }
+
+    /// A leave and a lapse reach `revocations()` with every key the member owned, and why.
+    #[tokio::test]
+    async fn revocations_tell_a_leave_and_a_lapse() {
+        let mut group = group(3, None).await;
+        let owned = group.member(1).owned().len();
+        let mut rx = group.member(1).revocations();
+        group.leave(1).await.expect("leaves");
+        assert_eq!(drained(&mut rx), vec![(Cause::Leave, owned)]);
+
+        let owned = group.member(2).owned().len();
+        let mut rx = group.member(2).revocations();
+        group.pause(2);
+        group.advance(TTL).await;
+        assert_eq!(group.member(2).assignment().phase, GroupPhase::Rejoining);
+        assert_eq!(drained(&mut rx), vec![(Cause::Lapse, owned)]);
+    }
+
+    /// The store down three leases and back with its data: every lease lapsed, yet the members
+    /// take their own slots back and no key moves (the outage grace); with the grace off, the
+    /// first member back takes every key and hands them back.
+    #[tokio::test]
+    async fn a_store_outage_moves_nothing_within_the_outage_grace() {
+        for (grace, moves) in [(None, false), (Some(Duration::ZERO), true)] {
+            let group = group(3, grace).await;
+            let keys = names();
+            let before: Vec<Option<usize>> = keys.iter().map(|k| group.owner_of(k)).collect();
+            let mut rx: Vec<_> = (0..3).map(|i| group.member(i).changes()).collect();
+            group.store_down();
+            group.advance(TTL * 3).await;
+            assert!(
+                keys.iter().all(|k| group.owner_of(k).is_none()),
+                "all lapsed"
+            );
+            group.store_up();
+            group.converged().await.expect("converges");
+            let after: Vec<Option<usize>> = keys.iter().map(|k| group.owner_of(k)).collect();
+            if !moves {
+                assert_eq!(after, before);
+            }
+            let gained: usize = rx
+                .iter_mut()
+                .map(|rx| {
+                    let mut n = 0;
+                    while let Ok(c) = rx.try_recv() {
+                        n += c.gained(&keys).len();
+                    }
+                    n
+                })
+                .sum();
+            // Each key is gained once, by its owner, back from nothing; more is a move.
+            assert_eq!(
+                gained > keys.len(),
+                moves,
+                "grace {grace:?}: {gained} gains"
+            );
+        }
+    }
+
+    /// A static restart and a standby through the kit: neither moves a key it need not.
+    #[tokio::test]
+    async fn static_restarts_and_standbys_in_the_kit() {
+        let mut group = group(3, None).await;
+        let keys = names();
+        let before: Vec<Option<usize>> = keys.iter().map(|k| group.owner_of(k)).collect();
+        group.leave_for_restart(1).await.expect("parks");
+        group.advance(TTL / 2).await;
+        group.restart(1).await.expect("back");
+        group.converged().await.expect("converges");
+        let after: Vec<Option<usize>> = keys.iter().map(|k| group.owner_of(k)).collect();
+        assert_eq!(after, before, "a static restart moves nothing");
+
+        let standby = group
+            .join_with(|c| c.with_standby(TTL * 10))
+            .await
+            .expect("stands by");
+        assert_eq!(
+            group.member(standby).assignment().phase,
+            GroupPhase::Standby
+        );
+        assert!(group.member(standby).ready() && !group.member(standby).working());
+        group.leave(2).await.expect("leaves");
+        group.converged().await.expect("converges");
+        for (k, was) in keys.iter().zip(&before) {
+            let now = group.owner_of(k);
+            let expected = if *was == Some(2) { Some(standby) } else { *was };
+            assert_eq!(now, expected, "{k}");
+        }
+        assert!(group.member(standby).working());
+    }
+}

@@ -278,6 +278,16 @@ struct Sim {
     replace_rng: StdRng,
     /// When a member leaves because a standby joined to replace it.
     leaves: Vec<Duration>,
+    /// Draws for what is not planned (store outages, crash-restarts within a crash grace, the
+    /// grace and drain timeout of a seed), apart from `rng` so that a seed's other events are
+    /// drawn as before.
+    ride_rng: StdRng,
+    /// Every member's crash grace on this seed (zero: none).
+    crash_grace: Duration,
+    /// Every member's drain timeout on this seed (`None`: the default, one TTL).
+    drain_timeout: Option<Duration>,
+    /// The store is down for every process until then.
+    down_until: Option<Duration>,
     /// How every process gets the store's change notifications.
     notices: NoticeRates,
 }
@@ -333,6 +343,15 @@ impl Sim {
         }
         if let Some(wait) = standby {
             config = config.with_standby(wait);
+        }
+        if !self.crash_grace.is_zero() {
+            config = config.with_crash_grace(self.crash_grace);
+        }
+        if let Some(timeout) = self.drain_timeout {
+            config = config.with_drain_timeout(timeout);
+        }
+        if self.down_until.is_some() {
+            faults.set_down(true);
         }
         let joining = tokio::spawn(Group::join(store, config));
         match standby {
@@ -481,9 +500,19 @@ impl Sim {
                 let id = self.procs[i].id.clone();
                 let parks = self.procs[i].member.is_some() && self.rng.random_bool(0.5);
                 if !parks {
-                    // A restart: the process dies and comes back with the same member id.
+                    // A restart: the process dies and comes back with the same member id; with
+                    // a crash grace, at once or up to a little past the grace and a lease later
+                    // (a container restarted in place).
                     self.crash(i);
-                    self.start(id, rates);
+                    if self.crash_grace.is_zero() {
+                        self.start(id, rates);
+                    } else {
+                        let longest = (TTL + self.crash_grace).as_millis() as u64 * 6 / 5;
+                        let back = Duration::from_millis(self.ride_rng.random_range(0..longest));
+                        self.note(format!("back in {back:?}"));
+                        let at = self.now() + back;
+                        self.restarts.push((at, id));
+                    }
                     return;
                 }
                 // A restart with static membership: the process leaves for a restart (its
@@ -538,8 +567,36 @@ impl Sim {
                 self.note(format!("twin of {}", self.procs[i].label));
                 self.start(id, rates);
             }
-            90..100 if rollbacks => self.roll_back(),
+            // Not while the store is down: no member could see what the rollback lost, nor
+            // outlive the outage to republish above it, and the fences would not be owed an
+            // order (the documented limit, not what this seed is checking).
+            90..100 if rollbacks && self.down_until.is_none() => self.roll_back(),
             _ => {}
+        }
+    }
+
+    /// The store goes down for every process (calls fail before reaching it) for 200 ms to
+    /// three and a half TTLs, with its data kept: a restart, a failover, a cut link.
+    fn outage(&mut self) {
+        if self.down_until.is_some() {
+            return;
+        }
+        let d = Duration::from_millis(self.ride_rng.random_range(200..3_200));
+        self.down_until = Some(self.now() + d);
+        for p in &self.procs {
+            p.faults.set_down(true);
+        }
+        self.note(format!("the store is down for {d:?}"));
+    }
+
+    /// Ends the outage when it is due (at once with `all`).
+    fn outage_due(&mut self, all: bool) {
+        if self.down_until.is_some_and(|t| all || t <= self.now()) {
+            self.down_until = None;
+            for p in &self.procs {
+                p.faults.set_down(false);
+            }
+            self.note("the store is back".into());
         }
     }
 
@@ -997,11 +1054,23 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
         replace_rng: StdRng::seed_from_u64(seed ^ 0x5eed_4e91ace),
         leaves: Vec::new(),
         notices: notices_for_seed(seed),
+        ride_rng: StdRng::seed_from_u64(seed ^ 0x0071_de5e),
+        crash_grace: Duration::ZERO,
+        drain_timeout: None,
+        down_until: None,
     };
+    if sim.ride_rng.random_bool(0.35) {
+        sim.crash_grace = Duration::from_millis(sim.ride_rng.random_range(300..2_000));
+    }
+    if sim.ride_rng.random_bool(0.3) {
+        sim.drain_timeout = Some(TTL * sim.ride_rng.random_range(2..5));
+    }
     sim.note(format!(
-        "{plan:?} assignor {assignor:?} store {} notifications {}",
+        "{plan:?} assignor {assignor:?} store {} notifications {} crash grace {:?} drain timeout {:?}",
         sim.store.describe(),
-        describe_notices(&sim.notices)
+        describe_notices(&sim.notices),
+        sim.crash_grace,
+        sim.drain_timeout
     ));
     let first = sim.rng.random_range(1..=3);
     for _ in 0..first {
@@ -1025,8 +1094,12 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
         sim.resume_due();
         sim.restart_due(plan.rates, false);
         sim.leave_due(false);
+        sim.outage_due(false);
         if sim.rng.random_bool(plan.event) {
             sim.event(plan.rates, plan.rollbacks);
+        }
+        if sim.ride_rng.random_bool(plan.event / 10.0) {
+            sim.outage();
         }
         sim.work();
         if let Some(what) = sim
@@ -1064,6 +1137,7 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
     sim.note(format!(
         "faults stop ({notice_faults} notice faults injected so far)"
     ));
+    sim.outage_due(true);
     for p in &mut sim.procs {
         p.faults.set_rates(FaultRates::NONE);
         p.faults.resume();
@@ -1075,8 +1149,10 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
     sim.restart_due(FaultRates::NONE, true);
     sim.leave_due(true);
     let quiet = sim.now();
-    // A join may wait one TTL for a previous incarnation; then TTL + two heartbeats + hand-off.
-    let deadline = quiet + TTL * 4;
+    // A join may wait one TTL for a previous incarnation (and its crash grace, or a TTL after
+    // taking its slot over); then TTL + two heartbeats + hand-off. A crashed member's slot
+    // outlives its lease by the crash grace.
+    let deadline = quiet + TTL * 5 + sim.crash_grace * 2;
     loop {
         tokio::time::sleep(TICK).await;
         sim.settle_joins().await;

@@ -78,6 +78,8 @@ impl KeySetId {
 #[derive(Clone, PartialEq, Eq)]
 pub struct KeySet {
     hashes: Vec<u64>,
+    /// The keys' names, in the order of `hashes` (shared by the clones).
+    names: Arc<[Box<[u8]>]>,
     id: KeySetId,
 }
 
@@ -127,8 +129,13 @@ impl KeySet {
                 });
             }
         }
-        Ok(KeySet::from_sorted_hashes(
+        let names = named
+            .iter()
+            .map(|(_, k)| Box::<[u8]>::from(k.as_ref()))
+            .collect();
+        Ok(KeySet::from_sorted(
             named.into_iter().map(|(h, _)| h).collect(),
+            names,
         ))
     }
 
@@ -161,7 +168,8 @@ impl KeySet {
         }
     }
 
-    fn from_sorted_hashes(hashes: Vec<u64>) -> KeySet {
+    /// The set of `hashes` (ascending) and their `names`, in the same order.
+    fn from_sorted(hashes: Vec<u64>, names: Arc<[Box<[u8]>]>) -> KeySet {
         let mut bytes = Vec::with_capacity(hashes.len() * 8);
         for h in &hashes {
             bytes.extend_from_slice(&h.to_le_bytes());
@@ -170,7 +178,7 @@ impl KeySet {
             count: hashes.len() as u32,
             digest: hash_bytes(&bytes),
         };
-        KeySet { hashes, id }
+        KeySet { hashes, names, id }
     }
 
     /// How many keys.
@@ -201,6 +209,15 @@ impl KeySet {
     /// The declared keys' hashes, ascending.
     pub fn hashes(&self) -> &[u64] {
         &self.hashes
+    }
+
+    /// The declared keys with their hashes, in the order of [`KeySet::hashes`]: the names as
+    /// they were declared.
+    pub fn keys(&self) -> impl Iterator<Item = (u64, &[u8])> + '_ {
+        self.hashes
+            .iter()
+            .copied()
+            .zip(self.names.iter().map(|n| &n[..]))
     }
 }
 
@@ -385,7 +402,10 @@ impl Assignor for Balanced {
     /// The balanced assignor over an empty set: every key falls back to
     /// [`JumpBackFailover`]. Use [`Balanced::new`] to declare keys.
     fn build(topology: &Topology) -> Result<Self, AssignError> {
-        Balanced::new(topology, Arc::new(KeySet::from_sorted_hashes(Vec::new())))
+        Balanced::new(
+            topology,
+            Arc::new(KeySet::from_sorted(Vec::new(), Arc::from(Vec::new()))),
+        )
     }
 
     fn kind(&self) -> AssignorKind {

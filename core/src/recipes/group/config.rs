@@ -232,7 +232,7 @@ impl GroupConfig {
     ///
     /// The trade-off: a member that really died leaves its keys without an owner for the grace
     /// plus a lease (instead of a lease), and a view change meanwhile (a join or a leave) waits
-    /// for it too. Choose a grace a little longer than a restart takes. A process that joins
+    /// for it too, three lease TTLs at most. Choose a grace a little longer than a restart takes. A process that joins
     /// with the id of a live one replaces it: the older one stops granting at once and ends
     /// with [`ErrorKind::Rejected`](crate::ErrorKind::Rejected), so give each instance its own
     /// id. Every member of the group must run a version of headcount that knows the grace.

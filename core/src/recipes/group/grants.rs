@@ -51,9 +51,13 @@ pub(super) struct State {
     /// have started work under it, so what the member keeps granting during the hand-off must
     /// be its own in every one of them.
     pub(super) skipped: Vec<Arc<ViewState>>,
-    /// The views adopted since the member's claim (oldest first, at most
-    /// [`State::HISTORY`]): a key's fencing token is the first epoch of the unbroken run of
-    /// consecutive epochs, up to the newest, in which the key was the member's.
+    /// The views adopted since the member's claim (oldest first, at most [`State::HISTORY`]
+    /// views and [`State::HISTORY_ENTRIES`] assignment entries): a key's fencing token is the
+    /// first epoch of the unbroken run of consecutive epochs, up to the newest, in which the key
+    /// was the member's. A run longer than the history starts at its oldest view: a newer
+    /// token, which a fence still orders after every other owner's, while a grant still in
+    /// flight from earlier keeps its older token for the new grants of its key (see
+    /// [`State::key_token`]).
     pub(super) history: VecDeque<Arc<ViewState>>,
     /// Key grants in flight, by key hash: how many, and the token of the first of them since
     /// the count was last zero (a key with a grant in flight all along stayed the member's: a
@@ -77,12 +81,23 @@ impl State {
     /// The most views [`State::history`] keeps.
     pub(super) const HISTORY: usize = 64;
 
+    /// The most assignment entries ([`ViewState::weight`]: slots, and declared keys) the views
+    /// of [`State::history`] hold together, beyond the newest two: a group of a few thousand
+    /// members keeps 64 views, one with 65,536 declared keys about four, so a member's memory
+    /// does not grow with the views it saw.
+    pub(super) const HISTORY_ENTRIES: usize = 1 << 18;
+
     /// Records a view the member adopted.
     pub(super) fn remember(&mut self, view: Arc<ViewState>) {
-        if self.history.len() >= Self::HISTORY {
-            self.history.pop_front();
-        }
         self.history.push_back(view);
+        let mut weight: usize = self.history.iter().map(|v| v.weight()).sum();
+        while self.history.len() > Self::HISTORY
+            || (self.history.len() > 2 && weight > Self::HISTORY_ENTRIES)
+        {
+            if let Some(old) = self.history.pop_front() {
+                weight -= old.weight();
+            }
+        }
     }
 
     /// Forgets what the member owned: its lease lapsed or it left, so ownership starts over.

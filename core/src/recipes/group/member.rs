@@ -92,6 +92,7 @@ impl Group {
             member,
             explicit,
             task: Arc::new(task),
+            declared: config.declared.clone(),
         })
     }
 }
@@ -136,6 +137,8 @@ pub struct Member {
     /// then can a restarted process come back as this member.
     pub(super) explicit: bool,
     pub(super) task: Arc<Background>,
+    /// The group's declared keys ([`GroupConfig::with_keys`]), for [`Member::owned`].
+    pub(super) declared: Option<Arc<crate::assign::KeySet>>,
 }
 
 impl fmt::Debug for Member {
@@ -165,6 +168,24 @@ impl Member {
         let now = self.shared.clock.monotonic();
         let scope = Scope::Key(hash_bytes(key.as_ref()));
         self.shared.lock().grantable(scope, now).map(|g| g.token)
+    }
+
+    /// The declared keys ([`GroupConfig::with_keys`], `with_partitions`) this member owns now,
+    /// by name, in no particular order: those [`Member::owns`] would grant at this instant
+    /// (none while its lease lapsed or it leaves, and none of a hand-off's lost keys). A
+    /// snapshot for a dashboard, a log line or a rebalance listener; ask [`Member::owns`]
+    /// before each piece of work. Empty in a group without declared keys. Names that are not
+    /// UTF-8 are given lossily.
+    pub fn owned(&self) -> Vec<String> {
+        let Some(keys) = &self.declared else {
+            return Vec::new();
+        };
+        let now = self.shared.clock.monotonic();
+        let st = self.shared.lock();
+        keys.keys()
+            .filter(|&(h, _)| st.grantable(Scope::Key(h), now).is_some())
+            .map(|(_, name)| String::from_utf8_lossy(name).into_owned())
+            .collect()
     }
 
     /// [`Member::owns`] for a key that is already a hash (see [`crate::assign::hash_u64`]).
@@ -208,10 +229,13 @@ impl Member {
     /// the keys this member is about to lose. It is sent before the member acknowledges the
     /// view, but the member does not wait for it to be read: what holds the hand-off is the
     /// grants still held on those keys (up to the drain timeout), so hold a key's grant until its
-    /// work is finished or checkpointed. The keys are no longer granted from that moment. A
-    /// lapsed or lost lease and a leave send nothing here: every grant's [`Grant::revoked`]
-    /// fires then. Kafka's `onPartitionsRevoked`; [`Member::changes`] is its `onPartitionsAssigned`.
-    /// Per grant, [`Grant::revoked`] says the same.
+    /// work is finished or checkpointed. The keys are no longer granted from that moment.
+    ///
+    /// A leave and a lapsed or lost lease are sent too, with every key the member owned as
+    /// lost ([`Change::cause`] says which): a leave waits for the grants (up to the drain
+    /// timeout), a lapse waits for nobody, so stop that work at once. Kafka's
+    /// `onPartitionsRevoked` (and `onPartitionsLost` for a lapse); [`Member::changes`] is its
+    /// `onPartitionsAssigned`. Per grant, [`Grant::revoked`] says the same.
     pub fn revocations(&self) -> broadcast::Receiver<Change> {
         self.shared.revocations.subscribe()
     }
@@ -221,6 +245,12 @@ impl Member {
     /// a readiness probe (`headcount run` and `exec` serve it as `--ready-file` and `/ready`).
     pub fn ready(&self) -> bool {
         self.assignment().is_ready()
+    }
+
+    /// Whether the member works now ([`Assignment::is_working`]): it owns its share, with its
+    /// lease alive on its own clock. A standby is ready ([`Member::ready`]) but not working.
+    pub fn working(&self) -> bool {
+        self.assignment().is_working()
     }
 
     /// Waits until the member is ready ([`Member::ready`]) and returns its assignment; the

@@ -90,7 +90,7 @@ pub use records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord, MAX_
 pub use remove::{remove, Removed};
 pub use status::{status, status_with_keys, GroupStatus, KeyOwner, Standby};
 pub use table::Table;
-pub use view::{Assignment, Change, GroupPhase, ViewState};
+pub use view::{Assignment, Cause, Change, GroupPhase, ViewState};
 
 /// The lease TTL the `headcount` CLI uses when `--ttl` is not given, a sensible default for an
 /// application too: a member renews every 2 s, and a crashed member's keys move after at most

@@ -79,8 +79,15 @@ impl Assignment {
     /// while the previous replacement is still taking its slot over: safe, as any two view
     /// changes in a row are, but the two hand-overs overlap.
     pub fn is_ready(&self) -> bool {
-        (self.phase == GroupPhase::Active && self.index.is_some())
-            || self.phase == GroupPhase::Standby
+        self.is_working() || self.phase == GroupPhase::Standby
+    }
+
+    /// Whether the member *works*: active under a view that names it, so it owns its share of
+    /// the keys. Unlike [`Assignment::is_ready`], a standby that waits is not working: a probe
+    /// that must tell an instance that serves from one that waits for a place asks this
+    /// (`headcount run` and `exec` serve it as `/working`).
+    pub fn is_working(&self) -> bool {
+        self.phase == GroupPhase::Active && self.index.is_some()
     }
 
     /// The articles' `(index, replicas)`: task `t` belongs to this member when
@@ -154,6 +161,17 @@ impl ViewState {
         slot_record.has_acked_digest(self.record.epoch, self.digest)
     }
 
+    /// How many assignment entries the view holds in memory: its slots, and the keys of its
+    /// declared set (the sticky and balanced assignors keep an owner per key).
+    pub(super) fn weight(&self) -> usize {
+        let declared = self
+            .record
+            .assignor
+            .and_then(AssignorKind::declared)
+            .map_or(0, |id| id.count as usize);
+        self.record.holders.len() + declared
+    }
+
     /// The epoch.
     pub fn epoch(&self) -> u64 {
         self.record.epoch
@@ -224,14 +242,54 @@ pub struct Change {
     pub to: Arc<ViewState>,
     /// The member's slot.
     pub slot: u32,
+    /// Why the member's keys change.
+    pub cause: Cause,
     /// The member's claim of that slot.
     pub(super) holder: Holder,
+}
+
+/// Why a member's keys change ([`Change::cause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Cause {
+    /// A new view: a join, a leave or a crash of another member, or this member's own join.
+    View,
+    /// The member leaves ([`Member::leave`](super::Member::leave),
+    /// [`leave_for_restart`](super::Member::leave_for_restart)): it loses every key, and the
+    /// leave waits for their grants (up to the drain timeout).
+    Leave,
+    /// The member's lease lapsed (its renewals failed until its deadline) or its slot was lost:
+    /// it loses every key at once, and nobody waits for its grants, so stop their work now.
+    Lapse,
 }
 
 impl Change {
     /// The epoch now active.
     pub fn epoch(&self) -> u64 {
         self.to.epoch()
+    }
+
+    /// Everything the member owned under `from` is lost (a leave or a lapse, `cause`): the
+    /// change goes to a view that names nobody, under the same epoch.
+    pub(super) fn losing_all(from: Arc<ViewState>, holder: Holder, cause: Cause) -> Change {
+        let nothing = ViewRecord {
+            epoch: from.epoch(),
+            holders: Vec::new(),
+            assignor: from.record.assignor,
+            owners: None,
+        };
+        let digest = nothing.digest();
+        Change {
+            to: Arc::new(ViewState {
+                record: nothing,
+                assignor: None,
+                digest,
+            }),
+            from: Some(from),
+            slot: holder.slot,
+            cause,
+            holder,
+        }
     }
 
     /// Of `keys`, those this member owns now and did not before.

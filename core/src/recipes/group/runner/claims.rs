@@ -237,26 +237,20 @@ impl Runner {
         if !written {
             return Ok(false);
         }
+        // The previous incarnation granted under views up to the highest epoch seen before the
+        // take-over at most: a view published since names this claim, not the previous one.
+        self.claims.floor = self.cache.highest;
         let (sent, mut table) = if takeover {
-            tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, wait = ?self.cfg.ttl, "took over the slot of this member id's previous process (crash grace): waiting one lease TTL, until that process has surely stopped granting");
-            self.cfg.clock.sleep(self.cfg.ttl).await;
-            let text = record.to_string();
-            let sent = self.cfg.clock.monotonic();
-            let renewed = self
-                .cfg
-                .store
-                .compare_and_set(&key, Some(&text), &text, Some(self.cfg.slot_ttl))
-                .await?;
-            if !renewed {
-                return Ok(false);
-            }
-            (sent, self.list().await?)
+            let sent = self.wait_out_predecessor(slot, &record, &parked).await?;
+            let table = self.list().await?;
+            // Views were published while it waited: the next one this member mints is above.
+            self.cache.highest = self.cache.highest.max(table.highest_epoch());
+            (sent, table)
         } else {
             let mut table = table.clone();
             table.slots.insert(slot, record.clone());
             (sent, table)
         };
-        self.claims.floor = self.cache.highest;
         let republished = self
             .republish(&table, parked.holder(slot), record.holder(slot))
             .await;
@@ -268,6 +262,62 @@ impl Runner {
         tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, epoch, "took back the slot of this member id: the same slots, no key moves");
         self.hold(slot, record, sent, &table).await;
         Ok(true)
+    }
+
+    /// Just after taking over `slot` from the live claim `previous` of this member id as
+    /// `record` (see [`Runner::resume`]): waits until the previous process has surely stopped
+    /// granting, one lease TTL (the longer of its own and this process's: it stops at its
+    /// renewal plus 90% of its TTL, and its last renewal came before the take-over), renewing
+    /// `record` every heartbeat meanwhile. Returns when the last renewal was sent, for the lease
+    /// deadline. Fails with `Rejected` when another process of this id took the slot over in
+    /// turn (the newest wins), or with the store's error when the last renewal cannot be made.
+    async fn wait_out_predecessor(
+        &mut self,
+        slot: u32,
+        record: &SlotRecord,
+        previous: &SlotRecord,
+    ) -> Result<Duration> {
+        let wait = self.cfg.ttl.max(Duration::from_millis(previous.ttl_ms));
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, wait = ?wait, "took over the slot of this member id's previous process (crash grace): waiting one lease TTL, until that process has surely stopped granting");
+        let key = self.cfg.keys.slot(slot);
+        let text = record.to_string();
+        let end = self.cfg.clock.monotonic() + wait;
+        loop {
+            let now = self.cfg.clock.monotonic();
+            let done = now >= end;
+            if !done {
+                self.cfg
+                    .clock
+                    .sleep(self.cfg.heartbeat.min(end - now))
+                    .await;
+            }
+            let sent = self.cfg.clock.monotonic();
+            match self
+                .cfg
+                .store
+                .compare_and_set(&key, Some(&text), &text, Some(self.cfg.slot_ttl))
+                .await
+            {
+                Ok(true) if sent >= end => return Ok(sent),
+                Ok(true) => {}
+                // Only another process with this id takes a claim of this id over: the newest
+                // one wins, as this one did over its predecessor.
+                Ok(false) => {
+                    return Err(self.rejected(format!(
+                        "member id `{}` was taken over by another process while this one waited for its predecessor's lease: this one yields (give each instance its own member id)",
+                        self.cfg.member
+                    )))
+                }
+                Err(e) if sent >= end + self.cfg.ttl => return Err(e),
+                // Tried again at the next heartbeat, or soon once the wait is over.
+                Err(e) => {
+                    self.set_error(Some(&e));
+                    if sent >= end {
+                        self.cfg.clock.sleep(self.cfg.heartbeat / 4).await;
+                    }
+                }
+            }
+        }
     }
 
     /// Just after taking back the parked claim `parked` as `claim` (the same slot, a new

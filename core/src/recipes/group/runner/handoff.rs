@@ -3,11 +3,12 @@
 //! that stalls the hand-off.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use super::super::records::{parse_acks, AckRecord, SettledRecord, SlotRecord};
 use super::super::table::Table;
 use super::super::view::ViewState;
-use super::super::{MAX_LEASE_TTL, MAX_RESTART_WINDOW, MIN_LEASE_TTL};
+use super::super::{MAX_LEASE_TTL, MIN_LEASE_TTL};
 use super::decide::{drain_timed_out, settled_at_or_past};
 use super::{Nudge, Runner, Stall, WrittenAck, ACK_TTLS, NUDGES_PER_BEAT};
 
@@ -273,9 +274,9 @@ impl Runner {
                     return;
                 }
             };
-            let ttl = r
-                .kept_for()
-                .clamp(MIN_LEASE_TTL, MAX_LEASE_TTL + MAX_RESTART_WINDOW);
+            // The lease TTL alone, not the crash grace: a crashed member that stalls a
+            // hand-off for three TTLs stops waiting on the grace.
+            let ttl = Duration::from_millis(r.ttl_ms).clamp(MIN_LEASE_TTL, MAX_LEASE_TTL);
             match self
                 .cfg
                 .store

@@ -183,17 +183,17 @@ impl Runner {
         self.outage.last_view = self.target().or(cached);
     }
 
-    /// A heartbeat sent at `sent` reached the store. After a heartbeat or more without an
-    /// answer, leases may have run out in the store meanwhile, the others' as well as this
+    /// A heartbeat sent at `sent` reached the store. After failures for a heartbeat or more,
+    /// leases may have run out in the store meanwhile, the others' as well as this
     /// member's: the outage grace starts ([`GroupConfig::with_outage_grace`]).
     ///
     /// [`GroupConfig::with_outage_grace`]: super::super::GroupConfig::with_outage_grace
     fn store_answered(&mut self, sent: Duration) {
-        let last_ok = self.outage.last_ok.replace(sent);
         let Some(since) = self.outage.failing_since.take() else {
             return;
         };
-        let away = sent.saturating_sub(last_ok.unwrap_or(since));
+        // From the first failure: one failed call answered at the next try is no outage.
+        let away = sent.saturating_sub(since);
         if away < self.cfg.heartbeat || self.cfg.outage_grace.is_zero() {
             self.outage.last_view = None;
             return;
@@ -285,14 +285,24 @@ impl Runner {
         viewed: RenewedListing,
         slots: Option<RenewedListing>,
     ) -> Result<Heard> {
+        // The view directory did not come with the answer, and the member holds no copy of it
+        // to go on with: the store answered "unchanged" for a version this member does not hold
+        // (it asked with the one it holds, so only a faulty store does), or the copy went with
+        // the table's (dropped for a whole read). Read the table whole, the view first: reading
+        // the view alone now would pair it with slots read before it, and every decision on a
+        // table assumes its slots were read after its view (a view published in between may
+        // name claims the slots lack: simulation seed 17554, a member paused between the two
+        // reads published a view from slots 2.8 s older than the view it replaced).
+        let kept = self.cache.view_version.as_deref() == Some(viewed.version.as_str())
+            && self.cache.slots.is_some();
+        if viewed.listing.is_none() && !kept {
+            let renewed = slots.as_ref().map_or(viewed.renewed, |s| s.renewed);
+            self.forget_seen();
+            self.cache.slots = None;
+            return Ok(Heard::listed(renewed, self.list().await?));
+        }
         let dirs = &self.cfg.keys;
-        // The store answered "unchanged" for a version this member does not hold (it asked with
-        // the one it holds, so only a faulty store does): read the directory.
-        let views = match viewed.listing {
-            Some(listing) => Some(listing),
-            None if self.cache.view_version.as_deref() == Some(viewed.version.as_str()) => None,
-            None => Some(self.cfg.store.list(&dirs.views).await?),
-        };
+        let views = viewed.listing;
         let mut renewed = viewed.renewed;
         let fresh = slots.is_some();
         let mut slot_version = self.cache.slots.as_ref().map(|s| s.version.clone());
@@ -332,10 +342,8 @@ impl Runner {
                 match (views, &held) {
                     (Some(views), _) => table.set_view(&dirs.views, views),
                     (None, Some(held)) => table.take_view(held),
-                    (None, None) => {
-                        let views = self.cfg.store.list(&dirs.views).await?;
-                        table.set_view(&dirs.views, views);
-                    }
+                    // Ruled out above: with no listing of the view, a copy is held.
+                    (None, None) => {}
                 }
                 (Arc::new(table), true)
             }

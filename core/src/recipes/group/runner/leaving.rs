@@ -7,7 +7,7 @@ use std::time::UNIX_EPOCH;
 
 use super::super::grants::Shared;
 use super::super::records::SlotRecord;
-use super::super::view::GroupPhase;
+use super::super::view::{Cause, Change, GroupPhase};
 use super::decide::view_is_stale;
 use super::{Claim, Runner};
 use crate::error::{Error, Result};
@@ -16,6 +16,7 @@ impl Runner {
     /// Stops all work at once: every grant turns invalid and the member claims again. `reason`
     /// is the metric's label (`lapsed`, `lost`), `why` the log's.
     pub(super) fn revoke(&mut self, reason: &'static str, why: &str) {
+        self.tell_revoked(Cause::Lapse);
         let had = {
             let mut st = self.shared.lock();
             let had = st.active.is_some() || st.pending.is_some() || st.deadline.is_some();
@@ -34,6 +35,23 @@ impl Runner {
             a.index = None;
             a.phase = GroupPhase::Rejoining;
         });
+    }
+
+    /// Tells [`Member::revocations`](super::super::Member::revocations) that the member loses
+    /// every key it owns under its active view, for `cause`; nothing when it owns nothing.
+    fn tell_revoked(&self, cause: Cause) {
+        let change = {
+            let st = self.shared.lock();
+            match (&st.active, st.holder) {
+                (Some(active), Some(holder)) if active.pair_of(holder).is_some() => {
+                    Some(Change::losing_all(active.clone(), holder, cause))
+                }
+                _ => None,
+            }
+        };
+        if let Some(change) = change {
+            let _ = self.shared.revocations.send(change);
+        }
     }
 
     /// Ends with an error: leaves the slot to others and reports.
@@ -64,9 +82,15 @@ impl Runner {
             .map_or(start, |b| b + self.cfg.heartbeat)
             .max(start);
         loop {
-            if !self.shared.lock().busy() {
-                return true;
-            }
+            // What is held now, for the log line of a cut: a lapse revokes every grant (and
+            // forgets them) before the cut is seen.
+            let (keys, share) = {
+                let st = self.shared.lock();
+                if !st.busy() {
+                    return true;
+                }
+                st.held(|_| false)
+            };
             let now = self.cfg.clock.monotonic();
             let deadline = self.shared.lock().deadline;
             let lapsed = deadline.is_none_or(|d| now >= d);
@@ -78,6 +102,9 @@ impl Runner {
             } else if renews && now >= renew_at {
                 renew_at = now + self.cfg.heartbeat;
                 match self.renew_while_leaving().await {
+                    // The deadline passed while the renewal was in flight: every grant was
+                    // revoked, which is no drain.
+                    _ if self.shared.lock().deadline.is_none() => Some("lapsed"),
                     Ok(true) => None,
                     Ok(false) => Some("lost"),
                     Err(e) => {
@@ -91,7 +118,6 @@ impl Runner {
                 None
             };
             if let Some(reason) = cut {
-                let (keys, share) = self.shared.lock().held(|_| false);
                 let why = match reason {
                     "timeout" => "the drain timeout passed",
                     "lost" => "the slot was no longer this member's",
@@ -141,6 +167,7 @@ impl Runner {
     /// Stops granting, drains, deletes the slot and publishes the view without it; or, when
     /// leaving for a restart, parks the claim (see [`Runner::park`]).
     pub(super) async fn leave(&mut self) -> Result<()> {
+        self.tell_revoked(Cause::Leave);
         let restart = {
             let mut st = self.shared.lock();
             st.leaving = true;
@@ -183,12 +210,21 @@ impl Runner {
                 // never removes the next holder's claim), and only once nothing is in flight:
                 // with grants still out, the others must wait for the lease to expire, not for a
                 // delete.
+                let key = self.cfg.keys.slot(claim.slot);
+                let text = claim.record.to_string();
                 if drained {
-                    let key = self.cfg.keys.slot(claim.slot);
-                    let text = claim.record.to_string();
                     if let Err(e) = self.cfg.store.compare_and_delete(&key, &text).await {
                         result = Err(e);
                     }
+                } else if !self.cfg.crash_grace.is_zero() {
+                    // The others wait for the lease of the grants cut short, not for the crash
+                    // grace too: this member is not coming back. Best effort: the record
+                    // expires after the grace otherwise.
+                    let _ = self
+                        .cfg
+                        .store
+                        .compare_and_set(&key, Some(&text), &text, Some(self.cfg.ttl))
+                        .await;
                 }
                 if result.is_ok() {
                     self.publish_without(claim.slot).await;

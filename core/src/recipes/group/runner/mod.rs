@@ -270,8 +270,6 @@ struct Discrepancy {
 /// The store not answering the member's heartbeats, and the member riding through it.
 #[derive(Default)]
 struct Outage {
-    /// When a heartbeat last reached the store (monotonic; when it was sent).
-    last_ok: Option<Duration>,
     /// Since when the heartbeats fail with store errors, while they do (monotonic).
     failing_since: Option<Duration>,
     /// The view the member worked towards when the store stopped answering: after the outage,

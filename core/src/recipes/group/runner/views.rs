@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::super::records::{Holder, ViewRecord, MAX_EPOCH};
 use super::super::table::Table;
-use super::super::view::{Change, GroupPhase, ViewState};
+use super::super::view::{Cause, Change, GroupPhase, ViewState};
 use super::decide::{
     awaits_returning, left_out, next_view, publishes, unsettled, view_is_stale, view_needs_slots,
     view_slot_gone,
@@ -39,6 +39,15 @@ impl Runner {
         // The floor counts the acknowledgements too: a member that never saw the view (it was
         // lost or overwritten) still must not publish an epoch some member already acted on.
         let floor = self.cache.highest.max(table.highest_epoch());
+        // A claim taken back from a restart or a crash activates no view at or below the epochs
+        // its previous process granted under (`Claims::floor`): a view there, even one naming
+        // this claim (a store that went back re-minted it), is replaced by one above it, or the
+        // member would wait for ever.
+        let wanted = if self.claims.floor > 0 {
+            floor.max(self.claims.floor + 1)
+        } else {
+            floor
+        };
         let twin_epoch = self.note_twins(table);
         // A view a later version wrote is neither replaced nor adopted while a holder it names
         // is live (see `ViewRecord::newer_version`): this member keeps its own and says why.
@@ -46,12 +55,13 @@ impl Runner {
         if let Some(epoch) = newer {
             self.set_error(Some(&newer_version(epoch)));
         }
-        let stale = newer.is_none() && view_is_stale(table.view.as_ref(), &live, floor, twin_epoch);
+        let stale =
+            newer.is_none() && view_is_stale(table.view.as_ref(), &live, wanted, twin_epoch);
         self.cache.highest = floor;
         // A view that went back, is missing or took this member's epoch needs a view above it,
         // which only a member that read the slots publishes: read them at the next beat.
         self.cache.need_slots =
-            !fresh && newer.is_none() && view_needs_slots(table.view.as_ref(), floor, twin_epoch);
+            !fresh && newer.is_none() && view_needs_slots(table.view.as_ref(), wanted, twin_epoch);
         let now = self.cfg.clock.monotonic();
         if self.outage.grace_until.is_some_and(|u| now >= u) {
             self.outage.grace_until = None;
@@ -64,13 +74,17 @@ impl Runner {
             let lowest = table.working().next() == my_slot && my_slot.is_some();
             // Back from an outage of the store: the members of the last view claim their slots
             // again before anyone publishes a view without them.
-            let returning = awaits_returning(
-                self.outage.grace_until,
-                now,
-                self.outage.last_view.as_ref().map(|v| v.record()),
-                table.view.as_ref(),
-                &live,
-            );
+            // Not a view that must be replaced whatever the slots (one below an epoch some
+            // member acted on, or an epoch minted twice): that repair waits for nobody.
+            let repair = twin_epoch || table.view.as_ref().is_some_and(|v| v.epoch < wanted);
+            let returning = !repair
+                && awaits_returning(
+                    self.outage.grace_until,
+                    now,
+                    self.outage.last_view.as_ref().map(|v| v.record()),
+                    table.view.as_ref(),
+                    &live,
+                );
             let since = match &self.discrepancy {
                 Some(d) if d.live == live => d.since,
                 _ => now,
@@ -253,6 +267,7 @@ impl Runner {
                     from: Some(active.clone()),
                     to: state,
                     slot: holder.slot,
+                    cause: Cause::View,
                     holder,
                 }),
                 _ => None,
@@ -349,6 +364,7 @@ impl Runner {
             from,
             to: view,
             slot,
+            cause: Cause::View,
             holder,
         });
     }
