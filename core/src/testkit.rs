@@ -728,20 +728,7 @@ impl TestGroup {
     /// lease to run out. A paused member is resumed first. Does not wait for the group to
     /// converge. Does nothing to a member that crashed or left.
     pub async fn leave(&mut self, i: usize) -> std::result::Result<(), KitError> {
-        self.resume(i);
-        let slot = self.slot_mut(i);
-        let Some(member) = slot.handle.take() else {
-            return Ok(());
-        };
-        slot.state = MemberState::Left;
-        let id = slot.id.clone();
-        let left = self.drive(i, "leave", member.leave()).await?;
-        left.map_err(|source| KitError::Group {
-            index: i,
-            member: id,
-            action: "leave",
-            source,
-        })
+        self.leave_with(i, false).await
     }
 
     /// Member `i` leaves for a restart ([`Member::leave_for_restart`]): its grants drain and
@@ -750,6 +737,11 @@ impl TestGroup {
     /// Needs an explicit member id, which every kit member has. Does nothing to a member that
     /// crashed or left.
     pub async fn leave_for_restart(&mut self, i: usize) -> std::result::Result<(), KitError> {
+        self.leave_with(i, true).await
+    }
+
+    /// Member `i` leaves, for a restart when `restart` says so.
+    async fn leave_with(&mut self, i: usize, restart: bool) -> std::result::Result<(), KitError> {
         self.resume(i);
         let slot = self.slot_mut(i);
         let Some(member) = slot.handle.take() else {
@@ -757,7 +749,11 @@ impl TestGroup {
         };
         slot.state = MemberState::Left;
         let id = slot.id.clone();
-        let left = self.drive(i, "leave", member.leave_for_restart()).await?;
+        let left = if restart {
+            self.drive(i, "leave", member.leave_for_restart()).await?
+        } else {
+            self.drive(i, "leave", member.leave()).await?
+        };
         left.map_err(|source| KitError::Group {
             index: i,
             member: id,
