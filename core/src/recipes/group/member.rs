@@ -26,11 +26,19 @@ impl Group {
     /// [`GroupPhase::Standby`]) and claims in the background, when a leaving member hands it its
     /// slot or the wait ends; an error of that claim ends the member with phase `failed`.
     ///
+    /// How long it blocks: a round trip or a few when the member id holds no live slot. When a
+    /// previous process with the same member id still holds one (it crashed a moment ago), up to
+    /// that slot's lease TTL while its record expires, plus its crash grace if it had one; with
+    /// a crash grace of its own ([`GroupConfig::with_crash_grace`]) it takes that slot over at
+    /// once instead and then waits one lease TTL (the longer of both processes' TTLs), in case
+    /// the previous process is frozen rather than dead and still grants until its deadline.
+    ///
     /// Errors: [`Error::InvalidArgument`] for a bad group, prefix, member id, TTL (also one below
     /// the store's shortest lease) or slot limit; [`Error::Rejected`] when another live process
-    /// holds a slot with the same member id, the group is full, or the store may evict keys
-    /// before they expire (see [`GroupConfig::with_eviction_allowed`]); the store's own error when it
-    /// cannot be reached.
+    /// holds a slot with the same member id (past its lease and grace), another process of the
+    /// id took the slot over while this one waited, the group is full, or the store may evict
+    /// keys before they expire (see [`GroupConfig::with_eviction_allowed`]); the store's own
+    /// error when it cannot be reached.
     pub async fn join(store: DynStore, config: GroupConfig) -> Result<Member> {
         let keys = config.check()?;
         let caps = store.capabilities();
