@@ -36,28 +36,13 @@ impl Drop for Reap {
     }
 }
 
-/// `GET path` over plain TCP; returns the status line and the body.
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).expect("read the reply");
-    let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
-    (
-        head.lines().next().unwrap_or("").to_owned(),
-        body.to_owned(),
-    )
-}
-
-#[test]
-fn run_serves_the_documented_metrics_and_logs_json() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}/m.db", dir.path().display());
+/// `headcount run --ttl 600ms` with `args`, serving metrics on a port of its choice and logging
+/// JSON: the process, the address it serves at (from its first log line), and its later log
+/// lines.
+fn serving(args: &[&str]) -> (Reap, String, mpsc::Receiver<String>) {
     let mut child = headcount()
-        .args([
-            "run", "--store", &url, "--group", "metrics", "--ttl", "600ms",
-        ])
+        .args(["run", "--ttl", "600ms"])
+        .args(args)
         .args(["--metrics-addr", "127.0.0.1:0", "--log-format", "json"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -85,6 +70,28 @@ fn run_serves_the_documented_metrics_and_logs_json() {
         .unwrap_or_else(|| panic!("no addr in {line}"))
         .to_owned();
     assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    (reap, addr, rx)
+}
+
+/// `GET path` over plain TCP; returns the status line and the body.
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).expect("read the reply");
+    let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+#[test]
+fn run_serves_the_documented_metrics_and_logs_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/m.db", dir.path().display());
+    let (reap, addr, rx) = serving(&["--store", &url, "--group", "metrics"]);
 
     // Heartbeats every 200 ms: poll until the group's renewal shows up as a store operation.
     let what = "a heartbeat metric";
@@ -318,23 +325,8 @@ fn a_standby_is_ready_but_not_working() {
         .spawn()
         .expect("start headcount");
     let _first = Reap(first);
-    let mut child = headcount()
-        .args(["run", "--store", &url, "--group", "surge", "--ttl", "600ms"])
-        .args(["--standby-for", "60s"])
-        .args(["--metrics-addr", "127.0.0.1:0", "--log-format", "json"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start headcount");
-    let stderr = child.stderr.take().expect("stderr");
-    let _reap = Reap(child);
-    let line = BufReader::new(stderr)
-        .lines()
-        .next()
-        .expect("a log line")
-        .expect("a line");
-    let v: serde_json::Value = serde_json::from_str(&line).expect("a JSON log line");
-    let addr = v["fields"]["addr"].as_str().expect("addr").to_owned();
+    let (_reap, addr, _lines) =
+        serving(&["--store", &url, "--group", "surge", "--standby-for", "60s"]);
     let every = Duration::from_millis(50);
     eventually_blocking("the standby ready", Duration::from_secs(20), every, || {
         let ready = http_get(&addr, "/ready");
