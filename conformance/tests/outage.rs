@@ -168,13 +168,27 @@ fn rode_through(seen: &Observed, ttl: Duration) {
     );
 }
 
+/// The append-only file on every write: a Redis restarted with these keeps its data.
 #[cfg(feature = "redis")]
-fn redis_with_aof() -> Option<Arc<headcount_conformance::harness::KvStore>> {
-    let started = headcount_conformance::harness::KvStore::redis_with(
-        None,
-        &["--appendonly", "yes", "--appendfsync", "always"],
-    );
-    skip_unless_required(ServerKind::Redis, "outage", started).map(Arc::new)
+const AOF: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+
+/// [`through_an_outage`] on a Redis of its own started with `args` (the harness's defaults keep
+/// no data across a restart), or `None` (with a SKIP line) when none is installed.
+#[cfg(feature = "redis")]
+async fn redis_outage(
+    args: &'static [&'static str],
+    ttl: Duration,
+    down: Duration,
+) -> Option<Observed> {
+    let started = tokio::task::spawn_blocking(move || {
+        headcount_conformance::harness::KvStore::redis_with(None, args)
+    })
+    .await
+    .unwrap();
+    let server = Arc::new(skip_unless_required(ServerKind::Redis, "outage", started)?);
+    let control =
+        headcount_conformance::harness::KvControl::new(server.clone(), Duration::from_secs(5));
+    Some(through_an_outage(&server.url(), &control, ttl, down).await)
 }
 
 /// Redis down ten seconds (past every lease, TTL 3 s) and back with its data: the members of
@@ -182,14 +196,10 @@ fn redis_with_aof() -> Option<Arc<headcount_conformance::harness::KvStore>> {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_past_the_lease_comes_back_and_no_partition_moves() {
-    let Some(server) = tokio::task::spawn_blocking(redis_with_aof).await.unwrap() else {
+    let ttl = Duration::from_secs(3);
+    let Some(seen) = redis_outage(AOF, ttl, Duration::from_secs(10)).await else {
         return;
     };
-    let control =
-        headcount_conformance::harness::KvControl::new(server.clone(), Duration::from_secs(5));
-    let down = Duration::from_secs(10);
-    let ttl = Duration::from_secs(3);
-    let seen = through_an_outage(&server.url(), &control, ttl, down).await;
     rode_through(&seen, ttl);
 }
 
@@ -198,13 +208,9 @@ async fn redis_down_past_the_lease_comes_back_and_no_partition_moves() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_for_less_than_a_lease_lapses_nothing() {
-    let Some(server) = tokio::task::spawn_blocking(redis_with_aof).await.unwrap() else {
+    let Some(seen) = redis_outage(AOF, Duration::from_secs(6), Duration::from_secs(3)).await else {
         return;
     };
-    let control =
-        headcount_conformance::harness::KvControl::new(server.clone(), Duration::from_secs(5));
-    let down = Duration::from_secs(3);
-    let seen = through_an_outage(&server.url(), &control, Duration::from_secs(6), down).await;
     assert!(seen.overlaps.is_empty(), "{:?}", seen.overlaps);
     assert_eq!((seen.moves, seen.not_active), (0, 0), "{seen:?}");
     assert_eq!(seen.longest_unowned, Duration::ZERO, "{seen:?}");
@@ -217,18 +223,9 @@ async fn redis_down_for_less_than_a_lease_lapses_nothing() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_back_empty_moves_nothing_and_tokens_go_on_rising() {
-    let started =
-        tokio::task::spawn_blocking(|| headcount_conformance::harness::KvStore::redis(None))
-            .await
-            .unwrap();
-    let Some(server) = skip_unless_required(ServerKind::Redis, "outage", started).map(Arc::new)
-    else {
+    let Some(seen) = redis_outage(&[], Duration::from_secs(3), Duration::from_secs(5)).await else {
         return;
     };
-    let control =
-        headcount_conformance::harness::KvControl::new(server.clone(), Duration::from_secs(5));
-    let ttl = Duration::from_secs(3);
-    let seen = through_an_outage(&server.url(), &control, ttl, Duration::from_secs(5)).await;
     assert!(seen.overlaps.is_empty(), "{:?}", seen.overlaps);
     assert_eq!(seen.moves, 0, "{seen:?}");
     assert!(

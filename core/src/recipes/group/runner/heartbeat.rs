@@ -171,16 +171,14 @@ impl Runner {
             return;
         }
         self.outage.failing_since = Some(self.cfg.clock.monotonic());
-        let cached = self
-            .cache
-            .slots
-            .as_ref()
-            .and_then(|s| s.table.view.clone())
-            .and_then(|v| {
-                ViewState::build_with(v, self.cfg.assignor, self.cfg.declared.as_ref()).ok()
-            })
-            .map(Arc::new);
-        self.outage.last_view = self.target().or(cached);
+        // The view it works towards, else the one last read (built only then: for a large
+        // declared set that is the whole assignment).
+        self.outage.last_view = self.target().or_else(|| {
+            let view = self.cache.slots.as_ref()?.table.view.clone()?;
+            ViewState::build_with(view, self.cfg.assignor, self.cfg.declared.as_ref())
+                .ok()
+                .map(Arc::new)
+        });
     }
 
     /// A heartbeat sent at `sent` reached the store. After failures for a heartbeat or more,

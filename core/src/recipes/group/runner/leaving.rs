@@ -82,15 +82,12 @@ impl Runner {
             .map_or(start, |b| b + self.cfg.heartbeat)
             .max(start);
         loop {
-            // What is held now, for the log line of a cut: a lapse revokes every grant (and
-            // forgets them) before the cut is seen.
-            let (keys, share) = {
-                let st = self.shared.lock();
-                if !st.busy() {
-                    return true;
-                }
-                st.held(|_| false)
-            };
+            if !self.shared.lock().busy() {
+                return true;
+            }
+            // What was held before a renewal, for the log line of a cut: a lapse while it is in
+            // flight revokes every grant (and forgets them) before the cut is seen.
+            let mut held_before = None;
             let now = self.cfg.clock.monotonic();
             let deadline = self.shared.lock().deadline;
             let lapsed = deadline.is_none_or(|d| now >= d);
@@ -101,6 +98,7 @@ impl Runner {
                 Some("lapsed")
             } else if renews && now >= renew_at {
                 renew_at = now + self.cfg.heartbeat;
+                held_before = Some(self.shared.lock().held(|_| false));
                 match self.renew_while_leaving().await {
                     // The deadline passed while the renewal was in flight: every grant was
                     // revoked, which is no drain.
@@ -118,6 +116,8 @@ impl Runner {
                 None
             };
             if let Some(reason) = cut {
+                let (keys, share) =
+                    held_before.unwrap_or_else(|| self.shared.lock().held(|_| false));
                 let why = match reason {
                     "timeout" => "the drain timeout passed",
                     "lost" => "the slot was no longer this member's",
