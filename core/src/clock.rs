@@ -33,6 +33,13 @@ pub trait Clock: Send + Sync + Debug + 'static {
             self.sleep(deadline - now).await;
         }
     }
+
+    /// A random number, for the nonce of a claim. The provided method draws from the thread's
+    /// generator; a simulation's clock draws from a seeded one, so that a run with the same
+    /// seed makes the same claims and replays exactly.
+    fn random(&self) -> u64 {
+        rand::random()
+    }
 }
 
 /// Runs `work` until it finishes or `clock`'s [`monotonic`](Clock::monotonic) time reaches

@@ -73,7 +73,7 @@
 //! # }
 //! ```
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -193,14 +193,14 @@ impl Drop for Notifications {
 /// (to unsubscribe when dropped) and with the backend's listener task (weakly).
 #[derive(Debug)]
 struct HubShared {
-    subscribers: Mutex<HashMap<String, Vec<Weak<Mailbox>>>>,
+    subscribers: Mutex<BTreeMap<String, Vec<Weak<Mailbox>>>>,
     /// Bumped whenever the set of directories changes, so a listener subscribes or
     /// unsubscribes on the server.
     directories: watch::Sender<u64>,
 }
 
 impl HubShared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Weak<Mailbox>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<Weak<Mailbox>>>> {
         self.subscribers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -245,7 +245,7 @@ impl NotifyHub {
     pub fn new() -> Self {
         NotifyHub {
             shared: Arc::new(HubShared {
-                subscribers: Mutex::new(HashMap::new()),
+                subscribers: Mutex::new(BTreeMap::new()),
                 directories: watch::Sender::new(0),
             }),
             listener: Arc::default(),

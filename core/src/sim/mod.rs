@@ -69,6 +69,8 @@ pub struct SimClock {
     wall_origin: SystemTime,
     /// Milliseconds added to the wall clock (a step forward).
     step_ms: Arc<AtomicU64>,
+    /// The draws of [`Clock::random`], when seeded ([`SimClock::with_seed`]).
+    rng: Option<Arc<Mutex<StdRng>>>,
 }
 
 impl SimClock {
@@ -79,7 +81,15 @@ impl SimClock {
             origin: tokio::time::Instant::now(),
             wall_origin: wall,
             step_ms: Arc::new(AtomicU64::new(0)),
+            rng: None,
         }
+    }
+
+    /// The same clock whose [`Clock::random`] draws from a generator seeded with `seed`, so
+    /// that the members' nonces, and so a whole run, are the same at every replay.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.rng = Some(Arc::new(Mutex::new(StdRng::seed_from_u64(seed))));
+        self
     }
 
     /// Steps the wall clock forward by `d` (as NTP stepping a host's clock would); the monotonic
@@ -107,6 +117,13 @@ impl Clock for SimClock {
 
     async fn sleep_until(&self, deadline: Duration) {
         tokio::time::sleep_until(self.origin + deadline).await;
+    }
+
+    fn random(&self) -> u64 {
+        match &self.rng {
+            Some(rng) => lock(rng).random(),
+            None => rand::random(),
+        }
     }
 }
 

@@ -81,7 +81,8 @@ impl Runner {
             let skip = if attempt == 0 {
                 0
             } else {
-                rand::random_range(0..1u32 << attempt.min(12))
+                // Below 2^12: the cast keeps every bit.
+                (self.cfg.clock.random() % (1u64 << attempt.min(12))) as u32
             };
             if self.claim(&table, skip).await? {
                 return Ok(());
@@ -146,7 +147,7 @@ impl Runner {
         self.cache.highest = self.cache.highest.max(table.highest_epoch());
         let record = SlotRecord {
             member: self.cfg.member.clone(),
-            nonce: rand::random(),
+            nonce: self.cfg.clock.random(),
             since_ms: self.now_ms(),
             ttl_ms: self.cfg.ttl.as_millis() as u64,
             // Holding nothing, it has let go of everything under any view up to this one.
@@ -196,7 +197,7 @@ impl Runner {
         // records a renewal could take for its own, and a late renewal of the process that
         // parked never matches it.
         let record = SlotRecord {
-            nonce: rand::random(),
+            nonce: self.cfg.clock.random(),
             since_ms: self.now_ms(),
             ttl_ms: self.cfg.ttl.as_millis() as u64,
             acked: if takeover {

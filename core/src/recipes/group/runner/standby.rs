@@ -76,7 +76,7 @@ impl Runner {
             Some(record) => record,
             None => {
                 let record = StandbyRecord {
-                    nonce: rand::random(),
+                    nonce: self.cfg.clock.random(),
                     since_ms: self.now_ms(),
                     heir_of: None,
                 };
