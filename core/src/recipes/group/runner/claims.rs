@@ -9,7 +9,7 @@ use super::super::table::Table;
 use super::super::view::GroupPhase;
 use super::super::MIN_LEASE_TTL;
 use super::decide::choose_slot;
-use super::{Claim, Runner, CLAIM_ATTEMPTS};
+use super::{Claim, Engine, Runner, CLAIM_ATTEMPTS};
 use crate::error::{Error, Result};
 
 impl Runner {
@@ -95,44 +95,6 @@ impl Runner {
         ))
     }
 
-    /// Refuses to join a group whose live members map keys with another assignor: both sides
-    /// would grant the same keys.
-    pub(super) fn check_assignor(&self, table: &Table) -> Result<()> {
-        if let Some(epoch) = table.newer_view_in_use() {
-            return Err(super::views::newer_version(epoch));
-        }
-        self.check_view_assignor(table)
-    }
-
-    /// Refuses a published view of another assignor (or key set) that live members other
-    /// than this one work under: the group has its assignor, and this member can never adopt
-    /// its views.
-    pub(super) fn check_view_assignor(&self, table: &Table) -> Result<()> {
-        let Some(view) = &table.view else {
-            return Ok(());
-        };
-        let Some(theirs) = view.assignor.filter(|&a| a != self.cfg.assignor) else {
-            return Ok(());
-        };
-        // Live members other than this one work under it: the group has its assignor. (A view
-        // that names only this member is its own business: it keeps its view and says why.)
-        let live = table.live();
-        let mine = self.claims.current.as_ref().map(Claim::holder);
-        if view
-            .holders
-            .iter()
-            .any(|h| live.contains(h) && Some(*h) != mine)
-        {
-            return Err(Error::config(format!(
-                "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one (and for `sticky` or `balanced`, declare the same keys: `<name>:<count>:<digest>`)",
-                self.cfg.keys.group(),
-                theirs,
-                self.cfg.assignor
-            )));
-        }
-        Ok(())
-    }
-
     /// Claims the slot [`choose_slot`] picks; on success publishes the view with this member in
     /// it. Returns whether it claimed.
     async fn claim(&mut self, table: &Table, skip: u32) -> Result<bool> {
@@ -161,7 +123,6 @@ impl Runner {
         let sent = self.cfg.clock.monotonic();
         let key = self.cfg.keys.slot(slot);
         if !self
-            .cfg
             .store
             .compare_and_set(&key, None, &record.to_string(), Some(self.cfg.slot_ttl))
             .await?
@@ -217,7 +178,6 @@ impl Runner {
         };
         let sent = self.cfg.clock.monotonic();
         let written = match self
-            .cfg
             .store
             .compare_and_set(
                 &key,
@@ -230,7 +190,7 @@ impl Runner {
             Ok(written) => written,
             // The write may have been applied with its reply lost: the slot then holds this
             // process's fresh nonce, and the take-back is done.
-            Err(e) => match self.cfg.store.get(&key).await {
+            Err(e) => match self.store.get(&key).await {
                 Ok(Some(text)) if SlotRecord::parse(&text).as_ref() == Some(&record) => true,
                 _ => return Err(e),
             },
@@ -294,7 +254,6 @@ impl Runner {
             }
             let sent = self.cfg.clock.monotonic();
             match self
-                .cfg
                 .store
                 .compare_and_set(&key, Some(&text), &text, Some(self.cfg.slot_ttl))
                 .await
@@ -366,21 +325,6 @@ impl Runner {
         }
     }
 
-    /// The crash grace as a slot record carries it.
-    fn grace_ms(&self) -> Option<u64> {
-        let grace = self.cfg.crash_grace;
-        (!grace.is_zero()).then_some(grace.as_millis() as u64)
-    }
-
-    /// Wall-clock milliseconds since the Unix epoch, as records carry them.
-    pub(super) fn now_ms(&self) -> u64 {
-        self.cfg
-            .clock
-            .now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    }
-
     /// Starts working with `record`, just written at `slot` (the renewal sent at `sent`): the
     /// member's lease, its published slot, and the table with the claim in it.
     async fn hold(&mut self, slot: u32, record: SlotRecord, sent: Duration, table: &Table) {
@@ -442,6 +386,89 @@ impl Runner {
         Ok(())
     }
 
+    /// Another live slot with our member id: the holder of the higher slot yields. Claims this
+    /// process made before (a write that timed out but was applied, a lease given up) are ours,
+    /// not a twin's: they are shortened to expire soon instead.
+    pub(super) async fn check_twin(&mut self, table: &Table, slot: u32) -> Result<()> {
+        if self.claims.current.is_none() {
+            return Ok(());
+        }
+        for (&s, r) in &table.slots {
+            if s != slot && r.member == self.cfg.member && self.claims.own_nonces.contains(&r.nonce)
+            {
+                let short = self.store.capabilities().min_ttl.max(MIN_LEASE_TTL);
+                let text = r.to_string();
+                let _ = self
+                    .store
+                    .compare_and_set(&self.cfg.keys.slot(s), Some(&text), &text, Some(short))
+                    .await;
+            }
+        }
+        // A parked record of this id is no live process: it is taken back at the next claim.
+        match self.twins(table).find(|&s| s < slot) {
+            Some(other) => Err(self.rejected(format!(
+                "member id `{}` is also held by slot {other}, a live process: this one (slot {slot}) yields",
+                self.cfg.member
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Engine {
+    /// Refuses to join a group whose live members map keys with another assignor: both sides
+    /// would grant the same keys.
+    pub(super) fn check_assignor(&self, table: &Table) -> Result<()> {
+        if let Some(epoch) = table.newer_view_in_use() {
+            return Err(super::views::newer_version(epoch));
+        }
+        self.check_view_assignor(table)
+    }
+
+    /// Refuses a published view of another assignor (or key set) that live members other
+    /// than this one work under: the group has its assignor, and this member can never adopt
+    /// its views.
+    pub(super) fn check_view_assignor(&self, table: &Table) -> Result<()> {
+        let Some(view) = &table.view else {
+            return Ok(());
+        };
+        let Some(theirs) = view.assignor.filter(|&a| a != self.cfg.assignor) else {
+            return Ok(());
+        };
+        // Live members other than this one work under it: the group has its assignor. (A view
+        // that names only this member is its own business: it keeps its view and says why.)
+        let live = table.live();
+        let mine = self.claims.current.as_ref().map(Claim::holder);
+        if view
+            .holders
+            .iter()
+            .any(|h| live.contains(h) && Some(*h) != mine)
+        {
+            return Err(Error::config(format!(
+                "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one (and for `sticky` or `balanced`, declare the same keys: `<name>:<count>:<digest>`)",
+                self.cfg.keys.group(),
+                theirs,
+                self.cfg.assignor
+            )));
+        }
+        Ok(())
+    }
+
+    /// The crash grace as a slot record carries it.
+    fn grace_ms(&self) -> Option<u64> {
+        let grace = self.cfg.crash_grace;
+        (!grace.is_zero()).then_some(grace.as_millis() as u64)
+    }
+
+    /// Wall-clock milliseconds since the Unix epoch, as records carry them.
+    pub(super) fn now_ms(&self) -> u64 {
+        self.cfg
+            .clock
+            .now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+
     /// The slot of a live, working claim with this member id that this process did not make:
     /// a newer process with the same id.
     fn replaced_by(&self, table: &Table) -> Option<u32> {
@@ -462,34 +489,5 @@ impl Runner {
                     && !self.claims.own_nonces.contains(&r.nonce)
             })
             .map(|(&s, _)| s)
-    }
-
-    /// Another live slot with our member id: the holder of the higher slot yields. Claims this
-    /// process made before (a write that timed out but was applied, a lease given up) are ours,
-    /// not a twin's: they are shortened to expire soon instead.
-    pub(super) async fn check_twin(&mut self, table: &Table, slot: u32) -> Result<()> {
-        if self.claims.current.is_none() {
-            return Ok(());
-        }
-        for (&s, r) in &table.slots {
-            if s != slot && r.member == self.cfg.member && self.claims.own_nonces.contains(&r.nonce)
-            {
-                let short = self.cfg.store.capabilities().min_ttl.max(MIN_LEASE_TTL);
-                let text = r.to_string();
-                let _ = self
-                    .cfg
-                    .store
-                    .compare_and_set(&self.cfg.keys.slot(s), Some(&text), &text, Some(short))
-                    .await;
-            }
-        }
-        // A parked record of this id is no live process: it is taken back at the next claim.
-        match self.twins(table).find(|&s| s < slot) {
-            Some(other) => Err(self.rejected(format!(
-                "member id `{}` is also held by slot {other}, a live process: this one (slot {slot}) yields",
-                self.cfg.member
-            ))),
-            None => Ok(()),
-        }
     }
 }

@@ -7,7 +7,7 @@ use tracing::Instrument as _;
 
 use super::decide::{acks_due, charge, notice_due, refund, Between, Facts, Seen};
 use super::notices::Notices;
-use super::Runner;
+use super::{Engine, Runner};
 use crate::error::{ErrorKind, Result};
 
 /// What woke the loop.
@@ -33,24 +33,6 @@ async fn next_notice(notices: &mut Option<Notices>, among: Seen) -> Seen {
 }
 
 impl Runner {
-    /// The state the scheduling decisions read, now.
-    pub(super) fn facts(&self) -> Facts<'_> {
-        let pending_acked = self.pending().is_some_and(|p| self.has_acked(&p));
-        Facts {
-            claim: self.claims.current.as_ref(),
-            abandoned: self.claims.abandoned,
-            cache: &self.cache,
-            handoff: self.handoff.as_ref(),
-            settler: &self.settler,
-            discrepancy: self.discrepancy.as_ref(),
-            pending_acked,
-            change_checks: self.cfg.change_checks,
-            failing: self.outage.failing_since.is_some(),
-            heartbeat: self.cfg.heartbeat,
-            now: self.cfg.clock.monotonic(),
-        }
-    }
-
     /// When the notices held are due ([`notice_due`], or [`acks_due`] for acknowledgements
     /// alone), if any are held.
     fn notices_due(&self) -> Option<std::time::Duration> {
@@ -84,18 +66,6 @@ impl Runner {
         Some(call)
     }
 
-    /// What a planned change moves along: the view the member works towards, the active
-    /// epoch, and the newest settled mark read. A notice-driven call that changes it is refunded
-    /// ([`refund`]).
-    fn progress_mark(&self) -> impl PartialEq {
-        let st = self.shared.lock();
-        (
-            st.target().map(|t| (t.epoch(), t.digest)),
-            st.active.as_ref().map(|a| a.epoch()),
-            self.cache.settled,
-        )
-    }
-
     /// Heartbeats until `stop` changes, then leaves the group. Returns the error that ended it
     /// early ([`ErrorKind::Rejected`]: another live process uses the member id, say).
     pub(in crate::recipes::group) async fn run(
@@ -117,10 +87,10 @@ impl Runner {
             let woke = tokio::select! {
                 biased;
                 _ = stop.changed() => break,
-                _ = self.cfg.clock.sleep_until(at) => {
+                _ = self.engine.cfg.clock.sleep_until(at) => {
                     if due.is_some_and(|d| d < wake.at) { Woke::NoticeDue } else { Woke::Timer }
                 }
-                _ = self.shared.released.notified(), if self.handoff.is_some() => Woke::Drained,
+                _ = self.engine.shared.released.notified(), if self.engine.handoff.is_some() => Woke::Drained,
                 seen = next_notice(&mut self.notices, among), if listening => Woke::Heard(seen),
             };
             if *stop.borrow() {
@@ -184,5 +154,37 @@ impl Runner {
             }
         }
         self.leave().await
+    }
+}
+
+impl Engine {
+    /// The state the scheduling decisions read, now.
+    pub(super) fn facts(&self) -> Facts<'_> {
+        let pending_acked = self.pending().is_some_and(|p| self.has_acked(&p));
+        Facts {
+            claim: self.claims.current.as_ref(),
+            abandoned: self.claims.abandoned,
+            cache: &self.cache,
+            handoff: self.handoff.as_ref(),
+            settler: &self.settler,
+            discrepancy: self.discrepancy.as_ref(),
+            pending_acked,
+            change_checks: self.cfg.change_checks,
+            failing: self.outage.failing_since.is_some(),
+            heartbeat: self.cfg.heartbeat,
+            now: self.cfg.clock.monotonic(),
+        }
+    }
+
+    /// What a planned change moves along: the view the member works towards, the active
+    /// epoch, and the newest settled mark read. A notice-driven call that changes it is refunded
+    /// ([`refund`]).
+    fn progress_mark(&self) -> impl PartialEq {
+        let st = self.shared.lock();
+        (
+            st.target().map(|t| (t.epoch(), t.digest)),
+            st.active.as_ref().map(|a| a.epoch()),
+            self.cache.settled,
+        )
     }
 }

@@ -127,7 +127,7 @@ impl Runner {
         }
         let now = self.cfg.clock.monotonic();
         self.settler.acks_read = Some(now);
-        let acks = match self.cfg.store.list(&self.cfg.keys.acks).await {
+        let acks = match self.store.list(&self.cfg.keys.acks).await {
             Ok(listing) => parse_acks(&self.cfg.keys.acks, listing),
             Err(e) => {
                 self.set_error(Some(&e));
@@ -154,7 +154,6 @@ impl Runner {
             view: digest,
         };
         match self
-            .cfg
             .store
             .compare_and_set(
                 &self.cfg.keys.settled,
@@ -278,7 +277,6 @@ impl Runner {
             // hand-off for three TTLs stops waiting on the grace.
             let ttl = Duration::from_millis(r.ttl_ms).clamp(MIN_LEASE_TTL, MAX_LEASE_TTL);
             match self
-                .cfg
                 .store
                 .compare_and_set(&key, Some(&text), &text, Some(ttl))
                 .await
@@ -333,7 +331,6 @@ impl Runner {
         // acknowledgement, or none when the store lost ours).
         for _ in 0..2 {
             match self
-                .cfg
                 .store
                 .compare_and_set(&key, expected.as_deref(), &text, Some(ttl))
                 .await
@@ -346,7 +343,7 @@ impl Runner {
                     });
                     return true;
                 }
-                Ok(false) => match self.cfg.store.get(&key).await {
+                Ok(false) => match self.store.get(&key).await {
                     Ok(now) => expected = now,
                     Err(e) => {
                         self.set_error(Some(&e));

@@ -9,7 +9,7 @@ use super::super::records::SettledRecord;
 use super::super::table::Table;
 use super::super::view::ViewState;
 use super::decide::lists_before_dropping;
-use super::{Claim, Runner, SlotsSeen};
+use super::{Claim, Engine, Runner, SlotsSeen};
 use crate::error::{Error, Result};
 use crate::store::RenewedListing;
 
@@ -164,48 +164,11 @@ impl Runner {
         Ok(())
     }
 
-    /// A heartbeat met a store error: the first of a run remembers when, and the view the
-    /// member worked towards then.
-    fn store_failed(&mut self) {
-        if self.outage.failing_since.is_some() {
-            return;
-        }
-        self.outage.failing_since = Some(self.cfg.clock.monotonic());
-        // The view it works towards, else the one last read (built only then: for a large
-        // declared set that is the whole assignment).
-        self.outage.last_view = self.target().or_else(|| {
-            let view = self.cache.slots.as_ref()?.table.view.clone()?;
-            ViewState::build_with(view, self.cfg.assignor, self.cfg.declared.as_ref())
-                .ok()
-                .map(Arc::new)
-        });
-    }
-
-    /// A heartbeat sent at `sent` reached the store. After failures for a heartbeat or more,
-    /// leases may have run out in the store meanwhile, the others' as well as this
-    /// member's: the outage grace starts ([`GroupConfig::with_outage_grace`]).
-    ///
-    /// [`GroupConfig::with_outage_grace`]: super::super::GroupConfig::with_outage_grace
-    fn store_answered(&mut self, sent: Duration) {
-        let Some(since) = self.outage.failing_since.take() else {
-            return;
-        };
-        // From the first failure: one failed call answered at the next try is no outage.
-        let away = sent.saturating_sub(since);
-        if away < self.cfg.heartbeat || self.cfg.outage_grace.is_zero() {
-            self.outage.last_view = None;
-            return;
-        }
-        let now = self.cfg.clock.monotonic();
-        self.outage.grace_until = Some(now + self.cfg.outage_grace);
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, away = ?away, grace = ?self.cfg.outage_grace, "the store answers again: waiting up to the outage grace for the members of the last view to claim their slots again before publishing a view without them");
-    }
-
     /// A heartbeat without change checks: the view directory first, then the renewal and the
     /// slots (see [`Runner::list`]), every listing read whole.
     async fn renew_and_read_all(&mut self, slot: u32, text: &str) -> Result<Heard> {
         let (store, key, ttl) = (
-            self.cfg.store.clone(),
+            self.store.clone(),
             self.cfg.keys.slot(slot),
             self.cfg.slot_ttl,
         );
@@ -225,7 +188,7 @@ impl Runner {
     /// they changed since the copy held.
     async fn renew_and_read_changes(&mut self, slot: u32, text: &str) -> Result<Heard> {
         let reads_slots = self.facts().reads_slots(slot);
-        let store = self.cfg.store.clone();
+        let store = self.store.clone();
         let (key, ttl) = (self.cfg.keys.slot(slot), self.cfg.slot_ttl);
         let (views_dir, slots_dir) = (self.cfg.keys.views.clone(), self.cfg.keys.slots.clone());
         let view_since = self.cache.view_version.clone();
@@ -299,7 +262,7 @@ impl Runner {
             self.cache.slots = None;
             return Ok(Heard::listed(renewed, self.list().await?));
         }
-        let dirs = &self.cfg.keys;
+        let dirs = &self.engine.cfg.keys;
         let views = viewed.listing;
         let mut renewed = viewed.renewed;
         let fresh = slots.is_some();
@@ -311,7 +274,7 @@ impl Runner {
                 Some(listing) => rebuilt = Some(Table::parse(&dirs.slots, listing)),
                 None if slot_version.as_deref() == Some(answer.version.as_str()) => {}
                 None => {
-                    let listing = self.cfg.store.list(&dirs.slots).await?;
+                    let listing = self.store.list(&dirs.slots).await?;
                     rebuilt = Some(Table::parse(&dirs.slots, listing));
                 }
             }
@@ -319,12 +282,12 @@ impl Runner {
         }
         // Taken out of the cache, the copy is usually the only reference to the table, so a new
         // view is set in place instead of on a clone of every slot record.
-        let held = self.cache.slots.take().map(|s| s.table);
+        let held = self.engine.cache.slots.take().map(|s| s.table);
         // With no copy held, the slots are listed below whatever the store answered.
         let listed = rebuilt.is_some() || held.is_none();
         let (table, changed) = match (rebuilt, held) {
             (None, Some(held)) => match views {
-                None => (held, std::mem::take(&mut self.cache.unseen_change)),
+                None => (held, std::mem::take(&mut self.engine.cache.unseen_change)),
                 Some(views) => {
                     let mut table = held;
                     Arc::make_mut(&mut table).set_view(&dirs.views, views);
@@ -335,7 +298,7 @@ impl Runner {
                 // No copy held: `reads_slots` read the slots, unless the store misbehaved.
                 let mut table = match rebuilt {
                     Some(t) => t,
-                    None => Table::parse(&dirs.slots, self.cfg.store.list(&dirs.slots).await?),
+                    None => Table::parse(&dirs.slots, self.store.list(&dirs.slots).await?),
                 };
                 match (views, &held) {
                     (Some(views), _) => table.set_view(&dirs.views, views),
@@ -370,7 +333,7 @@ impl Runner {
             return self.beat().await;
         };
         let (store, key, text, ttl) = (
-            self.cfg.store.clone(),
+            self.store.clone(),
             self.cfg.keys.slot(claim.slot),
             claim.record.to_string(),
             self.cfg.slot_ttl,
@@ -406,7 +369,7 @@ impl Runner {
     pub(super) async fn poll_settled(&mut self) -> Result<()> {
         // Like a heartbeat, a poll that hangs past the lease deadline stops all work at that
         // instant, not when the call returns.
-        let (store, key) = (self.cfg.store.clone(), self.cfg.keys.settled.clone());
+        let (store, key) = (self.store.clone(), self.cfg.keys.settled.clone());
         let text = match self.before_lapse(store.get(&key)).await {
             Ok(text) => text,
             Err(e) => {
@@ -460,5 +423,44 @@ impl Runner {
             "the lease deadline passed while a renewal was in flight",
         );
         call.await
+    }
+}
+
+impl Engine {
+    /// A heartbeat met a store error: the first of a run remembers when, and the view the
+    /// member worked towards then.
+    fn store_failed(&mut self) {
+        if self.outage.failing_since.is_some() {
+            return;
+        }
+        self.outage.failing_since = Some(self.cfg.clock.monotonic());
+        // The view it works towards, else the one last read (built only then: for a large
+        // declared set that is the whole assignment).
+        self.outage.last_view = self.target().or_else(|| {
+            let view = self.cache.slots.as_ref()?.table.view.clone()?;
+            ViewState::build_with(view, self.cfg.assignor, self.cfg.declared.as_ref())
+                .ok()
+                .map(Arc::new)
+        });
+    }
+
+    /// A heartbeat sent at `sent` reached the store. After failures for a heartbeat or more,
+    /// leases may have run out in the store meanwhile, the others' as well as this
+    /// member's: the outage grace starts ([`GroupConfig::with_outage_grace`]).
+    ///
+    /// [`GroupConfig::with_outage_grace`]: super::super::GroupConfig::with_outage_grace
+    fn store_answered(&mut self, sent: Duration) {
+        let Some(since) = self.outage.failing_since.take() else {
+            return;
+        };
+        // From the first failure: one failed call answered at the next try is no outage.
+        let away = sent.saturating_sub(since);
+        if away < self.cfg.heartbeat || self.cfg.outage_grace.is_zero() {
+            self.outage.last_view = None;
+            return;
+        }
+        let now = self.cfg.clock.monotonic();
+        self.outage.grace_until = Some(now + self.cfg.outage_grace);
+        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, away = ?away, grace = ?self.cfg.outage_grace, "the store answers again: waiting up to the outage grace for the members of the last view to claim their slots again before publishing a view without them");
     }
 }

@@ -9,51 +9,10 @@ use super::super::grants::Shared;
 use super::super::records::SlotRecord;
 use super::super::view::{Cause, Change, GroupPhase};
 use super::decide::view_is_stale;
-use super::{Claim, Runner};
+use super::{Claim, Engine, Runner};
 use crate::error::{Error, Result};
 
 impl Runner {
-    /// Stops all work at once: every grant turns invalid and the member claims again. `reason`
-    /// is the metric's label (`lapsed`, `lost`), `why` the log's.
-    pub(super) fn revoke(&mut self, reason: &'static str, why: &str) {
-        self.tell_revoked(Cause::Lapse);
-        let had = {
-            let mut st = self.shared.lock();
-            let had = st.active.is_some() || st.pending.is_some() || st.deadline.is_some();
-            st.stop_granting();
-            st.in_flight.clear();
-            st.share_in_flight = 0;
-            had
-        };
-        self.shared.wake_revoked();
-        self.handoff = None;
-        if had {
-            self.cfg.metrics.grants_revoked(reason);
-            tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, "{why}: stopped all work");
-        }
-        self.shared.publish(|a| {
-            a.index = None;
-            a.phase = GroupPhase::Rejoining;
-        });
-    }
-
-    /// Tells [`Member::revocations`](super::super::Member::revocations) that the member loses
-    /// every key it owns under its active view, for `cause`; nothing when it owns nothing.
-    fn tell_revoked(&self, cause: Cause) {
-        let change = {
-            let st = self.shared.lock();
-            match (&st.active, st.holder) {
-                (Some(active), Some(holder)) if active.pair_of(holder).is_some() => {
-                    Some(Change::losing_all(active.clone(), holder, cause))
-                }
-                _ => None,
-            }
-        };
-        if let Some(change) = change {
-            let _ = self.shared.revocations.send(change);
-        }
-    }
-
     /// Ends with an error: leaves the slot to others and reports.
     pub(super) async fn fail(&mut self, e: &Error) {
         tracing::error!(group = self.cfg.keys.group(), member = %self.cfg.member, "{e}");
@@ -151,7 +110,7 @@ impl Runner {
         let text = claim.record.to_string();
         let key = self.cfg.keys.slot(claim.slot);
         let sent = self.cfg.clock.monotonic();
-        let store = self.cfg.store.clone();
+        let store = self.store.clone();
         let renewed = self
             .before_lapse(store.compare_and_set(&key, Some(&text), &text, Some(self.cfg.slot_ttl)))
             .await?;
@@ -213,7 +172,7 @@ impl Runner {
                 let key = self.cfg.keys.slot(claim.slot);
                 let text = claim.record.to_string();
                 if drained {
-                    if let Err(e) = self.cfg.store.compare_and_delete(&key, &text).await {
+                    if let Err(e) = self.store.compare_and_delete(&key, &text).await {
                         result = Err(e);
                     }
                 } else if !self.cfg.crash_grace.is_zero() {
@@ -221,7 +180,6 @@ impl Runner {
                     // grace too: this member is not coming back. Best effort: the record
                     // expires after the grace otherwise.
                     let _ = self
-                        .cfg
                         .store
                         .compare_and_set(&key, Some(&text), &text, Some(self.cfg.ttl))
                         .await;
@@ -269,8 +227,7 @@ impl Runner {
             parked: Some(now_ms),
             ..claim.record.clone()
         };
-        self.cfg
-            .store
+        self.store
             .compare_and_set(
                 &self.cfg.keys.slot(claim.slot),
                 Some(&claim.record.to_string()),
@@ -321,5 +278,48 @@ impl Drop for Ended {
                 a.last_error = Some(why.to_owned());
             }
         });
+    }
+}
+
+impl Engine {
+    /// Stops all work at once: every grant turns invalid and the member claims again. `reason`
+    /// is the metric's label (`lapsed`, `lost`), `why` the log's.
+    pub(super) fn revoke(&mut self, reason: &'static str, why: &str) {
+        self.tell_revoked(Cause::Lapse);
+        let had = {
+            let mut st = self.shared.lock();
+            let had = st.active.is_some() || st.pending.is_some() || st.deadline.is_some();
+            st.stop_granting();
+            st.in_flight.clear();
+            st.share_in_flight = 0;
+            had
+        };
+        self.shared.wake_revoked();
+        self.handoff = None;
+        if had {
+            self.cfg.metrics.grants_revoked(reason);
+            tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, "{why}: stopped all work");
+        }
+        self.shared.publish(|a| {
+            a.index = None;
+            a.phase = GroupPhase::Rejoining;
+        });
+    }
+
+    /// Tells [`Member::revocations`](super::super::Member::revocations) that the member loses
+    /// every key it owns under its active view, for `cause`; nothing when it owns nothing.
+    fn tell_revoked(&self, cause: Cause) {
+        let change = {
+            let st = self.shared.lock();
+            match (&st.active, st.holder) {
+                (Some(active), Some(holder)) if active.pair_of(holder).is_some() => {
+                    Some(Change::losing_all(active.clone(), holder, cause))
+                }
+                _ => None,
+            }
+        };
+        if let Some(change) = change {
+            let _ = self.shared.revocations.send(change);
+        }
     }
 }

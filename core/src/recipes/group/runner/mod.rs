@@ -77,7 +77,12 @@ const ACK_TTLS: u32 = 4;
 
 /// What the runner was built with: fixed for its life.
 pub(super) struct Settings {
-    store: DynStore,
+    /// The store's backend name, for errors.
+    backend: &'static str,
+    /// The store delivers change notifications.
+    native_notifications: bool,
+    /// The shortest TTL the store applies.
+    min_ttl: Duration,
     clock: Arc<dyn Clock>,
     keys: GroupKeys,
     /// The member's metrics (`docs/observability.md`).
@@ -281,8 +286,10 @@ struct Outage {
     grace_until: Option<Duration>,
 }
 
-/// The background heartbeat of one member.
-pub(super) struct Runner {
+/// The protocol state of one member: everything the runner knows and decides from, and no
+/// store. Its methods are synchronous; the [`Runner`] around it makes the store calls they ask
+/// for and tells it the answers.
+pub(super) struct Engine {
     cfg: Settings,
     shared: Arc<Shared>,
     claims: Claims,
@@ -293,9 +300,29 @@ pub(super) struct Runner {
     outage: Outage,
     /// The member fails for good ([`Runner::fail`]): its leave hands nothing to a standby.
     failing: bool,
+}
+
+/// The background heartbeat of one member: the [`Engine`], the store it calls for it, and the
+/// store's change notifications.
+pub(super) struct Runner {
+    store: DynStore,
+    engine: Engine,
     /// The store's change notifications for the group's directories, when it has them and the
     /// member listens ([`GroupConfig::with_notifications`]).
     notices: Option<notices::Notices>,
+}
+
+impl std::ops::Deref for Runner {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+impl std::ops::DerefMut for Runner {
+    fn deref_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
 }
 
 impl Runner {
@@ -308,13 +335,15 @@ impl Runner {
         shared: Arc<Shared>,
     ) -> Runner {
         let caps = store.capabilities();
-        Runner {
+        let engine = Engine {
             cfg: Settings {
+                backend: caps.backend,
+                native_notifications: caps.native_notifications,
+                min_ttl: caps.min_ttl,
                 metrics: GroupMetrics::new(keys.group()),
                 clock: config.clock.clone(),
                 effective_ttl: caps.effective_ttl(config.ttl),
                 one_call_versions: caps.native_renew_and_versions && config.one_call_versions,
-                store,
                 keys: GroupKeys::new(keys),
                 member,
                 ttl: config.ttl,
@@ -339,6 +368,10 @@ impl Runner {
             discrepancy: None,
             outage: Outage::default(),
             failing: false,
+        };
+        Runner {
+            store,
+            engine,
             notices: None,
         }
     }
@@ -346,9 +379,9 @@ impl Runner {
     /// Subscribes to the store's change notifications for the group's directories, before the
     /// first claim so that nothing after it goes unheard (see [`notices`]).
     pub(in crate::recipes::group) async fn subscribe(&mut self) {
-        if self.cfg.notifications && self.cfg.store.capabilities().native_notifications {
+        if self.cfg.notifications && self.cfg.native_notifications {
             self.notices = notices::Notices::subscribe(
-                &self.cfg.store,
+                &self.store,
                 &self.cfg.keys,
                 self.cfg.standby.is_some(),
             )
@@ -356,10 +389,25 @@ impl Runner {
         }
     }
 
+    /// The text stored at `key` when it parses to `record`, `None` when the key holds anything
+    /// else or nothing: a compare-and-set against the exact stored text matches even a record
+    /// written by hand with other spacing or digits, which a re-serialized one would not.
+    async fn stored_text(&self, key: &str, record: &SlotRecord) -> Result<Option<String>> {
+        let text = self.store.get(key).await?;
+        Ok(text.filter(|t| SlotRecord::parse(t).as_ref() == Some(record)))
+    }
+
+    /// Reads the table: see [`Table::read`].
+    async fn list(&self) -> Result<Table> {
+        Table::read(&self.store, &self.cfg.keys).await
+    }
+}
+
+impl Engine {
     /// An [`Error::Rejected`] from this member's store: a condition no retry fixes.
     fn rejected(&self, message: String) -> Error {
         Error::Rejected {
-            backend: self.cfg.store.capabilities().backend,
+            backend: self.cfg.backend,
             message,
             source: None,
         }
@@ -381,19 +429,6 @@ impl Runner {
     fn set_error(&self, e: Option<&Error>) {
         let msg = e.map(|e| e.to_string());
         self.shared.publish(|a| a.last_error = msg);
-    }
-
-    /// The text stored at `key` when it parses to `record`, `None` when the key holds anything
-    /// else or nothing: a compare-and-set against the exact stored text matches even a record
-    /// written by hand with other spacing or digits, which a re-serialized one would not.
-    async fn stored_text(&self, key: &str, record: &SlotRecord) -> Result<Option<String>> {
-        let text = self.cfg.store.get(key).await?;
-        Ok(text.filter(|t| SlotRecord::parse(t).as_ref() == Some(record)))
-    }
-
-    /// Reads the table: see [`Table::read`].
-    async fn list(&self) -> Result<Table> {
-        Table::read(&self.cfg.store, &self.cfg.keys).await
     }
 
     /// Forgets the version of the view directory held, so the next heartbeat reads it: after a

@@ -170,12 +170,12 @@ impl Runner {
         stop: &mut watch::Receiver<bool>,
     ) -> Waited {
         let clock = self.cfg.clock.clone();
+        let heartbeat = self.cfg.heartbeat;
         let until = clock.monotonic() + d;
         let noticed = async {
             match &mut self.notices {
                 Some(n) => {
                     n.next_among(among).await;
-                    let heartbeat = self.cfg.heartbeat;
                     clock
                         .sleep_until(notice_due(n.tat, n.last, heartbeat))
                         .await;

@@ -18,7 +18,7 @@ use super::super::records::{SlotRecord, StandbyRecord};
 use super::super::view::GroupPhase;
 use super::decide::Seen;
 use super::notices::Waited;
-use super::{Claim, Runner};
+use super::{Claim, Engine, Runner};
 use crate::error::{Error, Result};
 
 /// How many standbys a leaving member tries to mark before it leaves as usual.
@@ -49,15 +49,6 @@ enum Inherited {
 }
 
 impl Runner {
-    /// The lease of a standby record: one heartbeat (at least the store's shortest lease),
-    /// renewed every quarter heartbeat, so a standby that died stops being chosen within a
-    /// heartbeat.
-    fn standby_ttl(&self) -> Duration {
-        self.cfg
-            .heartbeat
-            .max(self.cfg.store.capabilities().min_ttl)
-    }
-
     /// Writes this member's standby record and reports the phase `standby`; or, when a previous
     /// process of this member id was chosen as an heir and its record still says so, goes on
     /// with that inheritance. Errors as the store's.
@@ -67,7 +58,7 @@ impl Runner {
         let table = self.list().await?;
         self.check_assignor(&table)?;
         let key = self.cfg.keys.standby(&self.cfg.member);
-        let old = self.cfg.store.get(&key).await?;
+        let old = self.store.get(&key).await?;
         let chosen = old
             .as_deref()
             .and_then(StandbyRecord::parse)
@@ -82,7 +73,6 @@ impl Runner {
                 };
                 let text = record.to_string();
                 match self
-                    .cfg
                     .store
                     .compare_and_set(&key, old.as_deref(), &text, Some(self.standby_ttl()))
                     .await
@@ -97,7 +87,7 @@ impl Runner {
                     Err(e) => {
                         // Applied with its reply lost, the record would be the oldest standby
                         // of a process that never polls it: take it away again.
-                        let _ = self.cfg.store.compare_and_delete(&key, &text).await;
+                        let _ = self.store.compare_and_delete(&key, &text).await;
                         return Err(e);
                     }
                 }
@@ -172,7 +162,6 @@ impl Runner {
                 match self.inherit(slot, from, stop).await {
                     Inherited::Taken => {
                         let _ = self
-                            .cfg
                             .store
                             .compare_and_delete(&key, &record.to_string())
                             .await;
@@ -188,7 +177,6 @@ impl Runner {
                         let marked = record.to_string();
                         record.heir_of = None;
                         if let Err(e) = self
-                            .cfg
                             .store
                             .compare_and_set(
                                 &key,
@@ -209,10 +197,9 @@ impl Runner {
             // this id replaced it): exclusive with a leaving member's choice of this standby.
             let done = self.cfg.clock.monotonic() >= until;
             let unchanged = if done {
-                self.cfg.store.compare_and_delete(&key, &text).await
+                self.store.compare_and_delete(&key, &text).await
             } else {
-                self.cfg
-                    .store
+                self.store
                     .compare_and_set(&key, Some(&text), &text, Some(self.standby_ttl()))
                     .await
             };
@@ -222,7 +209,7 @@ impl Runner {
                     return true;
                 }
                 Ok(true) => self.set_error(None),
-                Ok(false) => match self.cfg.store.get(&key).await {
+                Ok(false) => match self.store.get(&key).await {
                     Ok(Some(now)) => match StandbyRecord::parse(&now) {
                         Some(r) if r.nonce == record.nonce => {
                             // Marked by a leaving member (handled at the top of the loop).
@@ -240,7 +227,6 @@ impl Runner {
                     // Expired (the process was paused past its lease): write it again.
                     Ok(None) => {
                         if let Err(e) = self
-                            .cfg
                             .store
                             .compare_and_set(&key, None, &text, Some(self.standby_ttl()))
                             .await
@@ -300,12 +286,11 @@ impl Runner {
                 self.give_back(slot, from).await;
             }
             match self
-                .cfg
                 .store
                 .compare_and_delete(&key, &record.to_string())
                 .await
             {
-                Ok(false) => match self.cfg.store.get(&key).await {
+                Ok(false) => match self.store.get(&key).await {
                     // Marked since this member last looked.
                     Ok(Some(now)) => match StandbyRecord::parse(&now) {
                         Some(r) if r.nonce == record.nonce && r != record => record = r,
@@ -329,7 +314,7 @@ impl Runner {
         loop {
             match self.handing(&key, from).await {
                 Ok(Handing::Parked(text)) => {
-                    let _ = self.cfg.store.compare_and_delete(&key, &text).await;
+                    let _ = self.store.compare_and_delete(&key, &text).await;
                     tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, "stopped after a leaving member handed this standby its slot: the slot goes back to the group");
                     return;
                 }
@@ -347,7 +332,7 @@ impl Runner {
     /// chose: that claim parked under this member id (with its text), still that claim live (it
     /// parks it next), or anything else.
     async fn handing(&self, key: &str, from: u64) -> Result<Handing> {
-        let Some(text) = self.cfg.store.get(key).await? else {
+        let Some(text) = self.store.get(key).await? else {
             return Ok(Handing::Not);
         };
         Ok(match SlotRecord::parse(&text) {
@@ -364,7 +349,7 @@ impl Runner {
     /// one lease TTL. No view is published: the claim stays in the view until the standby takes
     /// it back. Returns whether it handed the slot over; otherwise the member leaves as usual.
     pub(super) async fn hand_over(&mut self, claim: &Claim) -> Result<bool> {
-        let listing = self.cfg.store.list(&self.cfg.keys.standbys).await?;
+        let listing = self.store.list(&self.cfg.keys.standbys).await?;
         let mut standbys: Vec<(String, String, StandbyRecord)> = listing
             .into_iter()
             .filter_map(|(key, text)| {
@@ -387,7 +372,6 @@ impl Runner {
             }
             .to_string();
             if !self
-                .cfg
                 .store
                 .compare_and_set(&standby_key, Some(&text), &marked, Some(self.cfg.ttl))
                 .await?
@@ -402,7 +386,6 @@ impl Runner {
                 ..claim.record.clone()
             };
             if self
-                .cfg
                 .store
                 .compare_and_set(
                     &slot_key,
@@ -419,12 +402,20 @@ impl Runner {
             // stands by again (it also gives up on its own once the slot holds another claim),
             // and leave as usual.
             let _ = self
-                .cfg
                 .store
                 .compare_and_set(&standby_key, Some(&marked), &text, Some(self.standby_ttl()))
                 .await;
             return Ok(false);
         }
         Ok(false)
+    }
+}
+
+impl Engine {
+    /// The lease of a standby record: one heartbeat (at least the store's shortest lease),
+    /// renewed every quarter heartbeat, so a standby that died stops being chosen within a
+    /// heartbeat.
+    fn standby_ttl(&self) -> Duration {
+        self.cfg.heartbeat.max(self.cfg.min_ttl)
     }
 }

@@ -10,7 +10,7 @@ use super::decide::{
     awaits_returning, left_out, next_view, publishes, unsettled, view_is_stale, view_needs_slots,
     view_slot_gone,
 };
-use super::{Claim, Discrepancy, Handoff, Runner};
+use super::{Claim, Discrepancy, Engine, Handoff, Runner};
 use crate::error::{Error, Result};
 
 /// Why a member does not touch a view a later version of headcount wrote.
@@ -179,6 +179,22 @@ impl Runner {
         }
     }
 
+    /// Publishes `next` over the view `table` holds, with a compare-and-set against its text, so
+    /// of the members that try exactly one wins and the epoch is minted by the store. Returns
+    /// whether it wrote.
+    pub(super) async fn publish(&self, table: &Table, next: &ViewRecord) -> Result<bool> {
+        self.store
+            .compare_and_set(
+                &self.cfg.keys.view,
+                table.view_text.as_deref(),
+                &next.to_string(),
+                None,
+            )
+            .await
+    }
+}
+
+impl Engine {
     /// Looks for signs that a store which lost writes minted one of this member's epochs twice,
     /// or that the group moved on without waiting for it ([`left_out`]), and breaks its token
     /// runs there (see `State::break_runs_at`). Returns whether the
@@ -224,21 +240,6 @@ impl Runner {
                 before,
             ],
         )
-    }
-
-    /// Publishes `next` over the view `table` holds, with a compare-and-set against its text, so
-    /// of the members that try exactly one wins and the epoch is minted by the store. Returns
-    /// whether it wrote.
-    pub(super) async fn publish(&self, table: &Table, next: &ViewRecord) -> Result<bool> {
-        self.cfg
-            .store
-            .compare_and_set(
-                &self.cfg.keys.view,
-                table.view_text.as_deref(),
-                &next.to_string(),
-                None,
-            )
-            .await
     }
 
     /// Makes `view` the pending view when it is newer than what the member has.
