@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch, Notify};
 
 use super::records::Holder;
-use super::view::{Assignment, Change, ViewState};
+use super::view::{Assignment, Change, GroupPhase, ViewState};
 use crate::clock::Clock;
 
 /// What a grant covers.
@@ -237,6 +237,32 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// The state of `member` before it joins: no slot, no view, phase `joining`.
+    pub(super) fn new(clock: Arc<dyn Clock>, member: String) -> Shared {
+        let (assignment, _) = watch::channel(Assignment {
+            member,
+            slot: None,
+            index: None,
+            replicas: 0,
+            epoch: 0,
+            live: Vec::new(),
+            phase: GroupPhase::Joining,
+            last_error: None,
+        });
+        let (changes, _) = broadcast::channel(64);
+        let (revocations, _) = broadcast::channel(64);
+        let (revoking, _) = watch::channel(0);
+        Shared {
+            clock,
+            state: Mutex::new(State::default()),
+            released: Notify::new(),
+            assignment,
+            changes,
+            revocations,
+            revoking,
+        }
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

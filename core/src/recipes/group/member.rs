@@ -1,12 +1,12 @@
 //! Joining: [`Group::join`], and the [`Member`] handle with its heartbeat task.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use tokio::sync::{broadcast, watch, Notify};
+use tokio::sync::{broadcast, watch};
 
 use super::config::GroupConfig;
-use super::grants::{Grant, Scope, Shared, State};
+use super::grants::{Grant, Scope, Shared};
 use super::runner::Runner;
 use super::view::{Assignment, Change, GroupPhase};
 use crate::assign::hash_bytes;
@@ -61,28 +61,7 @@ impl Group {
             .member
             .clone()
             .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
-        let (assignment, _) = watch::channel(Assignment {
-            member: member.clone(),
-            slot: None,
-            index: None,
-            replicas: 0,
-            epoch: 0,
-            live: Vec::new(),
-            phase: GroupPhase::Joining,
-            last_error: None,
-        });
-        let (changes, _) = broadcast::channel(64);
-        let (revocations, _) = broadcast::channel(64);
-        let (revoking, _) = watch::channel(0);
-        let shared = Arc::new(Shared {
-            clock: config.clock.clone(),
-            state: Mutex::new(State::default()),
-            released: Notify::new(),
-            assignment,
-            changes,
-            revocations,
-            revoking,
-        });
+        let shared = Arc::new(Shared::new(config.clock.clone(), member.clone()));
         let mut runner = Runner::new(store, &config, keys, member.clone(), shared.clone());
         // Every handle dropped without leave(): the heartbeat is cancelled and the slot expires
         // after the TTL.

@@ -2,6 +2,7 @@
 //! again after the lease was lost, the check that the group uses this member's assignor, and
 //! twins (another live process with this member id).
 
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::super::records::{Holder, SlotRecord, ViewRecord};
@@ -345,7 +346,8 @@ impl Runner {
         });
         let mut table = table.clone();
         table.slots.insert(slot, record);
-        self.on_table(&table, true, true).await;
+        self.run_round(super::round::Round::of_table(Arc::new(table), true, true))
+            .await;
     }
 
     /// Claims again after losing the lease. A full group or a store error is retried at the

@@ -100,7 +100,7 @@ impl Runner {
                 Woke::Drained => {
                     // A grant was dropped during a hand-off: acknowledge now if that was the
                     // last.
-                    self.progress(None).await;
+                    self.run_round(super::round::Round::progress()).await;
                     continue;
                 }
                 Woke::Heard(seen) => {

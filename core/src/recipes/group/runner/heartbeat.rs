@@ -9,6 +9,7 @@ use super::super::records::SettledRecord;
 use super::super::table::Table;
 use super::super::view::ViewState;
 use super::decide::lists_before_dropping;
+use super::round::Round;
 use super::{Claim, Engine, Runner, SlotsSeen};
 use crate::error::{Error, Result};
 use crate::store::RenewedListing;
@@ -160,7 +161,8 @@ impl Runner {
             self.check_twin(&heard.table, claim.slot).await?;
         }
         self.check_view_assignor(&heard.table)?;
-        self.on_table(&heard.table, false, heard.fresh).await;
+        self.run_round(Round::of_table(heard.table.clone(), false, heard.fresh))
+            .await;
         Ok(())
     }
 
@@ -385,7 +387,7 @@ impl Runner {
         };
         if mark.settles(pending.epoch(), pending.digest) {
             self.cache.settled = Some(mark);
-            self.progress(None).await;
+            self.run_round(Round::progress()).await;
             Ok(())
         } else if mark.epoch > pending.epoch() {
             // A newer view was settled: read it, but at most twice a heartbeat, so a burst of

@@ -32,10 +32,10 @@
 mod claims;
 mod decide;
 mod driver;
-mod handoff;
 mod heartbeat;
 mod leaving;
 mod notices;
+mod round;
 mod standby;
 mod views;
 
@@ -47,7 +47,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::keys::Keyspace;
 use crate::metrics::GroupMetrics;
-use crate::DynStore;
+use crate::{Capabilities, DynStore};
 
 use super::config::GroupConfig;
 use super::grants::Shared;
@@ -325,17 +325,17 @@ impl std::ops::DerefMut for Runner {
     }
 }
 
-impl Runner {
-    /// A runner for `member` of the group `keys` names, before its first claim.
+impl Engine {
+    /// The engine of `member` of the group `keys` names, on a store of `caps`, before its
+    /// first claim.
     pub(super) fn new(
-        store: DynStore,
+        caps: &Capabilities,
         config: &GroupConfig,
         keys: Keyspace,
         member: String,
         shared: Arc<Shared>,
-    ) -> Runner {
-        let caps = store.capabilities();
-        let engine = Engine {
+    ) -> Engine {
+        Engine {
             cfg: Settings {
                 backend: caps.backend,
                 native_notifications: caps.native_notifications,
@@ -368,7 +368,20 @@ impl Runner {
             discrepancy: None,
             outage: Outage::default(),
             failing: false,
-        };
+        }
+    }
+}
+
+impl Runner {
+    /// A runner for `member` of the group `keys` names, before its first claim.
+    pub(super) fn new(
+        store: DynStore,
+        config: &GroupConfig,
+        keys: Keyspace,
+        member: String,
+        shared: Arc<Shared>,
+    ) -> Runner {
+        let engine = Engine::new(&store.capabilities(), config, keys, member, shared);
         Runner {
             store,
             engine,
@@ -400,6 +413,34 @@ impl Runner {
     /// Reads the table: see [`Table::read`].
     async fn list(&self) -> Result<Table> {
         Table::read(&self.store, &self.cfg.keys).await
+    }
+
+    /// Runs `round` ([`round`]): makes each store call the engine asks for and hands it the
+    /// answer, until the round asks for nothing more.
+    async fn run_round(&mut self, mut round: round::Round) {
+        let mut answer = None;
+        while let Some(call) = self.engine.advance(&mut round, answer.take()) {
+            answer = Some(self.perform(call).await);
+        }
+    }
+
+    /// Makes one store call an engine step asked for.
+    async fn perform(&self, call: round::Call) -> round::Answer {
+        use round::{Answer, Call};
+        match call {
+            Call::Cas {
+                key,
+                expected,
+                new,
+                ttl,
+            } => Answer::Cas(
+                self.store
+                    .compare_and_set(&key, expected.as_deref(), &new, ttl)
+                    .await,
+            ),
+            Call::Get { key } => Answer::Get(self.store.get(&key).await),
+            Call::List { dir } => Answer::List(self.store.list(&dir).await),
+        }
     }
 }
 

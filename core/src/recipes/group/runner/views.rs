@@ -1,16 +1,14 @@
-//! Views: deciding from a table whether to publish the next view, publishing it, adopting the
-//! newest view as pending, and activating it once the hand-off allows.
+//! Views: the next view to publish, adopting a view as pending, activating it once the
+//! hand-off allows, and the signs of a view minted twice. When a table calls for a view, and
+//! when a member publishes it, is decided by a round ([`super::round`]).
 
 use std::sync::Arc;
 
-use super::super::records::{Holder, ViewRecord, MAX_EPOCH};
+use super::super::records::{Holder, ViewRecord};
 use super::super::table::Table;
 use super::super::view::{Cause, Change, GroupPhase, ViewState};
-use super::decide::{
-    awaits_returning, left_out, next_view, publishes, unsettled, view_is_stale, view_needs_slots,
-    view_slot_gone,
-};
-use super::{Claim, Discrepancy, Engine, Handoff, Runner};
+use super::decide::{left_out, next_view};
+use super::{Claim, Engine, Handoff, Runner};
 use crate::error::{Error, Result};
 
 /// Why a member does not touch a view a later version of headcount wrote.
@@ -21,164 +19,6 @@ pub(super) fn newer_version(epoch: u64) -> Error {
 }
 
 impl Runner {
-    /// Publishes a view when the table calls for one, adopts the newest view, and moves the
-    /// hand-off along. `fresh` says the slots were read after the view, in this heartbeat: only
-    /// then does the member compare them (a copy from an earlier heartbeat may lack claims the
-    /// view already names), publish, or settle.
-    pub(super) async fn on_table(&mut self, table: &Table, own_change: bool, fresh: bool) {
-        if let Err(e) = self.check_view_assignor(table) {
-            // Other live members work under a view of another assignor: publishing over it
-            // would have them publish over ours in turn, for ever. The heartbeat ends this
-            // member with the reason.
-            self.set_error(Some(&e));
-            return;
-        }
-        let live = table.live();
-        let my_slot = self.claims.current.as_ref().map(|c| c.slot);
-        let mut newest = table.view.clone();
-        // The floor counts the acknowledgements too: a member that never saw the view (it was
-        // lost or overwritten) still must not publish an epoch some member already acted on.
-        let floor = self.cache.highest.max(table.highest_epoch());
-        // A claim taken back from a restart or a crash activates no view at or below the epochs
-        // its previous process granted under (`Claims::floor`): a view there, even one naming
-        // this claim (a store that went back re-minted it), is replaced by one above it, or the
-        // member would wait for ever.
-        let wanted = if self.claims.floor > 0 {
-            floor.max(self.claims.floor + 1)
-        } else {
-            floor
-        };
-        let twin_epoch = self.note_twins(table);
-        // A view a later version wrote is neither replaced nor adopted while a holder it names
-        // is live (see `ViewRecord::newer_version`): this member keeps its own and says why.
-        let newer = table.newer_view_in_use();
-        if let Some(epoch) = newer {
-            self.set_error(Some(&newer_version(epoch)));
-        }
-        let stale =
-            newer.is_none() && view_is_stale(table.view.as_ref(), &live, wanted, twin_epoch);
-        self.cache.highest = floor;
-        // A view that went back, is missing or took this member's epoch needs a view above it,
-        // which only a member that read the slots publishes: read them at the next beat.
-        self.cache.need_slots =
-            !fresh && newer.is_none() && view_needs_slots(table.view.as_ref(), wanted, twin_epoch);
-        let now = self.cfg.clock.monotonic();
-        if self.outage.grace_until.is_some_and(|u| now >= u) {
-            self.outage.grace_until = None;
-            self.outage.last_view = None;
-        }
-        if !fresh {
-            // Adopt the published view as it is; what the slots call for is decided by the
-            // members that read them.
-        } else if stale {
-            let lowest = table.working().next() == my_slot && my_slot.is_some();
-            // Back from an outage of the store: the members of the last view claim their slots
-            // again before anyone publishes a view without them.
-            // Not a view that must be replaced whatever the slots (one below an epoch some
-            // member acted on, or an epoch minted twice): that repair waits for nobody.
-            let repair = twin_epoch || table.view.as_ref().is_some_and(|v| v.epoch < wanted);
-            let returning = !repair
-                && awaits_returning(
-                    self.outage.grace_until,
-                    now,
-                    self.outage.last_view.as_ref().map(|v| v.record()),
-                    table.view.as_ref(),
-                    &live,
-                );
-            let since = match &self.discrepancy {
-                Some(d) if d.live == live => d.since,
-                _ => now,
-            };
-            // A slot of the view is gone (a crash, a lapse): every member watches closely, in
-            // case the lowest slot is the one gone. New claims alone publish their own view.
-            let fast = lowest || view_slot_gone(table);
-            let lasted = now.saturating_sub(since);
-            let discrepancy = Discrepancy {
-                live: live.clone(),
-                since,
-                fast,
-            };
-            match self.next_view(table, self.cache.highest, live) {
-                // Unreachable: the configuration check makes sure the keys are at hand.
-                None if self.cache.highest < MAX_EPOCH => {
-                    let e = Error::config(format!(
-                        "the `{}` assignor could not compute an assignment: its declared keys are not at hand",
-                        self.cfg.assignor
-                    ));
-                    self.set_error(Some(&e));
-                    self.discrepancy = Some(discrepancy);
-                }
-                None => {
-                    let e = Error::foreign(
-                        &self.cfg.keys.view,
-                        "an epoch below the largest one (a view or acknowledgement holds it: stop every member and delete the group's keys to start again)",
-                        &self.cache.highest.to_string(),
-                    );
-                    self.set_error(Some(&e));
-                    self.discrepancy = Some(discrepancy);
-                }
-                Some(next)
-                    if !returning && publishes(own_change, lowest, lasted, self.cfg.heartbeat) =>
-                {
-                    match self.publish(table, &next).await {
-                        Ok(true) => {
-                            tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, live = next.holders.len(), "published a view");
-                            // As after settling: the next beat reads the table this write
-                            // changed.
-                            self.forget_seen();
-                            self.settler.published = Some(next.epoch);
-                            self.cache.highest = next.epoch;
-                            newest = Some(next);
-                            self.discrepancy = None;
-                        }
-                        // Someone else changed the view since this listing (or the reply was
-                        // lost): the view in the listing is stale, so adopt nothing and list
-                        // again at the next (quarter-heartbeat) beat. Read it then whatever
-                        // version the store answers: the refusal proves the view changed, and
-                        // a store whose version missed that change would answer "unchanged"
-                        // for ever.
-                        Ok(false) => {
-                            newest = None;
-                            self.forget_seen();
-                            self.discrepancy = Some(discrepancy);
-                        }
-                        Err(e) => {
-                            newest = None;
-                            self.forget_seen();
-                            self.set_error(Some(&e));
-                            self.discrepancy = Some(discrepancy);
-                        }
-                    }
-                }
-                Some(_) => self.discrepancy = Some(discrepancy),
-            }
-        } else {
-            self.discrepancy = None;
-        }
-        if let Some(v) = newest {
-            self.adopt(v);
-        }
-        self.cache.settled = table.settled;
-        self.cache.unsettled = unsettled(table.view.as_ref(), self.cache.settled);
-        // Other slots' records count as acknowledgements only when read after the view.
-        let fresh_table = fresh.then_some(table);
-        self.progress(fresh_table).await;
-        if fresh && self.settle(table).await {
-            self.cache.unsettled = false;
-            self.progress(fresh_table).await;
-        }
-        self.reassert(table).await;
-        // A view this member just published is not in this table yet: poll (reading the
-        // table, then the acknowledgements) until it is settled.
-        if self
-            .settler
-            .published
-            .is_some_and(|e| table.view.as_ref().is_none_or(|v| v.epoch < e))
-        {
-            self.settler.settling = true;
-        }
-    }
-
     /// Publishes `next` over the view `table` holds, with a compare-and-set against its text, so
     /// of the members that try exactly one wins and the epoch is minted by the store. Returns
     /// whether it wrote.
@@ -200,7 +40,7 @@ impl Engine {
     /// runs there (see `State::break_runs_at`). Returns whether the
     /// published view is such a twin: the epoch this member works towards, with other holders.
     /// Equal tokens would pass every fence, so the caller replaces it by a view above both.
-    fn note_twins(&self, table: &Table) -> bool {
+    pub(super) fn note_twins(&self, table: &Table) -> bool {
         let mut st = self.shared.lock();
         let twin = match (st.target(), &table.view) {
             (Some(t), Some(v)) => t.epoch() == v.epoch && !t.record().same_assignment(v),
@@ -243,7 +83,7 @@ impl Engine {
     }
 
     /// Makes `view` the pending view when it is newer than what the member has.
-    fn adopt(&mut self, view: ViewRecord) {
+    pub(super) fn adopt(&mut self, view: ViewRecord) {
         let current = self.target().map(|v| v.epoch());
         if current.is_some_and(|e| e >= view.epoch) {
             return;

@@ -1,0 +1,502 @@
+//! The round's handlers, one at a time: for a member in a given phase and a table it read, the
+//! store call each step asks for, and what the answer changes (as openraft's engine tests assert
+//! the commands its engine emits). No store is involved: the test plays the driver.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Answer, Call, Round};
+use crate::clock::ManualClock;
+use crate::error::Error;
+use crate::keys::Keyspace;
+use crate::recipes::group::grants::Shared;
+use crate::recipes::group::records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
+use crate::recipes::group::runner::{Claim, Engine, WrittenAck};
+use crate::recipes::group::table::Table;
+use crate::recipes::group::view::GroupPhase;
+use crate::recipes::group::GroupConfig;
+use crate::store::Store as _;
+use crate::MemoryStore;
+
+const TTL: Duration = Duration::from_millis(900);
+const HB: Duration = Duration::from_millis(300);
+
+fn nonce(slot: u32) -> u64 {
+    u64::from(slot) + 100
+}
+
+fn holder(slot: u32) -> Holder {
+    Holder {
+        slot,
+        nonce: nonce(slot),
+    }
+}
+
+/// The record of `slot`'s claim, which acknowledged up to `acked`.
+fn record(slot: u32, acked: u64) -> SlotRecord {
+    SlotRecord {
+        member: format!("m{slot}"),
+        nonce: nonce(slot),
+        since_ms: 0,
+        ttl_ms: 900,
+        acked,
+        view: 0,
+        parked: None,
+        grace: None,
+    }
+}
+
+fn view(epoch: u64, slots: &[u32]) -> ViewRecord {
+    ViewRecord {
+        epoch,
+        holders: slots.iter().map(|&s| holder(s)).collect(),
+        assignor: Some(crate::assign::AssignorKind::Modulo),
+        owners: None,
+    }
+}
+
+/// A table with `slots` live (each acknowledged up to `acked`) and `published` as its view.
+fn table(slots: &[u32], acked: u64, published: Option<ViewRecord>) -> Table {
+    let mut t = Table::default();
+    for &s in slots {
+        t.slots.insert(s, record(s, acked));
+    }
+    t.view_text = published.as_ref().map(ToString::to_string);
+    t.view = published;
+    t
+}
+
+/// A member holding `slot`, on the manual clock, at 10 s.
+struct Member {
+    engine: Engine,
+    clock: Arc<ManualClock>,
+}
+
+impl Member {
+    fn at(slot: u32) -> Member {
+        let clock = Arc::new(ManualClock::at_unix_secs(1_800_000_000));
+        clock.advance(Duration::from_secs(10));
+        let config = GroupConfig::new("g", TTL)
+            .with_member(format!("m{slot}"))
+            .with_assignor(crate::assign::AssignorKind::Modulo)
+            .with_clock(clock.clone());
+        let shared = Arc::new(Shared::new(clock.clone(), format!("m{slot}")));
+        let caps = MemoryStore::new().capabilities();
+        let mut engine = Engine::new(
+            &caps,
+            &config,
+            Keyspace::new("g").unwrap(),
+            format!("m{slot}"),
+            shared,
+        );
+        engine.claims.current = Some(Claim {
+            slot,
+            record: record(slot, 0),
+        });
+        {
+            let mut st = engine.shared.lock();
+            st.holder = Some(holder(slot));
+            // A lease renewed long ahead: these tests are not about its deadline.
+            st.deadline = Some(Duration::from_secs(3600));
+        }
+        Member { engine, clock }
+    }
+
+    /// The same member, active under `active`.
+    fn active(slot: u32, active: &ViewRecord) -> Member {
+        let mut m = Member::at(slot);
+        m.engine.adopt(active.clone());
+        let pending = m.engine.pending().unwrap();
+        m.engine.activate(pending, holder(slot));
+        m
+    }
+
+    /// Starts `round`: the call it asks for first.
+    fn start(&mut self, round: &mut Round) -> Option<Call> {
+        self.engine.advance(round, None)
+    }
+
+    fn answer(&mut self, round: &mut Round, answer: Answer) -> Option<Call> {
+        self.engine.advance(round, Some(answer))
+    }
+
+    fn phase(&self) -> GroupPhase {
+        self.engine.shared.assignment.borrow().phase
+    }
+}
+
+fn of_table(t: Table, fresh: bool) -> Round {
+    Round::of_table(Arc::new(t), false, fresh)
+}
+
+fn cas_key(call: &Option<Call>) -> &str {
+    match call {
+        Some(Call::Cas { key, .. }) => key,
+        other => panic!("expected a compare-and-set, got {other:?}"),
+    }
+}
+
+// ---- views: publishing the next view ----
+
+/// Event: a fresh table with a live slot the view lacks. Phase: active, lowest live slot.
+/// Effect: the view's compare-and-set, expecting the text read, naming both slots one epoch up.
+#[test]
+fn the_lowest_slot_publishes_a_view_for_a_new_claim() {
+    let v1 = view(1, &[0]);
+    let mut m = Member::active(0, &v1);
+    let mut round = of_table(table(&[0, 1], 1, Some(v1.clone())), true);
+    match m.start(&mut round) {
+        Some(Call::Cas {
+            key,
+            expected,
+            new,
+            ttl,
+        }) => {
+            assert_eq!(key, "hc:{g}:view:current");
+            assert_eq!(expected, Some(v1.to_string()));
+            let next = ViewRecord::parse(&new).unwrap();
+            assert_eq!(next.epoch, 2);
+            assert_eq!(next.holders, vec![holder(0), holder(1)]);
+            assert_eq!(ttl, None);
+        }
+        other => panic!("expected the view's compare-and-set, got {other:?}"),
+    }
+    // Written: the member adopts it (a hand-off) and settles it as its publisher.
+    let next = m.answer(&mut round, Answer::Cas(Ok(true)));
+    assert_eq!(m.engine.settler.published, Some(2));
+    assert!(m.engine.discrepancy.is_none());
+    assert_eq!(m.engine.pending().map(|p| p.epoch()), Some(2));
+    assert_eq!(m.phase(), GroupPhase::Handoff);
+    // Nothing moved from it (modulo, a slot added): it acknowledges the new view at once.
+    assert_eq!(cas_key(&next), "hc:{g}:ack:0");
+}
+
+/// Event: the same table. Phase: active, not the lowest slot, the discrepancy just seen.
+/// Effect: none; the discrepancy is noted, so the member publishes only if it lasts a heartbeat.
+#[test]
+fn another_slot_waits_a_heartbeat_before_publishing() {
+    let v1 = view(1, &[0, 1]);
+    let mut m = Member::active(1, &v1);
+    let mut round = of_table(table(&[0, 1, 2], 1, Some(v1.clone())), true);
+    let first = m.start(&mut round);
+    assert!(
+        !matches!(&first, Some(Call::Cas { key, .. }) if key == "hc:{g}:view:current"),
+        "{first:?}"
+    );
+    let d = m.engine.discrepancy.as_ref().expect("a discrepancy noted");
+    assert_eq!(d.live.len(), 3);
+    // A heartbeat later, the same discrepancy: it publishes (the lowest may be gone).
+    m.clock.advance(HB);
+    let mut round = of_table(table(&[0, 1, 2], 1, Some(v1)), true);
+    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
+}
+
+/// Event: a table whose slots were kept from an earlier heartbeat (not fresh), with no view.
+/// Effect: none; the member reads the slots at its next beat.
+#[test]
+fn a_table_not_read_fresh_publishes_nothing_and_asks_for_the_slots() {
+    let mut m = Member::at(0);
+    let mut round = of_table(table(&[0], 0, None), false);
+    assert_eq!(m.start(&mut round), None);
+    assert!(m.engine.cache.need_slots);
+}
+
+/// Event: the view's compare-and-set refused (another member published first). Effect: none
+/// adopted, and the view directory is read again whatever version the store answers.
+#[test]
+fn a_refused_view_is_not_adopted_and_the_directory_is_read_again() {
+    let v1 = view(1, &[0]);
+    let mut m = Member::active(0, &v1);
+    m.engine.cache.view_version = Some("7".into());
+    let mut round = of_table(table(&[0, 1], 1, Some(v1)), true);
+    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
+    m.answer(&mut round, Answer::Cas(Ok(false)));
+    assert_eq!(m.engine.cache.view_version, None);
+    assert!(m.engine.discrepancy.is_some());
+    assert_eq!(m.engine.target().map(|t| t.epoch()), Some(1));
+    assert_eq!(m.phase(), GroupPhase::Active);
+}
+
+/// Event: a view published with another assignor. Effect: the round stops with the reason,
+/// asking for nothing.
+#[test]
+fn a_view_of_another_assignor_stops_the_round() {
+    let mut m = Member::at(0);
+    let mut other = view(1, &[0]);
+    other.assignor = Some(crate::assign::AssignorKind::Memento);
+    let mut round = of_table(table(&[0], 0, Some(other)), true);
+    assert_eq!(m.start(&mut round), None);
+    let error = m.engine.shared.assignment.borrow().last_error.clone();
+    assert!(error.is_some_and(|e| e.contains("assignor")));
+}
+
+// ---- progress: acknowledging and activating ----
+
+/// Event: a dropped grant. Phase: joining, its first view pending and drained. Effect: the
+/// acknowledgement's compare-and-set; once written, the view activates when settled.
+#[test]
+fn a_drained_view_is_acknowledged_then_activated_once_settled() {
+    let v1 = view(1, &[0, 1]);
+    let mut m = Member::at(0);
+    m.engine.adopt(v1.clone());
+    let digest = m.engine.pending().unwrap().digest;
+    m.engine.cache.settled = Some(SettledRecord {
+        epoch: 1,
+        view: digest,
+    });
+    let mut round = Round::progress();
+    match m.start(&mut round) {
+        Some(Call::Cas {
+            key,
+            expected,
+            new,
+            ttl,
+        }) => {
+            assert_eq!(key, "hc:{g}:ack:0");
+            assert_eq!(expected, None);
+            let ack = AckRecord::parse(&new).unwrap();
+            assert_eq!((ack.nonce, ack.acked, ack.view), (nonce(0), 1, digest));
+            assert_eq!(ttl, Some(TTL * 4));
+        }
+        other => panic!("expected the acknowledgement, got {other:?}"),
+    }
+    assert_eq!(m.answer(&mut round, Answer::Cas(Ok(true))), None);
+    assert!(m.engine.claims.ack.is_some());
+    assert_eq!(m.phase(), GroupPhase::Active);
+}
+
+/// Event: the acknowledgement's compare-and-set refused twice. Effect: a read of what the
+/// store holds after each, a second try against it, then nothing: the view stays pending.
+#[test]
+fn a_refused_acknowledgement_is_tried_once_more_against_what_is_stored() {
+    let mut m = Member::at(0);
+    m.engine.adopt(view(1, &[0]));
+    let mut round = Round::progress();
+    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:ack:0");
+    let read = m.answer(&mut round, Answer::Cas(Ok(false)));
+    assert_eq!(
+        read,
+        Some(Call::Get {
+            key: "hc:{g}:ack:0".into()
+        })
+    );
+    match m.answer(&mut round, Answer::Get(Ok(Some("theirs".into())))) {
+        Some(Call::Cas { expected, .. }) => assert_eq!(expected.as_deref(), Some("theirs")),
+        other => panic!("expected a second try, got {other:?}"),
+    }
+    assert!(matches!(
+        m.answer(&mut round, Answer::Cas(Ok(false))),
+        Some(Call::Get { .. })
+    ));
+    assert_eq!(m.answer(&mut round, Answer::Get(Ok(None))), None);
+    assert!(m.engine.claims.ack.is_none());
+    assert_eq!(m.phase(), GroupPhase::Joining);
+}
+
+/// Event: a dropped grant while a grant still held is not owned under the pending view, past
+/// the drain timeout. Effect: no call; the member gives its lease up.
+#[test]
+fn grants_that_outlast_the_drain_timeout_give_the_lease_up() {
+    let v1 = view(1, &[0]);
+    let mut m = Member::active(0, &v1);
+    let grant = m
+        .engine
+        .shared
+        .grant(crate::recipes::group::grants::Scope::Share)
+        .expect("a share granted");
+    m.engine.adopt(view(2, &[0, 1]));
+    m.clock.advance(TTL * 2);
+    let mut round = Round::progress();
+    assert_eq!(m.start(&mut round), None);
+    assert!(m.engine.claims.abandoned);
+    drop(grant);
+}
+
+// ---- settle: the settled mark ----
+
+/// Event: a fresh table where every live slot acknowledged the published view. Phase: hand-off,
+/// lowest slot. Effects: the acknowledgements' listing, then the settled mark's compare-and-set
+/// against the mark read; once written the view activates.
+#[test]
+fn the_lowest_slot_settles_a_view_every_slot_acknowledged() {
+    let v1 = view(1, &[0]);
+    let v2 = view(2, &[0, 1]);
+    let mut m = Member::active(0, &v1);
+    m.engine.adopt(v2.clone());
+    let digest = m.engine.pending().unwrap().digest;
+    m.engine.claims.ack = Some(WrittenAck {
+        record: AckRecord {
+            nonce: nonce(0),
+            acked: 2,
+            view: digest,
+        },
+        text: String::new(),
+        at: m.clock_now(),
+    });
+    let mut t = table(&[0, 1], 1, Some(v2));
+    t.settled_text = Some("old".into());
+    let mut round = of_table(t, true);
+    assert_eq!(
+        m.start(&mut round),
+        Some(Call::List {
+            dir: "hc:{g}:ack:".into()
+        })
+    );
+    let theirs = AckRecord {
+        nonce: nonce(1),
+        acked: 2,
+        view: digest,
+    };
+    let listing = vec![("hc:{g}:ack:1".to_string(), theirs.to_string())];
+    match m.answer(&mut round, Answer::List(Ok(listing))) {
+        Some(Call::Cas {
+            key, expected, new, ..
+        }) => {
+            assert_eq!(key, "hc:{g}:view:settled");
+            assert_eq!(expected.as_deref(), Some("old"));
+            assert_eq!(
+                SettledRecord::parse(&new),
+                Some(SettledRecord {
+                    epoch: 2,
+                    view: digest
+                })
+            );
+        }
+        other => panic!("expected the settled mark, got {other:?}"),
+    }
+    assert_eq!(m.phase(), GroupPhase::Handoff);
+    assert_eq!(m.answer(&mut round, Answer::Cas(Ok(true))), None);
+    assert_eq!(m.phase(), GroupPhase::Active);
+    assert!(!m.engine.settler.settling);
+}
+
+/// Event: a slot that has not acknowledged for three TTLs. Phase: the settling lowest slot.
+/// Effects: a read of that slot's record, then a compare-and-set of the same text with the
+/// record's own lease TTL; once per claim and epoch.
+#[test]
+fn a_slot_that_stalls_the_hand_off_for_three_ttls_gets_its_lease_ttl_again() {
+    let v1 = view(1, &[0]);
+    let v2 = view(2, &[0, 1]);
+    let mut m = Member::active(0, &v1);
+    m.engine.adopt(v2.clone());
+    let digest = m.engine.pending().unwrap().digest;
+    m.engine.claims.ack = Some(WrittenAck {
+        record: AckRecord {
+            nonce: nonce(0),
+            acked: 2,
+            view: digest,
+        },
+        text: String::new(),
+        at: m.clock_now(),
+    });
+    let stalled = |m: &mut Member| {
+        let mut round = of_table(table(&[0, 1], 1, Some(v2.clone())), true);
+        let list = m.start(&mut round);
+        assert!(matches!(list, Some(Call::List { .. })), "{list:?}");
+        let next = m.answer(&mut round, Answer::List(Ok(Vec::new())));
+        (round, next)
+    };
+    // The first time: the stall starts.
+    let (_, next) = stalled(&mut m);
+    assert!(!matches!(next, Some(Call::Get { .. })), "{next:?}");
+    m.clock.advance(TTL * 3);
+    let (mut round, next) = stalled(&mut m);
+    assert_eq!(
+        next,
+        Some(Call::Get {
+            key: "hc:{g}:slot:1".into()
+        })
+    );
+    let text = record(1, 1).to_string();
+    match m.answer(&mut round, Answer::Get(Ok(Some(text.clone())))) {
+        Some(Call::Cas {
+            key,
+            expected,
+            new,
+            ttl,
+        }) => {
+            assert_eq!(key, "hc:{g}:slot:1");
+            assert_eq!(expected.as_deref(), Some(text.as_str()));
+            assert_eq!(new, text);
+            assert_eq!(ttl, Some(TTL));
+        }
+        other => panic!("expected the TTL re-applied, got {other:?}"),
+    }
+    m.answer(&mut round, Answer::Cas(Ok(true)));
+    // Once per claim and epoch.
+    let (_, next) = stalled(&mut m);
+    assert!(!matches!(next, Some(Call::Get { .. })), "{next:?}");
+}
+
+/// Event: the acknowledgements cannot be read. Effect: the error is published, nothing written.
+#[test]
+fn an_unreadable_acknowledgement_directory_settles_nothing() {
+    let v1 = view(1, &[0]);
+    let v2 = view(2, &[0, 1]);
+    let mut m = Member::active(0, &v1);
+    m.engine.adopt(v2.clone());
+    let digest = m.engine.pending().unwrap().digest;
+    m.engine.claims.ack = Some(WrittenAck {
+        record: AckRecord {
+            nonce: nonce(0),
+            acked: 2,
+            view: digest,
+        },
+        text: String::new(),
+        at: m.clock_now(),
+    });
+    let mut round = of_table(table(&[0, 1], 1, Some(v2)), true);
+    assert!(matches!(m.start(&mut round), Some(Call::List { .. })));
+    let down = Error::Unavailable {
+        backend: "memory",
+        message: "down".into(),
+        source: None,
+    };
+    assert_eq!(m.answer(&mut round, Answer::List(Err(down))), None);
+    assert!(m.engine.shared.assignment.borrow().last_error.is_some());
+    assert_eq!(m.phase(), GroupPhase::Handoff);
+}
+
+// ---- reassert: a lost acknowledgement ----
+
+/// Event: a table whose published view this member acknowledged a heartbeat ago and is still
+/// unsettled. Effect: the acknowledgement's compare-and-set again, against what it wrote.
+#[test]
+fn an_acknowledgement_unsettled_for_a_heartbeat_is_written_again() {
+    let v2 = view(2, &[0, 1]);
+    let mut m = Member::active(1, &view(1, &[1]));
+    m.engine.adopt(v2.clone());
+    let digest = m.engine.pending().unwrap().digest;
+    let ack = AckRecord {
+        nonce: nonce(1),
+        acked: 2,
+        view: digest,
+    };
+    m.engine.claims.ack = Some(WrittenAck {
+        record: ack,
+        text: ack.to_string(),
+        at: m.clock_now(),
+    });
+    m.clock.advance(HB);
+    // Not fresh: no settling, only the reassertion.
+    let mut round = of_table(table(&[0, 1], 1, Some(v2)), false);
+    match m.start(&mut round) {
+        Some(Call::Cas {
+            key, expected, new, ..
+        }) => {
+            assert_eq!(key, "hc:{g}:ack:1");
+            assert_eq!(expected, Some(ack.to_string()));
+            assert_eq!(new, ack.to_string());
+        }
+        other => panic!("expected the acknowledgement again, got {other:?}"),
+    }
+}
+
+impl Member {
+    fn clock_now(&self) -> Duration {
+        use crate::clock::Clock as _;
+        self.clock.monotonic()
+    }
+}
