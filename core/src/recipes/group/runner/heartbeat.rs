@@ -44,47 +44,27 @@ impl Heard {
 }
 
 impl Runner {
-    /// One heartbeat: renew and read the table, or claim again when the lease is gone.
+    /// One heartbeat: renew and read the table, or claim again when the lease is gone. The
+    /// engine decides what it does ([`Engine::open_beat`], [`Engine::relist`],
+    /// [`Engine::on_heard`]); this makes the calls.
     pub(super) async fn beat(&mut self) -> Result<()> {
-        let now = self.cfg.clock.monotonic();
-        let expired = self.shared.lock().deadline.is_some_and(|d| now >= d);
-        if expired {
-            self.revoke("lapsed", "the lease deadline passed without a renewal");
-        }
-        let Some(claim) = self.claims.current.clone() else {
-            let sent = self.cfg.clock.monotonic();
-            let table = match self.list().await {
-                Ok(t) => t,
-                Err(e) => {
-                    self.store_failed();
-                    self.set_error(Some(&e));
-                    return Ok(());
-                }
-            };
-            self.store_answered(sent);
-            return self.reclaim(&table).await;
-        };
-        if self.claims.abandoned {
-            if expired {
-                // The lease has run out on our clock: claim afresh.
-                self.claims.abandoned = false;
-                self.claims.current = None;
+        let (claim, sent) = match self.open_beat() {
+            Opening::Nothing => return Ok(()),
+            Opening::Claim => {
+                let sent = self.cfg.clock.monotonic();
+                return match self.list().await {
+                    Ok(table) => {
+                        self.store_answered(sent);
+                        self.reclaim(&table).await
+                    }
+                    Err(e) => {
+                        self.beat_failed(&e);
+                        Ok(())
+                    }
+                };
             }
-            return Ok(());
-        }
-        let sent = self.cfg.clock.monotonic();
-        if self.facts().rereads_whole() {
-            tracing::debug!(
-                group = self.cfg.keys.group(),
-                member = %self.cfg.member,
-                "waited long on a hand-off or a discrepancy: reading the table whole"
-            );
-            self.forget_seen();
-            self.cache.slots = None;
-            self.cache.whole_read = Some(sent);
-        }
-        self.cache.beats += 1;
-        self.cache.last_beat = Some(sent);
+            Opening::Renew { claim, sent } => (claim, sent),
+        };
         let result = if self.cfg.change_checks {
             self.renew_and_read_changes(claim.slot, &claim.record.to_string())
                 .await
@@ -97,73 +77,33 @@ impl Runner {
             result.as_ref().err(),
         );
         let result = match result {
-            // A renewal refused, judged on a table not listed in this heartbeat (a copy, or a
-            // version that says nothing changed although the slot did): read the table itself
-            // to decide, and the directories whole at the next beat.
-            Ok(Heard {
-                renewed: false,
-                listed: false,
-                ..
-            }) => {
-                self.forget_seen();
-                self.cache.slots = None;
-                self.list().await.map(|table| Heard::listed(false, table))
-            }
-            other => other,
-        };
-        let result = match result {
-            Ok(heard) if lists_before_dropping(heard.fresh, heard.listed, &heard.table) => {
-                let renewed = heard.renewed;
-                self.cache.slots = None;
-                self.list().await.map(|table| Heard::listed(renewed, table))
-            }
-            other => other,
+            Ok(heard) => match self.relist(&heard) {
+                Some(renewed) => self.list().await.map(|t| Heard::listed(renewed, t)),
+                None => Ok(heard),
+            },
+            Err(e) => Err(e),
         };
         let heard = match result {
             Ok(heard) => heard,
             Err(e) => {
-                self.store_failed();
-                self.set_error(Some(&e));
+                self.beat_failed(&e);
                 return Ok(());
             }
         };
         self.store_answered(sent);
-        if !heard.renewed {
-            // A write of ours that reported an error may have been applied after all (an
-            // acknowledgement that timed out): the slot then holds our claim with other
-            // text. It is still ours; take its text and renew at the next beat.
-            if let Some(r) = heard.table.slots.get(&claim.slot) {
-                if r.member == self.cfg.member && r.nonce == claim.record.nonce {
-                    self.claims.current = Some(Claim {
-                        slot: claim.slot,
-                        record: r.clone(),
-                    });
-                    return Ok(());
+        match self.on_heard(&claim, sent, &heard) {
+            Closing::Done => Ok(()),
+            Closing::Reclaim => self.reclaim(&heard.table).await,
+            Closing::Round => {
+                if heard.fresh {
+                    self.check_twin(&heard.table, claim.slot).await?;
                 }
+                self.check_view_assignor(&heard.table)?;
+                self.run_round(Round::of_table(heard.table.clone(), false, heard.fresh))
+                    .await;
+                Ok(())
             }
-            self.cfg.metrics.heartbeat_failed("lost");
-            self.revoke("lost", "the slot was no longer ours at renewal");
-            self.claims.current = None;
-            self.claims.preferred = Some(claim.slot);
-            return self.reclaim(&heard.table).await;
         }
-        {
-            let mut st = self.shared.lock();
-            st.deadline = Some(self.deadline(sent));
-            st.holder = Some(claim.holder());
-        }
-        self.set_error(None);
-        let active = self.shared.lock().active.is_some();
-        if self.facts().idle(heard.changed, active) {
-            return Ok(());
-        }
-        if heard.fresh {
-            self.check_twin(&heard.table, claim.slot).await?;
-        }
-        self.check_view_assignor(&heard.table)?;
-        self.run_round(Round::of_table(heard.table.clone(), false, heard.fresh))
-            .await;
-        Ok(())
     }
 
     /// A heartbeat without change checks: the view directory first, then the renewal and the
@@ -466,3 +406,128 @@ impl Engine {
         tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, away = ?away, grace = ?self.cfg.outage_grace, "the store answers again: waiting up to the outage grace for the members of the last view to claim their slots again before publishing a view without them");
     }
 }
+
+/// How a heartbeat starts ([`Engine::open_beat`]).
+pub(super) enum Opening {
+    /// Nothing this beat: the member gave its lease up and waits for it to pass.
+    Nothing,
+    /// No claim: read the table and claim a slot.
+    Claim,
+    /// Renew `claim`, sent at `sent`, and read what changed.
+    Renew { claim: Claim, sent: Duration },
+}
+
+/// What a heartbeat does with its answer ([`Engine::on_heard`]).
+pub(super) enum Closing {
+    /// Nothing more: the answer changed nothing that calls for work.
+    Done,
+    /// The slot is no longer this member's: claim again.
+    Reclaim,
+    /// Run a round on the table ([`super::round`]), after looking for twins on a fresh one.
+    Round,
+}
+
+impl Engine {
+    /// How this heartbeat starts: a lease that ran out on this member's clock stops all work;
+    /// a member with no claim claims; one that gave its lease up claims afresh once it ran out;
+    /// otherwise it renews, reading both directories whole when it waited long.
+    pub(super) fn open_beat(&mut self) -> Opening {
+        let now = self.cfg.clock.monotonic();
+        let expired = self.shared.lock().deadline.is_some_and(|d| now >= d);
+        if expired {
+            self.revoke("lapsed", "the lease deadline passed without a renewal");
+        }
+        let Some(claim) = self.claims.current.clone() else {
+            return Opening::Claim;
+        };
+        if self.claims.abandoned {
+            if expired {
+                // The lease has run out on our clock: claim afresh.
+                self.claims.abandoned = false;
+                self.claims.current = None;
+            }
+            return Opening::Nothing;
+        }
+        let sent = self.cfg.clock.monotonic();
+        if self.facts().rereads_whole() {
+            tracing::debug!(
+                group = self.cfg.keys.group(),
+                member = %self.cfg.member,
+                "waited long on a hand-off or a discrepancy: reading the table whole"
+            );
+            self.forget_seen();
+            self.cache.slots = None;
+            self.cache.whole_read = Some(sent);
+        }
+        self.cache.beats += 1;
+        self.cache.last_beat = Some(sent);
+        Opening::Renew { claim, sent }
+    }
+
+    /// Whether the heartbeat's answer must be checked against a listing of the table before
+    /// the member acts on it, and with which renewal outcome (`Some(renewed)`):
+    ///
+    /// * a renewal refused, judged on a table not listed in this heartbeat (a copy, or a
+    ///   version that says nothing changed although the slot did): the table itself decides,
+    ///   and the directories are read whole at the next beat;
+    /// * a slot of the view missing from slots kept from the copy ([`lists_before_dropping`]).
+    pub(super) fn relist(&mut self, heard: &Heard) -> Option<bool> {
+        if !heard.renewed && !heard.listed {
+            self.forget_seen();
+            self.cache.slots = None;
+            return Some(false);
+        }
+        if lists_before_dropping(heard.fresh, heard.listed, &heard.table) {
+            self.cache.slots = None;
+            return Some(heard.renewed);
+        }
+        None
+    }
+
+    /// A heartbeat met a store error: the outage ride-through starts counting, and the member
+    /// reports the error.
+    pub(super) fn beat_failed(&mut self, e: &Error) {
+        self.store_failed();
+        self.set_error(Some(e));
+    }
+
+    /// The heartbeat of `claim`, sent at `sent`, answered `heard`: a refused renewal is either a
+    /// write of ours applied after all (the slot holds our claim with other text: still ours)
+    /// or a lost slot (stop all work and claim again); a renewed one extends the lease, and
+    /// the table calls for a round unless nothing changed.
+    pub(super) fn on_heard(&mut self, claim: &Claim, sent: Duration, heard: &Heard) -> Closing {
+        if !heard.renewed {
+            // A write of ours that reported an error may have been applied after all (an
+            // acknowledgement that timed out): the slot then holds our claim with other
+            // text. It is still ours; take its text and renew at the next beat.
+            if let Some(r) = heard.table.slots.get(&claim.slot) {
+                if r.member == self.cfg.member && r.nonce == claim.record.nonce {
+                    self.claims.current = Some(Claim {
+                        slot: claim.slot,
+                        record: r.clone(),
+                    });
+                    return Closing::Done;
+                }
+            }
+            self.cfg.metrics.heartbeat_failed("lost");
+            self.revoke("lost", "the slot was no longer ours at renewal");
+            self.claims.current = None;
+            self.claims.preferred = Some(claim.slot);
+            return Closing::Reclaim;
+        }
+        {
+            let mut st = self.shared.lock();
+            st.deadline = Some(self.deadline(sent));
+            st.holder = Some(claim.holder());
+        }
+        self.set_error(None);
+        let active = self.shared.lock().active.is_some();
+        if self.facts().idle(heard.changed, active) {
+            return Closing::Done;
+        }
+        Closing::Round
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -32,6 +32,8 @@
 mod claims;
 mod decide;
 mod driver;
+#[cfg(test)]
+mod fixture;
 mod heartbeat;
 mod leaving;
 mod notices;
