@@ -10,81 +10,35 @@ use super::super::table::Table;
 use super::super::view::GroupPhase;
 use super::super::MIN_LEASE_TTL;
 use super::decide::choose_slot;
+use super::round::Round;
 use super::{Claim, Engine, Runner, CLAIM_ATTEMPTS};
 use crate::error::{Error, Result};
 
 impl Runner {
     /// The join: takes back a claim this member id parked for a restart, or waits out a
-    /// previous incarnation's lease, then claims.
+    /// previous incarnation's lease ([`Engine::join_step`]), then claims.
     pub(in crate::recipes::group) async fn first_claim(&mut self) -> Result<()> {
         let mut table = self.list().await?;
         self.check_assignor(&table)?;
-        let mine =
-            |t: &Table, m: &str| t.slots.iter().find(|(_, r)| r.member == m).map(|(&s, _)| s);
-        if let Some(slot) = mine(&table, &self.cfg.member) {
-            // The previous process's record outlives its lease by its crash grace, if it had one.
-            let grace = table
-                .slots
-                .get(&slot)
-                .and_then(|r| r.grace)
-                .map_or(Duration::ZERO, Duration::from_millis);
-            let give_up = self.cfg.clock.monotonic()
-                + self.cfg.effective_ttl
-                + grace
-                + 2 * self.cfg.heartbeat;
-            let mut take_backs = 0;
-            while let Some(slot) = mine(&table, &self.cfg.member) {
-                self.claims.preferred = Some(slot);
-                // A parked claim is taken back; with a crash grace, so is a live one: the
-                // process that held it crashed (or is frozen) and this one replaces it.
-                let parked = table
-                    .slots
-                    .get(&slot)
-                    .filter(|r| r.is_parked() || !self.cfg.crash_grace.is_zero())
-                    .cloned();
-                if let Some(parked) = parked {
+        let mut join = Join::default();
+        loop {
+            match self.join_step(&table, &mut join)? {
+                JoinStep::Claim => break,
+                JoinStep::TakeBack(slot, parked) => {
                     if self.resume(&table, slot, parked).await? {
                         return Ok(());
                     }
                     // Taken by another process with this id (a twin, which the loop then
                     // waits out), or changed or expired since the listing.
-                    take_backs += 1;
-                    if take_backs >= CLAIM_ATTEMPTS {
-                        return Err(Error::contended(
-                            &self.cfg.keys.slot(slot),
-                            format!("lost the race for this member id's parked slot {CLAIM_ATTEMPTS} times in a row"),
-                        ));
-                    }
-                    self.cfg
-                        .clock
-                        .sleep(self.cfg.heartbeat.min(Duration::from_millis(250)) / 4)
-                        .await;
-                    table = self.list().await?;
-                    continue;
+                    let pause = self.take_back_lost(&mut join, slot)?;
+                    self.cfg.clock.sleep(pause).await;
                 }
-                if self.cfg.clock.monotonic() >= give_up {
-                    return Err(self.rejected(format!(
-                        "member id `{}` holds slot {slot} and kept it past its lease TTL: another live process uses the same member id",
-                        self.cfg.member
-                    )));
-                }
-                self.cfg
-                    .clock
-                    .sleep(self.cfg.heartbeat.min(Duration::from_millis(250)))
-                    .await;
-                table = self.list().await?;
+                JoinStep::Wait(pause) => self.cfg.clock.sleep(pause).await,
             }
+            table = self.list().await?;
         }
-        // Members started together all want the lowest free slot, and only one wins each
-        // round: after a lost race a member picks among the lowest 2, 4, 8, ... free slots at
-        // random, so a burst of n joins settles in about log n rounds instead of n.
         for attempt in 0..CLAIM_ATTEMPTS {
-            let skip = if attempt == 0 {
-                0
-            } else {
-                // Below 2^12: the cast keeps every bit.
-                (self.cfg.clock.random() % (1u64 << attempt.min(12))) as u32
-            };
+            let skip = self.claim_skip(attempt);
             if self.claim(&table, skip).await? {
                 return Ok(());
             }
@@ -99,28 +53,7 @@ impl Runner {
     /// Claims the slot [`choose_slot`] picks; on success publishes the view with this member in
     /// it. Returns whether it claimed.
     async fn claim(&mut self, table: &Table, skip: u32) -> Result<bool> {
-        let slot = choose_slot(table, self.claims.preferred, skip, self.cfg.max_slots);
-        if slot >= self.cfg.max_slots {
-            return Err(self.rejected(format!(
-                "group `{}` is full: every slot below {} is held",
-                self.cfg.keys.group(),
-                self.cfg.max_slots
-            )));
-        }
-        self.cache.highest = self.cache.highest.max(table.highest_epoch());
-        let record = SlotRecord {
-            member: self.cfg.member.clone(),
-            nonce: self.cfg.clock.random(),
-            since_ms: self.now_ms(),
-            ttl_ms: self.cfg.ttl.as_millis() as u64,
-            // Holding nothing, it has let go of everything under any view up to this one.
-            acked: self.cache.highest,
-            view: 0,
-            parked: None,
-            grace: self.grace_ms(),
-        };
-        self.claims.remember_nonce(record.nonce);
-        self.claims.floor = 0;
+        let (slot, record) = self.new_claim(table, skip)?;
         let sent = self.cfg.clock.monotonic();
         let key = self.cfg.keys.slot(slot);
         if !self
@@ -153,26 +86,7 @@ impl Runner {
     /// [`GroupConfig::with_crash_grace`]: super::super::GroupConfig::with_crash_grace
     async fn resume(&mut self, table: &Table, slot: u32, parked: SlotRecord) -> Result<bool> {
         let takeover = !parked.is_parked();
-        self.cache.highest = self.cache.highest.max(table.highest_epoch());
-        // A claim of this process's own, with a fresh nonce: two processes that took back one
-        // parked claim (a twin after a rollback restored the parked record) must never hold
-        // records a renewal could take for its own, and a late renewal of the process that
-        // parked never matches it.
-        let record = SlotRecord {
-            nonce: self.cfg.clock.random(),
-            since_ms: self.now_ms(),
-            ttl_ms: self.cfg.ttl.as_millis() as u64,
-            acked: if takeover {
-                parked.acked
-            } else {
-                parked.acked.max(self.cache.highest)
-            },
-            view: if takeover { parked.view } else { 0 },
-            parked: None,
-            grace: self.grace_ms(),
-            member: parked.member.clone(),
-        };
-        self.claims.remember_nonce(record.nonce);
+        let record = self.take_back_record(table, &parked);
         let key = self.cfg.keys.slot(slot);
         let Some(stored) = self.stored_text(&key, &parked).await? else {
             return Ok(false);
@@ -297,57 +211,16 @@ impl Runner {
         parked: Holder,
         claim: Holder,
     ) -> Option<ViewRecord> {
-        let view = table.view.as_ref()?;
-        let settled = table
-            .settled
-            .is_some_and(|m| m.settles(view.epoch, view.digest()));
-        let swapped: Vec<Holder> = view
-            .holders
-            .iter()
-            .map(|&h| if h == parked { claim } else { h })
-            .collect();
-        if !settled || !view.holders.contains(&parked) || swapped != table.live() {
-            return None;
-        }
-        let next = self.next_view(table, self.cache.highest, table.live())?;
-        match self.publish(table, &next).await {
-            Ok(true) => {
-                self.forget_seen();
-                self.cache.highest = next.epoch;
-                self.settler.published = Some(next.epoch);
-                tracing::debug!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, "published the same slots with this claim, above the previous incarnation's epochs");
-                Some(next)
-            }
-            Ok(false) => None,
-            Err(e) => {
-                self.set_error(Some(&e));
-                None
-            }
-        }
+        let next = self.republishing(table, parked, claim)?;
+        let result = self.publish(table, &next).await;
+        self.republished(next, result)
     }
 
     /// Starts working with `record`, just written at `slot` (the renewal sent at `sent`): the
     /// member's lease, its published slot, and the table with the claim in it.
     async fn hold(&mut self, slot: u32, record: SlotRecord, sent: Duration, table: &Table) {
-        {
-            let mut st = self.shared.lock();
-            st.holder = Some(record.holder(slot));
-            st.deadline = Some(self.deadline(sent));
-        }
-        self.claims.preferred = Some(slot);
-        self.claims.current = Some(Claim {
-            slot,
-            record: record.clone(),
-        });
-        self.claims.ack = None;
-        self.shared.publish(|a| {
-            a.slot = Some(slot);
-            a.phase = GroupPhase::Joining;
-        });
-        let mut table = table.clone();
-        table.slots.insert(slot, record);
-        self.run_round(super::round::Round::of_table(Arc::new(table), true, true))
-            .await;
+        let round = self.holds(slot, record, sent, table);
+        self.run_round(round).await;
     }
 
     /// Claims again after losing the lease. A full group or a store error is retried at the
@@ -355,20 +228,9 @@ impl Runner {
     /// another live process holds this member id ([`Runner::replaced_by`]): this one was away
     /// (paused, cut off) while it was replaced, and yields before claiming anything.
     pub(super) async fn reclaim(&mut self, table: &Table) -> Result<()> {
-        if let Some(slot) = self.replaced_by(table) {
-            return Err(self.rejected(format!(
-                "member id `{}` is held by slot {slot}, a live process that took over while this one was away (its lease lapsed): this one yields",
-                self.cfg.member
-            )));
-        }
         // A store that lost writes may show this member id's parked slot again (a rollback to
         // before a take-back): take it back rather than claim another slot beside it.
-        let parked = table
-            .slots
-            .iter()
-            .find(|(_, r)| r.member == self.cfg.member && r.is_parked())
-            .map(|(&s, r)| (s, r.clone()));
-        if let Some((slot, parked)) = parked {
+        if let Some((slot, parked)) = self.reclaiming(table)? {
             match self.resume(table, slot, parked).await {
                 Ok(true) => {
                     self.set_error(None);
@@ -395,25 +257,14 @@ impl Runner {
         if self.claims.current.is_none() {
             return Ok(());
         }
-        for (&s, r) in &table.slots {
-            if s != slot && r.member == self.cfg.member && self.claims.own_nonces.contains(&r.nonce)
-            {
-                let short = self.store.capabilities().min_ttl.max(MIN_LEASE_TTL);
-                let text = r.to_string();
-                let _ = self
-                    .store
-                    .compare_and_set(&self.cfg.keys.slot(s), Some(&text), &text, Some(short))
-                    .await;
-            }
+        let short = self.store.capabilities().min_ttl.max(MIN_LEASE_TTL);
+        for (s, text) in self.own_old_claims(table, slot) {
+            let _ = self
+                .store
+                .compare_and_set(&self.cfg.keys.slot(s), Some(&text), &text, Some(short))
+                .await;
         }
-        // A parked record of this id is no live process: it is taken back at the next claim.
-        match self.twins(table).find(|&s| s < slot) {
-            Some(other) => Err(self.rejected(format!(
-                "member id `{}` is also held by slot {other}, a live process: this one (slot {slot}) yields",
-                self.cfg.member
-            ))),
-            None => Ok(()),
-        }
+        self.yields_to_twin(table, slot)
     }
 }
 
@@ -492,4 +343,250 @@ impl Engine {
             })
             .map(|(&s, _)| s)
     }
+
+    /// How many free slots a claim skips on its `attempt`th try: none at first; after a lost
+    /// race a random number among the lowest 2, 4, 8, ... free slots, so members started
+    /// together, who all want the lowest free slot, settle in about log n rounds instead of n.
+    fn claim_skip(&self, attempt: u32) -> u32 {
+        if attempt == 0 {
+            return 0;
+        }
+        // Below 2^12: the cast keeps every bit.
+        (self.cfg.clock.random() % (1u64 << attempt.min(12))) as u32
+    }
+
+    /// A join's next step on `table`: claim a slot when no claim of this member id is live;
+    /// take back its claim when it is parked (or live, with a crash grace: the process that
+    /// held it crashed or is frozen); otherwise wait for it to expire, a previous process's
+    /// lease (and crash grace) plus two heartbeats at most, past which another live process
+    /// uses this id.
+    fn join_step(&mut self, table: &Table, join: &mut Join) -> Result<JoinStep> {
+        let Some((slot, record)) = table
+            .slots
+            .iter()
+            .find(|(_, r)| r.member == self.cfg.member)
+            .map(|(&s, r)| (s, r.clone()))
+        else {
+            return Ok(JoinStep::Claim);
+        };
+        let now = self.cfg.clock.monotonic();
+        let give_up = *join.give_up.get_or_insert_with(|| {
+            // The previous process's record outlives its lease by its crash grace, if it had
+            // one.
+            let grace = record.grace.map_or(Duration::ZERO, Duration::from_millis);
+            now + self.cfg.effective_ttl + grace + 2 * self.cfg.heartbeat
+        });
+        self.claims.preferred = Some(slot);
+        if record.is_parked() || !self.cfg.crash_grace.is_zero() {
+            return Ok(JoinStep::TakeBack(slot, record));
+        }
+        if now >= give_up {
+            return Err(self.rejected(format!(
+                "member id `{}` holds slot {slot} and kept it past its lease TTL: another live process uses the same member id",
+                self.cfg.member
+            )));
+        }
+        Ok(JoinStep::Wait(JOIN_POLL.min(self.cfg.heartbeat)))
+    }
+
+    /// A take-back of `slot` lost (another process of this id took it, or the record changed):
+    /// how long to pause before looking again; an error after [`CLAIM_ATTEMPTS`] in a row.
+    fn take_back_lost(&self, join: &mut Join, slot: u32) -> Result<Duration> {
+        join.take_backs += 1;
+        if join.take_backs >= CLAIM_ATTEMPTS {
+            return Err(Error::contended(
+                &self.cfg.keys.slot(slot),
+                format!("lost the race for this member id's parked slot {CLAIM_ATTEMPTS} times in a row"),
+            ));
+        }
+        Ok(JOIN_POLL.min(self.cfg.heartbeat) / 4)
+    }
+
+    /// The slot a claim tries ([`choose_slot`], skipping `skip` free ones) and the record it
+    /// writes there: a fresh nonce, acknowledging every epoch seen (holding nothing, it has let
+    /// go of everything up to them). An error when the group is full.
+    fn new_claim(&mut self, table: &Table, skip: u32) -> Result<(u32, SlotRecord)> {
+        let slot = choose_slot(table, self.claims.preferred, skip, self.cfg.max_slots);
+        if slot >= self.cfg.max_slots {
+            return Err(self.rejected(format!(
+                "group `{}` is full: every slot below {} is held",
+                self.cfg.keys.group(),
+                self.cfg.max_slots
+            )));
+        }
+        self.cache.highest = self.cache.highest.max(table.highest_epoch());
+        let record = SlotRecord {
+            member: self.cfg.member.clone(),
+            nonce: self.cfg.clock.random(),
+            since_ms: self.now_ms(),
+            ttl_ms: self.cfg.ttl.as_millis() as u64,
+            // Holding nothing, it has let go of everything under any view up to this one.
+            acked: self.cache.highest,
+            view: 0,
+            parked: None,
+            grace: self.grace_ms(),
+        };
+        self.claims.remember_nonce(record.nonce);
+        self.claims.floor = 0;
+        Ok((slot, record))
+    }
+
+    /// The record that takes back `parked` (see [`Runner::resume`]): a claim of this
+    /// process's own, with a fresh nonce, so two processes that took back one parked claim (a
+    /// twin after a rollback restored the parked record) never hold records a renewal could
+    /// take for its own, and a late renewal of the process that parked never matches it. A
+    /// parked claim held nothing: it acknowledges every epoch seen. A live one taken over keeps
+    /// the previous claim's acknowledgements, no more: that process may still hold what it held.
+    fn take_back_record(&mut self, table: &Table, parked: &SlotRecord) -> SlotRecord {
+        let takeover = !parked.is_parked();
+        self.cache.highest = self.cache.highest.max(table.highest_epoch());
+        let record = SlotRecord {
+            nonce: self.cfg.clock.random(),
+            since_ms: self.now_ms(),
+            ttl_ms: self.cfg.ttl.as_millis() as u64,
+            acked: if takeover {
+                parked.acked
+            } else {
+                parked.acked.max(self.cache.highest)
+            },
+            view: if takeover { parked.view } else { 0 },
+            parked: None,
+            grace: self.grace_ms(),
+            member: parked.member.clone(),
+        };
+        self.claims.remember_nonce(record.nonce);
+        record
+    }
+
+    /// The view a take-back publishes (see [`Runner::republish`]): when the published view in
+    /// `table` is settled and names exactly the live holders but for `parked` in place of
+    /// `claim`, the live holders under the next epoch.
+    fn republishing(&self, table: &Table, parked: Holder, claim: Holder) -> Option<ViewRecord> {
+        let view = table.view.as_ref()?;
+        let settled = table
+            .settled
+            .is_some_and(|m| m.settles(view.epoch, view.digest()));
+        let swapped: Vec<Holder> = view
+            .holders
+            .iter()
+            .map(|&h| if h == parked { claim } else { h })
+            .collect();
+        if !settled || !view.holders.contains(&parked) || swapped != table.live() {
+            return None;
+        }
+        self.next_view(table, self.cache.highest, table.live())
+    }
+
+    /// The take-back's view `next` written (`Ok(true)`: returned) or not.
+    fn republished(&mut self, next: ViewRecord, result: Result<bool>) -> Option<ViewRecord> {
+        match result {
+            Ok(true) => {
+                self.forget_seen();
+                self.cache.highest = next.epoch;
+                self.settler.published = Some(next.epoch);
+                tracing::debug!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, "published the same slots with this claim, above the previous incarnation's epochs");
+                Some(next)
+            }
+            Ok(false) => None,
+            Err(e) => {
+                self.set_error(Some(&e));
+                None
+            }
+        }
+    }
+
+    /// Starts working with `record`, just written at `slot` (the renewal sent at `sent`): the
+    /// member's lease, its published slot, phase `joining`; returns the round of the table with
+    /// the claim in it.
+    fn holds(&mut self, slot: u32, record: SlotRecord, sent: Duration, table: &Table) -> Round {
+        {
+            let mut st = self.shared.lock();
+            st.holder = Some(record.holder(slot));
+            st.deadline = Some(self.deadline(sent));
+        }
+        self.claims.preferred = Some(slot);
+        self.claims.current = Some(Claim {
+            slot,
+            record: record.clone(),
+        });
+        self.claims.ack = None;
+        self.shared.publish(|a| {
+            a.slot = Some(slot);
+            a.phase = GroupPhase::Joining;
+        });
+        let mut table = table.clone();
+        table.slots.insert(slot, record);
+        Round::of_table(Arc::new(table), true, true)
+    }
+
+    /// Claiming again after losing the lease: an error when another live process holds this
+    /// member id ([`Engine::replaced_by`]: this one was away, paused or cut off, while it was
+    /// replaced, and yields); this id's parked claim when the table shows one, to take back.
+    fn reclaiming(&self, table: &Table) -> Result<Option<(u32, SlotRecord)>> {
+        if let Some(slot) = self.replaced_by(table) {
+            return Err(self.rejected(format!(
+                "member id `{}` is held by slot {slot}, a live process that took over while this one was away (its lease lapsed): this one yields",
+                self.cfg.member
+            )));
+        }
+        Ok(table
+            .slots
+            .iter()
+            .find(|(_, r)| r.member == self.cfg.member && r.is_parked())
+            .map(|(&s, r)| (s, r.clone())))
+    }
+
+    /// Claims this process made before beside its current one at `slot` (a write that timed
+    /// out but was applied, a lease given up), with their text: they are ours, not a twin's,
+    /// and are shortened to expire soon.
+    fn own_old_claims(&self, table: &Table, slot: u32) -> Vec<(u32, String)> {
+        table
+            .slots
+            .iter()
+            .filter(|(&s, r)| {
+                s != slot
+                    && r.member == self.cfg.member
+                    && self.claims.own_nonces.contains(&r.nonce)
+            })
+            .map(|(&s, r)| (s, r.to_string()))
+            .collect()
+    }
+
+    /// Another live slot with our member id, below ours: this one (the higher slot) yields. A
+    /// parked record of this id is no live process: it is taken back at the next claim.
+    fn yields_to_twin(&self, table: &Table, slot: u32) -> Result<()> {
+        match self.twins(table).find(|&s| s < slot) {
+            Some(other) => Err(self.rejected(format!(
+                "member id `{}` is also held by slot {other}, a live process: this one (slot {slot}) yields",
+                self.cfg.member
+            ))),
+            None => Ok(()),
+        }
+    }
 }
+
+/// How often a join looks again at a claim of its member id that is in the way (at most; a
+/// heartbeat when shorter).
+const JOIN_POLL: Duration = Duration::from_millis(250);
+
+/// A join waiting on a claim of its member id ([`Engine::join_step`]).
+#[derive(Default)]
+struct Join {
+    /// When it gives up waiting (monotonic): set when it first sees the claim.
+    give_up: Option<Duration>,
+    /// Take-backs lost so far.
+    take_backs: u32,
+}
+
+/// A join's next step ([`Engine::join_step`]).
+enum JoinStep {
+    /// Claim a free slot.
+    Claim,
+    /// Take back this member id's claim of the slot.
+    TakeBack(u32, SlotRecord),
+    /// Look again after this long.
+    Wait(Duration),
+}
+
+#[cfg(test)]
+mod tests;
