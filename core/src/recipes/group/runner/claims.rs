@@ -7,11 +7,10 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use super::super::records::{Holder, SlotRecord, ViewRecord};
 use super::super::table::Table;
-use super::super::view::GroupPhase;
 use super::super::MIN_LEASE_TTL;
 use super::decide::choose_slot;
 use super::round::Round;
-use super::{Claim, Engine, Runner, CLAIM_ATTEMPTS};
+use super::{Claim, Engine, Phase, Runner, CLAIM_ATTEMPTS};
 use crate::error::{Error, Result};
 
 impl Runner {
@@ -510,9 +509,10 @@ impl Engine {
             record: record.clone(),
         });
         self.claims.ack = None;
+        let phase = self.enter(Phase::Member);
         self.shared.publish(|a| {
             a.slot = Some(slot);
-            a.phase = GroupPhase::Joining;
+            a.phase = phase;
         });
         let mut table = table.clone();
         table.slots.insert(slot, record);

@@ -10,7 +10,7 @@ use super::super::records::{SlotRecord, ViewRecord};
 use super::super::table::Table;
 use super::super::view::{Cause, Change, GroupPhase};
 use super::decide::view_is_stale;
-use super::{Claim, Engine, Runner};
+use super::{Claim, Engine, Phase, Runner};
 use crate::error::{Error, Result};
 
 impl Runner {
@@ -21,8 +21,9 @@ impl Runner {
         self.failing = true;
         let _ = self.leave().await;
         let msg = e.to_string();
+        let phase = self.enter(Phase::Failed);
         self.shared.publish(|a| {
-            a.phase = GroupPhase::Failed;
+            a.phase = phase;
             a.last_error = Some(msg);
         });
     }
@@ -226,9 +227,10 @@ impl Engine {
             self.cfg.metrics.grants_revoked(reason);
             tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, "{why}: stopped all work");
         }
+        let phase = self.enter(Phase::Rejoining);
         self.shared.publish(|a| {
             a.index = None;
-            a.phase = GroupPhase::Rejoining;
+            a.phase = phase;
         });
     }
 
@@ -453,10 +455,11 @@ impl Engine {
         if self.cfg.declared.is_some() {
             self.cfg.metrics.keys_owned(0);
         }
+        let phase = self.enter(Phase::Stopped);
         self.shared.publish(|a| {
             a.slot = None;
             a.index = None;
-            a.phase = GroupPhase::Stopped;
+            a.phase = phase;
         });
     }
 }

@@ -56,7 +56,7 @@ use super::grants::Shared;
 use super::keys::GroupKeys;
 use super::records::{AckRecord, Holder, SettledRecord, SlotRecord};
 use super::table::Table;
-use super::view::ViewState;
+use super::view::{GroupPhase, ViewState};
 
 /// The most stalled slots one beat re-applies a lease TTL to ([`Runner::expire_stalled`]).
 const NUDGES_PER_BEAT: usize = 8;
@@ -288,11 +288,31 @@ struct Outage {
     grace_until: Option<Duration>,
 }
 
+/// Where a member is in its life. With the views it holds (active, pending) it gives the
+/// [`GroupPhase`] the member publishes: [`Engine::group_phase`] is the one place that maps it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Claiming or holding a claim: its views say whether it is joining, active, or in a
+    /// hand-off.
+    #[default]
+    Member,
+    /// Standing by for a leaving member's slot ([`GroupConfig::with_standby`]).
+    StandingBy,
+    /// Its lease lapsed or its slot was lost: all work stopped until it holds a claim again.
+    Rejoining,
+    /// It left the group.
+    Stopped,
+    /// It ended with an error.
+    Failed,
+}
+
 /// The protocol state of one member: everything the runner knows and decides from, and no
 /// store. Its methods are synchronous; the [`Runner`] around it makes the store calls they ask
 /// for and tells it the answers.
 pub(super) struct Engine {
     cfg: Settings,
+    /// Where the member is in its life.
+    phase: Phase,
     shared: Arc<Shared>,
     claims: Claims,
     cache: TableCache,
@@ -338,6 +358,7 @@ impl Engine {
         shared: Arc<Shared>,
     ) -> Engine {
         Engine {
+            phase: Phase::default(),
             cfg: Settings {
                 backend: caps.backend,
                 native_notifications: caps.native_notifications,
@@ -495,5 +516,33 @@ impl Engine {
     /// The view adopted and not yet active.
     fn pending(&self) -> Option<Arc<ViewState>> {
         self.shared.lock().pending.clone()
+    }
+
+    /// The phase the member publishes: its [`Phase`], and while it is a member, its views: a
+    /// view adopted beside an active one is a hand-off; an active view that names its claim,
+    /// active; anything else, joining.
+    fn group_phase(&self) -> GroupPhase {
+        match self.phase {
+            Phase::StandingBy => GroupPhase::Standby,
+            Phase::Rejoining => GroupPhase::Rejoining,
+            Phase::Stopped => GroupPhase::Stopped,
+            Phase::Failed => GroupPhase::Failed,
+            Phase::Member => {
+                let st = self.shared.lock();
+                match (&st.active, &st.pending, st.holder) {
+                    (Some(_), Some(_), _) => GroupPhase::Handoff,
+                    (Some(active), None, Some(h)) if active.pair_of(h).is_some() => {
+                        GroupPhase::Active
+                    }
+                    _ => GroupPhase::Joining,
+                }
+            }
+        }
+    }
+
+    /// Moves the member to `phase`: the [`GroupPhase`] it now publishes.
+    fn enter(&mut self, phase: Phase) -> GroupPhase {
+        self.phase = phase;
+        self.group_phase()
     }
 }

@@ -15,10 +15,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::super::records::{SlotRecord, StandbyRecord};
-use super::super::view::GroupPhase;
 use super::decide::Seen;
 use super::notices::Waited;
-use super::{Claim, Engine, Runner};
+use super::{Claim, Engine, Phase, Runner};
 use crate::error::{Error, Result};
 
 /// How many standbys a leaving member tries to mark before it leaves as usual.
@@ -94,7 +93,8 @@ impl Runner {
                 record
             }
         };
-        self.shared.publish(|a| a.phase = GroupPhase::Standby);
+        let phase = self.enter(Phase::StandingBy);
+        self.shared.publish(|a| a.phase = phase);
         tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, wait = ?self.cfg.standby, "standing by for a leaving member's slot");
         Ok(record)
     }
@@ -109,7 +109,8 @@ impl Runner {
     ) -> Result<()> {
         let _ended = super::leaving::Ended(self.shared.clone());
         if !self.stand_by(record, &mut stop).await {
-            self.shared.publish(|a| a.phase = GroupPhase::Stopped);
+            let phase = self.enter(Phase::Stopped);
+            self.shared.publish(|a| a.phase = phase);
             return Ok(());
         }
         if let Some(n) = &mut self.notices {
@@ -125,13 +126,14 @@ impl Runner {
                     retries += 1;
                     self.set_error(Some(&e));
                     tokio::select! {
-                        biased;
-                        _ = stop.changed() => {
-                            self.shared.publish(|a| a.phase = GroupPhase::Stopped);
-                            return Ok(());
-                        }
-                        _ = self.cfg.clock.sleep(self.cfg.heartbeat / 4) => {}
-                    }
+                                biased;
+                                _ = stop.changed() => {
+                                    let phase = self.enter(Phase::Stopped);
+                    self.shared.publish(|a| a.phase = phase);
+                                    return Ok(());
+                                }
+                                _ = self.cfg.clock.sleep(self.cfg.heartbeat / 4) => {}
+                            }
                 }
                 Err(e) => {
                     self.fail(&e).await;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use super::super::records::{Holder, ViewRecord};
 use super::super::table::Table;
-use super::super::view::{Cause, Change, GroupPhase, ViewState};
+use super::super::view::{Cause, Change, ViewState};
 use super::decide::{left_out, next_view};
-use super::{Claim, Engine, Handoff, Runner};
+use super::{Claim, Engine, Handoff, Phase, Runner};
 use crate::error::{Error, Result};
 
 /// Why a member does not touch a view a later version of headcount wrote.
@@ -96,14 +96,14 @@ impl Engine {
                 return;
             }
         };
-        let (has_active, revoking) = {
+        let revoking = {
             let mut st = self.shared.lock();
             if let Some(old) = st.pending.replace(state.clone()) {
                 st.skipped.push(old);
             }
             st.remember(state.clone());
             // What the member owns changes: tell the application before it acknowledges.
-            let revoking = match (&st.active, st.holder) {
+            match (&st.active, st.holder) {
                 (Some(active), Some(holder)) if state.moves_keys_from(active) => Some(Change {
                     from: Some(active.clone()),
                     to: state,
@@ -112,8 +112,7 @@ impl Engine {
                     holder,
                 }),
                 _ => None,
-            };
-            (st.active.is_some(), revoking)
+            }
         };
         self.shared.wake_revoked();
         if let Some(change) = revoking {
@@ -129,13 +128,8 @@ impl Engine {
                 })
             }
         }
-        self.shared.publish(|a| {
-            a.phase = if has_active {
-                GroupPhase::Handoff
-            } else {
-                GroupPhase::Joining
-            }
-        });
+        let phase = self.enter(Phase::Member);
+        self.shared.publish(|a| a.phase = phase);
     }
 
     /// Makes the pending `view` active, ending the hand-off, and tells the member's watchers.
@@ -188,6 +182,7 @@ impl Engine {
             }
         }
         tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = view.epoch(), slot, index = ?pair.map(|p| p.0), replicas = live.len(), "view active");
+        let phase = self.enter(Phase::Member);
         self.shared.publish(|a| {
             a.slot = Some(slot);
             a.index = pair.map(|p| p.0);
@@ -195,11 +190,7 @@ impl Engine {
             a.epoch = view.epoch();
             a.live = live;
             // A view that does not name this claim gives it nothing: it waits for one that does.
-            a.phase = if pair.is_some() {
-                GroupPhase::Active
-            } else {
-                GroupPhase::Joining
-            };
+            a.phase = phase;
         });
         let _ = self.shared.changes.send(Change {
             from,

@@ -380,3 +380,37 @@ fn an_acknowledgement_unsettled_for_a_heartbeat_is_written_again() {
         other => panic!("expected the acknowledgement again, got {other:?}"),
     }
 }
+
+// ---- the published phase ----
+
+/// The phase a member publishes is derived in one place from where it is in its life and the
+/// views it holds: joining with no active view naming it, in a hand-off with a view adopted
+/// beside an active one, active otherwise; the other phases are its own.
+#[test]
+fn the_published_phase_follows_the_members_life_and_views() {
+    use super::super::Phase;
+    let v1 = view(1, &[0]);
+    let mut m = Member::at(0);
+    assert_eq!(m.engine.enter(Phase::Member), GroupPhase::Joining);
+    m.engine.adopt(v1.clone());
+    assert_eq!(m.phase(), GroupPhase::Joining);
+    let pending = m.engine.pending().unwrap();
+    m.engine.activate(pending, holder(0));
+    assert_eq!(m.phase(), GroupPhase::Active);
+    m.engine.adopt(view(2, &[0, 1]));
+    assert_eq!(m.phase(), GroupPhase::Handoff);
+    // An active view that does not name the claim gives it nothing.
+    let mut other = Member::at(5);
+    other.engine.adopt(v1);
+    let pending = other.engine.pending().unwrap();
+    other.engine.activate(pending, holder(5));
+    assert_eq!(other.phase(), GroupPhase::Joining);
+    for (phase, published) in [
+        (Phase::StandingBy, GroupPhase::Standby),
+        (Phase::Rejoining, GroupPhase::Rejoining),
+        (Phase::Stopped, GroupPhase::Stopped),
+        (Phase::Failed, GroupPhase::Failed),
+    ] {
+        assert_eq!(m.engine.enter(phase), published);
+    }
+}
