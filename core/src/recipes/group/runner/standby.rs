@@ -58,18 +58,9 @@ impl Runner {
         self.check_assignor(&table)?;
         let key = self.cfg.keys.standby(&self.cfg.member);
         let old = self.store.get(&key).await?;
-        let chosen = old
-            .as_deref()
-            .and_then(StandbyRecord::parse)
-            .filter(|r| r.heir_of.is_some());
-        let record = match chosen {
-            Some(record) => record,
-            None => {
-                let record = StandbyRecord {
-                    nonce: self.cfg.clock.random(),
-                    since_ms: self.now_ms(),
-                    heir_of: None,
-                };
+        let record = match self.standby_record(old.as_deref()) {
+            Standing::Inheriting(record) => record,
+            Standing::New(record) => {
                 let text = record.to_string();
                 match self
                     .store
@@ -212,16 +203,16 @@ impl Runner {
                 }
                 Ok(true) => self.set_error(None),
                 Ok(false) => match self.store.get(&key).await {
-                    Ok(Some(now)) => match StandbyRecord::parse(&now) {
-                        Some(r) if r.nonce == record.nonce => {
-                            // Marked by a leaving member (handled at the top of the loop).
-                            record = r;
+                    Ok(Some(now)) => match self.standby_refused(&now, &record) {
+                        // Marked by a leaving member (handled at the top of the loop).
+                        Some(marked) => {
+                            record = marked;
                             continue;
                         }
                         // Another process stands by with this member id, or the key holds
                         // something else: join now, where the usual rule for two processes of
                         // one id applies.
-                        _ => {
+                        None => {
                             tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, "the standby record was replaced by another process's: joining now");
                             return true;
                         }
@@ -334,16 +325,8 @@ impl Runner {
     /// chose: that claim parked under this member id (with its text), still that claim live (it
     /// parks it next), or anything else.
     async fn handing(&self, key: &str, from: u64) -> Result<Handing> {
-        let Some(text) = self.store.get(key).await? else {
-            return Ok(Handing::Not);
-        };
-        Ok(match SlotRecord::parse(&text) {
-            Some(r) if r.nonce == from && r.is_parked() && r.member == self.cfg.member => {
-                Handing::Parked(text)
-            }
-            Some(r) if r.nonce == from && !r.is_parked() => Handing::Pending,
-            _ => Handing::Not,
-        })
+        let text = self.store.get(key).await?;
+        Ok(self.handing_of(text, from))
     }
 
     /// Hands `claim` (drained: it holds nothing) to the oldest standby, if there is one: marks
@@ -352,18 +335,7 @@ impl Runner {
     /// it back. Returns whether it handed the slot over; otherwise the member leaves as usual.
     pub(super) async fn hand_over(&mut self, claim: &Claim) -> Result<bool> {
         let listing = self.store.list(&self.cfg.keys.standbys).await?;
-        let mut standbys: Vec<(String, String, StandbyRecord)> = listing
-            .into_iter()
-            .filter_map(|(key, text)| {
-                let member = key.strip_prefix(&self.cfg.keys.standbys)?.to_owned();
-                let record = StandbyRecord::parse(&text)?;
-                let fits = record.heir_of.is_none()
-                    && member != self.cfg.member
-                    && crate::recipes::interval::check_member(&member).is_ok();
-                fits.then_some((member, text, record))
-            })
-            .collect();
-        standbys.sort_by(|a, b| (a.2.since_ms, &a.0).cmp(&(b.2.since_ms, &b.0)));
+        let standbys = self.heirs(listing);
         let slot_key = self.cfg.keys.slot(claim.slot);
         let held = claim.record.to_string();
         for (member, text, record) in standbys.into_iter().take(HEIR_ATTEMPTS) {
@@ -380,13 +352,7 @@ impl Runner {
             {
                 continue;
             }
-            let parked = SlotRecord {
-                member: member.clone(),
-                acked: claim.record.acked.max(self.cache.highest),
-                view: 0,
-                parked: Some(self.now_ms()),
-                ..claim.record.clone()
-            };
+            let parked = self.parked_for(claim, &member);
             if self
                 .store
                 .compare_and_set(
@@ -420,4 +386,85 @@ impl Engine {
     fn standby_ttl(&self) -> Duration {
         self.cfg.heartbeat.max(self.cfg.min_ttl)
     }
+
+    /// The standby record to stand by with, given what the store holds at this member id's
+    /// key (`old`): a previous process of this id chosen as an heir goes on with that
+    /// inheritance; otherwise a new record, to write over `old`.
+    fn standby_record(&self, old: Option<&str>) -> Standing {
+        match old
+            .and_then(StandbyRecord::parse)
+            .filter(|r| r.heir_of.is_some())
+        {
+            Some(record) => Standing::Inheriting(record),
+            None => Standing::New(StandbyRecord {
+                nonce: self.cfg.clock.random(),
+                since_ms: self.now_ms(),
+                heir_of: None,
+            }),
+        }
+    }
+
+    /// The standby record's renewal was refused and the key now holds `now`: the same record
+    /// marked by a leaving member (returned), or anything else (`None`: join now).
+    fn standby_refused(&self, now: &str, record: &StandbyRecord) -> Option<StandbyRecord> {
+        StandbyRecord::parse(now).filter(|r| r.nonce == record.nonce)
+    }
+
+    /// What a slot holding `text` holds for this member as the heir the claim with nonce
+    /// `from` chose: that claim parked under this member id (with its text), still that claim
+    /// live (it parks it next), or anything else.
+    fn handing_of(&self, text: Option<String>, from: u64) -> Handing {
+        let Some(text) = text else {
+            return Handing::Not;
+        };
+        match SlotRecord::parse(&text) {
+            Some(r) if r.nonce == from && r.is_parked() && r.member == self.cfg.member => {
+                Handing::Parked(text)
+            }
+            Some(r) if r.nonce == from && !r.is_parked() => Handing::Pending,
+            _ => Handing::Not,
+        }
+    }
+
+    /// The standbys a leaving member may hand its slot to, from the listing of the standby
+    /// directory, oldest first: unmarked records of other valid member ids, with their member
+    /// id and text.
+    fn heirs(&self, listing: Vec<(String, String)>) -> Vec<(String, String, StandbyRecord)> {
+        let mut standbys: Vec<(String, String, StandbyRecord)> = listing
+            .into_iter()
+            .filter_map(|(key, text)| {
+                let member = key.strip_prefix(&self.cfg.keys.standbys)?.to_owned();
+                let record = StandbyRecord::parse(&text)?;
+                let fits = record.heir_of.is_none()
+                    && member != self.cfg.member
+                    && crate::recipes::interval::check_member(&member).is_ok();
+                fits.then_some((member, text, record))
+            })
+            .collect();
+        standbys.sort_by(|a, b| (a.2.since_ms, &a.0).cmp(&(b.2.since_ms, &b.0)));
+        standbys
+    }
+
+    /// `claim` parked under the heir's member id: acknowledging everything it saw, holding
+    /// nothing.
+    fn parked_for(&self, claim: &Claim, member: &str) -> SlotRecord {
+        SlotRecord {
+            member: member.to_owned(),
+            acked: claim.record.acked.max(self.cache.highest),
+            view: 0,
+            parked: Some(self.now_ms()),
+            ..claim.record.clone()
+        }
+    }
 }
+
+/// The standby record a standby starts from ([`Engine::standby_record`]).
+enum Standing {
+    /// A previous process of this id was chosen as an heir: go on with that inheritance.
+    Inheriting(StandbyRecord),
+    /// A new record, to write.
+    New(StandbyRecord),
+}
+
+#[cfg(test)]
+mod tests;
