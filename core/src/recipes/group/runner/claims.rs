@@ -224,7 +224,7 @@ impl Runner {
 
     /// Claims again after losing the lease. A full group or a store error is retried at the
     /// next beat, never fatal: the member was in the group a moment ago. Fatal only when
-    /// another live process holds this member id ([`Runner::replaced_by`]): this one was away
+    /// another live process holds this member id ([`Engine::replaced_by`]): this one was away
     /// (paused, cut off) while it was replaced, and yields before claiming anything.
     pub(super) async fn reclaim(&mut self, table: &Table) -> Result<()> {
         // A store that lost writes may show this member id's parked slot again (a rollback to

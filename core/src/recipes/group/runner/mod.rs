@@ -1,10 +1,46 @@
 //! The heartbeat runner: one background task per member that renews its claim, reads the slot
 //! table and the view, publishes and adopts views, and moves a hand-off along.
 //!
-//! The runner's state is grouped by what it belongs to, so a newcomer can tell the phase of a
-//! member from a few fields instead of a dozen flags:
+//! It is two parts. The [`Engine`] holds the member's protocol state and makes every decision,
+//! synchronously, with no store: given what the store answered (a heartbeat's table, a
+//! compare-and-set's result, a listing of acknowledgements) it changes its state and says what
+//! to do next. The [`Runner`] around it owns the store handle and the change notifications: it
+//! sleeps until the engine's next wake, makes the store calls the engine asks for, and hands
+//! the answers back. The runner decides nothing of the protocol; a change to the protocol is a
+//! change to an engine method and to its test.
 //!
-//! * [`Settings`]: what the runner was built with, fixed for its life;
+//! # Where to change what
+//!
+//! | to change | the engine's handler | its tests |
+//! |---|---|---|
+//! | when a member wakes, and what each wake does (a heartbeat, a watch, a poll of the settled mark) | [`decide::Facts::wake`], [`decide::Facts::on_notices`] | `decide/tests.rs` |
+//! | how a heartbeat starts, and what its answer means (a lapse, a lost slot, a write applied after all) | `Engine::open_beat`, `Engine::relist`, `Engine::on_heard` in `heartbeat.rs` | `heartbeat/tests.rs` |
+//! | riding through a store outage | `Engine::store_failed`, `Engine::store_answered` in `heartbeat.rs`, [`decide::awaits_returning`] | `decide/tests.rs`, `tests/ride_through.rs` |
+//! | when a member publishes a view, and which | `Engine::views` in `round/views.rs`, [`decide::next_view`], [`decide::publishes`] | `round/tests.rs`, `decide/tests.rs` |
+//! | acknowledging and activating a view | `Engine::progress`, `Engine::activate_if_ready` in `round/acks.rs` | `round/tests.rs` |
+//! | settling a view, and nudging slots that stall it | `Engine::settle`, `Engine::acks_read`, `Engine::expire_stalled` in `round/settle.rs` | `round/tests.rs` |
+//! | joining, claiming, taking a claim back, twins of a member id | `Engine::join_step`, `Engine::new_claim`, `Engine::take_back_record`, `Engine::reclaiming` in `claims.rs` | `claims/tests.rs` |
+//! | draining and leaving (parked for a restart, handed to a standby, deleted) | `Engine::drain_step`, `Engine::exit`, `Engine::view_without` in `leaving.rs` | `leaving/tests.rs` |
+//! | standing by, and choosing the standby that inherits a slot | `Engine::standby_record`, `Engine::handing_of`, `Engine::heirs` in `standby.rs` | `standby/tests.rs` |
+//! | the phase a member publishes | [`Engine::group_phase`] and [`Phase`] here | `round/tests.rs` |
+//!
+//! Every handler test starts from the members of `fixture.rs` and plays the store's part by
+//! hand: it feeds a table or an answer and checks the call asked for and the state left. The
+//! whole protocol is then checked under faults by the simulation (`tests/simulation.rs`) and on
+//! real servers by the conformance suite.
+//!
+//! A table's round (publish, adopt, acknowledge, activate, settle, re-acknowledge) is a small
+//! state machine ([`round`]): [`Engine::advance`] returns the next [`round::Call`] and takes
+//! its [`round::Answer`]. The other flows keep their loops in the runner and ask the engine at
+//! each step.
+//!
+//! # The engine's state
+//!
+//! Grouped by what it belongs to:
+//!
+//! * [`Settings`]: what the member was built with, fixed for its life;
+//! * [`Phase`]: where the member is in its life (a member, standing by, rejoining, stopped,
+//!   failed);
 //! * [`Claims`]: this process's claim on a slot (the record as stored), the nonces of every claim
 //!   it made, whether it gave its lease up, and the acknowledgement it last wrote;
 //! * [`TableCache`]: what the member last read of the slot table and the view directory, and at
@@ -13,21 +49,23 @@
 //!   `Option<`[`Handoff`]`>` whose fields vanish together when it ends;
 //! * [`Settler`]: the member's part in settling a view it published or, as the lowest slot, watches;
 //! * `discrepancy`: live slots that disagree with the published view, while they do;
-//! * [`Outage`]: whether the store answers the heartbeats, and the grace after it did not.
+//! * [`Outage`]: whether the store answers the heartbeats, and the grace after it did not;
+//! * the grants (`grants::State`, shared with the application's [`Grant`]s): the active and
+//!   pending views, the lease deadline, the grants in flight.
 //!
-//! Each decision that does not touch the store is a pure function of that state in [`decide`],
-//! with its unit tests beside it; the files around it do the store calls:
+//! [`Grant`]: super::Grant
 //!
-//! | file | holds |
+//! # The runner's files
+//!
+//! | file | the runner's part (store calls) |
 //! |---|---|
-//! | `driver.rs` | the loop: when to wake, and which kind of call each wake makes |
-//! | `heartbeat.rs` | a full heartbeat, a watching wake, a poll of the settled mark, and the table they stand for |
-//! | `claims.rs` | joining: claiming a slot, taking a parked claim back, claiming again, twins and the assignor check |
-//! | `views.rs` | publishing a view, adopting it, and activating it |
-//! | `handoff.rs` | acknowledging, settling, re-asserting a lost acknowledgement, expiring stalled slots |
-//! | `leaving.rs` | revoking every grant, failing, and leaving the group (for good, or parked for a restart) |
-//! | `standby.rs` | standing by for a leaving member's slot, and handing a leaving member's slot to a standby |
-//! | `notices.rs` | the store's change notifications for the group's directories, which make a member look early |
+//! | `driver.rs` | the loop: sleeps until the engine's wake or a notice, then runs the call it names |
+//! | `heartbeat.rs` | a heartbeat's renewing reads, a watching wake, a poll of the settled mark |
+//! | `claims.rs` | the join's loop, a claim's and a take-back's writes, waiting out a predecessor |
+//! | `leaving.rs` | the drain's renewals, parking, deleting, publishing the view without the slot |
+//! | `standby.rs` | the standby record's renewals, waiting for an inheritance, handing a slot over |
+//! | `views.rs` | publishing a view (a take-back's, a leave's), beside the engine's adopt and activate |
+//! | `notices.rs` | the store's change notifications for the group's directories |
 
 mod claims;
 mod decide;
@@ -58,10 +96,10 @@ use super::records::{AckRecord, Holder, SettledRecord, SlotRecord};
 use super::table::Table;
 use super::view::{GroupPhase, ViewState};
 
-/// The most stalled slots one beat re-applies a lease TTL to ([`Runner::expire_stalled`]).
+/// The most stalled slots one beat re-applies a lease TTL to ([`Engine::expire_stalled`]).
 const NUDGES_PER_BEAT: usize = 8;
 
-/// A member that does not watch the slot table (see [`decide::reads_slots`]) reads it at every
+/// A member that does not watch the slot table (see [`decide::Facts::reads_slots`]) reads it at every
 /// this many heartbeats, at a beat set by its slot, so in a large group the reads spread out.
 const SLOT_READS: u64 = 4;
 
@@ -208,7 +246,7 @@ struct TableCache {
     need_slots: bool,
     /// The published view in the last table read is newer than the newest settled mark: a
     /// heartbeat must look at the table again even when it did not change (to write a lost
-    /// acknowledgement again, see [`Runner::reassert`]).
+    /// acknowledgement again, see [`Engine::reassert`]).
     unsettled: bool,
     /// The newest settled mark read (from the table or a poll).
     settled: Option<SettledRecord>,
@@ -229,7 +267,7 @@ struct Handoff {
 }
 
 /// A slot whose lease TTL this member re-applied while waiting for its acknowledgement of an
-/// epoch (see [`Runner::expire_stalled`]).
+/// epoch (see [`Engine::expire_stalled`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Nudge {
     slot: u32,
@@ -256,7 +294,7 @@ struct Settler {
     published: Option<u64>,
     /// When this member last read the acknowledgements (monotonic).
     acks_read: Option<Duration>,
-    /// The pending epoch whose hand-off [`Runner::expire_stalled`] times.
+    /// The pending epoch whose hand-off [`Engine::expire_stalled`] times.
     stalled: Option<Stall>,
     /// The claims whose lease TTL this member re-applied, per epoch.
     nudged: Vec<Nudge>,
