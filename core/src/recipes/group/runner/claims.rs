@@ -152,42 +152,30 @@ impl Runner {
         record: &SlotRecord,
         previous: &SlotRecord,
     ) -> Result<Duration> {
-        let wait = self.cfg.ttl.max(Duration::from_millis(previous.ttl_ms));
+        let wait = self.predecessor_wait(previous);
         tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, wait = ?wait, "took over the slot of this member id's previous process (crash grace): waiting one lease TTL, until that process has surely stopped granting");
         let key = self.cfg.keys.slot(slot);
         let text = record.to_string();
         let end = self.cfg.clock.monotonic() + wait;
         loop {
             let now = self.cfg.clock.monotonic();
-            let done = now >= end;
-            if !done {
+            if now < end {
                 self.cfg
                     .clock
                     .sleep(self.cfg.heartbeat.min(end - now))
                     .await;
             }
             let sent = self.cfg.clock.monotonic();
-            match self
+            let result = self
                 .store
                 .compare_and_set(&key, Some(&text), &text, Some(self.cfg.slot_ttl))
-                .await
-            {
-                Ok(true) if sent >= end => return Ok(sent),
-                Ok(true) => {}
-                // Only another process with this id takes a claim of this id over: the newest
-                // one wins, as this one did over its predecessor.
-                Ok(false) => {
-                    return Err(self.rejected(format!(
-                        "member id `{}` was taken over by another process while this one waited for its predecessor's lease: this one yields (give each instance its own member id)",
-                        self.cfg.member
-                    )))
-                }
-                Err(e) if sent >= end + self.cfg.ttl => return Err(e),
-                // Tried again at the next heartbeat, or soon once the wait is over.
-                Err(e) => {
-                    self.set_error(Some(&e));
-                    if sent >= end {
-                        self.cfg.clock.sleep(self.cfg.heartbeat / 4).await;
+                .await;
+            match self.predecessor_renewed(end, sent, result)? {
+                Waiting::Over => return Ok(sent),
+                Waiting::Renewed => {}
+                Waiting::Failed { pause } => {
+                    if let Some(pause) = pause {
+                        self.cfg.clock.sleep(pause).await;
                     }
                 }
             }
@@ -473,7 +461,7 @@ impl Engine {
         if !settled || !view.holders.contains(&parked) || swapped != table.live() {
             return None;
         }
-        self.next_view(table, self.cache.highest, table.live())
+        self.view_after(table, self.cache.highest, table.live())
     }
 
     /// The take-back's view `next` written (`Ok(true)`: returned) or not.
@@ -563,6 +551,54 @@ impl Engine {
             None => Ok(()),
         }
     }
+}
+
+impl Engine {
+    /// How long a take-over waits for the previous process of this id to stop granting: one
+    /// lease TTL, the longer of its own and this process's (it stops at its renewal plus 90% of
+    /// its TTL, and its last renewal came before the take-over).
+    fn predecessor_wait(&self, previous: &SlotRecord) -> Duration {
+        self.cfg.ttl.max(Duration::from_millis(previous.ttl_ms))
+    }
+
+    /// A renewal sent at `sent` while waiting out a predecessor until `end` answered: the wait
+    /// is over once a renewal sent at or after `end` went through; another process of this id
+    /// that took the slot over in turn wins (the newest does, as this one did), and this one
+    /// yields with `Rejected`; a store error is tried again (soon, once the wait is over), and
+    /// is the join's error a lease TTL past the end.
+    fn predecessor_renewed(
+        &self,
+        end: Duration,
+        sent: Duration,
+        result: Result<bool>,
+    ) -> Result<Waiting> {
+        match result {
+            Ok(true) if sent >= end => Ok(Waiting::Over),
+            Ok(true) => Ok(Waiting::Renewed),
+            Ok(false) => Err(self.rejected(format!(
+                "member id `{}` was taken over by another process while this one waited for its predecessor's lease: this one yields (give each instance its own member id)",
+                self.cfg.member
+            ))),
+            Err(e) if sent >= end + self.cfg.ttl => Err(e),
+            Err(e) => {
+                self.set_error(Some(&e));
+                Ok(Waiting::Failed {
+                    pause: (sent >= end).then_some(self.cfg.heartbeat / 4),
+                })
+            }
+        }
+    }
+}
+
+/// A take-over's wait for its predecessor after one renewal ([`Engine::predecessor_renewed`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Waiting {
+    /// Over: the predecessor has surely stopped granting.
+    Over,
+    /// Renewed; the wait goes on.
+    Renewed,
+    /// The renewal failed; tried again after `pause` (none: at the next heartbeat).
+    Failed { pause: Option<Duration> },
 }
 
 /// How often a join looks again at a claim of its member id that is in the way (at most; a

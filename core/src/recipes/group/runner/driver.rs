@@ -74,7 +74,7 @@ impl Runner {
     ) -> Result<()> {
         // However this task ends, a caller waiting on the assignment (`Member::active`) hears
         // of it: a panic (a store or hook that panicked) or an abort publishes `Failed`.
-        let _ended = super::leaving::Ended(self.shared.clone());
+        let _ended = super::leaving::EndGuard(self.shared.clone());
         let mut next = self.cfg.clock.monotonic() + self.cfg.heartbeat;
         loop {
             let wake = self.facts().wake(next);

@@ -190,9 +190,9 @@ impl Runner {
 /// Publishes `Failed` when the heartbeat task ends without having published `Stopped` or
 /// `Failed` itself: it panicked, or it was aborted (every handle dropped). The assignment's
 /// sender lives in the member's shared state, so its receivers would otherwise wait forever.
-pub(super) struct Ended(pub(super) Arc<Shared>);
+pub(super) struct EndGuard(pub(super) Arc<Shared>);
 
-impl Drop for Ended {
+impl Drop for EndGuard {
     fn drop(&mut self) {
         let why = if std::thread::panicking() {
             "its heartbeat task panicked"
@@ -440,7 +440,7 @@ impl Engine {
         if !names_slot || !view_is_stale(table.view.as_ref(), &live, 0, false) {
             return None;
         }
-        self.next_view(table, highest, live)
+        self.view_after(table, highest, live)
     }
 
     /// The leave is over: no grant, no slot, phase `stopped`.

@@ -98,7 +98,7 @@ impl Runner {
         record: StandbyRecord,
         mut stop: watch::Receiver<bool>,
     ) -> Result<()> {
-        let _ended = super::leaving::Ended(self.shared.clone());
+        let _ended = super::leaving::EndGuard(self.shared.clone());
         if !self.stand_by(record, &mut stop).await {
             let phase = self.enter(Phase::Stopped);
             self.shared.publish(|a| a.phase = phase);

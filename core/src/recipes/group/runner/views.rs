@@ -59,7 +59,7 @@ impl Engine {
 
     /// The view to publish over `highest` for the `live` holders (see [`next_view`]): a sticky
     /// assignment starts from the view `table` holds, or else from this member's newest.
-    pub(super) fn next_view(
+    pub(super) fn view_after(
         &self,
         table: &Table,
         highest: u64,

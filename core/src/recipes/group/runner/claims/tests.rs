@@ -190,3 +190,55 @@ fn twins_of_the_id_below_make_this_claim_yield_and_own_old_claims_expire() {
     );
     let _ = nonce(0);
 }
+
+/// Waiting out a predecessor (crash grace): renewals until the wait is over; another process
+/// of the id taking the slot makes this one yield; a store error is retried, and ends the join
+/// a lease TTL past the wait.
+#[test]
+fn a_take_over_waits_out_its_predecessor_renewing_and_yields_to_a_newer_process() {
+    use super::Waiting;
+    use crate::error::Error;
+    let m = Member::at(0);
+    let mut slow = record(0, 0);
+    slow.ttl_ms = 5_000;
+    assert_eq!(m.engine.predecessor_wait(&slow), Duration::from_secs(5));
+    assert_eq!(m.engine.predecessor_wait(&record(0, 0)), TTL);
+    let end = Duration::from_secs(20);
+    let down = || Error::Unavailable {
+        backend: "memory",
+        message: "down".into(),
+        source: None,
+    };
+    let early = end - HB;
+    assert_eq!(
+        m.engine.predecessor_renewed(end, early, Ok(true)).unwrap(),
+        Waiting::Renewed
+    );
+    assert_eq!(
+        m.engine.predecessor_renewed(end, end, Ok(true)).unwrap(),
+        Waiting::Over
+    );
+    assert_eq!(
+        m.engine
+            .predecessor_renewed(end, early, Ok(false))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Rejected
+    );
+    assert_eq!(
+        m.engine
+            .predecessor_renewed(end, early, Err(down()))
+            .unwrap(),
+        Waiting::Failed { pause: None }
+    );
+    assert_eq!(
+        m.engine.predecessor_renewed(end, end, Err(down())).unwrap(),
+        Waiting::Failed {
+            pause: Some(HB / 4)
+        }
+    );
+    assert!(m
+        .engine
+        .predecessor_renewed(end, end + TTL, Err(down()))
+        .is_err());
+}

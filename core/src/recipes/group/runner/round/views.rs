@@ -99,7 +99,7 @@ impl Engine {
             since,
             fast,
         };
-        match self.next_view(&table, self.cache.highest, live) {
+        match self.view_after(&table, self.cache.highest, live) {
             // Unreachable: the configuration check makes sure the keys are at hand.
             None if self.cache.highest < MAX_EPOCH => {
                 let e = Error::config(format!(
