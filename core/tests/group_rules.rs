@@ -999,3 +999,39 @@ async fn a_resumed_process_whose_id_was_taken_yields_without_claiming() {
         GroupPhase::Active
     );
 }
+
+/// A group never reaches a size whose view no member can publish: the configuration refuses a
+/// `with_max_slots` whose largest view passes what one store value holds, names the largest
+/// group it allows, and accepts the default.
+#[test]
+fn a_group_larger_than_a_store_value_can_name_is_refused() {
+    use headcount_core::assign::{AssignorKind, KeySet};
+    use headcount_core::recipes::group::GroupConfig;
+    use headcount_core::ErrorKind;
+    let ttl = std::time::Duration::from_secs(6);
+    assert!(GroupConfig::new("g", ttl).validate().is_ok());
+    assert!(GroupConfig::new("g", ttl)
+        .with_max_slots(23_275)
+        .validate()
+        .is_ok());
+    let e = GroupConfig::new("g", ttl)
+        .with_max_slots(23_276)
+        .validate()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config);
+    assert!(
+        e.to_string().contains("the largest group is 23275 members"),
+        "{e}"
+    );
+    let keys = KeySet::partitions(65_536).unwrap();
+    let sticky = GroupConfig::new("g", ttl)
+        .with_keys(keys.clone())
+        .with_assignor(AssignorKind::Sticky(keys.id()));
+    assert!(sticky.clone().with_max_slots(16_384).validate().is_ok());
+    let e = sticky.with_max_slots(16_385).validate().unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("65536 declared keys the largest group is 16384"),
+        "{e}"
+    );
+}

@@ -8,6 +8,7 @@ use crate::assign::{AssignorKind, KeySet};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, DEFAULT_PREFIX};
+use crate::store::MAX_VALUE_LEN;
 
 /// How to join a group.
 #[derive(Debug, Clone)]
@@ -386,7 +387,29 @@ impl GroupConfig {
             crate::recipes::interval::check_member(member)?;
         }
         self.check_declared()?;
+        self.check_view_fits()?;
         Ok(keys)
+    }
+
+    /// The view of a group of [`GroupConfig::with_max_slots`] members, with this assignor's
+    /// owners, fits one store value ([`MAX_VALUE_LEN`]): a group never grows to a size whose view
+    /// no member can publish.
+    fn check_view_fits(&self) -> Result<()> {
+        let owners = match self.assignor {
+            AssignorKind::Sticky(id) => Some(id.count as usize),
+            _ => None,
+        };
+        let longest = super::records::longest_view(self.max_slots, self.assignor, owners);
+        if longest <= MAX_VALUE_LEN {
+            return Ok(());
+        }
+        let largest = super::records::largest_group(self.assignor, owners);
+        Err(Error::config(format!(
+            "max slots {}: the view of a group that large is up to {longest} bytes, more than the {MAX_VALUE_LEN} bytes a store value holds; with the `{}` assignor{} the largest group is {largest} members (GroupConfig::with_max_slots)",
+            self.max_slots,
+            self.assignor,
+            owners.map_or(String::new(), |n| format!(" and {n} declared keys")),
+        )))
     }
 
     /// An assignor for a declared set has its keys, and declared keys have such an assignor.

@@ -14,6 +14,49 @@ const TAG: &str = "v1";
 /// The most slots a view may name: a view of this many slots is about 24 bytes each.
 pub(crate) const MAX_VIEW_SLOTS: usize = 1 << 16;
 
+/// The longest text of a view of `slots` live slots (numbered below `slots`, at the largest
+/// epoch), published with `assignor`, whose owners (the sticky assignor's) name `owners` keys:
+/// what a group of `slots` members needs from one store value.
+pub(crate) fn longest_view(slots: u32, assignor: AssignorKind, owners: Option<usize>) -> usize {
+    let n = slots as usize;
+    // The digits of every slot number below `slots`: a smaller group names fewer slots, each
+    // no longer than these, and needs no more bits per owner.
+    let mut digits = 0;
+    let mut width = 1;
+    let mut from = 0u64;
+    while from < u64::from(slots) {
+        let to = (10u64.pow(width as u32)).min(u64::from(slots));
+        digits += (to - from) as usize * width;
+        from = to;
+        width += 1;
+    }
+    let header = TAG.len() + " epoch=".len() + MAX_EPOCH.to_string().len();
+    let assignor = " assignor=".len() + assignor.to_string().len();
+    // `<slot>@<16 hex>`, separated by commas.
+    let holders = " slots=".len() + digits + n * (1 + 16) + n.saturating_sub(1);
+    let owners = owners.map_or(0, |keys| {
+        let bits = (usize::BITS - n.saturating_sub(1).leading_zeros()).max(1) as usize;
+        // Unpadded base64 of the packed ranks.
+        " owners=".len() + ((keys * bits).div_ceil(8) * 4).div_ceil(3)
+    });
+    header + assignor + holders + owners
+}
+
+/// The largest group whose every view fits one store value ([`longest_view`]), and no more
+/// than a view may name ([`MAX_VIEW_SLOTS`]).
+pub(crate) fn largest_group(assignor: AssignorKind, owners: Option<usize>) -> u32 {
+    let (mut lo, mut hi) = (1u32, MAX_VIEW_SLOTS as u32);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if longest_view(mid, assignor, owners) <= crate::store::MAX_VALUE_LEN {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
 /// The highest epoch a record may carry: tokens must fit a signed 64-bit column (the PostgreSQL
 /// fence), and `epoch + 1` must never overflow. A record above it is foreign.
 pub const MAX_EPOCH: u64 = i64::MAX as u64 - 1;
@@ -499,9 +542,63 @@ fn parse_holders(list: &str) -> Option<Vec<Holder>> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::{
-        parse_acks, AckRecord, Holder, SettledRecord, SlotRecord, StandbyRecord, ViewRecord,
+        largest_group, longest_view, parse_acks, AckRecord, Holder, SettledRecord, SlotRecord,
+        StandbyRecord, ViewRecord, MAX_EPOCH,
     };
-    use crate::assign::AssignorKind;
+    use crate::assign::{AssignorKind, KeySet};
+    use crate::store::MAX_VALUE_LEN;
+
+    /// The longest view of `n` slots: the highest slots, nonces and epoch there are.
+    fn longest(n: u32, assignor: AssignorKind, keys: Option<usize>) -> ViewRecord {
+        ViewRecord {
+            epoch: MAX_EPOCH,
+            holders: (0..n)
+                .map(|slot| Holder {
+                    slot,
+                    nonce: u64::MAX,
+                })
+                .collect(),
+            assignor: Some(assignor),
+            owners: keys.map(|k| (0..k).map(|i| i as u32 % n).collect()),
+        }
+    }
+
+    /// `longest_view` is the exact length of the longest view a group of `n` slots publishes,
+    /// so the configuration check refuses exactly the groups that could not publish theirs.
+    #[test]
+    fn the_longest_view_is_counted_exactly() {
+        let sticky = AssignorKind::Sticky(KeySet::partitions(4096).unwrap().id());
+        for n in [1, 2, 9, 10, 11, 100, 101, 1000, 4096, 20_000] {
+            let plain = longest(n, AssignorKind::Modulo, None);
+            assert_eq!(
+                plain.to_string().len(),
+                longest_view(n, AssignorKind::Modulo, None),
+                "{n} slots"
+            );
+            let v = longest(n, sticky, Some(4096));
+            assert_eq!(
+                v.to_string().len(),
+                longest_view(n, sticky, Some(4096)),
+                "{n} slots, sticky"
+            );
+        }
+    }
+
+    /// The largest group is the largest whose longest view fits a store value.
+    #[test]
+    fn the_largest_group_fits_and_one_more_does_not() {
+        for (assignor, keys) in [
+            (AssignorKind::JumpBackFailover, None),
+            (
+                AssignorKind::Sticky(KeySet::partitions(65_536).unwrap().id()),
+                Some(65_536),
+            ),
+        ] {
+            let n = largest_group(assignor, keys);
+            assert!(longest_view(n, assignor, keys) <= MAX_VALUE_LEN);
+            assert!(longest_view(n + 1, assignor, keys) > MAX_VALUE_LEN);
+        }
+    }
 
     #[test]
     fn slot_records_round_trip_and_reject_garbage() {
