@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::round::{Answer, Call, Round};
-use super::{Claim, Engine};
+use super::{Claim, Engine, WrittenAck};
 use crate::clock::{Clock as _, ManualClock};
 use crate::keys::Keyspace;
 use crate::recipes::group::grants::Shared;
-use crate::recipes::group::records::{Holder, SlotRecord, ViewRecord};
+use crate::recipes::group::records::{AckRecord, Holder, SlotRecord, ViewRecord};
 use crate::recipes::group::table::Table;
 use crate::recipes::group::view::GroupPhase;
 use crate::recipes::group::GroupConfig;
@@ -109,6 +109,30 @@ impl Member {
         let pending = m.engine.pending().unwrap();
         m.engine.activate(pending, holder(slot));
         m
+    }
+
+    /// The same member, active under `active`, `next` adopted, and its acknowledgement of
+    /// `next` written: a hand-off waiting for the others.
+    pub(super) fn acked(slot: u32, active: &ViewRecord, next: &ViewRecord) -> Member {
+        let mut m = Member::active(slot, active);
+        m.engine.adopt(next.clone());
+        let digest = m.engine.pending().unwrap().digest;
+        let ack = AckRecord {
+            nonce: nonce(slot),
+            acked: next.epoch,
+            view: digest,
+        };
+        m.engine.claims.ack = Some(WrittenAck {
+            record: ack,
+            text: ack.to_string(),
+            at: m.clock_now(),
+        });
+        m
+    }
+
+    /// The digest of the view the member works towards.
+    pub(super) fn target_digest(&self) -> u64 {
+        self.engine.target().unwrap().digest
     }
 
     /// Starts `round`: the call it asks for first.

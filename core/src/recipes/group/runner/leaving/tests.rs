@@ -6,7 +6,7 @@
 use super::super::fixture::{holder, record, table, view, Member, HB, TTL};
 use super::{DrainStep, Exit};
 use crate::error::Error;
-use crate::recipes::group::grants::Scope;
+use crate::recipes::group::grants::{Grant, Scope};
 use crate::recipes::group::view::GroupPhase;
 
 fn down() -> Error {
@@ -25,6 +25,18 @@ fn leaving(slot: u32, slots: &[u32]) -> Member {
     m
 }
 
+/// A member leaving while it holds its share: its drain has a grant to wait for.
+fn draining() -> (Member, Grant) {
+    let mut m = leaving(0, &[0]);
+    let grant = m
+        .engine
+        .shared
+        .grant(Scope::Share)
+        .expect("a share granted");
+    m.engine.leave_begins();
+    (m, grant)
+}
+
 /// Phase: leaving, nothing in flight. Effect: the drain is over at once.
 #[test]
 fn a_drain_with_nothing_in_flight_is_over_at_once() {
@@ -39,13 +51,7 @@ fn a_drain_with_nothing_in_flight_is_over_at_once() {
 /// then cut the drain.
 #[test]
 fn a_drain_renews_every_heartbeat_until_its_timeout() {
-    let mut m = leaving(0, &[0]);
-    let grant = m
-        .engine
-        .shared
-        .grant(Scope::Share)
-        .expect("a share granted");
-    m.engine.leave_begins();
+    let (mut m, grant) = draining();
     assert_eq!(m.phase(), GroupPhase::Active);
     let mut drain = m.engine.drain_begins();
     let start = m.clock_now();
@@ -75,13 +81,7 @@ fn a_drain_renews_every_heartbeat_until_its_timeout() {
 /// Event: the drain's renewal refused (the slot is another's). Effect: the drain is cut, `lost`.
 #[test]
 fn a_drain_whose_renewal_is_refused_is_cut() {
-    let mut m = leaving(0, &[0]);
-    let _grant = m
-        .engine
-        .shared
-        .grant(Scope::Share)
-        .expect("a share granted");
-    m.engine.leave_begins();
+    let (mut m, _grant) = draining();
     let mut drain = m.engine.drain_begins();
     m.clock.advance(HB);
     let now = m.clock_now();
@@ -99,13 +99,7 @@ fn a_drain_whose_renewal_is_refused_is_cut() {
 /// the drain is cut, `lapsed`.
 #[test]
 fn a_drain_past_the_lease_deadline_is_cut() {
-    let mut m = leaving(0, &[0]);
-    let _grant = m
-        .engine
-        .shared
-        .grant(Scope::Share)
-        .expect("a share granted");
-    m.engine.leave_begins();
+    let (mut m, _grant) = draining();
     m.engine.claims.abandoned = true;
     let mut drain = m.engine.drain_begins();
     // A given-up claim is not renewed: it waits for the grants or its deadline.
@@ -123,37 +117,21 @@ fn a_leave_parks_hands_over_or_deletes_its_claim() {
     let mut m = leaving(0, &[0]);
     assert!(matches!(m.engine.exit(true, true), Exit::Park(c) if c.slot == 0));
     assert!(matches!(m.engine.exit(true, true), Exit::Nothing));
-
-    let mut m = leaving(0, &[0]);
-    assert!(matches!(
-        m.engine.exit(false, true),
-        Exit::Leave {
-            hand_over: true,
-            drained: true,
-            ..
+    // (restart, drained, failing) -> (hand over, drained)
+    for ((restart, drained, failing), want) in [
+        ((false, true, false), (true, true)),
+        ((true, false, false), (false, false)),
+        ((false, true, true), (false, true)),
+    ] {
+        let mut m = leaving(0, &[0]);
+        m.engine.failing = failing;
+        match m.engine.exit(restart, drained) {
+            Exit::Leave {
+                hand_over, drained, ..
+            } => assert_eq!((hand_over, drained), want),
+            _ => panic!("expected a leave"),
         }
-    ));
-
-    let mut m = leaving(0, &[0]);
-    assert!(matches!(
-        m.engine.exit(true, false),
-        Exit::Leave {
-            hand_over: false,
-            drained: false,
-            ..
-        }
-    ));
-
-    let mut m = leaving(0, &[0]);
-    m.engine.failing = true;
-    assert!(matches!(
-        m.engine.exit(false, true),
-        Exit::Leave {
-            hand_over: false,
-            drained: true,
-            ..
-        }
-    ));
+    }
 }
 
 /// A parked claim acknowledges every epoch it saw and says when it parked.

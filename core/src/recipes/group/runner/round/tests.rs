@@ -10,7 +10,6 @@ use super::super::fixture::{holder, nonce, record, table, view, Member, HB, TTL}
 use super::{Answer, Call, Round};
 use crate::error::Error;
 use crate::recipes::group::records::{AckRecord, SettledRecord, ViewRecord};
-use crate::recipes::group::runner::WrittenAck;
 use crate::recipes::group::table::Table;
 use crate::recipes::group::view::GroupPhase;
 
@@ -208,20 +207,9 @@ fn grants_that_outlast_the_drain_timeout_give_the_lease_up() {
 /// against the mark read; once written the view activates.
 #[test]
 fn the_lowest_slot_settles_a_view_every_slot_acknowledged() {
-    let v1 = view(1, &[0]);
     let v2 = view(2, &[0, 1]);
-    let mut m = Member::active(0, &v1);
-    m.engine.adopt(v2.clone());
-    let digest = m.engine.pending().unwrap().digest;
-    m.engine.claims.ack = Some(WrittenAck {
-        record: AckRecord {
-            nonce: nonce(0),
-            acked: 2,
-            view: digest,
-        },
-        text: String::new(),
-        at: m.clock_now(),
-    });
+    let mut m = Member::acked(0, &view(1, &[0]), &v2);
+    let digest = m.target_digest();
     let mut t = table(&[0, 1], 1, Some(v2));
     t.settled_text = Some("old".into());
     let mut round = of_table(t, true);
@@ -264,20 +252,8 @@ fn the_lowest_slot_settles_a_view_every_slot_acknowledged() {
 /// record's own lease TTL; once per claim and epoch.
 #[test]
 fn a_slot_that_stalls_the_hand_off_for_three_ttls_gets_its_lease_ttl_again() {
-    let v1 = view(1, &[0]);
     let v2 = view(2, &[0, 1]);
-    let mut m = Member::active(0, &v1);
-    m.engine.adopt(v2.clone());
-    let digest = m.engine.pending().unwrap().digest;
-    m.engine.claims.ack = Some(WrittenAck {
-        record: AckRecord {
-            nonce: nonce(0),
-            acked: 2,
-            view: digest,
-        },
-        text: String::new(),
-        at: m.clock_now(),
-    });
+    let mut m = Member::acked(0, &view(1, &[0]), &v2);
     let stalled = |m: &mut Member| {
         let mut round = of_table(table(&[0, 1], 1, Some(v2.clone())), true);
         let list = m.start(&mut round);
@@ -320,20 +296,8 @@ fn a_slot_that_stalls_the_hand_off_for_three_ttls_gets_its_lease_ttl_again() {
 /// Event: the acknowledgements cannot be read. Effect: the error is published, nothing written.
 #[test]
 fn an_unreadable_acknowledgement_directory_settles_nothing() {
-    let v1 = view(1, &[0]);
     let v2 = view(2, &[0, 1]);
-    let mut m = Member::active(0, &v1);
-    m.engine.adopt(v2.clone());
-    let digest = m.engine.pending().unwrap().digest;
-    m.engine.claims.ack = Some(WrittenAck {
-        record: AckRecord {
-            nonce: nonce(0),
-            acked: 2,
-            view: digest,
-        },
-        text: String::new(),
-        at: m.clock_now(),
-    });
+    let mut m = Member::acked(0, &view(1, &[0]), &v2);
     let mut round = of_table(table(&[0, 1], 1, Some(v2)), true);
     assert!(matches!(m.start(&mut round), Some(Call::List { .. })));
     let down = Error::Unavailable {
@@ -353,19 +317,8 @@ fn an_unreadable_acknowledgement_directory_settles_nothing() {
 #[test]
 fn an_acknowledgement_unsettled_for_a_heartbeat_is_written_again() {
     let v2 = view(2, &[0, 1]);
-    let mut m = Member::active(1, &view(1, &[1]));
-    m.engine.adopt(v2.clone());
-    let digest = m.engine.pending().unwrap().digest;
-    let ack = AckRecord {
-        nonce: nonce(1),
-        acked: 2,
-        view: digest,
-    };
-    m.engine.claims.ack = Some(WrittenAck {
-        record: ack,
-        text: ack.to_string(),
-        at: m.clock_now(),
-    });
+    let mut m = Member::acked(1, &view(1, &[1]), &v2);
+    let ack = m.engine.claims.ack.clone().unwrap().record;
     m.clock.advance(HB);
     // Not fresh: no settling, only the reassertion.
     let mut round = of_table(table(&[0, 1], 1, Some(v2)), false);
