@@ -79,8 +79,39 @@ impl KeySetId {
 pub struct KeySet {
     hashes: Vec<u64>,
     /// The keys' names, in the order of `hashes` (shared by the clones).
-    names: Arc<[Box<[u8]>]>,
+    names: Arc<Names>,
     id: KeySetId,
+}
+
+/// Names one after another in one buffer, and where each ends: a set of 65,536 short names
+/// costs about half a megabyte, where a box per name would cost four times that.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Names {
+    bytes: Box<[u8]>,
+    /// The end of each name in `bytes`; the start is the previous one's end.
+    ends: Box<[u32]>,
+}
+
+impl Names {
+    fn collect<'a>(names: impl Iterator<Item = &'a [u8]>) -> Names {
+        let (mut bytes, mut ends) = (Vec::new(), Vec::new());
+        for n in names {
+            bytes.extend_from_slice(n);
+            // At most MAX_DECLARED_KEYS names, each far shorter than 4 GiB in all.
+            ends.push(bytes.len() as u32);
+        }
+        Names {
+            bytes: bytes.into(),
+            ends: ends.into(),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(a, b)| &self.bytes[a as usize..b as usize])
+    }
 }
 
 impl fmt::Debug for KeySet {
@@ -129,10 +160,7 @@ impl KeySet {
                 });
             }
         }
-        let names = named
-            .iter()
-            .map(|(_, k)| Box::<[u8]>::from(k.as_ref()))
-            .collect();
+        let names = Arc::new(Names::collect(named.iter().map(|(_, k)| k.as_ref())));
         Ok(KeySet::from_sorted(
             named.into_iter().map(|(h, _)| h).collect(),
             names,
@@ -169,7 +197,7 @@ impl KeySet {
     }
 
     /// The set of `hashes` (ascending) and their `names`, in the same order.
-    fn from_sorted(hashes: Vec<u64>, names: Arc<[Box<[u8]>]>) -> KeySet {
+    fn from_sorted(hashes: Vec<u64>, names: Arc<Names>) -> KeySet {
         let mut bytes = Vec::with_capacity(hashes.len() * 8);
         for h in &hashes {
             bytes.extend_from_slice(&h.to_le_bytes());
@@ -217,7 +245,7 @@ impl KeySet {
         self.hashes
             .iter()
             .copied()
-            .zip(self.names.iter().map(|n| &n[..]))
+            .zip(self.names.iter())
     }
 }
 
@@ -404,7 +432,7 @@ impl Assignor for Balanced {
     fn build(topology: &Topology) -> Result<Self, AssignError> {
         Balanced::new(
             topology,
-            Arc::new(KeySet::from_sorted(Vec::new(), Arc::from(Vec::new()))),
+            Arc::new(KeySet::from_sorted(Vec::new(), Arc::default())),
         )
     }
 
