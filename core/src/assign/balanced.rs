@@ -242,10 +242,7 @@ impl KeySet {
     /// The declared keys with their hashes, in the order of [`KeySet::hashes`]: the names as
     /// they were declared.
     pub fn keys(&self) -> impl Iterator<Item = (u64, &[u8])> + '_ {
-        self.hashes
-            .iter()
-            .copied()
-            .zip(self.names.iter())
+        self.hashes.iter().copied().zip(self.names.iter())
     }
 }
 
@@ -295,8 +292,8 @@ pub struct Balanced(Declared);
 #[derive(Debug, Clone)]
 pub(super) struct Declared {
     pub(super) keys: Arc<KeySet>,
-    /// `owners[i]` owns `keys.hashes[i]`.
-    pub(super) owners: Vec<u32>,
+    /// `owners[i]` owns `keys.hashes[i]`; shared with the view record that carries them.
+    pub(super) owners: Arc<[u32]>,
     pub(super) fallback: JumpBackFailover,
 }
 
@@ -309,7 +306,7 @@ impl Declared {
             .live_slots()
             .map(|s| (s, 0))
             .collect();
-        for &o in &self.owners {
+        for &o in self.owners.iter() {
             if let Ok(i) = shares.binary_search_by_key(&o, |&(s, _)| s) {
                 shares[i].1 += 1;
             }
@@ -410,7 +407,7 @@ impl Balanced {
         }
         Ok(Balanced(Declared {
             keys,
-            owners,
+            owners: owners.into(),
             fallback,
         }))
     }

@@ -70,7 +70,7 @@ impl Sticky {
     /// [`Balanced::new`]'s.
     pub fn new(topology: &Topology, keys: Arc<KeySet>) -> Result<Sticky, AssignError> {
         let balanced = Balanced::new(topology, keys.clone())?;
-        let owners = keys.hashes().iter().map(|&h| balanced.owner(h)).collect();
+        let owners: Vec<u32> = keys.hashes().iter().map(|&h| balanced.owner(h)).collect();
         Sticky::from_owners(topology, keys, owners)
     }
 
@@ -145,11 +145,15 @@ impl Sticky {
     /// An assignment read back from where it was stored: `owners[i]` owns the `i`th declared
     /// key. Fails with [`AssignError::StoredAssignmentInvalid`] unless there is one owner per
     /// key, every owner is live, and the live slots' shares are within one key of each other.
+    ///
+    /// The owners may be shared (an `Arc<[u32]>`, as a view record holds them) or owned (a
+    /// `Vec<u32>`).
     pub fn from_owners(
         topology: &Topology,
         keys: Arc<KeySet>,
-        owners: Vec<u32>,
+        owners: impl Into<Arc<[u32]>>,
     ) -> Result<Sticky, AssignError> {
+        let owners: Arc<[u32]> = owners.into();
         topology.require_live()?;
         topology.require_uniform("sticky")?;
         let fallback = JumpBackFailover::build(topology)?;
@@ -170,6 +174,11 @@ impl Sticky {
             owners,
             fallback,
         }))
+    }
+
+    /// The owner of each declared key, shared: what a view record carries without a copy.
+    pub fn shared_owners(&self) -> Arc<[u32]> {
+        self.0.owners.clone()
     }
 
     /// The owner of each declared key, in the set's order ([`KeySet::hashes`]).

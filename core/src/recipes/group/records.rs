@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::assign::AssignorKind;
 
@@ -387,7 +388,7 @@ pub struct ViewRecord {
     /// ([`KeySet::hashes`](crate::assign::KeySet::hashes)); `None` for every other assignor and
     /// for a view with no live slot. A view that parses has one owner per key, every owner a
     /// slot of the view, and shares within one key of each other.
-    pub owners: Option<Vec<u32>>,
+    pub owners: Option<Arc<[u32]>>,
 }
 
 impl ViewRecord {
@@ -419,7 +420,7 @@ impl ViewRecord {
                 let slots: Vec<u32> = holders.iter().map(|h| h.slot).collect();
                 let owners = crate::assign::decode_owners(text, id.count as usize, &slots)?;
                 crate::assign::check_shares(&owners, &slots).ok()?;
-                Some(owners)
+                Some(owners.into())
             }
             (_, None) if !sticky || holders.is_empty() => None,
             _ => return None,
@@ -680,7 +681,7 @@ mod tests {
             epoch: 5,
             holders: holders.clone(),
             assignor: Some(kind),
-            owners: Some(sticky.owners().to_vec()),
+            owners: Some(sticky.shared_owners()),
         };
         let text = v.to_string();
         assert!(text.starts_with(&format!("v1 epoch=5 assignor={kind} slots=1@")));

@@ -500,7 +500,7 @@ fn sticky_owners(
     id: KeySetId,
     keys: Option<&Arc<KeySet>>,
     previous: &[Option<&ViewRecord>],
-) -> Option<Vec<u32>> {
+) -> Option<Arc<[u32]>> {
     let keys = KeySet::declared(id, keys).ok()?;
     let topology = Topology::from_live_slots(live.iter().map(|h| h.slot)).ok()?;
     let before = previous.iter().flatten().find_map(|v| {
@@ -512,7 +512,7 @@ fn sticky_owners(
         Some(owners) => Sticky::next(&topology, keys, owners),
         None => Sticky::new(&topology, keys),
     };
-    Some(next.ok()?.owners().to_vec())
+    Some(next.ok()?.shared_owners())
 }
 
 /// Whether the published `view` is newer than the newest settled mark. Compared by digest too:

@@ -607,11 +607,15 @@ fn a_sticky_view_carries_the_assignment_that_moves_fewest_keys_from_the_view_it_
     let owners = first.owners.clone().unwrap();
     let balanced = Balanced::new(&Topology::new(3).unwrap(), keys.clone()).unwrap();
     let expected: Vec<u32> = keys.hashes().iter().map(|&h| balanced.owner(h)).collect();
-    assert_eq!(owners, expected);
+    assert_eq!(&owners[..], &expected[..]);
     // A join takes exactly the newcomer's share, from the view it replaces.
     let joined = next_view(1, holders(&[0, 1, 2, 3]), kind, k, &[Some(&first)]).unwrap();
     let after = joined.owners.clone().unwrap();
-    let moved = owners.iter().zip(&after).filter(|(a, b)| a != b).count();
+    let moved = owners
+        .iter()
+        .zip(after.iter())
+        .filter(|(a, b)| a != b)
+        .count();
     assert_eq!(moved, after.iter().filter(|&&o| o == 3).count());
     assert_eq!(moved, 64);
     // The view it replaces comes first; the member's own is the fallback when it is missing
