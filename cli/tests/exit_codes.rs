@@ -9,8 +9,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
 use headcount_conformance::wait::exit_within;
+use headcount_harness::{skip_unless_required, KvStore, ServerKind};
 use serde_json::Value;
 
 mod common;

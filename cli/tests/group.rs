@@ -223,7 +223,7 @@ fn two_runs_split_the_group_and_a_sigterm_hands_over_at_once() {
 #[cfg(feature = "postgres")]
 #[test]
 fn two_runs_hand_over_on_postgres() {
-    use headcount_conformance::harness::ServerKind;
+    use headcount_harness::ServerKind;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -250,7 +250,7 @@ fn two_runs_hand_over_on_postgres() {
 #[cfg(feature = "postgres")]
 #[test]
 fn three_runs_and_status_through_pgbouncer_in_transaction_mode() {
-    use headcount_conformance::harness::{skip_unless_required, PgBouncer, ServerKind};
+    use headcount_harness::{skip_unless_required, PgBouncer, ServerKind};
     let label = "three_runs_and_status_through_pgbouncer_in_transaction_mode";
     let Some(bouncer) =
         skip_unless_required(ServerKind::PgBouncer, label, PgBouncer::start_new(None))

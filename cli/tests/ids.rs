@@ -117,10 +117,10 @@ fn no_majority_fails_closed_within_the_deadline() {
 
 /// The value, or None with a SKIP line when the backend is missing and not required.
 fn available<T>(
-    backend: headcount_conformance::harness::ServerKind,
-    r: Result<T, headcount_conformance::harness::Unavailable>,
+    backend: headcount_harness::ServerKind,
+    r: Result<T, headcount_harness::Unavailable>,
 ) -> Option<T> {
-    headcount_conformance::harness::skip_unless_required(backend, "cli ids", r)
+    headcount_harness::skip_unless_required(backend, "cli ids", r)
 }
 
 /// Every store the README names, in one set: Redis (AOF always), PostgreSQL (fsync on), etcd,
@@ -128,7 +128,7 @@ fn available<T>(
 /// persistence: refused until `--allow-non-durable`.
 #[test]
 fn every_readme_store_in_one_set() {
-    use headcount_conformance::harness::{KvStore, PgServer, ServerKind};
+    use headcount_harness::{KvStore, PgServer, ServerKind};
     let aof = &["--appendonly", "yes", "--appendfsync", "always"];
     let Some(redis) = available(ServerKind::Redis, KvStore::redis_with(None, aof)) else {
         return;
@@ -258,7 +258,7 @@ fn ids_servers_refuse_bad_input_in_one_line() {
 #[cfg(feature = "postgres")]
 #[test]
 fn ids_through_pgbouncer_in_transaction_mode() {
-    use headcount_conformance::harness::{PgBouncer, ServerKind};
+    use headcount_harness::{PgBouncer, ServerKind};
     let Some(bouncer) = available(ServerKind::PgBouncer, PgBouncer::start_new(None)) else {
         return;
     };

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use headcount::recipes::ids::IdsClient;
-use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
 use headcount_conformance::id_history::{check_id_history as check_history, IdLoad};
+use headcount_harness::{skip_unless_required, KvStore, ServerKind};
 use tokio::time::Instant;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];

@@ -460,7 +460,7 @@ fn commands_refuse_before_writing_anything() {
 /// `status --watch` reports an outage of its store and watches on.
 #[test]
 fn status_watch_survives_a_store_restart() {
-    use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
+    use headcount_harness::{skip_unless_required, KvStore, ServerKind};
     let started = KvStore::redis(Some(Duration::from_millis(300)));
     let Some(redis) = skip_unless_required(ServerKind::Redis, "status --watch over Redis", started)
     else {

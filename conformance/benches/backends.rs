@@ -55,8 +55,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use headcount::{DynStore, Op};
-use headcount_conformance::harness::ServerKind;
 use headcount_conformance::percentile;
+use headcount_harness::ServerKind;
 
 const TTL: Duration = Duration::from_secs(60);
 const CONCURRENCY: [usize; 2] = [1, 16];

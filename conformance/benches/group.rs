@@ -87,8 +87,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use headcount::recipes::group::{Assignment, Group, GroupConfig, GroupPhase, Member};
 use headcount::{Capabilities, DynStore, Op};
-use headcount_conformance::harness::{KvStore, ServerKind, Unavailable};
 use headcount_conformance::{Decorated, Hooks};
+use headcount_harness::{KvStore, ServerKind, Unavailable};
 use tokio::sync::watch;
 
 const PREFIX: &str = "hcb";
@@ -957,7 +957,7 @@ async fn scale_store(
 ) -> std::result::Result<String, String> {
     let proxy = match via_port(url, 0) {
         Some((_, port)) => Some(
-            headcount_conformance::harness::Proxy::start(port)
+            headcount_harness::Proxy::start(port)
                 .await
                 .map_err(|e| e.to_string())?,
         ),
@@ -1158,7 +1158,7 @@ struct Took {
 #[derive(Clone, Copy)]
 struct Meters<'a> {
     counting: &'a Counting,
-    proxy: Option<&'a headcount_conformance::harness::Proxy>,
+    proxy: Option<&'a headcount_harness::Proxy>,
 }
 
 /// Starts measuring an event at `t0`.
@@ -1262,7 +1262,7 @@ async fn notify_events(
 /// What the notify part reads of a server around a steady-state window: the bytes through the
 /// counting proxy, Redis's commands, etcd's requests.
 struct ServerProbe {
-    proxy: Option<headcount_conformance::harness::Proxy>,
+    proxy: Option<headcount_harness::Proxy>,
     redis: Option<redis::aio::MultiplexedConnection>,
     etcd_port: Option<u16>,
 }
@@ -1425,7 +1425,7 @@ async fn notify(
     let upstream = via_port(url, 0).map(|(_, port)| port);
     let proxy = match upstream {
         Some(port) => Some(
-            headcount_conformance::harness::Proxy::start(port)
+            headcount_harness::Proxy::start(port)
                 .await
                 .map_err(|e| e.to_string())?,
         ),

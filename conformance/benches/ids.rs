@@ -30,8 +30,8 @@ use headcount::recipes::ids::{
     RunningIdsServer,
 };
 use headcount::DynStore;
-use headcount_conformance::harness::{KvStore, PgServer, ServerKind, Unavailable};
 use headcount_conformance::percentile;
+use headcount_harness::{KvStore, PgServer, ServerKind, Unavailable};
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
 const CLIENTS: usize = 16;

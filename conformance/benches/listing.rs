@@ -21,7 +21,7 @@
 use std::time::{Duration, Instant};
 
 use headcount::DynStore;
-use headcount_conformance::harness::{KvStore, ServerKind, Unavailable};
+use headcount_harness::{KvStore, ServerKind, Unavailable};
 use redis::aio::MultiplexedConnection;
 
 /// The listing script before the key index: a SCAN of the whole keyspace inside Lua.

@@ -84,8 +84,8 @@ use headcount::assign::{AssignorKind, KeySet};
 use headcount::fence::Fence;
 use headcount::recipes::group::{Grant, Group, GroupConfig, Member};
 use headcount::{DynStore, Op};
-use headcount_conformance::harness::ServerKind;
 use headcount_conformance::{Decorated, Hooks, ServerControl};
+use headcount_harness::ServerKind;
 
 const PREFIX: &str = "hcr";
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
@@ -550,7 +550,7 @@ async fn rollout(
 /// A server for an outage: one the bench starts and may kill, with its data kept across a
 /// restart (Redis with its append-only file); `None` for SQLite, which has no server.
 async fn outage_server(backend: ServerKind) -> Option<(String, Arc<dyn ServerControl>)> {
-    use headcount_conformance::harness::{KvControl, KvStore, PgControl, PgServer};
+    use headcount_harness::{KvControl, KvStore, PgControl, PgServer};
     let timeout = Duration::from_secs(5);
     tokio::task::spawn_blocking(move || match backend {
         ServerKind::Redis => {

@@ -2,9 +2,7 @@
 
 mod case;
 pub mod cases;
-pub mod harness;
 pub mod id_history;
-pub mod scenarios;
 mod suite;
 mod timed;
 pub mod wait;
@@ -12,14 +10,6 @@ pub mod wait;
 pub use case::{Case, CaseFn, CaseResult, Ctx, Failure, Needs, ResultExt, ServerControl, CASES};
 pub use suite::{percentile, run_suite, CaseReport, Outcome, PrimitiveStats, Report, SuiteOptions};
 pub use timed::{timed, Decorated, Hooks, Latencies, Timed};
-
-/// What the macros expand to needs, re-exported so the crate invoking them needs no dependency of
-/// its own on these.
-#[doc(hidden)]
-pub mod __private {
-    pub use futures::future::BoxFuture;
-    pub use tokio;
-}
 
 /// Returns early from a case with a [`Failure`] when `cond` is false.
 ///
@@ -72,7 +62,8 @@ macro_rules! ensure_eq {
 
 /// The single list of cases. Calls the macro named first with the tokens that follow it and then
 /// the list `[ { name, Needs::Variant, "what it proves" }, ... ]`, so everything derived from the
-/// list (the [`CASES`] table, the tests of [`conformance_tests!`]) is generated from this one place.
+/// list (the [`CASES`] table, the tests of `headcount-harness`'s `conformance_tests!`) is
+/// generated from this one place.
 ///
 /// To add a case: write `pub async fn name(ctx: &Ctx) -> CaseResult` in a module of [`cases`],
 /// re-export it from `cases`, and add a line here.
@@ -147,94 +138,5 @@ macro_rules! for_each_case {
             { notify_resubscribes_after_restart, ServerControl, "subscribe: after the server is killed (SIGKILL, every connection dropped, the subscription's too) and started again, the subscribers hear MayHaveMissed within 20 s and later writes are notified again within 1 s each" },
             { connection_cut_retryable_then_recovers, ServerControl, "with the connection cut by a TCP proxy (open connections dropped, new ones blackholed) while the server runs, calls fail with a retryable error within the timeout, and the same handle works again when traffic passes" },
         ] }
-    };
-}
-
-/// Expands to a module named `$module` holding one
-/// `#[tokio::test(flavor = "multi_thread", worker_threads = 4)]` per case, each running that case
-/// against `$backend` (a [`harness::ServerKind`]) through [`harness::run_test`], so a failure names
-/// its case (`postgres::incr_50x100_exact`).
-///
-/// ```ignore
-/// // tests/postgres.rs
-/// headcount_conformance::conformance_tests!(postgres, headcount_conformance::harness::ServerKind::Postgres);
-/// // tests/sqlite.rs: an embedded store has no server process, so the cases that kill or pause
-/// // one are generated `#[ignore]`d with the reason, visible in the test summary, never passed.
-/// headcount_conformance::conformance_tests!(sqlite, headcount_conformance::harness::ServerKind::Sqlite, embedded);
-/// ```
-///
-/// A case that cannot run (no server, or it needs control of a server the harness did not start)
-/// prints a `SKIP` line to stderr and passes, unless `HEADCOUNT_REQUIRE_BACKENDS` requires the
-/// backend; see [`harness`].
-#[macro_export]
-macro_rules! conformance_tests {
-    ($module:ident, $backend:expr $(,)?) => {
-        $crate::for_each_case!($crate::__conformance_tests! $module, $backend, server,);
-    };
-    ($module:ident, $backend:expr, embedded $(,)?) => {
-        $crate::for_each_case!($crate::__conformance_tests! $module, $backend, embedded,);
-    };
-    ($module:ident, $backend:expr, cluster $(,)?) => {
-        $crate::for_each_case!($crate::__conformance_tests! $module, $backend, cluster,);
-    };
-    ($module:ident, $backend:expr, sentinel $(,)?) => {
-        $crate::for_each_case!($crate::__conformance_tests! $module, $backend, sentinel,);
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __conformance_tests {
-    ($module:ident, $backend:expr, $kind:ident, [$({ $name:ident, $needs:ident, $about:literal },)*]) => {
-        mod $module {
-            $(
-                $crate::__conformance_test! { $needs, $kind,
-                    #[doc = $about]
-                    #[$crate::__private::tokio::test(
-                        crate = "::headcount_conformance::__private::tokio",
-                        flavor = "multi_thread",
-                        worker_threads = 4
-                    )]
-                    async fn $name() {
-                        if let ::core::result::Result::Err(message) =
-                            $crate::harness::run_test($backend, ::core::stringify!($name)).await
-                        {
-                            ::core::panic!("{message}");
-                        }
-                    }
-                }
-            )*
-        }
-    };
-}
-
-/// Emits one test, `#[ignore]`d (with the reason, visible in the test summary) when the backend
-/// cannot give what the case needs: no server process for an embedded store, no redundant member
-/// outside a `cluster` backend.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __conformance_test {
-    (ServerControl, embedded, $($test:tt)*) => {
-        #[ignore = "embedded store: there is no server process to kill or pause (headcount-sql tests a held lock timing out instead)"]
-        $($test)*
-    };
-    (ClusterMember, embedded, $($test:tt)*) => {
-        #[ignore = "embedded store: there is no cluster whose member could be killed"]
-        $($test)*
-    };
-    (ServerControl, sentinel, $($test:tt)*) => {
-        #[ignore = "behind Sentinel a killed or cut primary is a failover: tests/redis_sentinel.rs runs one and checks a group survives it"]
-        $($test)*
-    };
-    (ClusterMember, sentinel, $($test:tt)*) => {
-        #[ignore = "losing the primary behind Sentinel is a failover, with calls failing until it completes: tests/redis_sentinel.rs tests that"]
-        $($test)*
-    };
-    (ClusterMember, server, $($test:tt)*) => {
-        #[ignore = "no redundant member to lose: a single server, or a Redis Cluster without replicas (etcd_cluster runs this case)"]
-        $($test)*
-    };
-    ($needs:ident, $kind:ident, $($test:tt)*) => {
-        $($test)*
     };
 }

@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use headcount::ErrorKind;
-use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind, Unavailable};
+use headcount_harness::{skip_unless_required, KvStore, ServerKind, Unavailable};
 
 /// A dedicated store, or None (with a SKIP line) when the server is not installed.
 fn start(backend: ServerKind, f: fn() -> Result<KvStore, Unavailable>) -> Option<KvStore> {

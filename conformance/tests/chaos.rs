@@ -26,8 +26,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use headcount_conformance::harness::{self, ServerKind, Unavailable};
 use headcount_conformance::ServerControl;
+use headcount_harness::{self as harness, ServerKind, Unavailable};
 use rand::rngs::StdRng;
 use rand::seq::{IndexedRandom as _, SliceRandom as _};
 use rand::{Rng as _, SeedableRng as _};

@@ -13,8 +13,8 @@ use headcount::recipes::distributor::{
     DistributorConfig, Liveness, PollOutcome, Registration,
 };
 use headcount::{DynStore, ErrorKind, Keyspace};
-use headcount_conformance::harness::ServerKind;
 use headcount_conformance::wait;
+use headcount_harness::ServerKind;
 
 const POLL: Duration = Duration::from_millis(200);
 /// Generous: every probe opens a fresh connection, and 30 of these tests run at once with their
@@ -502,8 +502,8 @@ async fn heartbeat_liveness(backend: ServerKind) {
     grpc.shutdown().await.unwrap();
 }
 
-// Which backends: the `distributor` row of the table in headcount_conformance::scenario_tests.
-headcount_conformance::scenario_tests!(distributor, workers = 2: [
+// Which backends: the `distributor` row of the table in headcount_harness::scenario_tests.
+headcount_harness::scenario_tests!(distributor, workers = 2: [
     failover_and_return,
     two_distributors_and_unit_changes,
     silent_server_times_out,

@@ -2,4 +2,4 @@
 //! harness starts (one shared, plus one per fault case).
 #![cfg(feature = "etcd")]
 
-headcount_conformance::conformance_tests!(etcd, headcount_conformance::harness::ServerKind::Etcd);
+headcount_harness::conformance_tests!(etcd, headcount_harness::ServerKind::Etcd);

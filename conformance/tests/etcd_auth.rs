@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use headcount::recipes::group::{Group, GroupConfig, GroupPhase};
-use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
+use headcount_harness::{skip_unless_required, KvStore, ServerKind};
 
 /// The auth tokens' lifetime.
 const TOKEN_TTL: Duration = Duration::from_secs(2);

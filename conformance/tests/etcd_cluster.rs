@@ -2,8 +2,8 @@
 //! three `etcd` members the harness starts, with every member as an endpoint.
 #![cfg(feature = "etcd")]
 
-headcount_conformance::conformance_tests!(
+headcount_harness::conformance_tests!(
     etcd_cluster,
-    headcount_conformance::harness::ServerKind::EtcdCluster,
+    headcount_harness::ServerKind::EtcdCluster,
     cluster
 );

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use headcount::{DynStore, RenewedListing};
-use headcount_conformance::harness::{skip_unless_required, KvServer, KvStore, ServerKind};
+use headcount_harness::{skip_unless_required, KvServer, KvStore, ServerKind};
 
 const TTL: Duration = Duration::from_secs(30);
 const SLOT: &str = "hc:{restore}:slot";

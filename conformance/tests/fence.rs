@@ -7,7 +7,7 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use headcount_conformance::harness::ServerKind;
+use headcount_harness::ServerKind;
 
 /// The shared store's URL, or None (with a SKIP line) when the backend is missing and not
 /// required.
@@ -445,13 +445,13 @@ mod redis_fence {
     }
 }
 
-// Which backends: the `fence_*` rows of the table in headcount_conformance::scenario_tests.
+// Which backends: the `fence_*` rows of the table in headcount_harness::scenario_tests.
 #[cfg(feature = "postgres")]
 use pg_fence::{
     pg_bad_input_is_invalid_argument, pg_concurrent_writers_commit_in_token_order,
     pg_older_token_rejected_equal_admitted,
 };
-headcount_conformance::scenario_tests!(fence_postgres, workers = 4: [
+headcount_harness::scenario_tests!(fence_postgres, workers = 4: [
     pg_older_token_rejected_equal_admitted,
     pg_concurrent_writers_commit_in_token_order,
     pg_bad_input_is_invalid_argument,
@@ -462,11 +462,11 @@ use redis_fence::{
     redis_cluster_needs_one_slot, redis_concurrent_writers_end_at_the_max,
     redis_foreign_fence_value_is_typed, redis_older_token_rejected_equal_admitted,
 };
-headcount_conformance::scenario_tests!(fence_redis, workers = 4: [
+headcount_harness::scenario_tests!(fence_redis, workers = 4: [
     redis_older_token_rejected_equal_admitted,
     redis_foreign_fence_value_is_typed,
     redis_concurrent_writers_end_at_the_max,
 ]);
-headcount_conformance::scenario_tests!(fence_redis_cluster, workers = 4: [
+headcount_harness::scenario_tests!(fence_redis_cluster, workers = 4: [
     redis_cluster_needs_one_slot,
 ]);

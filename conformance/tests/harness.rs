@@ -11,9 +11,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use headcount_conformance::harness::{skip_unless_required, PgControl, PgServer, ServerKind};
 use headcount_conformance::wait::eventually_blocking;
 use headcount_conformance::ServerControl;
+use headcount_harness::{skip_unless_required, PgControl, PgServer, ServerKind};
 
 /// A dedicated server, or None (with a SKIP line) when PostgreSQL is not installed.
 fn server() -> Option<Arc<PgServer>> {

@@ -17,13 +17,11 @@ use std::time::Duration;
 
 use headcount::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds, MediatedIds};
 use headcount::{DynStore, ErrorKind};
-use headcount_conformance::harness::{
-    skip_unless_required, KvStore, PgServer, ServerKind, Unavailable,
-};
 use headcount_conformance::id_history::{
     check_id_history as check_history, IdCall as Call, IdLoad,
 };
 use headcount_conformance::wait;
+use headcount_harness::{skip_unless_required, KvStore, PgServer, ServerKind, Unavailable};
 use tokio::time::Instant;
 
 const AOF_ALWAYS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
@@ -623,23 +621,23 @@ async fn etcd_durability(backend: ServerKind, test: &str) {
     }
 }
 
-// Which backends: the `ids_*` rows of the table in headcount_conformance::scenario_tests.
-headcount_conformance::scenario_tests!(ids_redis, workers = 4: [
+// Which backends: the `ids_*` rows of the table in headcount_harness::scenario_tests.
+headcount_harness::scenario_tests!(ids_redis, workers = 4: [
     redis5_8_clients_x_500_unique_increasing_linearizable,
     redis5_kill_two_then_three_fails_closed_then_resumes_above,
     a_non_durable_node_is_refused_when_the_check_is_on,
     with_the_check_off_a_forgetful_node_repeats_an_id,
 ]);
-headcount_conformance::scenario_tests!(ids_sqlite, workers = 4: [
+headcount_harness::scenario_tests!(ids_sqlite, workers = 4: [
     bad_input_gives_typed_errors,
     mediated_calls_take_turns_and_stay_unique,
 ]);
-headcount_conformance::scenario_tests!(ids_mixed, workers = 4: [
+headcount_harness::scenario_tests!(ids_mixed, workers = 4: [
     mixed_3_sqlite_2_postgres_8_clients_x_500,
 ]);
-headcount_conformance::scenario_tests!(ids_one_server, workers = 4: [
+headcount_harness::scenario_tests!(ids_one_server, workers = 4: [
     one_server_behind_several_urls_is_refused,
 ]);
-headcount_conformance::scenario_tests!(ids_durability, workers = 4: [
+headcount_harness::scenario_tests!(ids_durability, workers = 4: [
     durability_probe_follows_how_the_harness_started_each_server,
 ]);

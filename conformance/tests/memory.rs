@@ -2,8 +2,4 @@
 //! store shared by the cases of this process). The fault cases are generated `#[ignore]`d: there
 //! is no server process to kill or pause.
 
-headcount_conformance::conformance_tests!(
-    memory,
-    headcount_conformance::harness::ServerKind::Memory,
-    embedded
-);
+headcount_harness::conformance_tests!(memory, headcount_harness::ServerKind::Memory, embedded);

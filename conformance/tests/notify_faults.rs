@@ -10,9 +10,9 @@
 use std::time::Duration;
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
-use headcount_conformance::harness::ServerKind;
+use headcount_harness::ServerKind;
 #[cfg(feature = "redis")]
-use headcount_conformance::harness::{skip_unless_required, KvStore};
+use headcount_harness::{skip_unless_required, KvStore};
 #[cfg(feature = "redis")]
 use redis::aio::MultiplexedConnection;
 

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member};
-use headcount_conformance::harness::{skip_unless_required, ServerKind, Unavailable};
 use headcount_conformance::ServerControl;
+use headcount_harness::{skip_unless_required, ServerKind, Unavailable};
 
 /// The partitions the members share.
 const PARTITIONS: u32 = 64;
@@ -180,14 +180,12 @@ async fn redis_outage(
     ttl: Duration,
     down: Duration,
 ) -> Option<Observed> {
-    let started = tokio::task::spawn_blocking(move || {
-        headcount_conformance::harness::KvStore::redis_with(None, args)
-    })
-    .await
-    .unwrap();
+    let started =
+        tokio::task::spawn_blocking(move || headcount_harness::KvStore::redis_with(None, args))
+            .await
+            .unwrap();
     let server = Arc::new(skip_unless_required(ServerKind::Redis, "outage", started)?);
-    let control =
-        headcount_conformance::harness::KvControl::new(server.clone(), Duration::from_secs(5));
+    let control = headcount_harness::KvControl::new(server.clone(), Duration::from_secs(5));
     Some(through_an_outage(&server.url(), &control, ttl, down).await)
 }
 
@@ -238,16 +236,14 @@ async fn redis_back_empty_moves_nothing_and_tokens_go_on_rising() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_down_past_the_lease_comes_back_and_no_partition_moves() {
-    let started =
-        tokio::task::spawn_blocking(|| headcount_conformance::harness::PgServer::start_new(None))
-            .await
-            .unwrap_or_else(|e| Err(Unavailable::Failed(e.to_string())));
+    let started = tokio::task::spawn_blocking(|| headcount_harness::PgServer::start_new(None))
+        .await
+        .unwrap_or_else(|e| Err(Unavailable::Failed(e.to_string())));
     let Some(server) = skip_unless_required(ServerKind::Postgres, "outage", started) else {
         return;
     };
     let server = Arc::new(server);
-    let control =
-        headcount_conformance::harness::PgControl::new(server.clone(), Duration::from_secs(5));
+    let control = headcount_harness::PgControl::new(server.clone(), Duration::from_secs(5));
     let down = Duration::from_secs(10);
     let ttl = Duration::from_secs(3);
     let seen = through_an_outage(&server.url(), &control, ttl, down).await;

@@ -14,12 +14,9 @@ use std::time::Duration;
 
 use headcount::postgres::PostgresStore;
 use headcount::{ErrorKind, Store};
-use headcount_conformance::harness::ServerKind;
+use headcount_harness::ServerKind;
 
-headcount_conformance::conformance_tests!(
-    pgbouncer,
-    headcount_conformance::harness::ServerKind::PgBouncer
-);
+headcount_harness::conformance_tests!(pgbouncer, headcount_harness::ServerKind::PgBouncer);
 
 /// `url` with `options` (`key=value&...`) added to its query.
 fn with(url: &str, options: &str) -> String {
@@ -32,11 +29,11 @@ fn with(url: &str, options: &str) -> String {
 /// not there for the next transaction), to the server itself they are prepared.
 #[tokio::test]
 async fn pgbouncer_connections_are_told_from_direct_ones() {
-    use headcount_conformance::harness::PgBouncer;
+    use headcount_harness::PgBouncer;
     let started = tokio::task::spawn_blocking(|| PgBouncer::start_new(None))
         .await
         .unwrap();
-    let Some(bouncer) = headcount_conformance::harness::skip_unless_required(
+    let Some(bouncer) = headcount_harness::skip_unless_required(
         ServerKind::PgBouncer,
         "pgbouncer_connections_are_told_from_direct_ones",
         started,
@@ -144,7 +141,7 @@ async fn pgbouncer_refusing_a_startup_parameter_is_a_permanent_error_naming_it()
 /// polls, as it must in transaction mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbouncer_in_session_mode_keeps_notifications_with_pool_mode_session() {
-    use headcount_conformance::harness::{PgBouncer, PgServer};
+    use headcount_harness::{PgBouncer, PgServer};
     let started = tokio::task::spawn_blocking(|| {
         PgBouncer::start_in_front_as(
             std::sync::Arc::new(PgServer::start_new(None)?),
@@ -154,7 +151,7 @@ async fn pgbouncer_in_session_mode_keeps_notifications_with_pool_mode_session() 
     })
     .await
     .unwrap();
-    let Some(bouncer) = headcount_conformance::harness::skip_unless_required(
+    let Some(bouncer) = headcount_harness::skip_unless_required(
         ServerKind::PgBouncer,
         "pgbouncer_in_session_mode_keeps_notifications_with_pool_mode_session",
         started,

@@ -2,7 +2,4 @@
 //! harness starts from the installed binaries (one shared, plus one per fault case).
 #![cfg(feature = "postgres")]
 
-headcount_conformance::conformance_tests!(
-    postgres,
-    headcount_conformance::harness::ServerKind::Postgres
-);
+headcount_harness::conformance_tests!(postgres, headcount_harness::ServerKind::Postgres);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use headcount::postgres::PostgresStore;
 use headcount::Store;
-use headcount_conformance::harness::ServerKind;
+use headcount_harness::ServerKind;
 use tokio_postgres::Client;
 
 /// The most rows one collection examines (the store's `GC_BATCH`).

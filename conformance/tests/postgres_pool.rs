@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use headcount::postgres::PostgresStore;
 use headcount::{ErrorKind, Store};
-use headcount_conformance::harness::ServerKind;
+use headcount_harness::ServerKind;
 
 const TIMEOUT: Duration = Duration::from_millis(500);
 

@@ -2,4 +2,4 @@
 //! `redis-server` the harness starts (one shared, plus one per fault case).
 #![cfg(feature = "redis")]
 
-headcount_conformance::conformance_tests!(redis, headcount_conformance::harness::ServerKind::Redis);
+headcount_harness::conformance_tests!(redis, headcount_harness::ServerKind::Redis);

@@ -2,7 +2,4 @@
 //! `redis-server` primaries the harness joins with `redis-cli --cluster create`.
 #![cfg(feature = "redis")]
 
-headcount_conformance::conformance_tests!(
-    redis_cluster,
-    headcount_conformance::harness::ServerKind::RedisCluster
-);
+headcount_harness::conformance_tests!(redis_cluster, headcount_harness::ServerKind::RedisCluster);

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use headcount::ErrorKind;
-use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind, Unavailable};
 use headcount_conformance::wait::{eventually, EVERY};
+use headcount_harness::{skip_unless_required, KvStore, ServerKind, Unavailable};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 
 /// How long the index and the keys get to expire, and the listing to catch up.

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member};
 use headcount::{DynStore, ErrorKind};
-use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
 use headcount_conformance::wait::{eventually, EVERY};
+use headcount_harness::{skip_unless_required, KvStore, ServerKind};
 use redis::aio::MultiplexedConnection;
 
 /// A single Redis started from its binary (or a skip), a raw connection to it and a store on it.

@@ -11,13 +11,11 @@ use std::time::{Duration, Instant};
 
 use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member};
 use headcount::ErrorKind;
-use headcount_conformance::harness::{
-    skip_unless_required, KvStore, ServerKind, Unavailable, SENTINEL_MASTER,
-};
+use headcount_harness::{skip_unless_required, KvStore, ServerKind, Unavailable, SENTINEL_MASTER};
 
-headcount_conformance::conformance_tests!(
+headcount_harness::conformance_tests!(
     redis_sentinel,
-    headcount_conformance::harness::ServerKind::RedisSentinel,
+    headcount_harness::ServerKind::RedisSentinel,
     sentinel
 );
 

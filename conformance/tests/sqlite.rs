@@ -3,8 +3,4 @@
 //! store has no server process to kill or pause.
 #![cfg(feature = "sqlite")]
 
-headcount_conformance::conformance_tests!(
-    sqlite,
-    headcount_conformance::harness::ServerKind::Sqlite,
-    embedded
-);
+headcount_harness::conformance_tests!(sqlite, headcount_harness::ServerKind::Sqlite, embedded);

@@ -1,6 +1,6 @@
 //! [`Decorated`]: a store that forwards every call to an inner store and runs [`Hooks`] around
 //! it: latency recording and call counting (the conformance suite and benchmarks), a pause (the
-//! demo), injected faults ([`FaultyStore`](crate::sim::FaultyStore)), metrics and tracing spans
+//! demo), injected faults (the test kit's `sim::FaultyStore`), metrics and tracing spans
 //! ([`Instrumented`](crate::instrumented::Instrumented)).
 
 use std::fmt::Debug;
@@ -47,7 +47,7 @@ pub trait Hooks: Send + Sync + Debug + 'static {
     /// Subscribes to `dir` on `inner` ([`Store::subscribe`](crate::Store::subscribe)): no store
     /// call, so no [`Hooks::before`] nor [`Hooks::after`] runs around it. By default, the inner
     /// store's notifications as they are; a fault layer can hand out others that it feeds from
-    /// them ([`FaultyStore`](crate::sim::FaultyStore) drops, delays and duplicates notices).
+    /// them (the test kit's `sim::FaultyStore` drops, delays and duplicates notices).
     async fn subscribe(&self, inner: &DynStore, dir: &str) -> Result<Notifications> {
         inner.subscribe(dir).await
     }

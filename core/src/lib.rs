@@ -13,9 +13,14 @@ pub mod metrics;
 pub mod notify;
 mod op;
 pub mod recipes;
+#[cfg(any(test, feature = "testkit"))]
 pub mod sim;
 pub mod store;
+#[cfg(feature = "store-models")]
+#[doc(hidden)]
+pub mod store_models;
 mod task;
+#[cfg(feature = "testkit")]
 pub mod testkit;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};

@@ -1,8 +1,9 @@
 //! [`MemoryStore`]: the whole [`Store`](crate::Store) contract in process memory, on an injectable [`Clock`].
 //!
 //! Use it to unit-test code that uses headcount without a server, and to run the recipes under a
-//! [`ManualClock`](crate::ManualClock) (the seeded simulation in [`crate::sim`] does). It passes
-//! the same conformance suite as the real backends (`headcount-conformance`, backend `memory`).
+//! [`ManualClock`](crate::ManualClock) (the seeded simulation does, with the test kit's `sim`
+//! module). It passes the same conformance suite as the real backends (`headcount-conformance`,
+//! backend `memory`).
 //!
 //! * Every operation is atomic (one mutex) and linearizable; nothing is shared across processes.
 //! * TTLs run on the injected clock's *wall* time, as a real store's run on its host's clock, so
@@ -26,7 +27,6 @@
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
-use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -34,54 +34,137 @@ use async_trait::async_trait;
 
 use crate::backend::{self, direct_entries, listing_digest, parse_counter};
 use crate::clock::{Clock, SystemClock};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::notify::{Notifications, NotifyHub};
 use crate::store::{Capabilities, Durability};
 
+pub(crate) use self::data::{expiry, Data, Entry};
+
 const BACKEND: &str = "memory";
 
-/// How many writes between two sweeps of expired keys (each sweep is O(keys), so the amortized
-/// cost per write stays constant).
-const SWEEP_EVERY: u64 = 1024;
+/// The map behind a [`MemoryStore`] and the operations its backend and the simulation's store
+/// models build on. Public only within the crate, and to those models through
+/// `store_models` (cargo feature `store-models`).
+pub(crate) mod data {
+    use std::collections::BTreeMap;
+    use std::ops::Bound;
+    use std::time::{Duration, SystemTime};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Entry {
-    pub(crate) value: String,
-    pub(crate) expires: Option<SystemTime>,
-}
+    use crate::backend::parse_counter;
+    use crate::error::{Error, Result};
 
-impl Entry {
-    fn live(&self, now: SystemTime) -> bool {
-        self.expires.is_none_or(|e| now < e)
+    /// How many writes between two sweeps of expired keys (each sweep is O(keys), so the amortized
+    /// cost per write stays constant).
+    const SWEEP_EVERY: u64 = 1024;
+
+    /// A value and its expiry.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Entry {
+        /// The value, as stored.
+        pub value: String,
+        /// When it expires, on the store's wall clock; never when `None`.
+        pub expires: Option<SystemTime>,
     }
-}
 
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Data {
-    pub(crate) map: BTreeMap<String, Entry>,
-    writes: u64,
+    impl Entry {
+        /// Whether the entry is live at `now`.
+        pub fn live(&self, now: SystemTime) -> bool {
+            self.expires.is_none_or(|e| now < e)
+        }
+    }
+
+    /// Every key of a store.
+    #[derive(Debug, Default, Clone)]
+    pub struct Data {
+        /// Every key (live, or expired and not yet swept) and its entry.
+        pub map: BTreeMap<String, Entry>,
+        writes: u64,
+    }
+
+    impl Data {
+        /// The live entry at `key`, dropping it first when it has expired.
+        pub fn live(&mut self, key: &str, now: SystemTime) -> Option<&mut Entry> {
+            if self.map.get(key).is_some_and(|e| !e.live(now)) {
+                self.map.remove(key);
+            }
+            self.map.get_mut(key)
+        }
+
+        /// Resets the TTL of `key` if it holds `holder`; whether it did.
+        pub fn renew(&mut self, key: &str, holder: &str, ttl: Duration, now: SystemTime) -> bool {
+            match self.live(key, now) {
+                Some(e) if e.value == holder => {
+                    e.expires = expiry(now, Some(ttl));
+                    true
+                }
+                _ => false,
+            }
+        }
+
+        /// Writes `key`, sweeping expired keys every [`SWEEP_EVERY`] writes.
+        pub fn put(
+            &mut self,
+            key: &str,
+            value: String,
+            expires: Option<SystemTime>,
+            now: SystemTime,
+        ) {
+            self.writes += 1;
+            if self.writes.is_multiple_of(SWEEP_EVERY) {
+                self.map.retain(|_, e| e.live(now));
+            }
+            self.map.insert(key.to_owned(), Entry { value, expires });
+        }
+
+        /// Adds `by` to the counter at `key` (0 when absent), giving a new key `ttl`.
+        pub fn incr_by(
+            &mut self,
+            key: &str,
+            by: i64,
+            ttl: Option<Duration>,
+            now: SystemTime,
+        ) -> Result<i64> {
+            let (current, expires) = match self.live(key, now) {
+                Some(e) => (parse_counter(key, &e.value)?, e.expires),
+                None => (0, expiry(now, ttl)),
+            };
+            let next = current.checked_add(by).ok_or_else(|| {
+                Error::foreign(
+                    key,
+                    "a decimal integer that stays within an i64",
+                    &current.to_string(),
+                )
+            })?;
+            self.put(key, next.to_string(), expires, now);
+            Ok(next)
+        }
+
+        /// The live keys under `prefix` and their values, sorted.
+        pub fn list(&mut self, prefix: &str, now: SystemTime) -> Vec<(String, String)> {
+            self.map
+                .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .filter(|(_, e)| e.live(now))
+                .map(|(k, e)| (k.clone(), e.value.clone()))
+                .collect()
+        }
+    }
+
+    /// When a key written at `now` with `ttl` expires.
+    pub fn expiry(now: SystemTime, ttl: Option<Duration>) -> Option<SystemTime> {
+        // A TTL is at most a year (check_ttl), so this cannot overflow a SystemTime in practice;
+        // saturate anyway rather than panic.
+        ttl.map(|t| now.checked_add(t).unwrap_or(now))
+    }
 }
 
 /// The data of a [`MemoryStore`] at one instant, for [`MemoryStore::restore`].
 #[derive(Debug, Clone)]
 pub struct Snapshot {
-    map: BTreeMap<String, Entry>,
+    pub(crate) map: BTreeMap<String, Entry>,
 }
 
 impl Snapshot {
-    /// A copy of `data`, whose lock the caller holds (a store wrapped with more state of its
-    /// own copies both at one instant).
-    pub(crate) fn of(data: &Data) -> Snapshot {
-        Snapshot {
-            map: data.map.clone(),
-        }
-    }
-
-    /// Puts the snapshot's data into `data`, whose lock the caller holds.
-    pub(crate) fn restore_into(&self, data: &mut Data) {
-        data.map = self.map.clone();
-    }
-
     /// How many keys (live or not yet swept) the snapshot holds.
     pub fn len(&self) -> usize {
         self.map.len()
@@ -100,7 +183,7 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     /// In-process change notifications: every write that changes a key wakes the subscribers
     /// of its directory (clones share them, as they share the data).
-    hub: NotifyHub,
+    pub(crate) hub: NotifyHub,
 }
 
 impl Default for MemoryStore {
@@ -145,12 +228,6 @@ impl MemoryStore {
         self.clock.now()
     }
 
-    /// The subscribers of this store and its clones: the simulation's models, which write the
-    /// data directly, notify their own writes through it.
-    pub(crate) fn hub(&self) -> &NotifyHub {
-        &self.hub
-    }
-
     /// A copy of every key and its expiry.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
@@ -181,84 +258,6 @@ impl MemoryStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-impl Data {
-    /// The live entry at `key`, dropping it first when it has expired.
-    pub(crate) fn live(&mut self, key: &str, now: SystemTime) -> Option<&mut Entry> {
-        if self.map.get(key).is_some_and(|e| !e.live(now)) {
-            self.map.remove(key);
-        }
-        self.map.get_mut(key)
-    }
-
-    /// Resets the TTL of `key` if it holds `holder`; whether it did.
-    pub(crate) fn renew(
-        &mut self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-        now: SystemTime,
-    ) -> bool {
-        match self.live(key, now) {
-            Some(e) if e.value == holder => {
-                e.expires = expiry(now, Some(ttl));
-                true
-            }
-            _ => false,
-        }
-    }
-
-    pub(crate) fn put(
-        &mut self,
-        key: &str,
-        value: String,
-        expires: Option<SystemTime>,
-        now: SystemTime,
-    ) {
-        self.writes += 1;
-        if self.writes.is_multiple_of(SWEEP_EVERY) {
-            self.map.retain(|_, e| e.live(now));
-        }
-        self.map.insert(key.to_owned(), Entry { value, expires });
-    }
-
-    pub(crate) fn incr_by(
-        &mut self,
-        key: &str,
-        by: i64,
-        ttl: Option<Duration>,
-        now: SystemTime,
-    ) -> Result<i64> {
-        let (current, expires) = match self.live(key, now) {
-            Some(e) => (parse_counter(key, &e.value)?, e.expires),
-            None => (0, expiry(now, ttl)),
-        };
-        let next = current.checked_add(by).ok_or_else(|| {
-            Error::foreign(
-                key,
-                "a decimal integer that stays within an i64",
-                &current.to_string(),
-            )
-        })?;
-        self.put(key, next.to_string(), expires, now);
-        Ok(next)
-    }
-
-    pub(crate) fn list(&mut self, prefix: &str, now: SystemTime) -> Vec<(String, String)> {
-        self.map
-            .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .filter(|(_, e)| e.live(now))
-            .map(|(k, e)| (k.clone(), e.value.clone()))
-            .collect()
-    }
-}
-
-pub(crate) fn expiry(now: SystemTime, ttl: Option<Duration>) -> Option<SystemTime> {
-    // A TTL is at most a year (check_ttl), so this cannot overflow a SystemTime in practice;
-    // saturate anyway rather than panic.
-    ttl.map(|t| now.checked_add(t).unwrap_or(now))
 }
 
 #[async_trait]

@@ -2,6 +2,14 @@
 //! a [`ManualClock`], crash, pause, restart and leave its members, and wait until it has
 //! converged, in milliseconds of real time and without a real sleep.
 //!
+//! It is compiled only with the cargo feature `testkit`, which a service turns on for its tests
+//! alone:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! headcount = { version = "0.1", features = ["testkit"] }
+//! ```
+//!
 //! # Using it
 //!
 //! Start a [`TestGroup`] of `n` members in your test and wait for it to converge; then do to the

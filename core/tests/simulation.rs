@@ -81,7 +81,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 
-use headcount_core::sim::ModelFaults;
+use headcount_sim::ModelFaults;
 use models::{ModelKind, Models, SimSnapshot, SimStore};
 
 const TTL: Duration = Duration::from_millis(900);

@@ -14,21 +14,11 @@
 //! one comes for nothing.
 //!
 //! The in-memory store answers a directory's version with a digest of its contents, which no
-//! fault can make miss a change. The models answer the way a backend does, so the simulation
-//! also runs the group on what each backend's change detection can get wrong:
+//! fault can make miss a change. headcount's own simulation also runs the group over store
+//! models that answer the way each backend does (Redis's key index and version counters, etcd's
+//! revisions, the SQL digests), in a crate of its tests (`headcount-sim`, never published).
 //!
-//! * [`RedisModel`]: a key index that listings read, per-directory versions that writes bump,
-//!   expiries noticed by sweeps; it can lose its index or drop a version change;
-//! * [`EtcdModel`]: a store revision and per-key mod revisions, versions of count and newest
-//!   revision, one client per process watching the responses' revisions
-//!   ([`RevisionWatch`](crate::backend::RevisionWatch)); it can be restored from a snapshot
-//!   with its revision (handing the lost revisions out again) or past it (`--bump-revision`),
-//!   and checks that no client answers a version for other contents than before;
-//! * [`SqlModel`]: the SQL backends' digests, one directory per call.
-//!
-//! Every model notifies the writes that change a directory, as its backend does (Redis's
-//! scripts publish, PostgreSQL's triggers `pg_notify`, etcd's watches see the events), to every
-//! process through the shared in-memory store's subscribers.
+//! This module is part of the test kit: compiled only with the cargo feature `testkit`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -45,15 +35,9 @@ use crate::error::{Error, Result};
 use crate::notify::Notifications;
 use crate::{DynStore, Op};
 
-mod etcd;
 mod notices;
-mod redis;
-mod sql;
 
-pub use self::etcd::{EtcdModel, EtcdSnapshot};
 pub use self::notices::NoticeRates;
-pub use self::redis::{ModelFaults, ModelSnapshot, RedisModel};
-pub use self::sql::SqlModel;
 
 /// Locks a model's state. Every call leaves the state consistent before it can panic, so a
 /// poisoned lock still guards valid state.

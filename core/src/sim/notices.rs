@@ -340,12 +340,12 @@ mod tests {
         let (memory, store, _faults) = faulty(slow, 5);
         let n = store.subscribe(DIR).await.unwrap();
         settle().await;
-        assert_eq!(memory.hub().directories(), vec![DIR.to_owned()]);
+        assert_eq!(memory.hub.directories(), vec![DIR.to_owned()]);
         write(&memory, 0).await;
         settle().await;
         drop(n);
         settle().await;
         // The task dropped its subscription to the inner store: it ended.
-        assert!(memory.hub().directories().is_empty());
+        assert!(memory.hub.directories().is_empty());
     }
 }

@@ -23,10 +23,9 @@
 use std::sync::Arc;
 
 use headcount_core::memory::{MemoryStore, Snapshot};
-use headcount_core::sim::{
-    EtcdModel, EtcdSnapshot, ModelFaults, ModelSnapshot, RedisModel, SimClock, SqlModel,
-};
+use headcount_core::sim::SimClock;
 use headcount_core::DynStore;
+use headcount_sim::{EtcdModel, EtcdSnapshot, ModelFaults, ModelSnapshot, RedisModel, SqlModel};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

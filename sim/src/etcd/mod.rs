@@ -32,7 +32,7 @@
 //! deletes too) of a key under it. The model notifies the directory of every key a call puts
 //! or deletes (not a keep-alive, which writes nothing) to the subscribers of the shared
 //! in-memory store, in every process of the simulation, after the call; a restore sends
-//! [`Notice::MayHaveMissed`](crate::notify::Notice), as the watch stream that a restore cuts
+//! [`Notice::MayHaveMissed`](headcount_core::notify::Notice), as the watch stream that a restore cuts
 //! does when the backend opens it again.
 //!
 //! Left out, on purpose: compaction (it drops only history, and the backend reads none: no
@@ -46,14 +46,15 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-use super::lock;
-use crate::backend::{
+use crate::lock;
+use headcount_core::backend::{
     self, direct_entries, listing_digest, parse_counter, revision_version, RevisionWatch,
 };
-use crate::error::Result;
-use crate::memory::{expiry, Data, MemoryStore, Snapshot};
-use crate::notify::Notifications;
-use crate::store::{Capabilities, Durability, RenewedListing};
+use headcount_core::error::Result;
+use headcount_core::memory::{MemoryStore, Snapshot};
+use headcount_core::notify::Notifications;
+use headcount_core::store::{Capabilities, Durability, RenewedListing};
+use headcount_core::store_models::{expiry, restore_into, snapshot_of, Data, MemoryInternals as _};
 
 const BACKEND: &str = "etcd-model";
 /// The cluster id the model's versions carry.
@@ -74,7 +75,7 @@ struct KeyMeta {
     own_lease: bool,
 }
 
-/// A [`MemoryStore`] with etcd's revisions: a [`Store`](crate::Store) whose directory versions
+/// A [`MemoryStore`] with etcd's revisions: a [`Store`](headcount_core::Store) whose directory versions
 /// are the count and newest `mod_revision` of the keys under a directory, as the etcd backend
 /// answers them, and which can be restored from a snapshot with its revision
 /// ([`restore`](Self::restore), reusing revisions) or past it
@@ -317,9 +318,9 @@ impl EtcdModel {
 
     /// A copy of the data and the revisions.
     pub fn snapshot(&self) -> EtcdSnapshot {
-        let data = self.data.lock();
+        let data = self.data.data();
         EtcdSnapshot {
-            data: Snapshot::of(&data),
+            data: snapshot_of(&data),
             keyspace: lock(&self.keyspace).clone(),
         }
     }
@@ -334,13 +335,13 @@ impl EtcdModel {
     /// `etcdutl snapshot restore --bump-revision <bump>` does; the keys keep their revisions.
     pub fn restore_bumped(&self, snapshot: &EtcdSnapshot, bump: i64) {
         {
-            let mut data = self.data.lock();
+            let mut data = self.data.data();
             let mut keyspace = lock(&self.keyspace);
-            snapshot.data.restore_into(&mut data);
+            restore_into(&snapshot.data, &mut data);
             *keyspace = snapshot.keyspace.clone();
             keyspace.revision += bump;
         }
-        self.data.hub().notify_missed();
+        self.data.notify_hub().notify_missed();
     }
 
     /// Runs one request atomically, after the leases that ran out are revoked, and shows its
@@ -348,9 +349,9 @@ impl EtcdModel {
     /// generation after it. The keys it put or deleted are notified after it.
     fn txn<R>(&self, f: impl FnOnce(&mut Txn<'_>) -> R) -> (R, u64) {
         let sent = self.client.revisions.send();
-        let now = self.data.now();
+        let now = self.data.wall_now();
         let (out, revision, events) = {
-            let mut data = self.data.lock();
+            let mut data = self.data.data();
             let mut keyspace = lock(&self.keyspace);
             let mut t = Txn {
                 data: &mut data,
@@ -365,7 +366,7 @@ impl EtcdModel {
             (out, keyspace.revision, events)
         };
         for key in events {
-            self.data.hub().notify_key(&key);
+            self.data.notify_hub().notify_key(&key);
         }
         (out, self.client.revisions.receive(sent, revision))
     }
@@ -508,7 +509,7 @@ impl backend::Backend for EtcdModel {
 
     /// What the backend's prefix watches see, one per directory (see the module docs).
     async fn subscribe(&self, dir: &str) -> Result<Notifications> {
-        Ok(self.data.hub().subscribe(dir))
+        Ok(self.data.notify_hub().subscribe(dir))
     }
 
     async fn durability(&self) -> Result<Durability> {

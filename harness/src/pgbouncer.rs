@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use super::postgres::{self, PgControl, PgServer};
 use super::process::{self, RunAs, ServerProcess};
 use super::Unavailable;
-use crate::ServerControl;
+use headcount_conformance::ServerControl;
 
 /// The `pgbouncer` binary to use instead of looking on PATH and in `/usr/sbin`.
 pub const BIN_VAR: &str = "HEADCOUNT_TEST_PGBOUNCER_BIN";

@@ -36,11 +36,13 @@ mod sqlite;
 #[cfg(feature = "containers")]
 mod containers;
 
+pub mod scenarios;
+
 use std::io::Write as _;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use crate::{Case, Ctx, Needs, ServerControl};
+use headcount_conformance::{Case, Ctx, Needs, ServerControl};
 
 pub use kv_servers::{KvControl, KvServer, KvStore, SENTINEL_MASTER};
 pub use pgbouncer::{PgBouncer, PgBouncerControl};
@@ -148,21 +150,42 @@ impl ServerKind {
         })
     }
 
-    fn compiled(self) -> Result<(), Unavailable> {
-        let on = match self {
-            ServerKind::Memory => true,
-            ServerKind::Sqlite => cfg!(feature = "sqlite"),
-            ServerKind::Postgres | ServerKind::PgBouncer => cfg!(feature = "postgres"),
-            ServerKind::Redis | ServerKind::RedisCluster | ServerKind::RedisSentinel => {
-                cfg!(feature = "redis")
+    /// Whether the `headcount` crate these tests link has this backend (its cargo feature, which
+    /// the crate under test turns on: the harness has no backend features of its own). A URL of
+    /// the backend's scheme that no server answers is refused at once with
+    /// `Error::FeatureDisabled` when it has not; any other answer, or none within a second, means
+    /// the backend is there.
+    async fn compiled(self) -> Result<(), Unavailable> {
+        static COMPILED: Mutex<Vec<(ServerKind, bool)>> = Mutex::new(Vec::new());
+        let known = lock(&COMPILED)
+            .iter()
+            .find(|(kind, _)| *kind == self)
+            .map(|(_, on)| *on);
+        let on = match known {
+            Some(on) => on,
+            None => {
+                let probe = match self {
+                    ServerKind::Memory => "memory://",
+                    ServerKind::Sqlite => "sqlite::memory:",
+                    ServerKind::Postgres | ServerKind::PgBouncer => "postgres://127.0.0.1:1/probe",
+                    ServerKind::Redis | ServerKind::RedisCluster | ServerKind::RedisSentinel => {
+                        "redis://127.0.0.1:1/"
+                    }
+                    ServerKind::Etcd | ServerKind::EtcdCluster => "etcd://127.0.0.1:1",
+                };
+                let answer =
+                    tokio::time::timeout(Duration::from_secs(1), headcount::connect_plain(probe))
+                        .await;
+                let on = !matches!(answer, Ok(Err(headcount::Error::FeatureDisabled { .. })));
+                lock(&COMPILED).push((self, on));
+                on
             }
-            ServerKind::Etcd | ServerKind::EtcdCluster => cfg!(feature = "etcd"),
         };
         if on {
             Ok(())
         } else {
             Err(Unavailable::Missing(format!(
-                "headcount-conformance was built without its `{}` feature",
+                "headcount was built without its `{}` feature",
                 self.name()
             )))
         }
@@ -170,7 +193,7 @@ impl ServerKind {
 
     /// The URL of this process's shared store for the backend, starting its server on first use.
     pub async fn shared(self) -> Result<String, Unavailable> {
-        self.compiled()?;
+        self.compiled().await?;
         if let Ok(url) = std::env::var(self.url_var()) {
             return Ok(url);
         }
@@ -229,7 +252,7 @@ impl ServerKind {
     /// A store on a server started for one case alone, with control over its processes and a
     /// TCP proxy between the store and the server ([`ServerControl::cut`]); for the fault cases.
     pub async fn dedicated(self) -> Result<Dedicated, Unavailable> {
-        self.compiled()?;
+        self.compiled().await?;
         if std::env::var_os(self.url_var()).is_some() {
             return Err(Unavailable::NotApplicable(format!(
                 "{} points at a server the harness did not start, so it cannot kill or pause it",
@@ -253,7 +276,7 @@ impl ServerKind {
     /// for the member-loss case. Only the etcd cluster applies: a Redis Cluster without replicas
     /// loses the killed primary's slots by design.
     pub async fn cluster_member(self) -> Result<Dedicated, Unavailable> {
-        self.compiled()?;
+        self.compiled().await?;
         if self != ServerKind::EtcdCluster {
             return Err(Unavailable::NotApplicable(format!(
                 "{} is not a cluster that survives losing a member (the etcd_cluster backend runs this case)",
@@ -277,7 +300,7 @@ impl ServerKind {
     }
 
     async fn dedicated_server(self) -> Result<Dedicated, Unavailable> {
-        self.compiled()?;
+        self.compiled().await?;
         if std::env::var_os(self.url_var()).is_some() {
             return Err(Unavailable::NotApplicable(format!(
                 "{} points at a server the harness did not start, so it cannot kill or pause it",
@@ -482,7 +505,7 @@ pub fn available<T>(
 /// required or failed to start.
 ///
 /// ```no_run
-/// # use headcount_conformance::harness::{skip_unless_required, ServerKind};
+/// # use headcount_harness::{skip_unless_required, ServerKind};
 /// # async fn test() {
 /// let Some(url) = skip_unless_required(ServerKind::Redis, "redis::my_test", ServerKind::Redis.shared().await)
 /// else {
@@ -545,4 +568,106 @@ pub async fn run_test(backend: ServerKind, case: &str) -> Result<(), String> {
         Ok(Err(e)) => Err(format!("{label} passed, but {e}")),
         Err(_) => Err(format!("{label} passed, but its cleanup did not finish")),
     }
+}
+
+/// What the macros expand to needs, re-exported so the crate invoking them needs no dependency of
+/// its own on these.
+#[doc(hidden)]
+pub mod __private {
+    pub use headcount_conformance::for_each_case;
+    pub use tokio;
+}
+
+/// Expands to a module named `$module` holding one
+/// `#[tokio::test(flavor = "multi_thread", worker_threads = 4)]` per case, each running that case
+/// against `$backend` (a [`ServerKind`]) through [`run_test`], so a failure names
+/// its case (`postgres::incr_50x100_exact`).
+///
+/// ```ignore
+/// // tests/postgres.rs
+/// headcount_harness::conformance_tests!(postgres, headcount_harness::ServerKind::Postgres);
+/// // tests/sqlite.rs: an embedded store has no server process, so the cases that kill or pause
+/// // one are generated `#[ignore]`d with the reason, visible in the test summary, never passed.
+/// headcount_harness::conformance_tests!(sqlite, headcount_harness::ServerKind::Sqlite, embedded);
+/// ```
+///
+/// A case that cannot run (no server, or it needs control of a server the harness did not start)
+/// prints a `SKIP` line to stderr and passes, unless `HEADCOUNT_REQUIRE_BACKENDS` requires the
+/// backend; see the crate's front page.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($module:ident, $backend:expr $(,)?) => {
+        $crate::__private::for_each_case!($crate::__conformance_tests! $module, $backend, server,);
+    };
+    ($module:ident, $backend:expr, embedded $(,)?) => {
+        $crate::__private::for_each_case!($crate::__conformance_tests! $module, $backend, embedded,);
+    };
+    ($module:ident, $backend:expr, cluster $(,)?) => {
+        $crate::__private::for_each_case!($crate::__conformance_tests! $module, $backend, cluster,);
+    };
+    ($module:ident, $backend:expr, sentinel $(,)?) => {
+        $crate::__private::for_each_case!($crate::__conformance_tests! $module, $backend, sentinel,);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($module:ident, $backend:expr, $kind:ident, [$({ $name:ident, $needs:ident, $about:literal },)*]) => {
+        mod $module {
+            $(
+                $crate::__conformance_test! { $needs, $kind,
+                    #[doc = $about]
+                    #[$crate::__private::tokio::test(
+                        crate = "::headcount_harness::__private::tokio",
+                        flavor = "multi_thread",
+                        worker_threads = 4
+                    )]
+                    async fn $name() {
+                        if let ::core::result::Result::Err(message) =
+                            $crate::run_test($backend, ::core::stringify!($name)).await
+                        {
+                            ::core::panic!("{message}");
+                        }
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// Emits one test, `#[ignore]`d (with the reason, visible in the test summary) when the backend
+/// cannot give what the case needs: no server process for an embedded store, no redundant member
+/// outside a `cluster` backend.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_test {
+    (ServerControl, embedded, $($test:tt)*) => {
+        #[ignore = "embedded store: there is no server process to kill or pause (headcount-sql tests a held lock timing out instead)"]
+        $($test)*
+    };
+    (ClusterMember, embedded, $($test:tt)*) => {
+        #[ignore = "embedded store: there is no cluster whose member could be killed"]
+        $($test)*
+    };
+    (ServerControl, sentinel, $($test:tt)*) => {
+        #[ignore = "behind Sentinel a killed or cut primary is a failover: tests/redis_sentinel.rs runs one and checks a group survives it"]
+        $($test)*
+    };
+    (ClusterMember, sentinel, $($test:tt)*) => {
+        #[ignore = "losing the primary behind Sentinel is a failover, with calls failing until it completes: tests/redis_sentinel.rs tests that"]
+        $($test)*
+    };
+    (ClusterMember, server, $($test:tt)*) => {
+        #[ignore = "no redundant member to lose: a single server, or a Redis Cluster without replicas (etcd_cluster runs this case)"]
+        $($test)*
+    };
+    ($needs:ident, $kind:ident, $($test:tt)*) => {
+        $($test)*
+    };
+}
+
+/// Locks `m`; what it guards stays valid across a panic, so a poisoned lock is taken as is.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 
 use super::process::{self, RunAs, ServerProcess};
 use super::Unavailable;
-use crate::ServerControl;
+use headcount_conformance::ServerControl;
 
 /// Where to look for the binaries instead of PATH and `/usr/lib/postgresql/*/bin` (only there).
 pub const BIN_DIR_VAR: &str = "HEADCOUNT_TEST_POSTGRES_BIN_DIR";

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{ModelFaults, RedisModel};
-use crate::clock::ManualClock;
-use crate::error::Result;
-use crate::memory::MemoryStore;
-use crate::Store;
+use headcount_core::clock::ManualClock;
+use headcount_core::error::Result;
+use headcount_core::memory::MemoryStore;
+use headcount_core::Store;
 
 const TTL: Duration = Duration::from_secs(10);
 const DIR: &str = "hc:{g}:slot:";
@@ -147,7 +147,7 @@ async fn a_dropped_bump_leaves_the_version() -> Result<()> {
 
 #[tokio::test]
 async fn a_write_publishes_its_directory_and_a_renewal_does_not() -> Result<()> {
-    use crate::notify::Notice;
+    use headcount_core::notify::Notice;
     let (_, m) = model();
     assert!(m.capabilities().native_notifications);
     let mut n = m.subscribe(DIR).await?;

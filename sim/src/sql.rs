@@ -2,13 +2,13 @@
 //!
 //! A SQL backend's directory version is a digest of the directory's entries, computed with the
 //! listing it stands for: SQLite's is the provided `renew_and_list_if_changed` (one transaction
-//! that renews and lists, then [`listing_digest`](crate::backend::listing_digest)), PostgreSQL's
+//! that renews and lists, then [`listing_digest`](headcount_core::backend::listing_digest)), PostgreSQL's
 //! a SHA-256 the server computes in the statement that renews and lists. Like the in-memory
 //! store's, such a version has no counter, index or clock of its own, so nothing but the data
 //! can make it miss a change, and a rollback of the data (which the simulation does to every
 //! model) is all there is to it. What differs is what the group sees of it: neither SQL backend
 //! answers several directories' versions in one call (no native
-//! [`renew_and_versions`](crate::Store::renew_and_versions): one renewal and digest per
+//! [`renew_and_versions`](headcount_core::Store::renew_and_versions): one renewal and digest per
 //! directory), where the in-memory store does. The model is the in-memory store with the SQL
 //! backends' capabilities, so the group takes the path it takes on them.
 //!
@@ -17,18 +17,18 @@
 //! per handle hands them to every process; SQLite's wake the handles on the same file. The
 //! model's writes go through the in-memory store's methods, which notify every write that
 //! changes a key to the subscribers of its directory, in every process of the simulation (they
-//! share the store), and a rollback as [`Notice::MayHaveMissed`](crate::notify::Notice) (the
+//! share the store), and a rollback as [`Notice::MayHaveMissed`](headcount_core::notify::Notice) (the
 //! listener reconnecting to the restored server).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::backend::Backend;
-use crate::error::Result;
-use crate::memory::MemoryStore;
-use crate::notify::Notifications;
-use crate::store::{Capabilities, Durability};
+use headcount_core::backend::Backend;
+use headcount_core::error::Result;
+use headcount_core::memory::MemoryStore;
+use headcount_core::notify::Notifications;
+use headcount_core::store::{Capabilities, Durability};
 
 const BACKEND: &str = "sql-model";
 

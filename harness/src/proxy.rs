@@ -241,11 +241,11 @@ async fn pump(
     let _ = to.shutdown().await;
 }
 
-/// A [`ServerControl`](crate::ServerControl) that adds [`Proxy`]s to another: kill, start,
+/// A [`ServerControl`](headcount_conformance::ServerControl) that adds [`Proxy`]s to another: kill, start,
 /// pause and resume go to the servers, cut and heal to the proxies.
 #[derive(Debug)]
 pub struct Proxied {
-    inner: Arc<dyn crate::ServerControl>,
+    inner: Arc<dyn headcount_conformance::ServerControl>,
     proxies: Vec<Proxy>,
 }
 
@@ -253,7 +253,7 @@ impl Proxied {
     /// Puts a proxy in front of every `127.0.0.1:<port>` the URL names; returns the control and
     /// the URL rewritten to go through the proxies.
     pub async fn wrap(
-        inner: Arc<dyn crate::ServerControl>,
+        inner: Arc<dyn headcount_conformance::ServerControl>,
         url: &str,
     ) -> io::Result<(Proxied, String)> {
         const HOST: &str = "127.0.0.1:";
@@ -285,13 +285,16 @@ impl Proxied {
     }
 
     /// A control over `inner` with proxies already in place (their ports in the store's URL).
-    pub fn with_proxies(inner: Arc<dyn crate::ServerControl>, proxies: Vec<Proxy>) -> Self {
+    pub fn with_proxies(
+        inner: Arc<dyn headcount_conformance::ServerControl>,
+        proxies: Vec<Proxy>,
+    ) -> Self {
         Proxied { inner, proxies }
     }
 }
 
 #[async_trait::async_trait]
-impl crate::ServerControl for Proxied {
+impl headcount_conformance::ServerControl for Proxied {
     fn op_timeout(&self) -> std::time::Duration {
         self.inner.op_timeout()
     }

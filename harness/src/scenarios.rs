@@ -1,7 +1,7 @@
 //! Which backends the recipe suites' scenarios run on: the one table,
 //! [`scenario_tests!`](crate::scenario_tests).
 //!
-//! The store conformance cases ([`crate::CASES`]) run on every backend, through
+//! The store conformance cases ([`CASES`](headcount_conformance::CASES)) run on every backend, through
 //! [`conformance_tests!`](crate::conformance_tests). The recipe suites (`tests/distributor.rs`,
 //! `tests/fence.rs`, `tests/ids.rs`) test what is built on a store, or beside one, and each of
 //! their scenario families runs on the backends listed for it in
@@ -10,7 +10,7 @@
 //! each into one `#[test]` per backend of its family, `<family>::<backend>::<name>`, so a
 //! failure names its case and its backend.
 //!
-//! A scenario reaches its servers through the [harness](crate::harness): a missing server
+//! A scenario reaches its servers through the [harness](crate): a missing server
 //! skips it (`SKIP` line) unless `HEADCOUNT_REQUIRE_BACKENDS` requires the backend.
 
 /// Expands to a module named `$family` holding one module per backend of the family (named
@@ -22,7 +22,7 @@
 /// ```ignore
 /// // tests/distributor.rs
 /// async fn failover_and_return(backend: ServerKind) { /* ... */ }
-/// headcount_conformance::scenario_tests!(distributor, workers = 2: [failover_and_return]);
+/// headcount_harness::scenario_tests!(distributor, workers = 2: [failover_and_return]);
 /// ```
 ///
 /// The arms of this macro are the table: one per family, listing its backends and, in a
@@ -125,12 +125,12 @@ macro_rules! __scenario_cases {
     ($workers:literal, $backend:ident, [$($case:ident),* $(,)?]) => {
         $(
             #[$crate::__private::tokio::test(
-                crate = "::headcount_conformance::__private::tokio",
+                crate = "::headcount_harness::__private::tokio",
                 flavor = "multi_thread",
                 worker_threads = $workers
             )]
             async fn $case() {
-                super::super::$case($crate::harness::ServerKind::$backend).await;
+                super::super::$case($crate::ServerKind::$backend).await;
             }
         )*
     };

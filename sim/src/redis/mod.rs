@@ -27,7 +27,7 @@
 //! The model notifies every directory a call bumped (a write that changes a key, an expiry a
 //! sweep finds; not a dropped bump) to the subscribers of the shared in-memory store, in every
 //! process of the simulation, after the call; a restore sends
-//! [`Notice::MayHaveMissed`](crate::notify::Notice), as the pub/sub connection that a failover
+//! [`Notice::MayHaveMissed`](headcount_core::notify::Notice), as the pub/sub connection that a failover
 //! cuts does when it reconnects.
 
 mod script;
@@ -41,12 +41,13 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use self::script::Script;
-use super::lock;
-use crate::backend::{self, direct_entries, parse_counter};
-use crate::error::Result;
-use crate::memory::{expiry, MemoryStore, Snapshot};
-use crate::notify::Notifications;
-use crate::store::{Capabilities, Durability, RenewedListing};
+use crate::lock;
+use headcount_core::backend::{self, direct_entries, parse_counter};
+use headcount_core::error::Result;
+use headcount_core::memory::{MemoryStore, Snapshot};
+use headcount_core::notify::Notifications;
+use headcount_core::store::{Capabilities, Durability, RenewedListing};
+use headcount_core::store_models::{expiry, restore_into, snapshot_of, MemoryInternals as _};
 
 const BACKEND: &str = "redis-model";
 
@@ -89,7 +90,7 @@ struct Control {
     nonce: u64,
 }
 
-/// A [`MemoryStore`] with Redis's key index and directory versions: a [`Store`](crate::Store)
+/// A [`MemoryStore`] with Redis's key index and directory versions: a [`Store`](headcount_core::Store)
 /// whose listings read an index beside the data, whose directory versions are counters that
 /// writes bump, and whose expiries change a version only when a sweep finds them, as the Redis
 /// backend's scripts do. It can lose its index ([`lose_index_entry`](Self::lose_index_entry),
@@ -168,10 +169,10 @@ impl RedisModel {
 
     /// A copy of the data, the index and the versions.
     pub fn snapshot(&self) -> ModelSnapshot {
-        let data = self.data.lock();
+        let data = self.data.data();
         let meta = lock(&self.meta);
         ModelSnapshot {
-            data: Snapshot::of(&data),
+            data: snapshot_of(&data),
             meta: meta.clone(),
         }
     }
@@ -180,20 +181,20 @@ impl RedisModel {
     /// subscriber that notices may have been missed.
     pub fn restore(&self, snapshot: &ModelSnapshot) {
         {
-            let mut data = self.data.lock();
+            let mut data = self.data.data();
             let mut meta = lock(&self.meta);
-            snapshot.data.restore_into(&mut data);
+            restore_into(&snapshot.data, &mut data);
             *meta = snapshot.meta.clone();
         }
-        self.data.hub().notify_missed();
+        self.data.notify_hub().notify_missed();
     }
 
     /// Runs one call atomically, as one Lua script: the data, the metadata and the controls
     /// locked for its whole length; then publishes the directories it bumped.
     fn script<R>(&self, f: impl FnOnce(&mut Script<'_>) -> R) -> R {
-        let now = self.data.now();
+        let now = self.data.wall_now();
         let (out, published) = {
-            let mut data = self.data.lock();
+            let mut data = self.data.data();
             let mut meta = lock(&self.meta);
             let mut ctl = lock(&self.ctl);
             let mut s = Script::new(&mut data, &mut meta, &mut ctl, now);
@@ -201,7 +202,7 @@ impl RedisModel {
             (out, std::mem::take(&mut s.published))
         };
         for dir in published {
-            self.data.hub().notify(&dir);
+            self.data.notify_hub().notify(&dir);
         }
         out
     }
@@ -384,7 +385,7 @@ impl backend::Backend for RedisModel {
     /// The directories the scripts bump, as the Redis backend publishes them (see the module
     /// docs).
     async fn subscribe(&self, dir: &str) -> Result<Notifications> {
-        Ok(self.data.hub().subscribe(dir))
+        Ok(self.data.notify_hub().subscribe(dir))
     }
 
     async fn durability(&self) -> Result<Durability> {

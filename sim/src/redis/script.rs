@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use rand::Rng;
 
 use super::{Control, Meta};
-use crate::memory::Data;
+use headcount_core::store_models::Data;
 
 /// The longest a quiet marker lives (index.lua's `MAX_QUIET_MS`).
 const MAX_QUIET: Duration = Duration::from_secs(5);
@@ -253,7 +253,7 @@ impl<'a> Script<'a> {
                 }
             }
             if n < HEARTBEAT_SWEEP {
-                let period = crate::sim::redis::sweep_period(ttl);
+                let period = crate::redis::sweep_period(ttl);
                 let mut life = (ttl / 2).min(MAX_QUIET);
                 if let Some(first) = self.meta.expiry.values().min() {
                     life = life.min(first.duration_since(t).unwrap_or_default());

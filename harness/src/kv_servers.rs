@@ -14,7 +14,7 @@ use async_trait::async_trait;
 
 use super::process::{self, ServerProcess};
 use super::Unavailable;
-use crate::ServerControl;
+use headcount_conformance::ServerControl;
 
 /// The master name the Sentinels of [`KvStore::redis_sentinel`] watch.
 pub const SENTINEL_MASTER: &str = "mymaster";

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::EtcdModel;
-use crate::clock::ManualClock;
-use crate::error::Result;
-use crate::memory::MemoryStore;
-use crate::store::RenewedListing;
-use crate::Store;
+use headcount_core::clock::ManualClock;
+use headcount_core::error::Result;
+use headcount_core::memory::MemoryStore;
+use headcount_core::store::RenewedListing;
+use headcount_core::Store;
 
 const TTL: Duration = Duration::from_secs(10);
 const SLOT: &str = "hc:{g}:slot";
@@ -112,7 +112,7 @@ async fn a_restore_that_reuses_revisions_is_seen_by_a_client_that_watches() -> R
 
 #[tokio::test]
 async fn a_put_or_delete_is_seen_by_every_client_and_a_keep_alive_is_not() -> Result<()> {
-    use crate::notify::Notice;
+    use headcount_core::notify::Notice;
     let (_, m) = model();
     assert!(m.capabilities().native_notifications);
     let mut n = m.handle().subscribe(DIR).await?;
