@@ -5,11 +5,14 @@ mod exit;
 mod demo;
 mod distributor;
 mod exec;
+mod http;
 mod ids;
 mod lifecycle;
 mod observe;
+mod page;
 mod run;
 mod status;
+mod timeline;
 mod util;
 
 use std::io::IsTerminal as _;

@@ -170,6 +170,7 @@ fn refuse(flags: &[(bool, &str)], why: &str) -> Result<(), Error> {
 async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
     let config = group_mode_config(&args);
+    crate::page::install_beside_metrics(&store, &args.group, args.assignor, &args.metrics);
     let member = match Group::join(store, config).await {
         Ok(member) => member,
         Err(e) => {
