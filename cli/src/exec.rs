@@ -118,6 +118,7 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
     check_command(program)?;
     let events = Events::open(args.events.as_deref())?;
     let store = headcount::connect(&url).await?;
+    crate::page::install_beside_metrics(&store, &args.group, args.assignor, &args.metrics);
     let mut shutdown = Shutdown::new()?;
     let mut user_signals = UserSignals::new()?;
     let member = Group::join(store, config).await?;

@@ -5,11 +5,14 @@ mod exit;
 mod demo;
 mod distributor;
 mod exec;
+mod http;
 mod ids;
 mod lifecycle;
 mod observe;
+mod page;
 mod run;
 mod status;
+mod timeline;
 mod util;
 
 use std::io::IsTerminal as _;
@@ -74,6 +77,11 @@ enum Command {
     ///
     /// Join a group and print one JSON line per change of index, replicas or phase; SIGINT,
     /// SIGTERM, SIGHUP or SIGQUIT leaves the group and exits 0 (SIGUSR1/SIGUSR2 are ignored).
+    ///
+    /// A line with a non-null `index` is printed only once the member holds that
+    /// (index, replicas) share, and the share is held until the next line: no two members'
+    /// newest lines claim overlapping modulo shares (task t belongs to index
+    /// t % replicas + 1). Work on the newest line's pair; stop at a line whose index is null.
     Run(run::RunArgs),
     /// Run a command with this member's HEADCOUNT_INDEX/REPLICAS/EPOCH; restart it on a change
     ///

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use headcount::Error;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::http;
 
 /// How log lines on stderr are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,24 +130,25 @@ async fn accept(listener: TcpListener, handle: PrometheusHandle) {
     }
 }
 
-/// One HTTP/1.x exchange: `GET /metrics` (or `/`) gets the Prometheus text, anything else 404
-/// or 405; the connection is closed after the answer.
+/// One HTTP/1.x exchange: `GET /metrics` (or `/`) gets the Prometheus text, `/ready` and
+/// `/working` the member's state, `/group` and below the group page when `run` or `exec`
+/// installed one ([`crate::page::installed`]); anything else 404 or 405.
 async fn answer(mut stream: TcpStream, handle: PrometheusHandle) -> std::io::Result<()> {
-    let mut request = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break;
+    let Some(request) = http::read_request(&mut stream).await? else {
+        return Ok(());
+    };
+    let method = request.method.as_str();
+    let (status, body) = match (method, request.path.as_str()) {
+        ("GET" | "HEAD", path) if path == "/group" || path.starts_with("/group/") => {
+            let response = match crate::page::installed() {
+                Some(page) => page.respond(&request).await,
+                None => http::Response::text(
+                    "404 Not Found",
+                    "no group page here: /group is served by `run` and `exec` in group mode\n",
+                ),
+            };
+            return http::write_response(&mut stream, method, &response).await;
         }
-        request.extend_from_slice(&buf[..n]);
-    }
-    let line = request.split(|&b| b == b'\r' || b == b'\n').next();
-    let line = String::from_utf8_lossy(line.unwrap_or_default());
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, body) = match (method, path) {
         ("GET" | "HEAD", "/metrics" | "/") => ("200 OK", handle.render()),
         ("GET" | "HEAD", "/ready") => match READY.load(Ordering::Relaxed) {
             2 if WORKING.load(Ordering::Relaxed) == 2 => ("200 OK", "ready\n".to_owned()),
@@ -172,19 +174,16 @@ async fn answer(mut stream: TcpStream, handle: PrometheusHandle) -> std::io::Res
         },
         ("GET" | "HEAD", _) => (
             "404 Not Found",
-            "not found: try /metrics, /ready or /working\n".to_owned(),
+            "not found: try /metrics, /ready, /working or /group\n".to_owned(),
         ),
         _ => ("405 Method Not Allowed", "use GET\n".to_owned()),
     };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    if method != "HEAD" {
-        stream.write_all(body.as_bytes()).await?;
-    }
-    stream.shutdown().await
+    let response = http::Response {
+        status,
+        content_type: "text/plain; version=0.0.4; charset=utf-8",
+        body: http::Body::Text(body),
+    };
+    http::write_response(&mut stream, method, &response).await
 }
 
 #[cfg(test)]

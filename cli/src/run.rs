@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use headcount::recipes::group::{Assignment, Group, GroupPhase};
+use headcount::recipes::group::{Assignment, Grant, Group, GroupPhase};
 use headcount::recipes::interval::{IntervalConfig, IntervalIndexer};
 use headcount::recipes::{IntervalPhase, IntervalStatus};
 use headcount::{DynStore, Error};
@@ -170,6 +170,7 @@ fn refuse(flags: &[(bool, &str)], why: &str) -> Result<(), Error> {
 async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
     let config = group_mode_config(&args);
+    crate::page::install_beside_metrics(&store, &args.group, args.assignor, &args.metrics);
     let member = match Group::join(store, config).await {
         Ok(member) => member,
         Err(e) => {
@@ -194,30 +195,85 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
     tracing::info!(member = member.member(), "joined");
     let readiness = crate::lifecycle::Readiness::track(&member, args.lifecycle.ready_file.clone());
     let mut watch = member.watch();
-    let mut output;
+    let mut output = Ok(());
+    // The share grant of the pair the last line printed: held until the next line is printed,
+    // so the hand-off that moves the pair (or part of it) to another member waits for that line.
+    let mut held: Option<Grant> = None;
+    let mut last_line: Option<serde_json::Value> = None;
     let ended = loop {
         let assignment = watch.borrow_and_update().clone();
+        let keep = held.as_ref().is_some_and(Grant::is_valid);
+        let fresh = if keep {
+            None
+        } else {
+            member.share().filter(|g| {
+                assignment.phase == GroupPhase::Active
+                    && assignment.index.is_some()
+                    && g.epoch() == assignment.epoch
+                    && g.is_valid()
+            })
+        };
+        let holds = keep || fresh.is_some();
         let owned = args.partitions.map(|n| {
             (0..n)
                 .filter(|p| member.would_grant(p.to_string()).is_some())
                 .collect::<Vec<u32>>()
         });
-        output = emit(group_line(&args.group, &assignment, owned));
-        if output.is_err() {
-            break Ended::Output;
+        // An active member whose share is not held (yet, or any more) is in a hand-off.
+        let shown = Assignment {
+            index: assignment.index.filter(|_| holds),
+            phase: match assignment.phase {
+                GroupPhase::Active if !holds => GroupPhase::Handoff,
+                phase => phase,
+            },
+            ..assignment.clone()
+        };
+        let line = group_line(&args.group, &shown, owned);
+        if last_line.as_ref() != Some(&without_time(&line)) {
+            output = emit(line.clone());
+            if output.is_err() {
+                break Ended::Output;
+            }
+            last_line = Some(without_time(&line));
+        }
+        // Only now, after the line that says so, is a grant of a pair no longer shown let go.
+        if !keep {
+            held = fresh;
         }
         if assignment.phase == GroupPhase::Failed {
             break Ended::Failed;
         }
+        // A share not granted yet (the pair's previous holders are finishing) is asked for
+        // again; a held one is watched for a revocation or a lapsed lease.
+        let waiting = assignment.phase == GroupPhase::Active && !holds;
         tokio::select! {
             changed = watch.changed() => {
                 if changed.is_err() {
                     break Ended::Failed;
                 }
             }
+            () = async {
+                match &held {
+                    Some(g) => g.revoked().await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+            () = tokio::time::sleep(SHARE_CHECK), if waiting || held.is_some() => {}
             () = shutdown.recv() => break Ended::Signal,
         }
     };
+    // A member that showed a pair says it stops using it before it lets the share go and
+    // leaves: the others may take the pair as soon as it left.
+    if held.is_some() && output.is_ok() {
+        let mut line = group_line(&args.group, &member.assignment(), None);
+        line["index"] = serde_json::Value::Null;
+        line["phase"] = "leaving".into();
+        if args.partitions.is_some() {
+            line["partitions"] = serde_json::json!([]);
+        }
+        output = emit(line);
+    }
+    drop(held);
     let last = member.assignment();
     // Not ready from the moment it stops: a probe must not send work to a member leaving.
     drop(readiness);
@@ -246,6 +302,19 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// How often `run` asks again for a share not granted yet, and looks at a held one's lease (a
+/// paused process's lapsed lease revokes nothing until its heartbeat task runs).
+const SHARE_CHECK: Duration = Duration::from_millis(100);
+
+/// A line without its `at`, to tell whether anything else changed.
+fn without_time(line: &serde_json::Value) -> serde_json::Value {
+    let mut line = line.clone();
+    if let Some(o) = line.as_object_mut() {
+        o.remove("at");
+    }
+    line
 }
 
 /// Why `run` stopped following the group.

@@ -11,6 +11,7 @@ use headcount::recipes::group::{remove, status_with_keys, GroupStatus, KeyOwner}
 use headcount::{DynStore, Error, DEFAULT_PREFIX};
 
 use crate::exit::{emit, CliError};
+use crate::timeline::Observer;
 use crate::util::{rfc3339, AssignorArg, Shutdown};
 
 /// The arguments of `status`.
@@ -27,7 +28,7 @@ pub struct StatusArgs {
     #[arg(long)]
     pub watch: bool,
     /// How many keys (`0`..`N-1` as decimal strings) to map to slots for the ownership summary.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = DEFAULT_SAMPLE)]
     pub sample: u64,
     /// The assignor the group's members use, for views that do not name theirs.
     #[arg(long, value_enum, default_value = "jumpback")]
@@ -43,7 +44,41 @@ pub struct StatusArgs {
     /// `run --partitions N` is counted without it. Under a hashing assignor, any key set.
     #[arg(long, value_name = "FILE")]
     pub keys_file: Option<PathBuf>,
+    /// Serve the group page on this address (`127.0.0.1:8080`; port 0 picks a free one, logged
+    /// at start) until a stop signal: `/` (or `/group`) is a live page of the members, the view,
+    /// the hand-off, a grid of the partitions by owner and the view changes seen;
+    /// `/group/status.json` is the `--json` document. See docs/observability.md.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with_all = ["json", "watch"])]
+    pub serve: Option<String>,
 }
+
+impl StatusArgs {
+    /// The arguments of the page `run` and `exec` serve beside their metrics: the group's
+    /// status with the default sample and no key asked for.
+    pub fn for_page(group: &str, assignor: AssignorArg) -> StatusArgs {
+        StatusArgs {
+            group: group.to_owned(),
+            json: true,
+            watch: false,
+            sample: DEFAULT_SAMPLE,
+            assignor,
+            keys: Vec::new(),
+            keys_file: None,
+            serve: None,
+        }
+    }
+}
+
+/// The keys `--sample` maps by default.
+const DEFAULT_SAMPLE: u64 = 10_000;
+
+/// The `format` of the `--json` document, versioned with its schema
+/// (`docs/status.schema.json`): a field may be added within a version, never removed or
+/// changed.
+pub const FORMAT: &str = "headcount.status/1";
+
+/// The JSON Schema of the `--json` document.
+pub const SCHEMA: &str = include_str!("../../docs/status.schema.json");
 
 /// The arguments of `remove-group`.
 #[derive(Debug, clap::Args)]
@@ -110,15 +145,23 @@ pub fn check(args: &StatusArgs) -> Result<Option<Arc<KeySet>>, Error> {
     Ok(Some(Arc::new(keys)))
 }
 
-/// Prints the group's status once, or every second with `--watch`. Under `--watch` a store
-/// error is reported (a line on stdout in the chosen format) and the watch goes on: an outage
-/// is what one watches for.
+/// Prints the group's status once, or every second with `--watch`, or serves the group page
+/// with `--serve`. Under `--watch` a store error is reported (a line on stdout in the chosen
+/// format) and the watch goes on: an outage is what one watches for.
 pub async fn status(
     store: DynStore,
     args: StatusArgs,
     declared: Option<Arc<KeySet>>,
 ) -> Result<ExitCode, CliError> {
     let mut shutdown = Shutdown::new()?;
+    if let Some(addr) = args.serve.clone() {
+        let page = crate::page::Page::new(store, args, declared, true);
+        let local = crate::page::serve(&addr, page).await?;
+        emit!("serving the group page at http://{local}/ (the JSON at /group/status.json)")?;
+        shutdown.recv().await;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut observer = Observer::default();
     loop {
         let now = SystemTime::now();
         match status_with_keys(
@@ -131,15 +174,16 @@ pub async fn status(
         )
         .await
         {
-            Ok(s) if args.json => emit(to_json(&args, &s, now))?,
-            Ok(s) => print_table(&args, &s, now)?,
+            Ok(s) => {
+                observer.observe(&s, now, args.sample);
+                if args.json {
+                    emit(document(&args, &s, now, &observer))?;
+                } else {
+                    print_table(&args, &s, now)?;
+                }
+            }
             Err(e) if !args.watch => return Err(e.into()),
-            Err(e) if args.json => emit(serde_json::json!({
-                "group": args.group,
-                "at": rfc3339(now),
-                "error": e.to_string(),
-                "retryable": e.is_retryable(),
-            }))?,
+            Err(e) if args.json => emit(error_document(&args.group, now, &e))?,
             Err(e) => {
                 emit!("group {}  at {}", args.group, rfc3339(now))?;
                 emit!("store error: {e} (watching on)")?;
@@ -156,7 +200,18 @@ pub async fn status(
     }
 }
 
-fn unix_ms(t: SystemTime) -> u64 {
+/// The document of a read that failed: the store's error, and whether trying again may work.
+pub fn error_document(group: &str, now: SystemTime, e: &Error) -> serde_json::Value {
+    serde_json::json!({
+        "format": FORMAT,
+        "group": group,
+        "at": rfc3339(now),
+        "error": e.to_string(),
+        "retryable": e.is_retryable(),
+    })
+}
+
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
@@ -194,22 +249,70 @@ fn unmapped(args: &StatusArgs, s: &GroupStatus) -> Option<String> {
     })
 }
 
-fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::Value {
+/// What a member is doing, as the store shows it: `active` (in the published view, which it
+/// acknowledged), `handoff` (in the view, not acknowledged yet: it holds up the hand-off),
+/// `joining` (live, not in the view yet), `parked` (away for a restart, its place kept) or
+/// `handed` (its place handed to a standby, which takes it over).
+fn phase(s: &GroupStatus, slot: u32, holding_up: &[u32]) -> &'static str {
+    let Some(r) = s.table.slots.get(&slot) else {
+        return "gone";
+    };
+    let in_view = s
+        .table
+        .view
+        .as_ref()
+        .is_some_and(|v| v.holders.contains(&r.holder(slot)));
+    let heir = s
+        .standbys
+        .iter()
+        .any(|b| b.heir_of == Some(slot) && b.member == r.member);
+    match (r.parked, heir, in_view) {
+        (Some(_), true, _) => "handed",
+        (Some(_), false, _) => "parked",
+        (None, _, false) => "joining",
+        (None, _, true) if holding_up.binary_search(&slot).is_ok() => "handoff",
+        (None, _, true) => "active",
+    }
+}
+
+/// The `--json` document (and the group page's `/group/status.json`): see
+/// `docs/status.schema.json` and docs/observability.md.
+pub fn document(
+    args: &StatusArgs,
+    s: &GroupStatus,
+    now: SystemTime,
+    observer: &Observer,
+) -> serde_json::Value {
     let now_ms = unix_ms(now);
+    let holding_up = s.holding_up();
+    let view_slots: Vec<u32> = s
+        .table
+        .view
+        .as_ref()
+        .map(|v| v.slots().collect())
+        .unwrap_or_default();
     let members: Vec<serde_json::Value> = s
         .table
         .slots
         .iter()
         .map(|(&slot, r)| {
+            let in_view = s
+                .table
+                .view
+                .as_ref()
+                .is_some_and(|v| v.holders.contains(&r.holder(slot)));
             serde_json::json!({
                 "slot": slot,
+                "index": view_slots.binary_search(&slot).ok().filter(|_| in_view).map(|i| i + 1),
                 "member": r.member,
                 "nonce": format!("{:016x}", r.nonce),
+                "phase": phase(s, slot, &holding_up),
                 "since": rfc3339(UNIX_EPOCH + Duration::from_millis(r.since_ms)),
                 "age_ms": now_ms.saturating_sub(r.since_ms),
                 "ttl_ms": r.ttl_ms,
                 "acked": s.acked(slot),
-                "in_view": s.table.view.as_ref().is_some_and(|v| v.holders.contains(&r.holder(slot))),
+                "in_view": in_view,
+                "holds_up": holding_up.binary_search(&slot).is_ok(),
                 // Away for a restart (static membership): since when, or null.
                 "parked": r.parked.map(|ms| rfc3339(UNIX_EPOCH + Duration::from_millis(ms))),
                 "sample_owned": owned(s, slot),
@@ -226,10 +329,39 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
     let view = s.table.view.as_ref().map(|v| {
         serde_json::json!({
             "epoch": v.epoch,
-            "slots": v.slots().collect::<Vec<u32>>(),
+            "slots": view_slots,
         })
     });
+    let handoff = s.table.view.as_ref().filter(|_| !s.view_settled).map(|v| {
+        let since = observer.first_seen(v.epoch);
+        serde_json::json!({
+            "epoch": v.epoch,
+            "waiting_on": holding_up.iter().map(|slot| serde_json::json!({
+                "slot": slot,
+                "member": s.table.slots.get(slot).map(|r| r.member.clone()),
+            })).collect::<Vec<_>>(),
+            "since": since.map(rfc3339),
+            "for_ms": since.map(|t| now.duration_since(t).unwrap_or_default().as_millis() as u64),
+        })
+    });
+    let timeline: Vec<serde_json::Value> = observer
+        .seen()
+        .map(|c| {
+            serde_json::json!({
+                "epoch": c.epoch,
+                "at": rfc3339(c.at),
+                "slots": c.slots,
+                "joined": c.joined,
+                "left": c.left,
+                "moved": c.moved,
+                "keys": c.keys,
+                "settled_after_ms": c.settled_after_ms,
+                "first": c.first,
+            })
+        })
+        .collect();
     serde_json::json!({
+        "format": FORMAT,
         "group": args.group,
         "at": rfc3339(now),
         "assignor": s.assignor.to_string(),
@@ -239,6 +371,8 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
         "view_text": if s.table.view.is_none() { s.table.view_text.clone() } else { None },
         "view_current": s.view_current,
         "settled": s.table.settled.map(|m| m.epoch),
+        "view_settled": s.view_settled,
+        "handoff": handoff,
         "sample": args.sample,
         "sample_owned": s.sample_owned.iter().map(|&(slot, n)| serde_json::json!({"slot": slot, "keys": n})).collect::<Vec<_>>(),
         "unlisted": s.unlisted,
@@ -254,6 +388,13 @@ fn to_json(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> serde_json::V
             "since": rfc3339(UNIX_EPOCH + Duration::from_millis(b.since_ms)),
             "heir_of": b.heir_of,
         })).collect::<Vec<_>>(),
+        "problems": s.problems.iter().map(|p| serde_json::json!({
+            "key": p.key,
+            "kind": p.kind,
+            "found": p.found,
+            "fix": p.fix,
+        })).collect::<Vec<_>>(),
+        "timeline": timeline,
     })
 }
 
@@ -262,7 +403,8 @@ fn key_owner(s: &GroupStatus, key: &str) -> Result<Option<KeyOwner>, String> {
     s.key_owner(key).map_err(|e| e.to_string())
 }
 
-fn key_json(key: &str, s: &GroupStatus) -> serde_json::Value {
+/// The owner of one key, as `--json` lists it under `keys` and the page's `/group/key` answers.
+pub fn key_json(key: &str, s: &GroupStatus) -> serde_json::Value {
     match key_owner(s, key) {
         Ok(Some(o)) => serde_json::json!({
             "key": key,
@@ -336,8 +478,11 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
         )?,
         None => emit!("settled  none yet")?,
     }
-    for key in &s.unlisted {
-        emit!("unlisted  {key} exists, but the store's listing misses it (a Redis key index that lost its name: it comes back when its writer touches it)")?;
+    for p in &s.problems {
+        match p.kind {
+            "unlisted" => emit!("problem  {}: unlisted: {}", p.key, p.fix)?,
+            kind => emit!("problem  {}: {kind} {:?}: {}", p.key, p.found, p.fix)?,
+        }
     }
     emit("")?;
     if s.table.slots.is_empty() {
@@ -410,9 +555,6 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
             b.member,
             rfc3339(UNIX_EPOCH + Duration::from_millis(b.since_ms))
         )?;
-    }
-    for (slot, value) in &s.table.foreign {
-        emit!("slot {slot}: foreign value {value:?} (occupied, not a member)")?;
     }
     match (declared_count(s), unmapped(args, s)) {
         (Some(declared), Some(why)) => emit!(

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 use headcount_conformance::wait::{eventually_blocking, exit_within, until_blocking, EVERY};
 use serde_json::Value;
 
+mod common;
+
+use common::status_json_with as status_json;
+
 const TTL: &str = "900ms";
 
 fn headcount() -> Command {
@@ -187,21 +191,6 @@ fn active_runs(url: &str, group: &str, runs: usize) -> (Reap, Lines, Vec<Option<
         all_active,
     );
     (procs, rx, latest)
-}
-
-/// `headcount status --json` of `group` with `extra` arguments: its one JSON object.
-fn status_json(url: &str, group: &str, extra: &[&str]) -> Value {
-    let out = headcount()
-        .args(["status", "--store", url, "--group", group, "--json"])
-        .args(extra)
-        .output()
-        .expect("status");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
 fn check_line(v: &Value) {

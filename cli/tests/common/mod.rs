@@ -55,9 +55,25 @@ pub fn one_error_line(out: &Output, code: i32) -> String {
 
 /// `status --json` of `group`.
 pub fn status_json(url: &str, group: &str) -> Value {
-    let out = output(headcount().args(["status", "--store", url, "--group", group, "--json"]));
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    status_json_with(url, group, &[])
+}
+
+/// `status --json` of `group` with `extra` arguments: its one JSON object.
+pub fn status_json_with(url: &str, group: &str, extra: &[&str]) -> Value {
+    let out = output(
+        headcount()
+            .args(["status", "--store", url, "--group", group, "--json"])
+            .args(extra),
+    );
+    assert!(out.status.success(), "status failed: {}", text(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("status JSON")
+}
+
+/// `status` of `group` as a table.
+pub fn status_table(url: &str, group: &str) -> String {
+    let out = output(headcount().args(["status", "--store", url, "--group", group]));
+    assert!(out.status.success(), "status failed: {}", text(&out.stderr));
+    text(&out.stdout)
 }
 
 /// The member ids `status` lists in `group`.

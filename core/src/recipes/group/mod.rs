@@ -88,7 +88,7 @@ pub use grants::Grant;
 pub use member::{Group, Member};
 pub use records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
 pub use remove::{remove, Removed};
-pub use status::{status, status_with_keys, GroupStatus, KeyOwner, Standby};
+pub use status::{status, status_with_keys, GroupStatus, KeyOwner, Problem, Standby};
 pub use table::Table;
 pub use view::{Assignment, Cause, Change, GroupPhase, ViewState};
 

@@ -8,7 +8,7 @@ use super::records::{parse_acks, AckRecord, StandbyRecord, ViewRecord};
 use super::table::Table;
 use super::view::ViewState;
 use crate::assign::{hash_bytes, AssignError, AssignorKind, KeySet};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keys::Keyspace;
 use crate::DynStore;
 
@@ -55,6 +55,59 @@ pub struct GroupStatus {
     /// The members standing by for a leaving member's slot
     /// ([`GroupConfig::with_standby`](super::GroupConfig::with_standby)), oldest first.
     pub standbys: Vec<Standby>,
+    /// What is wrong at the group's keys, each with its fix: a key holding a value (or, on
+    /// Redis, a type) that is not a record of ours, a key the listings miss. [`status`] shows
+    /// everything else beside them instead of failing.
+    pub problems: Vec<Problem>,
+}
+
+/// Something wrong at one of a group's keys (see [`GroupStatus::problems`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The key.
+    pub key: String,
+    /// What kind of problem: `foreign_value` (a value that is not our record),
+    /// `foreign_type` (another Redis type: members cannot read or write the key),
+    /// `newer_version` (a record a later version of headcount wrote) or `unlisted` (the key
+    /// exists but the store's listing misses it).
+    pub kind: &'static str,
+    /// What the key holds (its start, at most 64 characters), or why it could not be read.
+    pub found: String,
+    /// What it does to the group, and what to do about it.
+    pub fix: String,
+}
+
+impl Problem {
+    fn new(key: &str, kind: &'static str, found: &str, fix: impl Into<String>) -> Problem {
+        let mut cut: String = found.chars().take(64).collect();
+        if cut.len() < found.len() {
+            cut.push('…');
+        }
+        Problem {
+            key: key.to_owned(),
+            kind,
+            found: cut,
+            fix: fix.into(),
+        }
+    }
+
+    /// A listing or a read that failed on a key holding another Redis type; `None` for any
+    /// other error, which [`status`] returns.
+    fn of_error(e: &Error, fix: &str) -> Option<Problem> {
+        match e {
+            Error::ForeignValue { key, found, .. } => Some(Problem::new(
+                key,
+                "foreign_type",
+                found,
+                format!(
+                    "{fix}; members cannot read past it: delete it with the store's own client \
+                     (redis-cli DEL {key}) if no program of yours uses it, or move that program to \
+                     another key"
+                ),
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// A member standing by (see [`GroupStatus::standbys`]).
@@ -113,6 +166,66 @@ impl GroupStatus {
             })
             .map_or(0, |v| v.epoch);
         Some(own.max(settled))
+    }
+
+    /// Whether [`keys`](Self::keys) are the partitions `"0"`, `"1"`, ... (`with_partitions`,
+    /// `run --partitions N`) rather than named keys.
+    pub fn keys_are_partitions(&self) -> bool {
+        self.keys.as_ref().is_some_and(|k| {
+            u32::try_from(k.len())
+                .ok()
+                .and_then(|n| KeySet::partitions(n).ok())
+                .is_some_and(|p| p.id() == k.id())
+        })
+    }
+
+    /// The slot that owns each key of a set under the published view (`None` for a key no
+    /// slot owns), for a page to draw as a grid: the declared partitions in their order `0`,
+    /// `1`, ...; named declared keys ([`keys`](Self::keys)) in the order of their hashes
+    /// ([`KeySet::keys`]); the owners a sticky view stores when the names are not at hand
+    /// (the same order); else the `sample` keys `"0"`, `"1"`, ... (at most
+    /// [`MAX_DECLARED_KEYS`](crate::assign::MAX_DECLARED_KEYS)). `None` without a view.
+    pub fn owners(&self, sample: u64) -> Option<Vec<Option<u32>>> {
+        let view = self.table.view.as_ref()?;
+        if self.unmapped.is_some() {
+            return view
+                .owners
+                .as_ref()
+                .map(|o| o.iter().map(|&s| Some(s)).collect());
+        }
+        let state = ViewState::build_with(view.clone(), self.assignor, self.keys.as_ref()).ok()?;
+        let numbered = |n: u64| {
+            (0..n)
+                .map(|k| state.owner(hash_bytes(k.to_string().as_bytes())))
+                .collect()
+        };
+        Some(match &self.keys {
+            Some(keys) if self.keys_are_partitions() => numbered(keys.len() as u64),
+            Some(keys) => keys.hashes().iter().map(|&h| state.owner(h)).collect(),
+            None => numbered(sample.min(crate::assign::MAX_DECLARED_KEYS as u64)),
+        })
+    }
+
+    /// The slots that hold up the published view's hand-off, ascending: the view names their
+    /// claims, is not settled, and they have not acknowledged it. Empty once it settles.
+    pub fn holding_up(&self) -> Vec<u32> {
+        let Some(view) = self.table.view.as_ref().filter(|_| !self.view_settled) else {
+            return Vec::new();
+        };
+        let digest = view.digest();
+        view.holders
+            .iter()
+            .filter(|h| {
+                self.table
+                    .slots
+                    .get(&h.slot)
+                    .is_some_and(|r| r.nonce == h.nonce)
+                    && !self
+                        .table
+                        .slot_acked(h.slot, &self.acks, view.epoch, digest)
+            })
+            .map(|h| h.slot)
+            .collect()
     }
 
     /// The owner of `key` under the published view, as [`Member::owns`](super::Member::owns)
@@ -222,8 +335,19 @@ pub async fn status_with_keys(
     declared: Option<Arc<KeySet>>,
 ) -> Result<GroupStatus> {
     let keys = GroupKeys::new(Keyspace::with_prefix(prefix, group)?);
-    let table = Table::read(store, &keys).await?;
-    let mut acks = parse_acks(&keys.acks, store.list(&keys.acks).await?);
+    let mut problems = Vec::new();
+    let table = read_table(store, &keys, &mut problems).await?;
+    let acks = match store.list(&keys.acks).await {
+        Ok(listing) => parse_acks(&keys.acks, listing),
+        Err(e) => match Problem::of_error(&e, "an acknowledgement key holds another type") {
+            Some(p) => {
+                problems.push(p);
+                BTreeMap::new()
+            }
+            None => return Err(e),
+        },
+    };
+    let mut acks = acks;
     acks.retain(|slot, a| table.slots.get(slot).is_some_and(|r| r.nonce == a.nonce));
     let view_current = table
         .view
@@ -233,20 +357,74 @@ pub async fn status_with_keys(
         (Some(v), Some(mark)) => mark.settles(v.epoch, v.digest()),
         _ => false,
     };
-    let mut standbys: Vec<Standby> = store
-        .list(&keys.standbys)
-        .await?
-        .into_iter()
-        .filter_map(|(key, text)| {
-            let record = StandbyRecord::parse(&text)?;
-            Some(Standby {
-                member: key.strip_prefix(&keys.standbys)?.to_owned(),
-                since_ms: record.since_ms,
-                heir_of: record.heir_of.map(|(slot, _)| slot),
-            })
-        })
-        .collect();
+    let standby_listing = match store.list(&keys.standbys).await {
+        Ok(listing) => listing,
+        Err(e) => match Problem::of_error(&e, "a standby key holds another type") {
+            Some(p) => {
+                problems.push(p);
+                Vec::new()
+            }
+            None => return Err(e),
+        },
+    };
+    let mut standbys = Vec::new();
+    for (key, text) in standby_listing {
+        let (Some(member), Some(record)) = (
+            key.strip_prefix(&keys.standbys),
+            StandbyRecord::parse(&text),
+        ) else {
+            problems.push(Problem::new(
+                &key,
+                "foreign_value",
+                &text,
+                "not a standby record: members ignore it; delete it if no program of yours wrote it",
+            ));
+            continue;
+        };
+        standbys.push(Standby {
+            member: member.to_owned(),
+            since_ms: record.since_ms,
+            heir_of: record.heir_of.map(|(slot, _)| slot),
+        });
+    }
     standbys.sort_by(|a, b| (a.since_ms, &a.member).cmp(&(b.since_ms, &b.member)));
+    for (slot, value) in &table.foreign {
+        problems.push(Problem::new(
+            &keys.slot(*slot),
+            "foreign_value",
+            value,
+            format!(
+                "not a slot record: slot {slot} counts as occupied, so no member claims it; \
+                 delete the key if no program of yours wrote it"
+            ),
+        ));
+    }
+    match (&table.view, &table.view_text) {
+        (None, Some(text)) if table.view_newer.is_some() => problems.push(Problem::new(
+            &keys.view,
+            "newer_version",
+            text,
+            "a view a later version of headcount published: members of this version neither \
+             replace it nor join while a holder it names is live; upgrade this headcount",
+        )),
+        (None, Some(text)) => problems.push(Problem::new(
+            &keys.view,
+            "foreign_value",
+            text,
+            "not a view record: live members replace it with a view of their own at their next \
+             change; with none running, `headcount remove-group` deletes it",
+        )),
+        _ => {}
+    }
+    if let (None, Some(text)) = (&table.settled, &table.settled_text) {
+        problems.push(Problem::new(
+            &keys.settled,
+            "foreign_value",
+            text,
+            "not a settled mark: the view shows as not settled until the lowest member writes \
+             a mark over it; with none running, `headcount remove-group` deletes it",
+        ));
+    }
     let mut unlisted = Vec::new();
     let mut missing = Vec::new();
     match &table.view {
@@ -259,7 +437,19 @@ pub async fn status_with_keys(
         ),
     }
     for key in missing {
+        // A key already reported (another Redis type at the view key) is not read again.
+        if problems.iter().any(|p| p.key == key) {
+            continue;
+        }
         if store.get(&key).await?.is_some() {
+            problems.push(Problem::new(
+                &key,
+                "unlisted",
+                "",
+                "the key exists but the store's listing misses it (a Redis key index that lost \
+                 its name): it comes back when its writer touches it (a slot at its holder's next \
+                 heartbeat); if it stays, restart that member",
+            ));
             unlisted.push(key);
         }
     }
@@ -320,7 +510,61 @@ pub async fn status_with_keys(
         keys_owned,
         unmapped,
         standbys,
+        problems,
     })
+}
+
+/// [`Table::read`], but a directory whose listing meets a key of another Redis type is a
+/// [`Problem`], not a failure: the view directory's two keys are then read one by one (so a
+/// view beside a foreign settled mark still shows), and a slot directory shows no members.
+async fn read_table(
+    store: &DynStore,
+    keys: &GroupKeys,
+    problems: &mut Vec<Problem>,
+) -> Result<Table> {
+    let views = match store.list(&keys.views).await {
+        Ok(listing) => listing,
+        Err(e) => {
+            let Some(p) = Problem::of_error(&e, "a key of the view directory holds another type")
+            else {
+                return Err(e);
+            };
+            problems.push(p);
+            let mut listing = Vec::new();
+            for key in [&keys.view, &keys.settled] {
+                match store.get(key).await {
+                    Ok(Some(text)) => listing.push((key.clone(), text)),
+                    Ok(None) => {}
+                    Err(e) => match Problem::of_error(
+                        &e,
+                        "a key of the view directory holds another type",
+                    ) {
+                        // Already reported by the listing.
+                        Some(p) if problems.iter().any(|q| q.key == p.key) => {}
+                        Some(p) => problems.push(p),
+                        None => return Err(e),
+                    },
+                }
+            }
+            listing
+        }
+    };
+    let slots = match store.list(&keys.slots).await {
+        Ok(listing) => listing,
+        Err(e) => match Problem::of_error(
+            &e,
+            "a key of the slot directory holds another type: no member can be listed",
+        ) {
+            Some(p) => {
+                problems.push(p);
+                Vec::new()
+            }
+            None => return Err(e),
+        },
+    };
+    let mut table = Table::parse(&keys.slots, slots);
+    table.set_view(&keys.views, views);
+    Ok(table)
 }
 
 /// How many of `owners` each slot of `view` is, by slot (every slot listed, 0 when none).
@@ -380,6 +624,7 @@ mod tests {
             keys_owned: Vec::new(),
             unmapped: None,
             standbys: Vec::new(),
+            problems: Vec::new(),
         }
     }
 
@@ -438,5 +683,58 @@ mod tests {
         let mut s = s;
         s.table.view = None;
         assert_eq!(s.key_owner("order-1").ok().flatten(), None);
+    }
+
+    /// `status` shows the members beside every foreign value at the group's keys, each
+    /// named with a fix, instead of failing.
+    #[tokio::test]
+    async fn foreign_values_are_problems_shown_beside_the_members() {
+        use crate::{MemoryStore, DEFAULT_PREFIX};
+        // A member's slot record written by hand: no heartbeat replaces what the test writes.
+        let store: DynStore = Arc::new(MemoryStore::new());
+        let keys = GroupKeys::new(Keyspace::with_prefix(DEFAULT_PREFIX, "g").expect("keys"));
+        let member = record(10, 0).to_string();
+        for (key, value) in [
+            (keys.slot(0), member.as_str()),
+            (keys.view.clone(), "abc"),
+            (keys.settled.clone(), "not a mark"),
+            (keys.slot(7), "someone else's"),
+            (keys.standby("x"), "?"),
+        ] {
+            store.delete(&key).await.expect("delete");
+            assert!(store
+                .compare_and_set(&key, None, value, None)
+                .await
+                .expect("write"));
+        }
+        let s = status(
+            &store,
+            DEFAULT_PREFIX,
+            "g",
+            AssignorKind::JumpBackFailover,
+            10,
+        )
+        .await
+        .expect("status shows what it can");
+        assert_eq!(s.table.slots.len(), 1, "the member is shown");
+        assert!(s.table.view.is_none());
+        let mut found: Vec<(&str, &str)> = s
+            .problems
+            .iter()
+            .map(|p| (p.key.as_str(), p.kind))
+            .collect();
+        found.sort_unstable();
+        let mut expected = vec![
+            (keys.view.as_str(), "foreign_value"),
+            (keys.settled.as_str(), "foreign_value"),
+            (keys.slot(7).leak() as &str, "foreign_value"),
+            (keys.standby("x").leak() as &str, "foreign_value"),
+        ];
+        expected.sort_unstable();
+        assert_eq!(found, expected);
+        assert!(s
+            .problems
+            .iter()
+            .all(|p| !p.fix.is_empty() && !p.found.is_empty()));
     }
 }
