@@ -350,7 +350,7 @@ fn status_shows_foreign_values_beside_the_members_on_sqlite() {
 /// view's key as a `foreign_type` problem with its fix.
 #[test]
 fn status_shows_a_foreign_redis_type_beside_the_members() {
-    use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
+    use headcount_harness::{skip_unless_required, KvStore, ServerKind};
     let started = KvStore::redis(None);
     let Some(redis) = skip_unless_required(ServerKind::Redis, "status over Redis", started) else {
         return;
