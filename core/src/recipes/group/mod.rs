@@ -78,7 +78,7 @@ mod table;
 mod view;
 
 pub mod protocol {
-    #![doc = include_str!("../../../docs/group-protocol.md")]
+    #![doc = include_str!("../../../../docs/group-protocol.md")]
 }
 
 use std::time::Duration;
