@@ -209,10 +209,10 @@ async fn a_joiner_is_adopted_despite_missed_changes(settle: Duration) {
 }
 
 /// A member whose view compare-and-set loses (the joiner published first) reads the view
-/// directory again, even when the store's version says it did not change: before, it kept the
-/// version it held, heard "unchanged" at every heartbeat, and retried with the same stale
-/// expected text for ever, so it never adopted the joiner's view and the joiner waited for its
-/// acknowledgement for ever (issue 32, finding 2). Here the first member holds a version of the
+/// directory again, even when the store's version says it did not change: otherwise it would keep
+/// the version it held, hear "unchanged" at every heartbeat, and retry with the same stale
+/// expected text for ever, so it would never adopt the joiner's view and the joiner would wait
+/// for its acknowledgement for ever. Here the first member holds a version of the
 /// view directory when it is frozen.
 #[test]
 fn a_lost_view_write_makes_the_member_read_the_view_again() {
@@ -220,8 +220,8 @@ fn a_lost_view_write_makes_the_member_read_the_view_again() {
 }
 
 /// The same for the settled mark: a settler whose compare-and-set of the mark loses (another
-/// settler wrote it) reads the view directory again; before, the mark stayed unseen behind the
-/// version it held, and it never activated the view (issue 32, finding 2). Here the first member
+/// settler wrote it) reads the view directory again; otherwise the mark would stay unseen behind
+/// the version it held, and it would never activate the view. Here the first member
 /// holds no version of the view directory when it is frozen (it has just written there), so it
 /// adopts the joiner's view and then waits on the mark.
 #[test]
@@ -233,7 +233,7 @@ fn a_lost_settled_mark_write_makes_the_member_read_the_view_again() {
 /// member's copy: a member whose slot was deleted (or expired early, or overwritten) while the
 /// store's version of the slot directory said nothing changed stops all work at that heartbeat,
 /// as documented, instead of finding its own record in its copy and granting until its lease
-/// deadline (issue 32, finding 3).
+/// deadline.
 #[test]
 fn a_refused_renewal_is_judged_on_the_store_not_on_the_copy() {
     runtime().block_on(async {

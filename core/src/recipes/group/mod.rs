@@ -78,6 +78,8 @@ mod table;
 mod view;
 
 pub mod protocol {
+    // The document lives in `docs/`; `core/docs/group-protocol.md` links to it, so the
+    // packaged crate carries it.
     #![doc = include_str!("../../../docs/group-protocol.md")]
 }
 
