@@ -12,7 +12,7 @@ use std::time::Duration;
 use headcount_conformance::wait::eventually_blocking;
 use serde_json::Value;
 
-use common::{headcount, sqlite, text};
+use common::{headcount, sqlite, text, Reap};
 
 const SCHEMA: &str = include_str!("../../docs/status.schema.json");
 
@@ -157,25 +157,6 @@ fn status_json(url: &str, group: &str, extra: &[&str]) -> Value {
     let doc: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
     conforms(&doc);
     doc
-}
-
-/// Kills the process (SIGTERM, then SIGKILL) when dropped.
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let pid = self.0.id().to_string();
-        let _ = Command::new("kill").args(["-CONT", &pid]).status();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        for _ in 0..250 {
-            if !matches!(self.0.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn run(url: &str, group: &str, member: &str, extra: &[&str]) -> Reap {
