@@ -191,19 +191,27 @@ fn frozen_member(url: &str) -> Reap {
     m
 }
 
-/// Waits until `status --json` shows a settled view naming `n` members; returns it.
+/// Waits until `status --json` shows a settled view naming `n` members; returns it. A read
+/// that fails (the members have not created the SQLite file yet) is tried again.
 fn settled(url: &str, group: &str, n: usize, extra: &[&str]) -> Value {
     eventually_blocking(
         "a settled view",
         Duration::from_secs(20),
         Duration::from_millis(100),
         || {
-            let s = status_json(url, group, extra);
+            let out = headcount()
+                .args(["status", "--store", url, "--group", group, "--json"])
+                .args(extra)
+                .output()
+                .expect("status");
+            if !out.status.success() {
+                return Err(Value::String(text(&out.stderr)));
+            }
+            let s: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+            conforms(&s);
             let named = s["view"]["slots"].as_array().map_or(0, Vec::len);
-            if s["view_settled"] == true
-                && named == n
-                && s["members"].as_array().unwrap().len() == n
-            {
+            let live = s["members"].as_array().map_or(0, Vec::len);
+            if s["view_settled"] == true && named == n && live == n {
                 Ok(s)
             } else {
                 Err(s)
