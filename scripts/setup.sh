@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what headcount's tests need and the machine lacks: the servers the conformance suite
-# starts (PostgreSQL, PgBouncer, Redis, etcd) and protoc with the protobuf well-known types
-# (etcd-client compiles etcd's .proto files at build time). Idempotent: installs only what is missing.
+# starts (PostgreSQL, PgBouncer, Redis, etcd), Chromium and chromedriver for the group page's
+# browser tests, and protoc with the protobuf well-known types (etcd-client compiles etcd's .proto
+# files at build time). Idempotent: installs only what is missing.
 # Uses apt-get when run as root on Debian/Ubuntu; otherwise it says what to install.
 set -euo pipefail
 
@@ -17,6 +18,9 @@ command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# A headless browser and its WebDriver for the group page's browser tests (cli/tests/page_browser.rs).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 
 if [ ${#missing[@]} -gt 0 ]; then

@@ -106,8 +106,16 @@ pub async fn write_response(
     response: &Response,
 ) -> std::io::Result<()> {
     let body = response.body.as_bytes();
+    // A page may load nothing from anywhere else: the browser refuses it, should a change of
+    // the page ever try (a CDN script, a web font).
+    let policy = if response.content_type.starts_with("text/html") {
+        "Content-Security-Policy: default-src 'self'; script-src 'unsafe-inline'; \
+         style-src 'unsafe-inline'; img-src 'self' data:\r\n"
+    } else {
+        ""
+    };
     let head = format!(
-        "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\n{policy}Connection: close\r\n\r\n",
         response.status,
         response.content_type,
         body.len()

@@ -4,11 +4,15 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use headcount_conformance::wait::eventually_blocking;
+
+mod common;
+
+use common::Reap;
 
 fn headcount() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_headcount"));
@@ -17,23 +21,6 @@ fn headcount() -> Command {
         .env_remove("HEADCOUNT_LOG_FORMAT")
         .env_remove("HEADCOUNT_METRICS_ADDR");
     c
-}
-
-/// Kills the child (SIGTERM, then SIGKILL) when the test ends, passing or not.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `headcount run --ttl 600ms` with `args`, serving metrics on a port of its choice and logging

@@ -7,32 +7,13 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::{headcount, sqlite};
-
-/// Kills the child (SIGTERM, then SIGKILL) when the test ends, passing or not.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        for _ in 0..250 {
-            if !matches!(self.0.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{headcount, sqlite, Reap};
 
 fn start(url: &str, member: &str, tx: mpsc::Sender<(String, Value)>) -> Reap {
     let mut child = headcount()

@@ -12,7 +12,7 @@ use std::time::Duration;
 use headcount_conformance::wait::eventually_blocking;
 use serde_json::Value;
 
-use common::{headcount, sqlite, text};
+use common::{headcount, sqlite, text, Reap};
 
 const SCHEMA: &str = include_str!("../../docs/status.schema.json");
 
@@ -159,25 +159,6 @@ fn status_json(url: &str, group: &str, extra: &[&str]) -> Value {
     doc
 }
 
-/// Kills the process (SIGTERM, then SIGKILL) when dropped.
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let pid = self.0.id().to_string();
-        let _ = Command::new("kill").args(["-CONT", &pid]).status();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        for _ in 0..250 {
-            if !matches!(self.0.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn run(url: &str, group: &str, member: &str, extra: &[&str]) -> Reap {
     let ttl = if extra.contains(&"--ttl") {
         &[][..]
@@ -210,19 +191,27 @@ fn frozen_member(url: &str) -> Reap {
     m
 }
 
-/// Waits until `status --json` shows a settled view naming `n` members; returns it.
+/// Waits until `status --json` shows a settled view naming `n` members; returns it. A read
+/// that fails (the members have not created the SQLite file yet) is tried again.
 fn settled(url: &str, group: &str, n: usize, extra: &[&str]) -> Value {
     eventually_blocking(
         "a settled view",
         Duration::from_secs(20),
         Duration::from_millis(100),
         || {
-            let s = status_json(url, group, extra);
+            let out = headcount()
+                .args(["status", "--store", url, "--group", group, "--json"])
+                .args(extra)
+                .output()
+                .expect("status");
+            if !out.status.success() {
+                return Err(Value::String(text(&out.stderr)));
+            }
+            let s: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+            conforms(&s);
             let named = s["view"]["slots"].as_array().map_or(0, Vec::len);
-            if s["view_settled"] == true
-                && named == n
-                && s["members"].as_array().unwrap().len() == n
-            {
+            let live = s["members"].as_array().map_or(0, Vec::len);
+            if s["view_settled"] == true && named == n && live == n {
                 Ok(s)
             } else {
                 Err(s)

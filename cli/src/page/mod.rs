@@ -27,6 +27,9 @@ const HTML: &str = include_str!("group.html");
 /// How often the group is read while the page is watched.
 pub const EVERY: Duration = Duration::from_millis(250);
 
+/// How old a document may be when it is asked for: older, the group is read again first.
+const STALE_AFTER: Duration = Duration::from_secs(1);
+
 /// How long after the last request the page of `run` and `exec` stops reading the group: a
 /// member's page costs the store nothing while nobody looks at it.
 const IDLE_AFTER: Duration = Duration::from_secs(30);
@@ -40,6 +43,8 @@ struct Kept {
     owners: Option<(u64, Arc<Vec<u8>>)>,
     /// The newest status read, for `/group/key`.
     status: Option<Arc<GroupStatus>>,
+    /// When the group was last read.
+    read_at: Option<Instant>,
     observer: Observer,
 }
 
@@ -52,6 +57,8 @@ pub struct Page {
     /// no gaps), rather than only within [`IDLE_AFTER`] of a request.
     always: bool,
     kept: Mutex<Kept>,
+    /// Held while the group is read: reads that overlapped could be taken in out of order.
+    reading: tokio::sync::Mutex<()>,
     last_request: Mutex<Option<Instant>>,
     wake: Notify,
 }
@@ -137,6 +144,7 @@ impl Page {
             declared,
             always,
             kept: Mutex::new(Kept::default()),
+            reading: tokio::sync::Mutex::new(()),
             last_request: Mutex::new(None),
             wake: Notify::new(),
         })
@@ -167,6 +175,8 @@ impl Page {
 
     /// Reads the group once and keeps the documents.
     async fn read(&self) {
+        let _one = self.reading.lock().await;
+        let started = Instant::now();
         let now = SystemTime::now();
         let read = status_with_keys(
             &self.store,
@@ -178,6 +188,7 @@ impl Page {
         )
         .await;
         let mut kept = self.kept();
+        kept.read_at = Some(started);
         match read {
             Ok(s) => {
                 kept.observer.observe(&s, now, self.args.sample);
@@ -199,6 +210,11 @@ impl Page {
                 kept.document = Some(Arc::new(doc.to_string().into_bytes()));
             }
         }
+        tracing::debug!(
+            target: "headcount::page",
+            took_us = started.elapsed().as_micros() as u64,
+            "read the group and built its documents"
+        );
     }
 
     /// Answers a request under `/group`.
@@ -227,9 +243,13 @@ impl Page {
                 body: Body::Static(HTML),
             },
             "/group/status.json" => {
-                // The first request of a page that was not watched reads the group itself, so it
-                // is not answered with a document from before its reads stopped.
-                if !was_watched && !self.always || self.kept().document.is_none() {
+                // A page that was not watched reads the group itself, so it is not answered
+                // with a document from before its reads stopped.
+                let stale = self
+                    .kept()
+                    .read_at
+                    .is_none_or(|t| t.elapsed() > STALE_AFTER);
+                if stale {
                     self.read().await;
                 }
                 match self.kept().document.clone() {

@@ -4,7 +4,8 @@
 #![allow(dead_code, clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -86,4 +87,22 @@ pub fn members(url: &str, group: &str) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Kills the child when the test ends, passing or not: SIGCONT (a test may have stopped it),
+/// SIGTERM, then SIGKILL after 5 s.
+pub struct Reap(pub Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-CONT", &pid]).status();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
