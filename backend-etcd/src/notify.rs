@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{EventType, WatchClient, WatchOptions, WatchResponse};
-use headcount_core::notify::{keep_listening, Ended, HubListener, WarnOnce};
+use headcount_core::notify::{keep_listening, HubListener, SessionEnd, WarnOnce};
 
 use crate::errors::BACKEND;
 
@@ -36,12 +36,12 @@ pub(crate) async fn listen(
     .await;
 }
 
-fn ended_by(e: etcd_client::Error) -> Ended {
+fn ended_by(e: etcd_client::Error) -> SessionEnd {
     let text = e.to_string();
     if text.contains("permission denied") || text.contains("PermissionDenied") {
-        Ended::Refused(format!("etcd refuses the watch: {text}"))
+        SessionEnd::Refused(format!("etcd refuses the watch: {text}"))
     } else {
-        Ended::Lost(text)
+        SessionEnd::Lost(text)
     }
 }
 
@@ -50,11 +50,11 @@ async fn session(
     mut client: WatchClient,
     timeout: Duration,
     hub: &mut HubListener,
-) -> (Ended, bool) {
+) -> (SessionEnd, bool) {
     let mut dirs = hub.directories();
     while dirs.is_empty() {
         if !hub.directories_changed().await {
-            return (Ended::Closed, false);
+            return (SessionEnd::Closed, false);
         }
         dirs = hub.directories();
     }
@@ -65,7 +65,7 @@ async fn session(
             Ok(Err(e)) => return (ended_by(e), false),
             Err(_) => {
                 return (
-                    Ended::Lost("opening the watch stream timed out".into()),
+                    SessionEnd::Lost("opening the watch stream timed out".into()),
                     false,
                 )
             }
@@ -102,12 +102,12 @@ async fn session(
                         pending.push_back(dir);
                     }
                 }
-                Ok(None) => return (Ended::Lost("the watch stream ended".into()), up),
+                Ok(None) => return (SessionEnd::Lost("the watch stream ended".into()), up),
                 Err(e) => return (ended_by(e), up),
             },
             alive = hub.directories_changed() => {
                 if !alive {
-                    return (Ended::Closed, up);
+                    return (SessionEnd::Closed, up);
                 }
                 let wanted: BTreeSet<String> = hub.directories().into_iter().collect();
                 for dir in wanted.difference(&requested) {
@@ -141,7 +141,7 @@ fn answer(
     by_id: &mut HashMap<i64, String>,
     requested: &BTreeSet<String>,
     up: &mut bool,
-) -> Option<Ended> {
+) -> Option<SessionEnd> {
     let id = resp.watch_id();
     if resp.created() {
         if let Some(dir) = pending.pop_front() {
@@ -160,7 +160,7 @@ fn answer(
             }
         } else if dir.as_ref().is_some_and(|d| requested.contains(d)) {
             // Not our cancel: etcd refused the watch (permission denied, most likely).
-            return Some(Ended::Refused(format!(
+            return Some(SessionEnd::Refused(format!(
                 "etcd cancelled the watch of {:?}: {}",
                 dir.unwrap_or_default(),
                 resp.cancel_reason()

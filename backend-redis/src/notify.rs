@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use headcount_core::notify::{keep_listening, Ended, HubListener, WarnOnce};
+use headcount_core::notify::{keep_listening, HubListener, SessionEnd, WarnOnce};
 use redis::{ConnectionInfo, Value};
 
 use crate::errors::BACKEND;
@@ -62,7 +62,7 @@ pub(crate) async fn listen(target: Target, hub: HubListener, warn: Arc<WarnOnce>
         async move {
             match node {
                 Some(info) => session(info, &target, &mut hub).await,
-                None => (Ended::Closed, false),
+                None => (SessionEnd::Closed, false),
             }
         }
     })
@@ -72,15 +72,19 @@ pub(crate) async fn listen(target: Target, hub: HubListener, warn: Arc<WarnOnce>
 /// One connection: subscribe every directory, then deliver messages and follow the set of
 /// directories until the connection fails or the hub is gone. Says whether the subscription
 /// was up.
-async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -> (Ended, bool) {
+async fn session(
+    info: ConnectionInfo,
+    target: &Target,
+    hub: &mut HubListener,
+) -> (SessionEnd, bool) {
     let opened = async {
         let client = redis::Client::open(info)?;
         client.get_async_pubsub().await
     };
     let pubsub = match tokio::time::timeout(target.timeout, opened).await {
         Ok(Ok(p)) => p,
-        Ok(Err(e)) => return (Ended::Lost(e.to_string()), false),
-        Err(_) => return (Ended::Lost("connecting timed out".into()), false),
+        Ok(Err(e)) => return (SessionEnd::Lost(e.to_string()), false),
+        Err(_) => return (SessionEnd::Lost("connecting timed out".into()), false),
     };
     let (mut sink, mut stream) = pubsub.split();
     let mut subscribed: BTreeSet<String> = BTreeSet::new();
@@ -99,7 +103,7 @@ async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -
                 Ok(Ok(())) => {}
                 Ok(Err(e)) if e.code() == Some("NOPERM") => {
                     return (
-                        Ended::Refused(format!(
+                        SessionEnd::Refused(format!(
                             "the server refuses SUBSCRIBE to this user (an ACL without \
                              channel permissions: grant them with ACL SETUSER <user> \
                              '&{CHANNEL_PREFIX}*'): {e}"
@@ -107,8 +111,8 @@ async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -
                         up,
                     )
                 }
-                Ok(Err(e)) => return (Ended::Lost(e.to_string()), up),
-                Err(_) => return (Ended::Lost("SUBSCRIBE timed out".into()), up),
+                Ok(Err(e)) => return (SessionEnd::Lost(e.to_string()), up),
+                Err(_) => return (SessionEnd::Lost("SUBSCRIBE timed out".into()), up),
             }
             // The client answers Ok to a SUBSCRIBE the server refused (its error reply is
             // taken as an answer). A PING tells: in subscribe mode (some channel subscribed)
@@ -118,7 +122,7 @@ async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -
                     Ok(Ok(Value::Array(_) | Value::Push { .. })) => {}
                     Ok(Ok(_)) => {
                         return (
-                            Ended::Refused(format!(
+                            SessionEnd::Refused(format!(
                                 "the server did not subscribe this user to `{CHANNEL_PREFIX}*` \
                                  (an ACL without channel permissions: grant them with ACL \
                                  SETUSER <user> '&{CHANNEL_PREFIX}*')"
@@ -126,8 +130,8 @@ async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -
                             up,
                         )
                     }
-                    Ok(Err(e)) => return (Ended::Lost(format!("PING: {e}")), up),
-                    Err(_) => return (Ended::Lost("PING timed out".into()), up),
+                    Ok(Err(e)) => return (SessionEnd::Lost(format!("PING: {e}")), up),
+                    Err(_) => return (SessionEnd::Lost("PING timed out".into()), up),
                 }
             }
             up = true;
@@ -140,8 +144,8 @@ async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -
             let channels: Vec<String> = gone.iter().map(|d| channel(d)).collect();
             match tokio::time::timeout(target.timeout, sink.unsubscribe(&channels)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return (Ended::Lost(e.to_string()), up),
-                Err(_) => return (Ended::Lost("UNSUBSCRIBE timed out".into()), up),
+                Ok(Err(e)) => return (SessionEnd::Lost(e.to_string()), up),
+                Err(_) => return (SessionEnd::Lost("UNSUBSCRIBE timed out".into()), up),
             }
             for dir in gone {
                 subscribed.remove(&dir);
@@ -154,18 +158,18 @@ async fn session(info: ConnectionInfo, target: &Target, hub: &mut HubListener) -
                         hub.notify(dir);
                     }
                 }
-                None => return (Ended::Lost("the server closed the connection".into()), up),
+                None => return (SessionEnd::Lost("the server closed the connection".into()), up),
             },
             alive = hub.directories_changed() => {
                 if !alive {
-                    return (Ended::Closed, up);
+                    return (SessionEnd::Closed, up);
                 }
             }
             _ = keepalive.tick() => {
                 match tokio::time::timeout(target.timeout, sink.ping::<Value>()).await {
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return (Ended::Lost(format!("PING: {e}")), up),
-                    Err(_) => return (Ended::Lost("PING timed out".into()), up),
+                    Ok(Err(e)) => return (SessionEnd::Lost(format!("PING: {e}")), up),
+                    Err(_) => return (SessionEnd::Lost("PING timed out".into()), up),
                 }
             }
         }

@@ -73,7 +73,7 @@ pub struct ExecArgs {
 }
 
 /// Why a running command was stopped, or stopped by itself.
-enum Ended {
+enum CommandEnd {
     /// The grant stopped being valid: restart under the next one.
     Revoked,
     /// A stop signal to headcount (SIGINT, SIGTERM, SIGHUP, SIGQUIT).
@@ -165,11 +165,11 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
         // A command killed by the watchdog while exec was stopped looks like one that exited by
         // itself: the lapsed lease tells the two apart, and the share is revoked, not left.
         let ended = match ended {
-            Ended::Exited(_) if grant.lease_lapsed() => Ended::Revoked,
+            CommandEnd::Exited(_) if grant.lease_lapsed() => CommandEnd::Revoked,
             other => other,
         };
         let status = match ended {
-            Ended::Exited(status) => {
+            CommandEnd::Exited(status) => {
                 // The command is gone, but what it started in its group is not: nothing may
                 // keep working once the grant is dropped.
                 if let Some(pid) = pid {
@@ -182,27 +182,27 @@ pub async fn exec(url: String, args: ExecArgs) -> Result<ExitCode, CliError> {
             // gets no grace period. Asked of the grant, not of the member's phase: a member
             // that lapsed and quickly became active again is no longer `rejoining`, but this
             // grant is still the lapsed lease's.
-            Ended::Revoked if grant.lease_lapsed() => {
+            CommandEnd::Revoked if grant.lease_lapsed() => {
                 tracing::warn!("the lease lapsed: stopping the command at once");
                 terminate(&mut child, Duration::ZERO, &grant, &mut dog).await
             }
-            Ended::Revoked | Ended::Signal => {
+            CommandEnd::Revoked | CommandEnd::Signal => {
                 terminate(&mut child, args.grace, &grant, &mut dog).await
             }
         };
         dog.stop().await;
         let reason = match ended {
-            Ended::Revoked => "revoked",
-            Ended::Signal => "signal",
-            Ended::Exited(_) => "exited",
+            CommandEnd::Revoked => "revoked",
+            CommandEnd::Signal => "signal",
+            CommandEnd::Exited(_) => "exited",
         };
         event("stop", &assignment, &grant, pid, Some(reason), Some(status));
         // Dropping the grant is the acknowledgement: the hand-off may proceed.
         drop(grant);
         match ended {
-            Ended::Revoked => continue,
-            Ended::Signal => break ExitCode::SUCCESS,
-            Ended::Exited(status) => break exit_code(status),
+            CommandEnd::Revoked => continue,
+            CommandEnd::Signal => break ExitCode::SUCCESS,
+            CommandEnd::Exited(status) => break exit_code(status),
         }
     };
     // The code is decided: the command's own status, 0 after a stop signal, 125 when the
@@ -269,22 +269,22 @@ async fn supervise(
     watch: &mut watch::Receiver<Assignment>,
     shutdown: &mut Shutdown,
     user_signals: &mut UserSignals,
-) -> Ended {
+) -> CommandEnd {
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut watching = true;
     loop {
         if !grant.is_valid() {
-            return Ended::Revoked;
+            return CommandEnd::Revoked;
         }
         dog.feed(grant).await;
         tokio::select! {
             status = child.wait() => {
                 return match status {
-                    Ok(status) => Ended::Exited(status),
+                    Ok(status) => CommandEnd::Exited(status),
                     Err(e) => {
                         tracing::error!(error = %e, "cannot wait for the command");
-                        Ended::Revoked
+                        CommandEnd::Revoked
                     }
                 };
             }
@@ -294,7 +294,7 @@ async fn supervise(
                 }
             }
             _ = tick.tick() => {}
-            () = shutdown.recv() => return Ended::Signal,
+            () = shutdown.recv() => return CommandEnd::Signal,
             sig = user_signals.recv() => {
                 if let Some(pid) = child.id() {
                     signal_group(pid, Signal::User(sig));

@@ -232,7 +232,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
         if last_line.as_ref() != Some(&without_time(&line)) {
             output = emit(line.clone());
             if output.is_err() {
-                break Ended::Output;
+                break RunEnd::Output;
             }
             last_line = Some(without_time(&line));
         }
@@ -241,7 +241,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
             held = fresh;
         }
         if assignment.phase == GroupPhase::Failed {
-            break Ended::Failed;
+            break RunEnd::Failed;
         }
         // A share not granted yet (the pair's previous holders are finishing) is asked for
         // again; a held one is watched for a revocation or a lapsed lease.
@@ -249,7 +249,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
         tokio::select! {
             changed = watch.changed() => {
                 if changed.is_err() {
-                    break Ended::Failed;
+                    break RunEnd::Failed;
                 }
             }
             () = async {
@@ -259,7 +259,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
                 }
             } => {}
             () = tokio::time::sleep(SHARE_CHECK), if waiting || held.is_some() => {}
-            () = shutdown.recv() => break Ended::Signal,
+            () = shutdown.recv() => break RunEnd::Signal,
         }
     };
     // A member that showed a pair says it stops using it before it lets the share go and
@@ -294,10 +294,10 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
         args.partitions.map(|_| Vec::new()),
     ))?;
     match ended {
-        Ended::Signal => stopped_anyway(left),
-        Ended::Output | Ended::Failed => left?,
+        RunEnd::Signal => stopped_anyway(left),
+        RunEnd::Output | RunEnd::Failed => left?,
     }
-    Ok(if ended == Ended::Failed {
+    Ok(if ended == RunEnd::Failed {
         ExitCode::from(crate::exit::FAILURE)
     } else {
         ExitCode::SUCCESS
@@ -319,7 +319,7 @@ fn without_time(line: &serde_json::Value) -> serde_json::Value {
 
 /// Why `run` stopped following the group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ended {
+enum RunEnd {
     /// A stop signal: the stop was asked for.
     Signal,
     /// Stdout failed (closed by its reader, or full).
@@ -421,7 +421,9 @@ fn interval_line(group: &str, status: &IntervalStatus, live: Option<usize>) -> s
         "mode": "interval",
         "index": pair.map(|p| p.index),
         "replicas": pair.map(|p| p.replicas),
-        "epoch": pair.map(|p| p.epoch).or(status.last_tick),
+        // The pair's epoch, and apart from it the interval number: one field for each.
+        "epoch": pair.map(|p| p.epoch),
+        "tick": status.last_tick,
         "live": live,
         "at": rfc3339(SystemTime::now()),
         "phase": status.phase.as_str(),

@@ -462,7 +462,7 @@ fn the_page_follows_a_group_on_sqlite() {
 
 #[test]
 fn the_page_follows_a_group_on_redis() {
-    use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
+    use headcount_harness::{skip_unless_required, KvStore, ServerKind};
     let started = KvStore::redis(None);
     let Some(redis) = skip_unless_required(ServerKind::Redis, "page on Redis", started) else {
         return;
@@ -499,7 +499,7 @@ fn run_serves_the_page_beside_its_metrics() {
 #[test]
 fn the_page_renders_1000_members_and_65536_partitions() {
     use headcount::recipes::group::{Holder, SettledRecord, SlotRecord, ViewRecord};
-    use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
+    use headcount_harness::{skip_unless_required, KvStore, ServerKind};
     let Some((chromium, driver, _one)) = browser("page at 1,000 members") else {
         return;
     };

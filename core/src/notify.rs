@@ -408,7 +408,7 @@ impl HubListener {
 
 /// How one connection of a backend's listener ended ([`keep_listening`]).
 #[derive(Debug)]
-pub enum Ended {
+pub enum SessionEnd {
     /// The hub is gone (the store and all its notifications were dropped): stop.
     Closed,
     /// The connection failed: open another after a backoff.
@@ -428,7 +428,7 @@ pub async fn keep_listening<F, Fut>(
     mut session: F,
 ) where
     F: FnMut(HubListener) -> Fut,
-    Fut: std::future::Future<Output = (Ended, bool)>,
+    Fut: std::future::Future<Output = (SessionEnd, bool)>,
 {
     let mut backoff = Backoff::default();
     loop {
@@ -437,15 +437,15 @@ pub async fn keep_listening<F, Fut>(
         }
         let (ended, was_up) = session(hub.clone()).await;
         let wait = match ended {
-            Ended::Closed => return,
-            Ended::Lost(why) => {
+            SessionEnd::Closed => return,
+            SessionEnd::Lost(why) => {
                 tracing::debug!(backend, "notification connection lost: {why}");
                 if was_up {
                     backoff.reset();
                 }
                 backoff.next_delay()
             }
-            Ended::Refused(why) => {
+            SessionEnd::Refused(why) => {
                 warn.warn(backend, &why);
                 RETRY_MAX
             }

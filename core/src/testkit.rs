@@ -851,7 +851,7 @@ impl TestGroup {
 
     /// Lets every member run without moving the clock: what they do at once (a leave published,
     /// a view adopted) is done afterwards.
-    pub async fn settle(&self) {
+    pub async fn run_pending(&self) {
         self.run_tasks().await;
     }
 

@@ -19,7 +19,7 @@ use headcount_core::recipes::ids::{DurabilityPolicy, IdsConfig, MajorityIds};
 use headcount_core::{Clock, DynStore, ManualClock, Op, Result};
 
 /// Lets the spawned tasks run until they wait on the clock again.
-async fn settle() {
+async fn run_pending() {
     for _ in 0..50 {
         tokio::task::yield_now().await;
     }
@@ -34,7 +34,7 @@ where
 {
     let end = clock.monotonic() + limit;
     while clock.monotonic() < end {
-        settle().await;
+        run_pending().await;
         if done().await {
             return;
         }
@@ -155,7 +155,7 @@ async fn an_ids_deadline_passes_on_the_manual_clock_only() {
     while !call.is_finished() && waited <= deadline + Duration::from_secs(5) {
         clock.advance(Duration::from_millis(250));
         waited += Duration::from_millis(250);
-        settle().await;
+        run_pending().await;
     }
     let err = tokio::time::timeout(Duration::from_secs(5), call)
         .await

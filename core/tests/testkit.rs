@@ -318,7 +318,7 @@ async fn a_service_of_workers_keeps_its_writes_ordered_through_a_crash() {
             fence.clone(),
         );
     }
-    group.settle().await;
+    group.run_pending().await;
     assert_eq!(sink.lock().expect("sink").len(), keys.len());
     group.crash(0);
     group.converged().await.expect("without 0");
@@ -330,7 +330,7 @@ async fn a_service_of_workers_keeps_its_writes_ordered_through_a_crash() {
         fence.clone(),
     );
     group.converged().await.expect("with 0 again");
-    group.settle().await;
+    group.run_pending().await;
     let sink = sink.lock().expect("sink");
     for k in keys.iter() {
         let owner = group.owner_of(k).expect("owned");

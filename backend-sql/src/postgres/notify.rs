@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use headcount_core::notify::{keep_listening, Ended, HubListener, WarnOnce};
+use headcount_core::notify::{keep_listening, HubListener, SessionEnd, WarnOnce};
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
@@ -38,20 +38,29 @@ pub(crate) async fn listen(
     .await;
 }
 
-async fn session(config: &PostgresConfig, channel: &str, hub: &mut HubListener) -> (Ended, bool) {
+async fn session(
+    config: &PostgresConfig,
+    channel: &str,
+    hub: &mut HubListener,
+) -> (SessionEnd, bool) {
     let timeout = config.timeout();
     let tls_config = config.clone();
     // Building the connector may read `sslrootcert` from disk: off the runtime's workers.
     let connector = match tokio::task::spawn_blocking(move || tls::connector(&tls_config)).await {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return (Ended::Refused(format!("cannot set up TLS: {e}")), false),
-        Err(e) => return (Ended::Lost(e.to_string()), false),
+        Ok(Err(e)) => {
+            return (
+                SessionEnd::Refused(format!("cannot set up TLS: {e}")),
+                false,
+            )
+        }
+        Err(e) => return (SessionEnd::Lost(e.to_string()), false),
     };
     let (client, mut connection) =
         match tokio::time::timeout(timeout, config.pg.connect(connector)).await {
             Ok(Ok(pair)) => pair,
-            Ok(Err(e)) => return (Ended::Lost(e.to_string()), false),
-            Err(_) => return (Ended::Lost("connecting timed out".into()), false),
+            Ok(Err(e)) => return (SessionEnd::Lost(e.to_string()), false),
+            Err(_) => return (SessionEnd::Lost("connecting timed out".into()), false),
         };
     // The connection delivers notifications only to whoever polls it: a task of its own,
     // forwarding them (and its end) here.
@@ -87,19 +96,19 @@ async fn listening(
     timeout: Duration,
     rx: &mut mpsc::UnboundedReceiver<Result<String, String>>,
     hub: &mut HubListener,
-) -> (Ended, bool) {
+) -> (SessionEnd, bool) {
     // `channel` is `<table>_changed`, and a table name is letters, digits and `_`.
     let listen = format!("LISTEN \"{channel}\"");
     match tokio::time::timeout(timeout, client.batch_execute(&listen)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) if e.as_db_error().is_some() => {
             return (
-                Ended::Refused(format!("the server refuses `{listen}`: {e}")),
+                SessionEnd::Refused(format!("the server refuses `{listen}`: {e}")),
                 false,
             )
         }
-        Ok(Err(e)) => return (Ended::Lost(e.to_string()), false),
-        Err(_) => return (Ended::Lost("LISTEN timed out".into()), false),
+        Ok(Err(e)) => return (SessionEnd::Lost(e.to_string()), false),
+        Err(_) => return (SessionEnd::Lost("LISTEN timed out".into()), false),
     }
     // Listening now: what happened before was not heard.
     let mut known: BTreeSet<String> = BTreeSet::new();
@@ -114,19 +123,19 @@ async fn listening(
         tokio::select! {
             msg = rx.recv() => match msg {
                 Some(Ok(dir)) => hub.notify(&dir),
-                Some(Err(why)) => return (Ended::Lost(why), true),
-                None => return (Ended::Lost("the connection's task ended".into()), true),
+                Some(Err(why)) => return (SessionEnd::Lost(why), true),
+                None => return (SessionEnd::Lost("the connection's task ended".into()), true),
             },
             alive = hub.directories_changed() => {
                 if !alive {
-                    return (Ended::Closed, true);
+                    return (SessionEnd::Closed, true);
                 }
             }
             _ = keepalive.tick() => {
                 match tokio::time::timeout(timeout, client.simple_query("")).await {
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return (Ended::Lost(e.to_string()), true),
-                    Err(_) => return (Ended::Lost("keepalive timed out".into()), true),
+                    Ok(Err(e)) => return (SessionEnd::Lost(e.to_string()), true),
+                    Err(_) => return (SessionEnd::Lost("keepalive timed out".into()), true),
                 }
             }
         }

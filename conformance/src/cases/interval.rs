@@ -78,7 +78,7 @@ impl Sim {
             .await
             .during(format!("join of {name}"))?;
         self.peers.insert(name.to_owned(), peer);
-        self.settle().await
+        self.run_pending().await
     }
 
     fn peer(&self, name: &str) -> Result<&IntervalPeer, Failure> {
@@ -88,7 +88,7 @@ impl Sim {
     }
 
     /// Waits until every peer has done everything due at the current time.
-    async fn settle(&self) -> CaseResult {
+    async fn run_pending(&self) -> CaseResult {
         let what = format!("every peer idle after the clock reached {:?}", self.now());
         let every = Duration::from_millis(1);
         wait::until(&what, SETTLE_DEADLINE, every, || async {
@@ -115,7 +115,7 @@ impl Sim {
         while self.now() < t {
             let d = (t - self.now()).min(step);
             self.clock.advance(d);
-            self.settle().await?;
+            self.run_pending().await?;
         }
         Ok(())
     }

@@ -244,7 +244,7 @@ mod tests {
     }
 
     /// Lets the forwarding task run without moving the clock.
-    async fn settle() {
+    async fn run_pending() {
         for _ in 0..8 {
             tokio::task::yield_now().await;
         }
@@ -256,15 +256,15 @@ mod tests {
         let mut n = store.subscribe(DIR).await.unwrap();
         assert!(n.is_native());
         write(&memory, 0).await;
-        settle().await;
+        run_pending().await;
         assert_eq!(n.try_recv(), Some(Notice::Changed));
         faults.pause();
         write(&memory, 1).await;
-        settle().await;
+        run_pending().await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(n.try_recv(), None, "held while paused");
         faults.resume();
-        settle().await;
+        run_pending().await;
         assert_eq!(n.try_recv(), Some(Notice::Changed));
         assert_eq!(faults.notice_faults(), 0);
         let off = faulty(NoticeRates::OFF, 1).1.subscribe(DIR).await.unwrap();
@@ -281,7 +281,7 @@ mod tests {
         let (memory, store, faults) = faulty(drop_all, 2);
         let mut n = store.subscribe(DIR).await.unwrap();
         write(&memory, 0).await;
-        settle().await;
+        run_pending().await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(n.try_recv(), None);
         assert_eq!(faults.notice_faults(), 1);
@@ -297,7 +297,7 @@ mod tests {
         let mut n = store.subscribe(DIR).await.unwrap();
         let start = tokio::time::Instant::now();
         write(&memory, 0).await;
-        settle().await;
+        run_pending().await;
         assert_eq!(n.recv().await, Notice::Changed);
         let first = start.elapsed();
         assert!(first > Duration::ZERO, "delayed");
@@ -320,7 +320,7 @@ mod tests {
         let mut got = 0;
         for i in 0..100 {
             write(&memory, i).await;
-            settle().await;
+            run_pending().await;
             tokio::time::sleep(Duration::from_millis(60)).await;
             while n.try_recv().is_some() {
                 got += 1;
@@ -339,12 +339,12 @@ mod tests {
         };
         let (memory, store, _faults) = faulty(slow, 5);
         let n = store.subscribe(DIR).await.unwrap();
-        settle().await;
+        run_pending().await;
         assert_eq!(memory.hub.directories(), vec![DIR.to_owned()]);
         write(&memory, 0).await;
-        settle().await;
+        run_pending().await;
         drop(n);
-        settle().await;
+        run_pending().await;
         // The task dropped its subscription to the inner store: it ended.
         assert!(memory.hub.directories().is_empty());
     }

@@ -56,12 +56,12 @@
 //! * A [`Holder`] is how a view names a claim: the slot and the claim's nonce.
 //! * A *view* ([`ViewRecord`]) is the set of holders published under an epoch; the *settled
 //!   mark* ([`SettledRecord`]) says every holder of a view acknowledged it ([`AckRecord`]).
-//! * The *table* ([`Table`]) is what a member read of the slot and view directories.
+//! * The *table* ([`SlotTable`]) is what a member read of the slot and view directories.
 //!
 //! # Files
 //!
 //! `config` ([`GroupConfig`]), `keys` (the group's keys), `records` (the records in the store),
-//! `table` (the slot [`Table`] as read), `view` (a view as members hold it, [`Assignment`] and
+//! `table` (the slot [`SlotTable`] as read), `view` (a view as members hold it, [`Assignment`] and
 //! [`Change`]), `grants` (the member's shared state and [`Grant`]), `member` ([`Group::join`] and
 //! the [`Member`] handle), `runner/` (the heartbeat task, a state machine: see its front page)
 //! `status` (what `headcount status` shows) and `remove` ([`remove`], a stopped group's keys).
@@ -91,7 +91,7 @@ pub use member::{Group, Member};
 pub use records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
 pub use remove::{remove, Removed};
 pub use status::{status, status_with_keys, GroupStatus, KeyOwner, Problem, Standby};
-pub use table::Table;
+pub use table::SlotTable;
 pub use view::{Assignment, Cause, Change, GroupPhase, ViewState};
 
 /// The lease TTL the `headcount` CLI uses when `--ttl` is not given, a sensible default for an

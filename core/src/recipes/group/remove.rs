@@ -1,7 +1,7 @@
 //! Removing a stopped group's keys: [`remove`].
 
 use super::keys::GroupKeys;
-use super::table::Table;
+use super::table::SlotTable;
 use crate::error::{Error, Result};
 use crate::keys::Keyspace;
 use crate::DynStore;
@@ -32,7 +32,7 @@ pub struct Removed {
 /// [`Store::compare_and_delete`]: crate::Store::compare_and_delete
 pub async fn remove(store: &DynStore, prefix: &str, group: &str) -> Result<Removed> {
     let keys = GroupKeys::new(Keyspace::with_prefix(prefix, group)?);
-    let table = Table::read(store, &keys).await?;
+    let table = SlotTable::read(store, &keys).await?;
     if !table.slots.is_empty() {
         let live: Vec<String> = table
             .slots

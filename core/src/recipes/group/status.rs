@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::keys::GroupKeys;
 use super::records::{parse_acks, AckRecord, StandbyRecord, ViewRecord};
-use super::table::Table;
+use super::table::SlotTable;
 use super::view::ViewState;
 use crate::assign::{hash_bytes, AssignError, AssignorKind, KeySet};
 use crate::error::{Error, Result};
@@ -17,7 +17,7 @@ use crate::DynStore;
 #[derive(Debug, Clone)]
 pub struct GroupStatus {
     /// The parsed slot table.
-    pub table: Table,
+    pub table: SlotTable,
     /// The acknowledgements (`hc:{group}:ack:{i}`) that belong to a live slot's claim, by slot.
     pub acks: BTreeMap<u32, AckRecord>,
     /// Whether the published view names exactly the live slots.
@@ -514,14 +514,14 @@ pub async fn status_with_keys(
     })
 }
 
-/// [`Table::read`], but a directory whose listing meets a key of another Redis type is a
+/// [`SlotTable::read`], but a directory whose listing meets a key of another Redis type is a
 /// [`Problem`], not a failure: the view directory's two keys are then read one by one (so a
 /// view beside a foreign settled mark still shows), and a slot directory shows no members.
 async fn read_table(
     store: &DynStore,
     keys: &GroupKeys,
     problems: &mut Vec<Problem>,
-) -> Result<Table> {
+) -> Result<SlotTable> {
     let views = match store.list(&keys.views).await {
         Ok(listing) => listing,
         Err(e) => {
@@ -562,7 +562,7 @@ async fn read_table(
             None => return Err(e),
         },
     };
-    let mut table = Table::parse(&keys.slots, slots);
+    let mut table = SlotTable::parse(&keys.slots, slots);
     table.set_view(&keys.views, views);
     Ok(table)
 }
@@ -597,7 +597,7 @@ mod tests {
     /// Slots 0 (nonce 10, claimed at epoch 1) and 1 (nonce 11, claimed at epoch 4), no
     /// acknowledgement left, and a view of epoch 5 over `holders` settled or not.
     fn status_of(holders: Vec<Holder>, settled: bool) -> GroupStatus {
-        let mut table = Table::default();
+        let mut table = SlotTable::default();
         table.slots.insert(0, record(10, 1));
         table.slots.insert(1, record(11, 4));
         let view = ViewRecord {

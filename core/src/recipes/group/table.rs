@@ -9,7 +9,7 @@ use crate::DynStore;
 
 /// What the listings of `hc:{group}:view:` and `hc:{group}:slot:` hold, parsed.
 #[derive(Debug, Clone, Default)]
-pub struct Table {
+pub struct SlotTable {
     /// Live slots whose record parses, by slot.
     pub slots: BTreeMap<u32, SlotRecord>,
     /// Slot keys holding something that is not a slot record (written by hand, or by another
@@ -28,20 +28,20 @@ pub struct Table {
     pub settled: Option<SettledRecord>,
 }
 
-impl Table {
+impl SlotTable {
     /// Reads a group's view directory, then its slot directory: every slot a view names was
     /// claimed before the view was published, so it is in the listing unless it is gone.
-    pub(super) async fn read(store: &DynStore, keys: &GroupKeys) -> Result<Table> {
+    pub(super) async fn read(store: &DynStore, keys: &GroupKeys) -> Result<SlotTable> {
         let views = store.list(&keys.views).await?;
         let listing = store.list(&keys.slots).await?;
-        let mut table = Table::parse(&keys.slots, listing);
+        let mut table = SlotTable::parse(&keys.slots, listing);
         table.set_view(&keys.views, views);
         Ok(table)
     }
 
     /// Parses the listing of the slot directory `prefix` (which ends in `slot:`), with no view.
-    pub fn parse(prefix: &str, listing: Vec<(String, String)>) -> Table {
-        let mut table = Table::default();
+    pub fn parse(prefix: &str, listing: Vec<(String, String)>) -> SlotTable {
+        let mut table = SlotTable::default();
         for (key, value) in listing {
             let Some(suffix) = key.strip_prefix(prefix) else {
                 continue;
@@ -94,7 +94,7 @@ impl Table {
     }
 
     /// Takes the view and the settled mark of `other`.
-    pub fn take_view(&mut self, other: &Table) {
+    pub fn take_view(&mut self, other: &SlotTable) {
         self.view.clone_from(&other.view);
         self.view_newer.clone_from(&other.view_newer);
         self.view_text.clone_from(&other.view_text);
@@ -174,7 +174,7 @@ impl Table {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::super::records::{Holder, SlotRecord};
-    use super::Table;
+    use super::SlotTable;
 
     #[test]
     fn tables_sort_members_foreign_values_and_the_view() {
@@ -192,7 +192,7 @@ mod tests {
             }
             .to_string()
         };
-        let mut table = Table::parse(
+        let mut table = SlotTable::parse(
             p,
             vec![
                 (format!("{p}0"), rec("a", 1)),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::super::records::{Holder, SlotRecord, ViewRecord};
-use super::super::table::Table;
+use super::super::table::SlotTable;
 use super::super::MIN_LEASE_TTL;
 use super::decide::choose_slot;
 use super::round::Round;
@@ -51,7 +51,7 @@ impl Runner {
 
     /// Claims the slot [`choose_slot`] picks; on success publishes the view with this member in
     /// it. Returns whether it claimed.
-    async fn claim(&mut self, table: &Table, skip: u32) -> Result<bool> {
+    async fn claim(&mut self, table: &SlotTable, skip: u32) -> Result<bool> {
         let (slot, record) = self.new_claim(table, skip)?;
         let sent = self.cfg.clock.monotonic();
         let key = self.cfg.keys.slot(slot);
@@ -83,7 +83,7 @@ impl Runner {
     /// it held, so no view may count this slot as having let go of anything.
     ///
     /// [`GroupConfig::with_crash_grace`]: super::super::GroupConfig::with_crash_grace
-    async fn resume(&mut self, table: &Table, slot: u32, parked: SlotRecord) -> Result<bool> {
+    async fn resume(&mut self, table: &SlotTable, slot: u32, parked: SlotRecord) -> Result<bool> {
         let takeover = !parked.is_parked();
         let record = self.take_back_record(table, &parked);
         let key = self.cfg.keys.slot(slot);
@@ -194,7 +194,7 @@ impl Runner {
     /// second).
     async fn republish(
         &mut self,
-        table: &Table,
+        table: &SlotTable,
         parked: Holder,
         claim: Holder,
     ) -> Option<ViewRecord> {
@@ -205,7 +205,7 @@ impl Runner {
 
     /// Starts working with `record`, just written at `slot` (the renewal sent at `sent`): the
     /// member's lease, its published slot, and the table with the claim in it.
-    async fn hold(&mut self, slot: u32, record: SlotRecord, sent: Duration, table: &Table) {
+    async fn hold(&mut self, slot: u32, record: SlotRecord, sent: Duration, table: &SlotTable) {
         let round = self.holds(slot, record, sent, table);
         self.run_round(round).await;
     }
@@ -214,7 +214,7 @@ impl Runner {
     /// next beat, never fatal: the member was in the group a moment ago. Fatal only when
     /// another live process holds this member id ([`Engine::replaced_by`]): this one was away
     /// (paused, cut off) while it was replaced, and yields before claiming anything.
-    pub(super) async fn reclaim(&mut self, table: &Table) -> Result<()> {
+    pub(super) async fn reclaim(&mut self, table: &SlotTable) -> Result<()> {
         // A store that lost writes may show this member id's parked slot again (a rollback to
         // before a take-back): take it back rather than claim another slot beside it.
         if let Some((slot, parked)) = self.reclaiming(table)? {
@@ -240,7 +240,7 @@ impl Runner {
     /// Another live slot with our member id: the holder of the higher slot yields. Claims this
     /// process made before (a write that timed out but was applied, a lease given up) are ours,
     /// not a twin's: they are shortened to expire soon instead.
-    pub(super) async fn check_twin(&mut self, table: &Table, slot: u32) -> Result<()> {
+    pub(super) async fn check_twin(&mut self, table: &SlotTable, slot: u32) -> Result<()> {
         if self.claims.current.is_none() {
             return Ok(());
         }
@@ -258,7 +258,7 @@ impl Runner {
 impl Engine {
     /// Refuses to join a group whose live members map keys with another assignor: both sides
     /// would grant the same keys.
-    pub(super) fn check_assignor(&self, table: &Table) -> Result<()> {
+    pub(super) fn check_assignor(&self, table: &SlotTable) -> Result<()> {
         if let Some(epoch) = table.newer_view_in_use() {
             return Err(super::views::newer_version(epoch));
         }
@@ -268,7 +268,7 @@ impl Engine {
     /// Refuses a published view of another assignor (or key set) that live members other
     /// than this one work under: the group has its assignor, and this member can never adopt
     /// its views.
-    pub(super) fn check_view_assignor(&self, table: &Table) -> Result<()> {
+    pub(super) fn check_view_assignor(&self, table: &SlotTable) -> Result<()> {
         let Some(view) = &table.view else {
             return Ok(());
         };
@@ -311,13 +311,13 @@ impl Engine {
 
     /// The slot of a live, working claim with this member id that this process did not make:
     /// a newer process with the same id.
-    fn replaced_by(&self, table: &Table) -> Option<u32> {
+    fn replaced_by(&self, table: &SlotTable) -> Option<u32> {
         self.twins(table).next()
     }
 
     /// The slots of live, working claims with this member id that this process did not make
     /// (neither its current claim nor one it made before), ascending.
-    fn twins<'a>(&'a self, table: &'a Table) -> impl Iterator<Item = u32> + 'a {
+    fn twins<'a>(&'a self, table: &'a SlotTable) -> impl Iterator<Item = u32> + 'a {
         let mine = self.claims.current.as_ref().map(|c| c.record.nonce);
         table
             .slots
@@ -347,7 +347,7 @@ impl Engine {
     /// held it crashed or is frozen); otherwise wait for it to expire, a previous process's
     /// lease (and crash grace) plus two heartbeats at most, past which another live process
     /// uses this id.
-    fn join_step(&mut self, table: &Table, join: &mut Join) -> Result<JoinStep> {
+    fn join_step(&mut self, table: &SlotTable, join: &mut Join) -> Result<JoinStep> {
         let Some((slot, record)) = table
             .slots
             .iter()
@@ -392,7 +392,7 @@ impl Engine {
     /// The slot a claim tries ([`choose_slot`], skipping `skip` free ones) and the record it
     /// writes there: a fresh nonce, acknowledging every epoch seen (holding nothing, it has let
     /// go of everything up to them). An error when the group is full.
-    fn new_claim(&mut self, table: &Table, skip: u32) -> Result<(u32, SlotRecord)> {
+    fn new_claim(&mut self, table: &SlotTable, skip: u32) -> Result<(u32, SlotRecord)> {
         let slot = choose_slot(table, self.claims.preferred, skip, self.cfg.max_slots);
         if slot >= self.cfg.max_slots {
             return Err(self.rejected(format!(
@@ -424,7 +424,7 @@ impl Engine {
     /// take for its own, and a late renewal of the process that parked never matches it. A
     /// parked claim held nothing: it acknowledges every epoch seen. A live one taken over keeps
     /// the previous claim's acknowledgements, no more: that process may still hold what it held.
-    fn take_back_record(&mut self, table: &Table, parked: &SlotRecord) -> SlotRecord {
+    fn take_back_record(&mut self, table: &SlotTable, parked: &SlotRecord) -> SlotRecord {
         let takeover = !parked.is_parked();
         self.cache.highest = self.cache.highest.max(table.highest_epoch());
         let record = SlotRecord {
@@ -448,7 +448,7 @@ impl Engine {
     /// The view a take-back publishes (see [`Runner::republish`]): when the published view in
     /// `table` is settled and names exactly the live holders but for `parked` in place of
     /// `claim`, the live holders under the next epoch.
-    fn republishing(&self, table: &Table, parked: Holder, claim: Holder) -> Option<ViewRecord> {
+    fn republishing(&self, table: &SlotTable, parked: Holder, claim: Holder) -> Option<ViewRecord> {
         let view = table.view.as_ref()?;
         let settled = table
             .settled
@@ -485,7 +485,7 @@ impl Engine {
     /// Starts working with `record`, just written at `slot` (the renewal sent at `sent`): the
     /// member's lease, its published slot, phase `joining`; returns the round of the table with
     /// the claim in it.
-    fn holds(&mut self, slot: u32, record: SlotRecord, sent: Duration, table: &Table) -> Round {
+    fn holds(&mut self, slot: u32, record: SlotRecord, sent: Duration, table: &SlotTable) -> Round {
         {
             let mut st = self.shared.lock();
             st.holder = Some(record.holder(slot));
@@ -510,7 +510,7 @@ impl Engine {
     /// Claiming again after losing the lease: an error when another live process holds this
     /// member id ([`Engine::replaced_by`]: this one was away, paused or cut off, while it was
     /// replaced, and yields); this id's parked claim when the table shows one, to take back.
-    fn reclaiming(&self, table: &Table) -> Result<Option<(u32, SlotRecord)>> {
+    fn reclaiming(&self, table: &SlotTable) -> Result<Option<(u32, SlotRecord)>> {
         if let Some(slot) = self.replaced_by(table) {
             return Err(self.rejected(format!(
                 "member id `{}` is held by slot {slot}, a live process that took over while this one was away (its lease lapsed): this one yields",
@@ -527,7 +527,7 @@ impl Engine {
     /// Claims this process made before beside its current one at `slot` (a write that timed
     /// out but was applied, a lease given up), with their text: they are ours, not a twin's,
     /// and are shortened to expire soon.
-    fn own_old_claims(&self, table: &Table, slot: u32) -> Vec<(u32, String)> {
+    fn own_old_claims(&self, table: &SlotTable, slot: u32) -> Vec<(u32, String)> {
         table
             .slots
             .iter()
@@ -542,7 +542,7 @@ impl Engine {
 
     /// Another live slot with our member id, below ours: this one (the higher slot) yields. A
     /// parked record of this id is no live process: it is taken back at the next claim.
-    fn yields_to_twin(&self, table: &Table, slot: u32) -> Result<()> {
+    fn yields_to_twin(&self, table: &SlotTable, slot: u32) -> Result<()> {
         match self.twins(table).find(|&s| s < slot) {
             Some(other) => Err(self.rejected(format!(
                 "member id `{}` is also held by slot {other}, a live process: this one (slot {slot}) yields",

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::records::{Holder, SettledRecord, ViewRecord, MAX_EPOCH};
-use super::super::table::Table;
+use super::super::table::SlotTable;
 use super::notices::{ACK_GAP_DIVISOR, NOTICE_BURST, NOTICE_GAP_DIVISOR};
 use super::{Claim, Discrepancy, Handoff, Settler, TableCache, REREAD_AFTER, SLOT_READS};
 use crate::assign::{AssignorKind, KeySet, KeySetId, Sticky, Topology};
@@ -346,7 +346,12 @@ impl Facts<'_> {
 /// else the lowest free one after skipping `skip` free ones. A skip past the last free slot
 /// below `max_slots` wraps around the free slots there are, so a lost race never calls a group
 /// full while it is not. The answer is `max_slots` or more only when the group is full.
-pub(super) fn choose_slot(table: &Table, preferred: Option<u32>, skip: u32, max_slots: u32) -> u32 {
+pub(super) fn choose_slot(
+    table: &SlotTable,
+    preferred: Option<u32>,
+    skip: u32,
+    max_slots: u32,
+) -> u32 {
     if let Some(p) = preferred {
         if skip == 0 && !table.slots.contains_key(&p) && !table.foreign.contains_key(&p) {
             return p;
@@ -406,7 +411,7 @@ pub(super) fn view_needs_slots(view: Option<&ViewRecord>, floor: u64, twin: bool
 
 /// Whether a slot of the published view is gone from the table (a crash, a lapse), or there is
 /// no view: then every member watches closely, in case the lowest slot is the one gone.
-pub(super) fn view_slot_gone(table: &Table) -> bool {
+pub(super) fn view_slot_gone(table: &SlotTable) -> bool {
     table.view.as_ref().is_none_or(|v| {
         v.holders
             .iter()
@@ -422,7 +427,7 @@ pub(super) fn view_slot_gone(table: &Table) -> bool {
 /// whose listing lacked the slot, and members that trusted it would publish views without a
 /// live slot for ever while its holder put itself back (simulation seed 3500). It costs a
 /// listing while a slot of the view is gone, which a crash or a leave ends within a heartbeat.
-pub(super) fn lists_before_dropping(fresh: bool, listed: bool, table: &Table) -> bool {
+pub(super) fn lists_before_dropping(fresh: bool, listed: bool, table: &SlotTable) -> bool {
     fresh && !listed && view_slot_gone(table)
 }
 

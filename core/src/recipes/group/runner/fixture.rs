@@ -12,7 +12,7 @@ use crate::clock::{Clock as _, ManualClock};
 use crate::keys::Keyspace;
 use crate::recipes::group::grants::Shared;
 use crate::recipes::group::records::{AckRecord, Holder, SlotRecord, ViewRecord};
-use crate::recipes::group::table::Table;
+use crate::recipes::group::table::SlotTable;
 use crate::recipes::group::view::GroupPhase;
 use crate::recipes::group::GroupConfig;
 use crate::store::Store as _;
@@ -56,8 +56,8 @@ pub(super) fn view(epoch: u64, slots: &[u32]) -> ViewRecord {
 }
 
 /// A table with `slots` live (each acknowledged up to `acked`) and `published` as its view.
-pub(super) fn table(slots: &[u32], acked: u64, published: Option<ViewRecord>) -> Table {
-    let mut t = Table::default();
+pub(super) fn table(slots: &[u32], acked: u64, published: Option<ViewRecord>) -> SlotTable {
+    let mut t = SlotTable::default();
     for &s in slots {
         t.slots.insert(s, record(s, acked));
     }

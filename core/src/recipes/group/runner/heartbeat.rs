@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::records::SettledRecord;
-use super::super::table::Table;
+use super::super::table::SlotTable;
 use super::super::view::ViewState;
 use super::decide::lists_before_dropping;
 use super::round::Round;
@@ -19,7 +19,7 @@ pub(super) struct Heard {
     /// Whether the lease was renewed.
     renewed: bool,
     /// The table the answers stand for.
-    table: Arc<Table>,
+    table: Arc<SlotTable>,
     /// Whether it differs from the last one.
     changed: bool,
     /// Whether its slots were read in this heartbeat, after its view (not kept from an earlier
@@ -32,7 +32,7 @@ pub(super) struct Heard {
 
 impl Heard {
     /// A table read whole in this heartbeat.
-    fn listed(renewed: bool, table: Table) -> Heard {
+    fn listed(renewed: bool, table: SlotTable) -> Heard {
         Heard {
             renewed,
             table: Arc::new(table),
@@ -118,7 +118,7 @@ impl Runner {
         let call = async {
             let viewed = store.list(&views_dir).await?;
             let (renewed, listed) = store.renew_and_list(&key, text, ttl, &slots_dir).await?;
-            let mut table = Table::parse(&slots_dir, listed);
+            let mut table = SlotTable::parse(&slots_dir, listed);
             table.set_view(&views_dir, viewed);
             Ok::<_, Error>(Heard::listed(renewed, table))
         };
@@ -209,15 +209,15 @@ impl Runner {
         let mut renewed = viewed.renewed;
         let fresh = slots.is_some();
         let mut slot_version = self.cache.slots.as_ref().map(|s| s.version.clone());
-        let mut rebuilt: Option<Table> = None;
+        let mut rebuilt: Option<SlotTable> = None;
         if let Some(answer) = slots {
             renewed = answer.renewed;
             match answer.listing {
-                Some(listing) => rebuilt = Some(Table::parse(&dirs.slots, listing)),
+                Some(listing) => rebuilt = Some(SlotTable::parse(&dirs.slots, listing)),
                 None if slot_version.as_deref() == Some(answer.version.as_str()) => {}
                 None => {
                     let listing = self.store.list(&dirs.slots).await?;
-                    rebuilt = Some(Table::parse(&dirs.slots, listing));
+                    rebuilt = Some(SlotTable::parse(&dirs.slots, listing));
                 }
             }
             slot_version = Some(answer.version);
@@ -240,7 +240,7 @@ impl Runner {
                 // No copy held: `reads_slots` read the slots, unless the store misbehaved.
                 let mut table = match rebuilt {
                     Some(t) => t,
-                    None => Table::parse(&dirs.slots, self.store.list(&dirs.slots).await?),
+                    None => SlotTable::parse(&dirs.slots, self.store.list(&dirs.slots).await?),
                 };
                 match (views, &held) {
                     (Some(views), _) => table.set_view(&dirs.views, views),
@@ -289,7 +289,7 @@ impl Runner {
                 // Keep what came: the heartbeat that follows reads the view and then asks the
                 // slot directory again, which answers "unchanged" unless it changed once more.
                 if let (Some(listing), Some(held)) = (answer.listing, &self.cache.slots) {
-                    let mut table = Table::parse(&self.cfg.keys.slots, listing);
+                    let mut table = SlotTable::parse(&self.cfg.keys.slots, listing);
                     table.take_view(&held.table);
                     self.cache.slots = Some(SlotsSeen {
                         version: answer.version,

@@ -7,7 +7,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use super::super::grants::Shared;
 use super::super::records::{SlotRecord, ViewRecord};
-use super::super::table::Table;
+use super::super::table::SlotTable;
 use super::super::view::{Cause, Change, GroupPhase};
 use super::decide::view_is_stale;
 use super::{Claim, Engine, Phase, Runner};
@@ -431,7 +431,7 @@ impl Engine {
     /// the live slots when the published one still names `slot` (so the others move on at
     /// their next heartbeat); none when it does not, or was published with another assignor
     /// (its members publish).
-    pub(super) fn view_without(&self, table: &Table, slot: u32) -> Option<ViewRecord> {
+    pub(super) fn view_without(&self, table: &SlotTable, slot: u32) -> Option<ViewRecord> {
         let live = table.live();
         let highest = self.cache.highest.max(table.highest_epoch());
         let names_slot = table.view.as_ref().is_some_and(|v| {

@@ -93,7 +93,7 @@ use super::config::GroupConfig;
 use super::grants::Shared;
 use super::keys::GroupKeys;
 use super::records::{AckRecord, Holder, SettledRecord, SlotRecord};
-use super::table::Table;
+use super::table::SlotTable;
 use super::view::{GroupPhase, ViewState};
 
 /// The most stalled slots one beat re-applies a lease TTL to ([`Engine::expire_stalled`]).
@@ -220,7 +220,7 @@ impl Claims {
 #[derive(Clone)]
 struct SlotsSeen {
     version: String,
-    table: Arc<Table>,
+    table: Arc<SlotTable>,
 }
 
 /// What the member last read of the group's records, and at which versions.
@@ -471,9 +471,9 @@ impl Runner {
         Ok(text.filter(|t| SlotRecord::parse(t).as_ref() == Some(record)))
     }
 
-    /// Reads the table: see [`Table::read`].
-    async fn list(&self) -> Result<Table> {
-        Table::read(&self.store, &self.cfg.keys).await
+    /// Reads the table: see [`SlotTable::read`].
+    async fn list(&self) -> Result<SlotTable> {
+        SlotTable::read(&self.store, &self.cfg.keys).await
     }
 
     /// Runs `round` ([`round`]): makes each store call the engine asks for and hands it the

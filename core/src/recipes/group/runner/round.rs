@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::records::{AckRecord, SettledRecord, SlotRecord, ViewRecord};
-use super::super::table::Table;
+use super::super::table::SlotTable;
 use super::super::view::ViewState;
 use super::{Claim, Discrepancy, Engine};
 use crate::error::Result;
@@ -132,7 +132,7 @@ struct Nudging {
 /// One round: the table it works on and the steps left.
 pub(super) struct Round {
     /// The table read; `None` for a round woken by a dropped grant, which only progresses.
-    table: Option<Arc<Table>>,
+    table: Option<Arc<SlotTable>>,
     /// The table changed by this member's own claim or leave.
     own_change: bool,
     /// The slots were read after the view, in this heartbeat.
@@ -145,7 +145,7 @@ pub(super) struct Round {
 impl Round {
     /// The round of a table read: publish, adopt, progress, settle (on a fresh table),
     /// re-acknowledge, and poll for the settled mark of a view just published.
-    pub(super) fn of_table(table: Arc<Table>, own_change: bool, fresh: bool) -> Round {
+    pub(super) fn of_table(table: Arc<SlotTable>, own_change: bool, fresh: bool) -> Round {
         let mut steps = VecDeque::from([Step::Views, Step::Adopt, Step::Progress]);
         if fresh {
             steps.push_back(Step::Settle);
@@ -174,7 +174,7 @@ impl Round {
 
     /// The table, when it was read after its view in this round: only then do other slots'
     /// records count as acknowledgements.
-    fn fresh_table(&self) -> Option<&Table> {
+    fn fresh_table(&self) -> Option<&SlotTable> {
         self.table.as_deref().filter(|_| self.fresh)
     }
 }

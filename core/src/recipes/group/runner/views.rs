@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::super::records::{Holder, ViewRecord};
-use super::super::table::Table;
+use super::super::table::SlotTable;
 use super::super::view::{Cause, Change, ViewState};
 use super::decide::{left_out, next_view};
 use super::{Claim, Engine, Handoff, Phase, Runner};
@@ -22,7 +22,7 @@ impl Runner {
     /// Publishes `next` over the view `table` holds, with a compare-and-set against its text, so
     /// of the members that try exactly one wins and the epoch is minted by the store. Returns
     /// whether it wrote.
-    pub(super) async fn publish(&self, table: &Table, next: &ViewRecord) -> Result<bool> {
+    pub(super) async fn publish(&self, table: &SlotTable, next: &ViewRecord) -> Result<bool> {
         self.store
             .compare_and_set(
                 &self.cfg.keys.view,
@@ -40,7 +40,7 @@ impl Engine {
     /// runs there (see `State::break_runs_at`). Returns whether the
     /// published view is such a twin: the epoch this member works towards, with other holders.
     /// Equal tokens would pass every fence, so the caller replaces it by a view above both.
-    pub(super) fn note_twins(&self, table: &Table) -> bool {
+    pub(super) fn note_twins(&self, table: &SlotTable) -> bool {
         let mut st = self.shared.lock();
         let twin = match (st.target(), &table.view) {
             (Some(t), Some(v)) => t.epoch() == v.epoch && !t.record().same_assignment(v),
@@ -61,7 +61,7 @@ impl Engine {
     /// assignment starts from the view `table` holds, or else from this member's newest.
     pub(super) fn view_after(
         &self,
-        table: &Table,
+        table: &SlotTable,
         highest: u64,
         live: Vec<Holder>,
     ) -> Option<ViewRecord> {

@@ -10,7 +10,7 @@ use super::super::fixture::{holder, nonce, record, table, view, Member, HB, TTL}
 use super::{Join, JoinStep, CLAIM_ATTEMPTS, JOIN_POLL};
 use crate::error::ErrorKind;
 use crate::recipes::group::records::{SettledRecord, SlotRecord};
-use crate::recipes::group::table::Table;
+use crate::recipes::group::table::SlotTable;
 
 /// A member joining, its claim not made yet.
 fn joining(member_slot: u32) -> Member {
@@ -20,7 +20,7 @@ fn joining(member_slot: u32) -> Member {
 }
 
 /// `t` with slot `slot` held by this member's id (`m{member_slot}`), parked or live.
-fn with_own(mut t: Table, slot: u32, member_slot: u32, parked: bool) -> Table {
+fn with_own(mut t: SlotTable, slot: u32, member_slot: u32, parked: bool) -> SlotTable {
     let mut r = record(slot, 1);
     r.member = format!("m{member_slot}");
     r.parked = parked.then_some(1);

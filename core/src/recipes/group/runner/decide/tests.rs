@@ -17,7 +17,7 @@ use crate::recipes::group::runner::notices::{ACK_GAP_DIVISOR, NOTICE_BURST, NOTI
 use crate::recipes::group::runner::{
     Claim, Discrepancy, Handoff, Settler, SlotsSeen, TableCache, REREAD_AFTER,
 };
-use crate::recipes::group::table::Table;
+use crate::recipes::group::table::SlotTable;
 
 const HB: Duration = Duration::from_millis(300);
 
@@ -39,8 +39,8 @@ fn record(nonce: u64) -> SlotRecord {
 }
 
 /// A table whose live slots are `slots` (nonce = slot + 100), with `view` published.
-fn table(slots: &[u32], view: Option<(u64, &[u32])>) -> Table {
-    let mut t = Table::default();
+fn table(slots: &[u32], view: Option<(u64, &[u32])>) -> SlotTable {
+    let mut t = SlotTable::default();
     for &s in slots {
         t.slots.insert(s, record(u64::from(s) + 100));
     }
@@ -66,7 +66,7 @@ fn claim(slot: u32) -> Claim {
     }
 }
 
-fn cache_with(t: Table) -> TableCache {
+fn cache_with(t: SlotTable) -> TableCache {
     TableCache {
         slots: Some(SlotsSeen {
             version: "1".into(),

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use super::super::fixture::{holder, record, table, view, Member, TTL};
 use super::{Closing, Heard, Opening};
 use crate::recipes::group::runner::{Claim, SlotsSeen};
-use crate::recipes::group::table::Table;
+use crate::recipes::group::table::SlotTable;
 use crate::recipes::group::view::GroupPhase;
 
-fn heard(renewed: bool, t: Table, listed: bool) -> Heard {
+fn heard(renewed: bool, t: SlotTable, listed: bool) -> Heard {
     Heard {
         renewed,
         table: Arc::new(t),

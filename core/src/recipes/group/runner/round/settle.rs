@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use super::super::super::records::{parse_acks, AckRecord, SettledRecord, SlotRecord};
-use super::super::super::table::Table;
+use super::super::super::table::SlotTable;
 use super::super::super::view::ViewState;
 use super::super::super::{MAX_LEASE_TTL, MIN_LEASE_TTL};
 use super::super::decide::settled_at_or_past;
@@ -148,7 +148,7 @@ impl Engine {
     /// write O(n²).
     pub(super) fn expire_stalled(
         &mut self,
-        table: &Table,
+        table: &SlotTable,
         acks: &BTreeMap<u32, AckRecord>,
         pending: &ViewState,
         own: u32,
@@ -184,7 +184,7 @@ impl Engine {
     }
 
     /// Reads the next stalled slot's record, or ends the nudges (bounding what is remembered).
-    pub(super) fn nudge_next(&mut self, table: &Table, nudging: Nudging) -> Then {
+    pub(super) fn nudge_next(&mut self, table: &SlotTable, nudging: Nudging) -> Then {
         match nudging.queue.front() {
             Some(&(s, _)) => {
                 let key = self.cfg.keys.slot(s);

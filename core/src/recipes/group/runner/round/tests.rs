@@ -10,10 +10,10 @@ use super::super::fixture::{holder, nonce, record, table, view, Member, HB, TTL}
 use super::{Answer, Call, Round};
 use crate::error::Error;
 use crate::recipes::group::records::{AckRecord, SettledRecord, ViewRecord};
-use crate::recipes::group::table::Table;
+use crate::recipes::group::table::SlotTable;
 use crate::recipes::group::view::GroupPhase;
 
-fn of_table(t: Table, fresh: bool) -> Round {
+fn of_table(t: SlotTable, fresh: bool) -> Round {
     Round::of_table(Arc::new(t), false, fresh)
 }
 
