@@ -133,7 +133,6 @@ impl Observer {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::time::{Duration, UNIX_EPOCH};
 
     use headcount::assign::AssignorKind;
@@ -168,20 +167,7 @@ mod tests {
             view: view.digest(),
         });
         table.view = Some(view);
-        GroupStatus {
-            table,
-            acks: BTreeMap::new(),
-            view_current: true,
-            view_settled: settled,
-            sample_owned: Vec::new(),
-            unlisted: Vec::new(),
-            assignor: AssignorKind::JumpBackFailover,
-            keys: None,
-            keys_owned: Vec::new(),
-            unmapped: None,
-            standbys: Vec::new(),
-            problems: Vec::new(),
-        }
+        GroupStatus::of_table(table, AssignorKind::JumpBackFailover)
     }
 
     #[test]
