@@ -441,7 +441,17 @@ fn follows_a_group(label: &str, url: &str) {
         Duration::from_secs(5),
         "const f = document.getElementById('found-owner'); return f ? f.dataset.member : null",
     );
-    assert_eq!(found, Value::String(expected));
+    assert_eq!(found, Value::String(expected.clone()));
+    // Hovering the key's cell names its owner too.
+    let tip = browser.eval(
+        "const c = document.getElementById('grid'), r = c.getBoundingClientRect(), i = 17; \
+         const x = r.left + ((i % cols) * cell + cell / 2) * r.width / c.width; \
+         const y = r.top + (Math.floor(i / cols) * cell + cell / 2) * r.height / c.height; \
+         c.dispatchEvent(new MouseEvent('mousemove', {clientX: x, clientY: y, bubbles: true})); \
+         return document.getElementById('tip').innerText",
+    );
+    let tip = tip.as_str().unwrap_or_default();
+    assert!(tip.contains("key 17") && tip.contains(&expected), "{tip}");
     let grid = browser.eval("return document.body.dataset.gridCells");
     assert_eq!(grid, "256", "the grid draws the 256 partitions");
 
@@ -569,6 +579,12 @@ fn the_page_renders_1000_members_and_65536_partitions() {
          && document.getElementById('members').tBodies[0].rows.length === 1000",
     );
     let first = browser.eval("return Number(document.body.dataset.firstRenderMs)");
+    // A loose bound, far above the 0.4 to 1.2 s measured (docs/observability.md): it fails a
+    // page that stopped coping with the size, not a slow machine.
+    assert!(
+        first.as_f64().is_some_and(|ms| ms < 5000.0),
+        "first render: {first} ms"
+    );
     let _ = writeln!(
         std::io::stderr(),
         "page at 1,000 members and 65,536 partitions: first full render {first} ms after navigation (seen by the test after {took:?})"
