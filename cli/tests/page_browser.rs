@@ -24,8 +24,9 @@ use common::{headcount, sqlite, Reap};
 
 /// How long the page may take to show a change the store already shows. The page's server reads
 /// the group every 250 ms and the page asks it every 300 ms, so a change shows within about
-/// 0.6 s; the bound leaves room for a loaded CI machine.
-const FOLLOWS_WITHIN: Duration = Duration::from_millis(1500);
+/// 0.6 s (0.1 to 0.6 s measured; 0.94 s once on a machine at load 10); the bound leaves room for
+/// a loaded CI machine.
+const FOLLOWS_WITHIN: Duration = Duration::from_secs(2);
 
 /// One browser at a time: the tests are timed against the page, and CI machines have few cores.
 static ONE_BROWSER: Mutex<()> = Mutex::new(());
