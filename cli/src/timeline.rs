@@ -130,3 +130,82 @@ impl Observer {
         self.owners.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use headcount::assign::AssignorKind;
+    use headcount::recipes::group::{SettledRecord, SlotRecord, Table, ViewRecord};
+
+    use super::*;
+
+    /// A read of a group whose view of `epoch` names `members` (slot, id), settled or not.
+    fn read(epoch: u64, members: &[(u32, &str)], settled: bool) -> GroupStatus {
+        let mut table = Table::default();
+        for &(slot, id) in members {
+            let record = SlotRecord {
+                member: id.to_owned(),
+                nonce: 100 + u64::from(slot),
+                since_ms: 1,
+                ttl_ms: 1000,
+                acked: 0,
+                view: 0,
+                parked: None,
+                grace: None,
+            };
+            table.slots.insert(slot, record);
+        }
+        let view = ViewRecord {
+            epoch,
+            holders: table.live(),
+            assignor: Some(AssignorKind::JumpBackFailover),
+            owners: None,
+        };
+        table.settled = settled.then(|| SettledRecord {
+            epoch,
+            view: view.digest(),
+        });
+        table.view = Some(view);
+        GroupStatus::of_table(table, AssignorKind::JumpBackFailover)
+    }
+
+    #[test]
+    fn the_timeline_records_joins_leaves_moves_and_settling() {
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut o = Observer::default();
+        assert!(o.observe(&read(2, &[(0, "a"), (1, "b")], true), ms(0), 1000));
+        assert!(!o.observe(&read(2, &[(0, "a"), (1, "b")], true), ms(250), 1000));
+        assert!(o.observe(
+            &read(3, &[(0, "a"), (1, "b"), (2, "c")], false),
+            ms(500),
+            1000
+        ));
+        assert!(!o.observe(
+            &read(3, &[(0, "a"), (1, "b"), (2, "c")], true),
+            ms(1250),
+            1000
+        ));
+        assert!(o.observe(&read(4, &[(1, "b"), (2, "c")], false), ms(1500), 1000));
+        let seen: Vec<&Seen> = o.seen().collect();
+        assert_eq!(seen.len(), 3);
+        assert!(seen[0].first && seen[0].joined == ["a", "b"] && seen[0].moved.is_none());
+        assert_eq!(seen[0].settled_after_ms, Some(0));
+        assert_eq!(
+            (seen[1].joined.clone(), seen[1].left.clone()),
+            (vec!["c".to_owned()], vec![])
+        );
+        assert_eq!(seen[1].settled_after_ms, Some(750));
+        // A third slot takes about a third of the keys from the other two.
+        let moved = seen[1].moved.expect("keys mapped in both views");
+        assert!(
+            (250..420).contains(&moved),
+            "{moved} of 1000 moved to a third member"
+        );
+        assert_eq!(seen[2].left, ["a"]);
+        assert_eq!(seen[2].settled_after_ms, None);
+        assert_eq!(o.first_seen(3), Some(ms(500)));
+        assert_eq!(o.owners().map(|(e, k)| (e, k.len())), Some((4, 1000)));
+    }
+}

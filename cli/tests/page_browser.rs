@@ -24,8 +24,9 @@ use common::{headcount, sqlite, Reap};
 
 /// How long the page may take to show a change the store already shows. The page's server reads
 /// the group every 250 ms and the page asks it every 300 ms, so a change shows within about
-/// 0.6 s; the bound leaves room for a loaded CI machine.
-const FOLLOWS_WITHIN: Duration = Duration::from_millis(1500);
+/// 0.6 s (0.1 to 0.6 s measured; 0.94 s once on a machine at load 10); the bound leaves room for
+/// a loaded CI machine.
+const FOLLOWS_WITHIN: Duration = Duration::from_secs(2);
 
 /// One browser at a time: the tests are timed against the page, and CI machines have few cores.
 static ONE_BROWSER: Mutex<()> = Mutex::new(());
@@ -441,7 +442,17 @@ fn follows_a_group(label: &str, url: &str) {
         Duration::from_secs(5),
         "const f = document.getElementById('found-owner'); return f ? f.dataset.member : null",
     );
-    assert_eq!(found, Value::String(expected));
+    assert_eq!(found, Value::String(expected.clone()));
+    // Hovering the key's cell names its owner too.
+    let tip = browser.eval(
+        "const c = document.getElementById('grid'), r = c.getBoundingClientRect(), i = 17; \
+         const x = r.left + ((i % cols) * cell + cell / 2) * r.width / c.width; \
+         const y = r.top + (Math.floor(i / cols) * cell + cell / 2) * r.height / c.height; \
+         c.dispatchEvent(new MouseEvent('mousemove', {clientX: x, clientY: y, bubbles: true})); \
+         return document.getElementById('tip').innerText",
+    );
+    let tip = tip.as_str().unwrap_or_default();
+    assert!(tip.contains("key 17") && tip.contains(&expected), "{tip}");
     let grid = browser.eval("return document.body.dataset.gridCells");
     assert_eq!(grid, "256", "the grid draws the 256 partitions");
 
@@ -569,6 +580,12 @@ fn the_page_renders_1000_members_and_65536_partitions() {
          && document.getElementById('members').tBodies[0].rows.length === 1000",
     );
     let first = browser.eval("return Number(document.body.dataset.firstRenderMs)");
+    // A loose bound, far above the 0.4 to 1.2 s measured (docs/observability.md): it fails a
+    // page that stopped coping with the size, not a slow machine.
+    assert!(
+        first.as_f64().is_some_and(|ms| ms < 5000.0),
+        "first render: {first} ms"
+    );
     let _ = writeln!(
         std::io::stderr(),
         "page at 1,000 members and 65,536 partitions: first full render {first} ms after navigation (seen by the test after {took:?})"

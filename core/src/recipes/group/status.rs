@@ -143,6 +143,32 @@ pub struct KeyOwner {
 }
 
 impl GroupStatus {
+    /// What [`status`] would show for `table` with no acknowledgements, standbys or keys
+    /// counted: whether its view is current and settled, under `assignor` for a view that names
+    /// none. For a table read or built by other means (a test, a tool that reads a backup).
+    pub fn of_table(table: Table, assignor: AssignorKind) -> GroupStatus {
+        let (view_current, view_settled) = view_flags(&table);
+        let assignor = table
+            .view
+            .as_ref()
+            .and_then(|v| v.assignor)
+            .unwrap_or(assignor);
+        GroupStatus {
+            table,
+            acks: BTreeMap::new(),
+            view_current,
+            view_settled,
+            sample_owned: Vec::new(),
+            unlisted: Vec::new(),
+            assignor,
+            keys: None,
+            keys_owned: Vec::new(),
+            unmapped: None,
+            standbys: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+
     /// The newest epoch the holder of `slot` is known to have acknowledged: in its
     /// acknowledgement, in its slot record (the epoch it claimed at), or by the settled mark of
     /// the published view when that view names this claim. Acknowledgements expire four TTLs
@@ -349,14 +375,7 @@ pub async fn status_with_keys(
     };
     let mut acks = acks;
     acks.retain(|slot, a| table.slots.get(slot).is_some_and(|r| r.nonce == a.nonce));
-    let view_current = table
-        .view
-        .as_ref()
-        .is_some_and(|v| v.holders == table.live());
-    let view_settled = match (&table.view, table.settled) {
-        (Some(v), Some(mark)) => mark.settles(v.epoch, v.digest()),
-        _ => false,
-    };
+    let (view_current, view_settled) = view_flags(&table);
     let standby_listing = match store.list(&keys.standbys).await {
         Ok(listing) => listing,
         Err(e) => match Problem::of_error(&e, "a standby key holds another type") {
@@ -567,6 +586,20 @@ async fn read_table(
     Ok(table)
 }
 
+/// Whether the table's view names exactly its live claims, and whether its settled mark
+/// settles that view.
+fn view_flags(table: &Table) -> (bool, bool) {
+    let current = table
+        .view
+        .as_ref()
+        .is_some_and(|v| v.holders == table.live());
+    let settled = match (&table.view, table.settled) {
+        (Some(v), Some(mark)) => mark.settles(v.epoch, v.digest()),
+        _ => false,
+    };
+    (current, settled)
+}
+
 /// How many of `owners` each slot of `view` is, by slot (every slot listed, 0 when none).
 fn tally(view: &ViewRecord, owners: impl Iterator<Item = u32>) -> Vec<(u32, u64)> {
     let mut counts: BTreeMap<u32, u64> = view.slots().map(|s| (s, 0)).collect();
@@ -610,22 +643,8 @@ mod tests {
             epoch: 5,
             view: if settled { view.digest() } else { 7 },
         });
-        let view_settled = table.settled.is_some_and(|m| m.settles(5, view.digest()));
         table.view = Some(view);
-        GroupStatus {
-            table,
-            acks: BTreeMap::new(),
-            view_current: true,
-            view_settled,
-            sample_owned: Vec::new(),
-            unlisted: Vec::new(),
-            assignor: AssignorKind::JumpBackFailover,
-            keys: None,
-            keys_owned: Vec::new(),
-            unmapped: None,
-            standbys: Vec::new(),
-            problems: Vec::new(),
-        }
+        GroupStatus::of_table(table, AssignorKind::JumpBackFailover)
     }
 
     #[test]
