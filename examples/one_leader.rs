@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use headcount::fence::Fence;
+use headcount::fence::MemoryFence;
 use headcount::recipes::group::{Group, GroupConfig};
 use headcount::recipes::DEFAULT_GROUP_TTL;
 
@@ -30,7 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("joined as {}", member.member());
 
     // Stands for the leader's sink (a PostgreSQL PgFence or a RedisFence across processes).
-    let sink = Fence::new();
+    let sink = MemoryFence::new();
     let stop = async {
         match seconds {
             Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,

@@ -22,7 +22,7 @@
 //! stops it after that many seconds (`memory://` runs it alone in-process).
 //!
 //! **The sink.** Each worker commits its partition's offset with the grant's fencing token. By
-//! default the sink is an in-process [`Fence`], which only stands for a real one; with
+//! default the sink is an in-process [`MemoryFence`], which only stands for a real one; with
 //! `PARTITIONS_SINK=postgres://user:pass@host/db` (and `--features postgres`) the offsets go to
 //! a PostgreSQL table, `partition_offsets`, each write fenced by a `headcount::PgFence` in the same
 //! statement, so the instances can run on different machines and a deposed owner's late commit
@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use headcount::fence::Fence;
+use headcount::fence::{FencingToken, MemoryFence};
 use headcount::metrics::{DURATION_BUCKETS, GROUP_KEYS_OWNED, NAME_PREFIX};
 use headcount::recipes::group::{Grant, Group, GroupConfig, Member};
 use headcount::recipes::DEFAULT_GROUP_TTL;
@@ -157,7 +157,7 @@ fn print_gauge(metrics: &PrometheusHandle) {
 enum Sink {
     /// In process: stands for a real sink when every instance runs in one process.
     Memory {
-        fence: Fence,
+        fence: MemoryFence,
         offsets: Mutex<HashMap<String, u64>>,
     },
     /// A PostgreSQL table, each commit fenced in the same statement.
@@ -173,7 +173,7 @@ impl Sink {
     async fn open(url: Option<&str>) -> Result<Sink, Box<dyn std::error::Error>> {
         let Some(url) = url.filter(|u| !u.is_empty()) else {
             return Ok(Sink::Memory {
-                fence: Fence::new(),
+                fence: MemoryFence::new(),
                 offsets: Mutex::default(),
             });
         };
@@ -241,7 +241,7 @@ impl Sink {
     async fn commit(
         &self,
         partition: &str,
-        token: u64,
+        token: FencingToken,
         offset: u64,
     ) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
         match self {

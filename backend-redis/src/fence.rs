@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use headcount_core::backend::url::DEFAULT_TIMEOUT;
 use headcount_core::backend::{check_key, check_opt_ttl, check_value, Deadline};
+use headcount_core::fence::{Fence, FencingToken};
 use headcount_core::{Error, Result};
 use redis::aio::ConnectionLike;
 use redis::{RedisError, Script, Value};
@@ -19,7 +21,7 @@ const FENCE_LUA: &str = include_str!("scripts/fence.lua");
 /// A fencing guard for a Redis sink: a set-if-greater-or-equal script over a fence key, which can
 /// write the guarded data in the same atomic step.
 ///
-/// Every grant headcount hands out carries a fencing token, a `u64` (`Grant::token`: for a key,
+/// Every grant headcount hands out carries a [`FencingToken`] (`Grant::token`: for a key,
 /// the first epoch of the member's unbroken ownership of it; for a whole share, the epoch of its
 /// view). The fence key
 /// holds the highest token admitted for one resource, as decimal text (`redis-cli GET` shows it).
@@ -34,7 +36,7 @@ const FENCE_LUA: &str = include_str!("scripts/fence.lua");
 /// the same `{tag}`; keys in different slots are [`Error::InvalidArgument`].
 ///
 /// ```no_run
-/// # async fn demo(token: u64) -> headcount_core::Result<()> {
+/// # async fn demo(token: headcount_core::fence::FencingToken) -> headcount_core::Result<()> {
 /// use headcount_redis::RedisFence;
 ///
 /// let client = redis::Client::open("redis://127.0.0.1/")
@@ -86,7 +88,7 @@ impl RedisFence {
     /// Admits `token` at `fence_key` when it is at least the highest token admitted there (and
     /// records it); returns whether it did. A fence key holding anything but a token is
     /// [`Error::ForeignValue`], and nothing is written.
-    pub async fn admit<C>(&self, conn: &mut C, fence_key: &str, token: u64) -> Result<bool>
+    pub async fn admit<C>(&self, conn: &mut C, fence_key: &str, token: FencingToken) -> Result<bool>
     where
         C: ConnectionLike + Send,
     {
@@ -109,7 +111,7 @@ impl RedisFence {
         &self,
         conn: &mut C,
         fence_key: &str,
-        token: u64,
+        token: FencingToken,
         data_key: &str,
         value: &str,
         ttl: Option<Duration>,
@@ -150,6 +152,35 @@ impl RedisFence {
         ))
     }
 
+    /// The highest token admitted at `fence_key`, or `None` when none was (the key is absent). A
+    /// fence key holding anything but a token is [`Error::ForeignValue`].
+    pub async fn current<C>(&self, conn: &mut C, fence_key: &str) -> Result<Option<FencingToken>>
+    where
+        C: ConnectionLike + Send,
+    {
+        check_key(fence_key)?;
+        let op = "fence_current";
+        let work = async {
+            redis::cmd("GET")
+                .arg(fence_key)
+                .query_async::<Option<String>>(conn)
+                .await
+                .map_err(|e| errors::classify(e, op, self.deadline, None))
+        };
+        let Some(text) = self.deadline.run(op, work).await? else {
+            return Ok(None);
+        };
+        // Canonical decimal only, as the fence script reads it ("007" is not a token).
+        match text.parse::<u64>() {
+            Ok(n) if n.to_string() == text => Ok(Some(FencingToken::new(n))),
+            _ => Err(Error::foreign(
+                fence_key,
+                "a fencing token (a decimal u64)",
+                &text,
+            )),
+        }
+    }
+
     async fn invoke<C>(
         &self,
         conn: &mut C,
@@ -183,4 +214,17 @@ fn count_refusal(admitted: Result<bool>) -> Result<bool> {
 /// Redis Cluster's refusal of a script whose keys are in different hash slots.
 fn is_cross_slot(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::CrossSlot || e.code() == Some("CROSSSLOT")
+}
+
+/// [`RedisFence::admit`] and [`RedisFence::current`] over the caller's connection; the resource
+/// is the fence key.
+#[async_trait]
+impl<C: ConnectionLike + Send> Fence<C> for RedisFence {
+    async fn admit(&self, conn: &mut C, fence_key: &str, token: FencingToken) -> Result<bool> {
+        RedisFence::admit(self, conn, fence_key, token).await
+    }
+
+    async fn current(&self, conn: &mut C, fence_key: &str) -> Result<Option<FencingToken>> {
+        RedisFence::current(self, conn, fence_key).await
+    }
 }

@@ -6,7 +6,7 @@
 //! Accounting: task ids go into a queue that every live peer scans. A worker takes the ids its
 //! peer owns (a group [`Grant`](headcount::recipes::group::Grant) or an interval
 //! [`TaskGuard`](headcount::recipes::interval::TaskGuard), whose epoch is the fencing token),
-//! advances the [`Fence`](headcount::fence::Fence) for each id with that token before reading
+//! advances the [`MemoryFence`](headcount::fence::MemoryFence) for each id with that token before reading
 //! whether it is still to do, works for `--work`, and writes it to the sink through the fence.
 //! **fenced rejections** counts writes the fence refused (an older token than one already seen
 //! for that id); **duplicates** counts ids the sink accepted more than once; **lost** counts ids

@@ -81,7 +81,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use headcount::assign::{AssignorKind, KeySet};
-use headcount::fence::Fence;
+use headcount::fence::MemoryFence;
 use headcount::recipes::group::{Grant, Group, GroupConfig, Member};
 use headcount::{DynStore, Op};
 use headcount_conformance::{Decorated, Hooks, ServerControl};
@@ -257,7 +257,7 @@ type Live = Arc<Mutex<Vec<(String, Member)>>>;
 async fn sample(
     live: Live,
     keys: Vec<String>,
-    fence: Arc<Fence>,
+    fence: Arc<MemoryFence>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<KeySeen> {
     let mut seen = vec![KeySeen::default(); keys.len()];
@@ -377,7 +377,7 @@ async fn rollout(
     };
     let keys: Vec<String> = (0..o.keys).map(|k| format!("p{k}")).collect();
     let set = KeySet::new(&keys).map_err(|e| e.to_string())?;
-    let fence = Arc::new(Fence::new());
+    let fence = Arc::new(MemoryFence::new());
     let refused = Arc::new(AtomicU64::new(0));
     let config = |id: &str| {
         let mut config = GroupConfig::new(group.clone(), ttl)

@@ -7,6 +7,7 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use headcount::fence::{Fence, FencingToken};
 use headcount_harness::ServerKind;
 
 /// The shared store's URL, or None (with a SKIP line) when the backend is missing and not
@@ -15,6 +16,22 @@ async fn url(backend: ServerKind, test: &str) -> Option<String> {
     backend
         .shared_or_skip(&format!("{}::{test}", backend.name()))
         .await
+}
+
+const fn t(n: u64) -> FencingToken {
+    FencingToken::new(n)
+}
+
+/// The rule every fence keeps, through the one [`Fence`] trait, on a `resource` never used
+/// before: an older token is refused, an equal or newer one admitted and read back.
+async fn keeps_the_rule<F: Fence<C>, C: Send>(fence: &F, conn: &mut C, resource: &str) {
+    assert_eq!(fence.current(conn, resource).await.unwrap(), None);
+    assert!(fence.admit(conn, resource, t(5)).await.unwrap());
+    assert!(!fence.admit(conn, resource, t(4)).await.unwrap());
+    assert!(fence.admit(conn, resource, t(5)).await.unwrap());
+    assert_eq!(fence.current(conn, resource).await.unwrap(), Some(t(5)));
+    assert!(fence.admit(conn, resource, t(6)).await.unwrap());
+    assert_eq!(fence.current(conn, resource).await.unwrap(), Some(t(6)));
 }
 
 fn unique(name: &str) -> String {
@@ -66,7 +83,7 @@ mod pg_fence {
         client: &Client,
         write: &str,
         resource: &str,
-        token: u64,
+        token: FencingToken,
         writer: i32,
     ) -> headcount::Result<FencedOutcome> {
         if backend == ServerKind::PgBouncer {
@@ -99,22 +116,22 @@ mod pg_fence {
         };
         let (client, fence, sink) = setup(&url).await;
         let write = insert(&sink);
-        let newer = write_fenced(backend, &fence, &client, &write, "r", 5, 1)
+        let newer = write_fenced(backend, &fence, &client, &write, "r", t(5), 1)
             .await
             .unwrap();
         assert!(newer.admitted);
         assert_eq!(newer.rows, 1);
-        let older = write_fenced(backend, &fence, &client, &write, "r", 3, 2)
+        let older = write_fenced(backend, &fence, &client, &write, "r", t(3), 2)
             .await
             .unwrap();
         assert!(!older.admitted);
         assert_eq!(older.rows, 0, "a refused write wrote rows");
-        let equal = write_fenced(backend, &fence, &client, &write, "r", 5, 3)
+        let equal = write_fenced(backend, &fence, &client, &write, "r", t(5), 3)
             .await
             .unwrap();
         assert!(equal.admitted && equal.rows == 1, "{equal:?}");
         assert_eq!(sink_tokens(&client, &sink, "r").await, vec![(5, 1), (5, 3)]);
-        assert_eq!(fence.current(&client, "r").await.unwrap(), Some(5));
+        assert_eq!(fence.current(&client, "r").await.unwrap(), Some(t(5)));
 
         // The plain statement of `fenced`, run by the caller: nothing written when refused.
         let sql = fence.fenced(&write);
@@ -139,22 +156,26 @@ mod pg_fence {
         );
 
         // `admit` alone, per resource: another resource has its own highest token.
-        assert!(fence.admit(&client, "other", 2).await.unwrap());
-        assert!(!fence.admit(&client, "other", 1).await.unwrap());
-        assert!(fence.admit(&client, "other", 2).await.unwrap());
+        assert!(fence.admit(&client, "other", t(2)).await.unwrap());
+        assert!(!fence.admit(&client, "other", t(1)).await.unwrap());
+        assert!(fence.admit(&client, "other", t(2)).await.unwrap());
         assert!(fence
-            .admit(&client, "other", i64::MAX as u64)
+            .admit(&client, "other", t(i64::MAX as u64))
             .await
             .unwrap());
-        assert_eq!(fence.current(&client, "r").await.unwrap(), Some(6));
+        assert_eq!(fence.current(&client, "r").await.unwrap(), Some(t(6)));
         assert_eq!(fence.current(&client, "none").await.unwrap(), None);
 
         // Inside the caller's transaction: rolled back, the admission is gone too.
         let mut tx_client = connect_pg(&url).await;
         let tx = tx_client.transaction().await.unwrap();
-        assert!(fence.admit(&tx, "r", 9).await.unwrap());
+        assert!(fence.admit(&tx, "r", t(9)).await.unwrap());
         tx.rollback().await.unwrap();
-        assert_eq!(fence.current(&client, "r").await.unwrap(), Some(6));
+        assert_eq!(fence.current(&client, "r").await.unwrap(), Some(t(6)));
+
+        // The same rule through the `Fence` trait.
+        let mut client = client;
+        keeps_the_rule(&fence, &mut client, "trait").await;
     }
 
     pub(super) async fn pg_concurrent_writers_commit_in_token_order(backend: ServerKind) {
@@ -174,9 +195,10 @@ mod pg_fence {
                     // Tokens creep up with jitter, as epochs do with owners racing: many are
                     // admitted, and many arrive after a newer one.
                     let token = i * 10 + rand::random_range(0..40_u64);
-                    let out = write_fenced(backend, &fence, &client, &write, "hot", token, writer)
-                        .await
-                        .unwrap();
+                    let out =
+                        write_fenced(backend, &fence, &client, &write, "hot", t(token), writer)
+                            .await
+                            .unwrap();
                     assert_eq!(out.rows, u64::from(out.admitted), "{out:?}");
                     tried.push((token, out.admitted));
                 }
@@ -200,7 +222,7 @@ mod pg_fence {
                 pair[0].0
             );
         }
-        assert_eq!(fence.current(&client, "hot").await.unwrap(), Some(max));
+        assert_eq!(fence.current(&client, "hot").await.unwrap(), Some(t(max)));
         assert_eq!(rows.last().map(|r| r.0 as u64), Some(max));
         println!(
             "pg fence: {} writes, {admitted} admitted, max token {max}",
@@ -220,11 +242,11 @@ mod pg_fence {
             return;
         };
         let (client, fence, sink) = setup(&url).await;
-        let too_big = i64::MAX as u64 + 1;
+        let too_big = t(i64::MAX as u64 + 1);
         let e = fence.admit(&client, "r", too_big).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
         let e = fence
-            .execute_fenced(&client, &insert(&sink), "r", u64::MAX, &[&1_i32])
+            .execute_fenced(&client, &insert(&sink), "r", t(u64::MAX), &[&1_i32])
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
@@ -259,17 +281,24 @@ mod redis_fence {
         let (fk, dk) = (format!("fence:{{{tag}}}"), format!("data:{{{tag}}}"));
         let fence = RedisFence::new();
         assert!(fence
-            .fenced_set(&mut conn, &fk, 5, &dk, "v5", None)
+            .fenced_set(&mut conn, &fk, t(5), &dk, "v5", None)
             .await
             .unwrap());
         assert!(!fence
-            .fenced_set(&mut conn, &fk, 3, &dk, "v3", None)
+            .fenced_set(&mut conn, &fk, t(3), &dk, "v3", None)
             .await
             .unwrap());
         assert_eq!(get(&mut conn, &dk).await.as_deref(), Some("v5"));
         assert_eq!(get(&mut conn, &fk).await.as_deref(), Some("5"));
         assert!(fence
-            .fenced_set(&mut conn, &fk, 5, &dk, "v5b", Some(Duration::from_secs(60)))
+            .fenced_set(
+                &mut conn,
+                &fk,
+                t(5),
+                &dk,
+                "v5b",
+                Some(Duration::from_secs(60))
+            )
             .await
             .unwrap());
         assert_eq!(get(&mut conn, &dk).await.as_deref(), Some("v5b"));
@@ -281,28 +310,37 @@ mod redis_fence {
         // admit alone; decimal comparison beyond 2^53 (where doubles collide) and up to u64::MAX.
         let ak = format!("admit:{{{tag}}}");
         assert!(fence
-            .admit(&mut conn, &ak, 9_007_199_254_740_993)
+            .admit(&mut conn, &ak, t(9_007_199_254_740_993))
             .await
             .unwrap());
         assert!(!fence
-            .admit(&mut conn, &ak, 9_007_199_254_740_992)
+            .admit(&mut conn, &ak, t(9_007_199_254_740_992))
             .await
             .unwrap());
         assert!(fence
-            .admit(&mut conn, &ak, 9_007_199_254_740_993)
+            .admit(&mut conn, &ak, t(9_007_199_254_740_993))
             .await
             .unwrap());
-        assert!(!fence.admit(&mut conn, &ak, 10).await.unwrap());
-        assert!(fence.admit(&mut conn, &ak, u64::MAX).await.unwrap());
-        assert!(!fence.admit(&mut conn, &ak, u64::MAX - 1).await.unwrap());
+        assert!(!fence.admit(&mut conn, &ak, t(10)).await.unwrap());
+        assert!(fence.admit(&mut conn, &ak, t(u64::MAX)).await.unwrap());
+        assert!(!fence.admit(&mut conn, &ak, t(u64::MAX - 1)).await.unwrap());
         assert_eq!(
             get(&mut conn, &ak).await.as_deref(),
             Some("18446744073709551615")
         );
+        assert_eq!(
+            fence.current(&mut conn, &ak).await.unwrap(),
+            Some(t(u64::MAX))
+        );
+
+        // The same rule through the `Fence` trait, the fence key as the resource.
+        let tk = format!("trait:{{{tag}}}");
+        keeps_the_rule(&fence, &mut conn, &tk).await;
         let _: () = redis::cmd("DEL")
             .arg(&fk)
             .arg(&dk)
             .arg(&ak)
+            .arg(&tk)
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -318,24 +356,26 @@ mod redis_fence {
         for bad in ["abc", "007", "-1", "18446744073709551616", ""] {
             let _: () = conn.set(&fk, bad).await.unwrap();
             let e = fence
-                .fenced_set(&mut conn, &fk, 1, &dk, "v", None)
+                .fenced_set(&mut conn, &fk, t(1), &dk, "v", None)
                 .await
                 .unwrap_err();
             assert_eq!(e.kind(), ErrorKind::ForeignValue, "{bad:?}: {e}");
+            let e = fence.current(&mut conn, &fk).await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ForeignValue, "current of {bad:?}: {e}");
             assert_eq!(get(&mut conn, &fk).await.as_deref(), Some(bad));
             assert_eq!(get(&mut conn, &dk).await, None, "data written past {bad:?}");
         }
         let _: () = conn.del(&fk).await.unwrap();
         let _: () = conn.rpush(&fk, "x").await.unwrap();
-        let e = fence.admit(&mut conn, &fk, 1).await.unwrap_err();
+        let e = fence.admit(&mut conn, &fk, t(1)).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ForeignValue, "{e}");
         // Bad arguments are refused before anything is sent.
         let e = fence
-            .fenced_set(&mut conn, &dk, 1, &dk, "v", None)
+            .fenced_set(&mut conn, &dk, t(1), &dk, "v", None)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
-        let e = fence.admit(&mut conn, "", 1).await.unwrap_err();
+        let e = fence.admit(&mut conn, "", t(1)).await.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
         let _: () = conn.del(&fk).await.unwrap();
     }
@@ -356,7 +396,7 @@ mod redis_fence {
                     let token = i * 10 + rand::random_range(0..40_u64);
                     let value = format!("{token}:{writer}:{i}");
                     let ok = fence
-                        .fenced_set(&mut conn, &fk, token, &dk, &value, None)
+                        .fenced_set(&mut conn, &fk, t(token), &dk, &value, None)
                         .await
                         .unwrap();
                     tried.push((token, ok));
@@ -415,11 +455,11 @@ mod redis_fence {
         let tag = unique("s");
         let (fk, dk) = (format!("fence:{{{tag}}}"), format!("data:{{{tag}}}"));
         assert!(fence
-            .fenced_set(&mut conn, &fk, 2, &dk, "v", None)
+            .fenced_set(&mut conn, &fk, t(2), &dk, "v", None)
             .await
             .unwrap());
         assert!(!fence
-            .fenced_set(&mut conn, &fk, 1, &dk, "old", None)
+            .fenced_set(&mut conn, &fk, t(1), &dk, "old", None)
             .await
             .unwrap());
         assert_eq!(get(&mut conn, &dk).await.as_deref(), Some("v"));
@@ -433,7 +473,7 @@ mod redis_fence {
             }
         }
         let e = fence
-            .fenced_set(&mut conn, &fk, 3, &other, "v", None)
+            .fenced_set(&mut conn, &fk, t(3), &other, "v", None)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");

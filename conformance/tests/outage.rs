@@ -88,7 +88,7 @@ fn tokens(members: &[Member]) -> impl Iterator<Item = u64> + '_ {
     (0..PARTITIONS).flat_map(move |p| {
         members
             .iter()
-            .filter_map(move |m| m.would_grant(p.to_string()))
+            .filter_map(move |m| m.would_grant(p.to_string()).map(|t| t.get()))
     })
 }
 

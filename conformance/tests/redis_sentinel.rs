@@ -194,7 +194,7 @@ async fn sample(members: Members, keys: u32, stop: Arc<tokio::sync::Notify>) -> 
             let first: Vec<(usize, u64)> = now
                 .iter()
                 .enumerate()
-                .filter_map(|(i, (_, m))| m.would_grant(&name).map(|t| (i, t)))
+                .filter_map(|(i, (_, m))| m.would_grant(&name).map(|t| (i, t.get())))
                 .collect();
             for (i, token) in &first {
                 seen.holders
@@ -205,7 +205,7 @@ async fn sample(members: Members, keys: u32, stop: Arc<tokio::sync::Notify>) -> 
             if first.len() > 1 {
                 let again: Vec<(usize, u64)> = first
                     .iter()
-                    .filter_map(|(i, _)| now[*i].1.would_grant(&name).map(|t| (*i, t)))
+                    .filter_map(|(i, _)| now[*i].1.would_grant(&name).map(|t| (*i, t.get())))
                     .collect();
                 if again == first {
                     let who: Vec<String> = first

@@ -531,7 +531,7 @@ async fn a_burst_that_fills_the_group_is_not_refused_as_full() {
 /// old owner's.
 #[tokio::test]
 async fn a_members_older_grant_is_not_fenced_off_by_its_newer_one() {
-    use headcount_core::fence::Fence;
+    use headcount_core::fence::MemoryFence;
     let mut group = TestGroup::start("g", 1).await.expect("a active");
     let first = group.member(0).assignment();
     let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
@@ -545,7 +545,7 @@ async fn a_members_older_grant_is_not_fenced_off_by_its_newer_one() {
             (k.clone(), g)
         })
         .collect();
-    assert!(older.iter().all(|(_, g)| g.token() == first.epoch));
+    assert!(older.iter().all(|(_, g)| g.token().get() == first.epoch));
     let b = group.join().await.expect("b joins");
     // Drop the grants of the keys that move to b (the hand-off waits for them); keep the rest.
     group
@@ -564,7 +564,7 @@ async fn a_members_older_grant_is_not_fenced_off_by_its_newer_one() {
         "some keys stay a's and some move ({} stay)",
         older.len()
     );
-    let fence = Fence::new();
+    let fence = MemoryFence::new();
     for (k, old) in &older {
         let new = a.owns(k).expect("a still owns what stayed");
         assert!(fence.admit(k, new.token()), "{k}: the newer grant");
@@ -582,7 +582,11 @@ async fn a_members_older_grant_is_not_fenced_off_by_its_newer_one() {
     // A key that moved: b's token is newer than any a used for it.
     for k in &keys {
         if let Some(g) = b.owns(k) {
-            assert!(g.token() > first.epoch, "{k}: b's token {}", g.token());
+            assert!(
+                g.token().get() > first.epoch,
+                "{k}: b's token {}",
+                g.token()
+            );
         }
     }
     drop(older);
@@ -607,7 +611,7 @@ async fn lone_member_with_grants(
         .map(|i| {
             let k = format!("k{i}");
             let g = a.owns(&k).expect("a lone member owns every key");
-            assert_eq!(g.token(), first.epoch);
+            assert_eq!(g.token().get(), first.epoch);
             (k, g)
         })
         .collect();
@@ -654,7 +658,7 @@ async fn an_epoch_minted_twice_is_never_a_token_again() {
     for (k, old) in &held {
         let new = grant_above(&a, k, epoch).await;
         assert!(
-            new.token() > epoch,
+            new.token().get() > epoch,
             "{k}: granted under epoch {} with token {}, the epoch minted twice",
             new.epoch(),
             new.token()
@@ -790,7 +794,10 @@ async fn status_names_the_member_that_grants_each_key() {
         );
         // The token a grant would carry is never newer than the view's epoch.
         let token = group.member(granter).would_grant(k).expect("granted");
-        assert!(token <= owner.view_epoch, "{k}: token {token} > {owner:?}");
+        assert!(
+            token.get() <= owner.view_epoch,
+            "{k}: token {token} > {owner:?}"
+        );
         *by.entry(group.id(granter)).or_insert(0) += 1;
     }
     assert_eq!(by.len(), 2, "32 keys all on one member: {by:?}");

@@ -74,6 +74,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use headcount_core::assign::AssignorKind;
+use headcount_core::fence::FencingToken;
 use headcount_core::recipes::group::{Grant, Group, GroupConfig, GroupPhase, Member};
 use headcount_core::sim::{FaultRates, Faults, FaultyStore, NoticeRates, SimClock};
 use headcount_core::{Clock, DynStore};
@@ -768,14 +769,17 @@ impl Sim {
         for (i, p) in self.procs.iter().enumerate() {
             let Some(m) = &p.member else { continue };
             for (k, owners) in owners.iter_mut().enumerate() {
-                let token = m.would_grant(k.to_string()).or_else(|| {
-                    p.held
-                        .iter()
-                        .filter(|h| h.key == k)
-                        .filter_map(Held::grant)
-                        .find(|g| g.is_valid())
-                        .map(|g| g.token())
-                });
+                let token = m
+                    .would_grant(k.to_string())
+                    .map(FencingToken::get)
+                    .or_else(|| {
+                        p.held
+                            .iter()
+                            .filter(|h| h.key == k)
+                            .filter_map(Held::grant)
+                            .find(|g| g.is_valid())
+                            .map(|g| g.token().get())
+                    });
                 if let Some(t) = token {
                     owners.push((i, t));
                 }
@@ -794,7 +798,7 @@ impl Sim {
                 }
                 for (k, owners) in owners.iter_mut().enumerate() {
                     if k as u32 % replicas == *index {
-                        owners.push((i, (*index, *replicas), g.token()));
+                        owners.push((i, (*index, *replicas), g.token().get()));
                     }
                 }
             }
@@ -833,21 +837,21 @@ impl Sim {
                 let strict = strict && h.strict;
                 let key = &h.key;
                 let (newest, by, since_strict) = &mut self.fences[*key];
-                if strict && g.token() < *newest {
+                if strict && g.token().get() < *newest {
                     return Err(format!(
                         "a fence refuses {}'s valid grant of key {key} (epoch {}, token {}, \
                          taken at {:.3}s): {by}'s grant with token {newest} wrote before it, at \
                          {:.3}s",
                         p.label,
                         g.epoch(),
-                        g.token(),
+                        g.token().get(),
                         h.taken.as_secs_f64(),
                         now.as_secs_f64()
                     ));
                 }
                 // Two holders writing with one token cannot be told apart by a fence: the older
                 // one, a zombie, would still get through after the newer one wrote.
-                if strict && *since_strict && g.token() == *newest && *by != p.label {
+                if strict && *since_strict && g.token().get() == *newest && *by != p.label {
                     return Err(format!(
                         "{}'s valid grant of key {key} (epoch {}) has token {newest}, which \
                          {by}'s grant wrote with before: a fence cannot tell them apart, at {:.3}s",
@@ -856,8 +860,8 @@ impl Sim {
                         now.as_secs_f64()
                     ));
                 }
-                if g.token() >= *newest {
-                    *newest = g.token();
+                if g.token().get() >= *newest {
+                    *newest = g.token().get();
                     by.clone_from(&p.label);
                     *since_strict = strict;
                 }
@@ -951,7 +955,7 @@ impl Sim {
                              revoked() did not fire",
                             h.key,
                             g.epoch(),
-                            g.token(),
+                            g.token().get(),
                             now.as_secs_f64(),
                             since.as_secs_f64()
                         ));
@@ -967,7 +971,7 @@ impl Sim {
                             h.key,
                             now.as_secs_f64(),
                             g.epoch(),
-                            g.token(),
+                            g.token().get(),
                             g.is_valid(),
                             g.lease_lapsed()
                         ));

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use headcount_core::fence::FencingToken;
 use headcount_core::memory::MemoryStore;
 use headcount_core::recipes::group::{Group, GroupConfig, GroupPhase, Member, MAX_STANDBY};
 use headcount_core::{DynStore, ErrorKind};
@@ -35,7 +36,7 @@ async fn a_replacement_inherits_the_leavers_slot_and_only_its_keys_move() {
     let epoch = converged(&[&a, &b, &c]).await;
     let slot = c.assignment().slot.unwrap();
     let before = owners(&[&a, &b, &c]);
-    let tokens = |m: &Member| -> Vec<Option<u64>> {
+    let tokens = |m: &Member| -> Vec<Option<FencingToken>> {
         (0..KEYS).map(|k| m.would_grant(format!("k{k}"))).collect()
     };
     let kept = (tokens(&a), tokens(&b));
@@ -77,7 +78,7 @@ async fn a_replacement_inherits_the_leavers_slot_and_only_its_keys_move() {
     for (k, owner) in before.iter().enumerate() {
         if owner == &[2] {
             let token = d.would_grant(format!("k{k}")).unwrap();
-            assert!(token > epoch, "key {k}: token {token}");
+            assert!(token.get() > epoch, "key {k}: token {token}");
         }
     }
     let record = f.slot_record(slot).await.unwrap();

@@ -279,14 +279,14 @@ async fn a_service_of_workers_keeps_its_writes_ordered_through_a_crash() {
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
 
-    use headcount_core::fence::Fence;
+    use headcount_core::fence::{FencingToken, MemoryFence};
     use headcount_core::recipes::group::Member;
 
-    type Sink = Arc<Mutex<BTreeMap<String, (String, u64)>>>;
+    type Sink = Arc<Mutex<BTreeMap<String, (String, FencingToken)>>>;
 
     /// The service under test: on every assignment change, writes each key it owns to the sink,
     /// through a fence.
-    fn spawn_worker(member: Member, keys: Arc<Vec<String>>, sink: Sink, fence: Arc<Fence>) {
+    fn spawn_worker(member: Member, keys: Arc<Vec<String>>, sink: Sink, fence: Arc<MemoryFence>) {
         tokio::spawn(async move {
             let mut rx = member.watch();
             loop {
@@ -308,7 +308,7 @@ async fn a_service_of_workers_keeps_its_writes_ordered_through_a_crash() {
     let started = Instant::now();
     let keys = Arc::new(keys());
     let sink: Sink = Arc::default();
-    let fence = Arc::new(Fence::new());
+    let fence = Arc::new(MemoryFence::new());
     let mut group = TestGroup::start("g", 3).await.expect("starts");
     for i in 0..3 {
         spawn_worker(

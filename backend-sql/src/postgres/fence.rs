@@ -1,6 +1,8 @@
 //! A fencing guard for a PostgreSQL sink: the check of a grant's fencing token and the write it
 //! guards in one statement: [`PgFence`].
 
+use async_trait::async_trait;
+use headcount_core::fence::{Fence, FencingToken};
 use headcount_core::{Error, Result};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row};
@@ -15,7 +17,7 @@ const MAX_IDENTIFIER_LEN: usize = 63;
 /// bigint not null)` rows: the check of a grant's fencing token and the write it guards in one
 /// statement.
 ///
-/// Every grant headcount hands out carries a fencing token, a `u64` (`Grant::token`: for a key,
+/// Every grant headcount hands out carries a [`FencingToken`] (`Grant::token`: for a key,
 /// the first epoch of the member's unbroken ownership of it; for a whole share, the epoch of its
 /// view). A sink that
 /// accepts writes from whoever currently owns a resource keeps, per resource, the highest token it
@@ -30,7 +32,10 @@ const MAX_IDENTIFIER_LEN: usize = 63;
 /// the tokens.
 ///
 /// ```no_run
-/// # async fn demo(client: &tokio_postgres::Client, token: u64) -> headcount_core::Result<()> {
+/// # async fn demo(
+/// #     client: &tokio_postgres::Client,
+/// #     token: headcount_core::fence::FencingToken,
+/// # ) -> headcount_core::Result<()> {
 /// use headcount_sql::postgres::PgFence;
 ///
 /// let fence = PgFence::new("hc_fence")?;
@@ -132,7 +137,7 @@ impl PgFence {
         &self,
         client: &C,
         resource: &str,
-        token: u64,
+        token: FencingToken,
     ) -> Result<bool> {
         let token = check(resource, token)?;
         let rows = client
@@ -153,8 +158,8 @@ impl PgFence {
         &self,
         client: &C,
         resource: &str,
-    ) -> Result<Option<u64>> {
-        check(resource, 0)?;
+    ) -> Result<Option<FencingToken>> {
+        check(resource, FencingToken::default())?;
         let sql = format!("SELECT token FROM {} WHERE resource = $1", self.quoted);
         let row = client
             .query_typed_opt(&sql, &[(&resource, Type::TEXT)])
@@ -162,7 +167,7 @@ impl PgFence {
             .map_err(classify)?;
         row.map(|r| {
             r.try_get::<_, i64>(0).map_err(classify).and_then(|t| {
-                u64::try_from(t).map_err(|_| {
+                u64::try_from(t).map(FencingToken::new).map_err(|_| {
                     Error::foreign(resource, "a non-negative fencing token", &t.to_string())
                 })
             })
@@ -201,7 +206,7 @@ impl PgFence {
         client: &C,
         write_sql: &str,
         resource: &str,
-        token: u64,
+        token: FencingToken,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<FencedOutcome> {
         let token = check(resource, token)?;
@@ -225,7 +230,7 @@ impl PgFence {
         client: &C,
         write_sql: &str,
         resource: &str,
-        token: u64,
+        token: FencingToken,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<FencedOutcome> {
         let token = check(resource, token)?;
@@ -258,6 +263,18 @@ impl PgFence {
     }
 }
 
+/// [`PgFence::admit`] and [`PgFence::current`] through the caller's client.
+#[async_trait]
+impl<C: GenericClient + Send + Sync> Fence<C> for PgFence {
+    async fn admit(&self, client: &mut C, resource: &str, token: FencingToken) -> Result<bool> {
+        PgFence::admit(self, client, resource, token).await
+    }
+
+    async fn current(&self, client: &mut C, resource: &str) -> Result<Option<FencingToken>> {
+        PgFence::current(self, client, resource).await
+    }
+}
+
 /// What the row of a fenced write says.
 fn outcome(row: &Row) -> Result<FencedOutcome> {
     let admitted: i64 = row.try_get(0).map_err(classify)?;
@@ -272,13 +289,13 @@ fn outcome(row: &Row) -> Result<FencedOutcome> {
 }
 
 /// Checks a resource name and a token, returning the token as PostgreSQL's `bigint`.
-fn check(resource: &str, token: u64) -> Result<i64> {
+fn check(resource: &str, token: FencingToken) -> Result<i64> {
     if resource.is_empty() || resource.contains('\0') {
         return Err(Error::invalid(
             "fence resource must be non-empty text without NUL characters",
         ));
     }
-    i64::try_from(token).map_err(|_| {
+    i64::try_from(token.get()).map_err(|_| {
         Error::invalid(format!(
             "fencing token {token} does not fit PostgreSQL's bigint (at most {})",
             i64::MAX
@@ -327,10 +344,13 @@ mod tests {
 
     #[test]
     fn tokens_must_fit_a_bigint() {
-        assert_eq!(check("r", i64::MAX as u64).unwrap(), i64::MAX);
-        let e = check("r", i64::MAX as u64 + 1).unwrap_err();
+        assert_eq!(
+            check("r", FencingToken::new(i64::MAX as u64)).unwrap(),
+            i64::MAX
+        );
+        let e = check("r", FencingToken::new(i64::MAX as u64 + 1)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
-        assert!(check("", 1).is_err());
-        assert!(check("a\0b", 1).is_err());
+        assert!(check("", FencingToken::new(1)).is_err());
+        assert!(check("a\0b", FencingToken::new(1)).is_err());
     }
 }

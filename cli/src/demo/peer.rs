@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use headcount::assign::{hash_u64, AssignorKind, Topology};
-use headcount::fence::Fence;
+use headcount::fence::{FencingToken, MemoryFence};
 use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member};
 use headcount::recipes::interval::{IntervalConfig, IntervalIndexer, IntervalPeer};
 use headcount::{DynStore, Error};
@@ -30,7 +30,7 @@ pub struct Book {
 #[derive(Default)]
 pub struct Sink {
     book: Mutex<Book>,
-    fence: Fence,
+    fence: MemoryFence,
 }
 
 impl Sink {
@@ -40,12 +40,12 @@ impl Sink {
 
     /// Advances the fence for `id` with `token` (writing nothing), then reads whether `id` is
     /// still to do: every write admitted under an older token is visible by then.
-    fn claim(&self, id: u64, token: u64) -> bool {
+    fn claim(&self, id: u64, token: FencingToken) -> bool {
         self.fence.admit(&id.to_string(), token) && self.book().pending.contains(&id)
     }
 
     /// Accepts `id` when the fence admits `token`; counts a fenced rejection otherwise.
-    fn write(&self, id: u64, token: u64) {
+    fn write(&self, id: u64, token: FencingToken) {
         let written = self.fence.admit_with(&id.to_string(), token, || {
             let mut b = self.book();
             *b.counts.entry(id).or_default() += 1;
@@ -128,8 +128,11 @@ impl Recipe {
                     .with_member(name);
                 let peer = IntervalIndexer::join(store, config).await?;
                 let own = peer.ownership();
-                let take: Taker =
-                    Arc::new(move |id| own.begin(id).map(|t| (t.epoch(), Box::new(t) as Held)));
+                // The interval's epoch fences a task as a view's epoch fences a key.
+                let take: Taker = Arc::new(move |id| {
+                    own.begin(id)
+                        .map(|t| (FencingToken::new(t.epoch()), Box::new(t) as Held))
+                });
                 (Inner::Interval(Box::new(peer)), take)
             }
         };
@@ -143,7 +146,7 @@ impl Recipe {
     }
 }
 
-type Taker = Arc<dyn Fn(u64) -> Option<(u64, Held)> + Send + Sync>;
+type Taker = Arc<dyn Fn(u64) -> Option<(FencingToken, Held)> + Send + Sync>;
 
 /// Every `every`: takes the pending ids this peer owns, advancing the fence for each before
 /// reading whether it is still to do, works on them for `work`, then writes them to the sink

@@ -263,7 +263,7 @@ async fn work_round(
         return Ok(());
     }
     let jobs = grants.into_iter().map(|(part, grant)| async move {
-        let token = grant.token() as i64;
+        let token = grant.token().get() as i64;
         log.line(json!({
             "ev": "grant", "member": args.member, "slot": grant.slot(),
             "key": format!("p{part}"), "epoch": grant.epoch(),

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use headcount::fence::FencingToken;
 use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member};
 use headcount::{DynStore, ErrorKind};
 use tokio::time::Instant;
@@ -300,7 +301,7 @@ pub async fn group_crash_expires(ctx: &Ctx) -> CaseResult {
 pub async fn group_handoff_no_double_grant(ctx: &Ctx) -> CaseResult {
     const KEYS: u32 = 64;
     /// (key, member, epoch, start, end) of work done under a grant valid at its end.
-    type Entry = (u32, String, u64, Instant, Instant);
+    type Entry = (u32, String, FencingToken, Instant, Instant);
     type Log = Arc<Mutex<Vec<Entry>>>;
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -383,7 +384,7 @@ pub async fn group_handoff_no_double_grant(ctx: &Ctx) -> CaseResult {
     let log = std::mem::take(&mut *log.lock().unwrap_or_else(PoisonError::into_inner));
     ensure!(!log.is_empty(), "no work was recorded");
     let mut by_key: BTreeMap<u32, Vec<&Entry>> = BTreeMap::new();
-    let mut epoch_owner: BTreeMap<(u32, u64), &str> = BTreeMap::new();
+    let mut epoch_owner: BTreeMap<(u32, FencingToken), &str> = BTreeMap::new();
     for e in &log {
         by_key.entry(e.0).or_default().push(e);
         if let Some(prev) = epoch_owner.insert((e.0, e.2), &e.1) {

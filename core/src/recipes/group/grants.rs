@@ -10,6 +10,7 @@ use tokio::sync::{broadcast, watch, Notify};
 use super::records::Holder;
 use super::view::{Assignment, Change, GroupPhase, ViewState};
 use crate::clock::Clock;
+use crate::fence::FencingToken;
 
 /// What a grant covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -375,8 +376,8 @@ impl Grant {
     /// refused by a fence once a newer one wrote; a key that moved carries a token newer than
     /// every token of its earlier owners. For the whole share: the epoch of the view it was
     /// taken under.
-    pub fn token(&self) -> u64 {
-        self.token
+    pub fn token(&self) -> FencingToken {
+        FencingToken::new(self.token)
     }
 
     /// The epoch of the view the grant was taken under (at least [`Grant::token`]).

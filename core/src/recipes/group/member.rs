@@ -11,6 +11,7 @@ use super::runner::Runner;
 use super::view::{Assignment, Change, GroupPhase};
 use crate::assign::hash_bytes;
 use crate::error::{Error, Result};
+use crate::fence::FencingToken;
 use crate::task::{Background, OnDrop};
 use crate::DynStore;
 
@@ -151,10 +152,13 @@ impl Member {
 
     /// The token [`Member::owns`] would grant `key` under right now, without taking a grant
     /// (nothing is in flight afterwards): for monitoring and for tests that check who owns what.
-    pub fn would_grant(&self, key: impl AsRef<[u8]>) -> Option<u64> {
+    pub fn would_grant(&self, key: impl AsRef<[u8]>) -> Option<FencingToken> {
         let now = self.shared.clock.monotonic();
         let scope = Scope::Key(hash_bytes(key.as_ref()));
-        self.shared.lock().grantable(scope, now).map(|g| g.token)
+        self.shared
+            .lock()
+            .grantable(scope, now)
+            .map(|g| FencingToken::new(g.token))
     }
 
     /// The declared keys ([`GroupConfig::with_keys`], `with_partitions`) this member owns now,

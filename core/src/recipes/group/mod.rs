@@ -9,7 +9,8 @@
 //!
 //! * [`Member::owns`] returns a [`Grant`] while the key is this member's; do the work while you
 //!   hold it, and pass [`Grant::token`] to your sink so a fence can refuse a deposed owner's late
-//!   write ([`Fence`](crate::fence::Fence), or the PostgreSQL and Redis fences of the backends);
+//!   write (a [`Fence`](crate::fence::Fence): [`MemoryFence`](crate::fence::MemoryFence) in
+//!   this process, or the PostgreSQL and Redis fences of the backends);
 //! * [`Member::watch`] gives the member's [`Assignment`]: its slot and the `(index, replicas)`
 //!   pair (task `t` is yours when `t % replicas == index - 1`), and [`Member::share`] a grant for
 //!   that whole share;
