@@ -175,7 +175,7 @@ impl Net {
         )?;
         self.nft(
             "add table inet hc\n\
-             add chain inet hc fwd { type filter hook forward priority 0; policy accept; }\n",
+             add chain inet hc cuts { type filter hook forward priority 0; policy accept; }\n",
         )
     }
 
@@ -264,9 +264,9 @@ impl Net {
     /// Drops the packets from `a` to `b`, and from `b` to `a` unless `one_way`: a partition
     /// between them. A port on either end narrows it to the connections to that port.
     pub fn drop_between(&self, a: Endpoint, b: Endpoint, one_way: bool) -> io::Result<Rule> {
-        let mut lines = vec![format!("add rule inet hc fwd {} drop", matcher(a, b))];
+        let mut lines = vec![format!("add rule inet hc cuts {} drop", matcher(a, b))];
         if !one_way {
-            lines.push(format!("add rule inet hc fwd {} drop", matcher(b, a)));
+            lines.push(format!("add rule inet hc cuts {} drop", matcher(b, a)));
         }
         self.add(lines)
     }
@@ -277,7 +277,7 @@ impl Net {
         self.add(
             [matcher(a, b), matcher(b, a)]
                 .into_iter()
-                .map(|m| format!("add rule inet hc fwd {m} numgen random mod 100 < {p} drop"))
+                .map(|m| format!("add rule inet hc cuts {m} numgen random mod 100 < {p} drop"))
                 .collect(),
         )
     }
@@ -312,7 +312,7 @@ impl Net {
 
     /// Replaces the router's rules with `rules` in one transaction.
     fn apply(&self, rules: &Rules) -> io::Result<()> {
-        let mut script = String::from("flush chain inet hc fwd\n");
+        let mut script = String::from("flush chain inet hc cuts\n");
         for line in rules.lines.values().flatten() {
             script.push_str(line);
             script.push('\n');
