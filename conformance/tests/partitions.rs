@@ -69,6 +69,11 @@ async fn partitions_etcd_cluster() -> Result<(), String> {
     partitions(ServerKind::EtcdCluster).await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_redis_sentinel() -> Result<(), String> {
+    partitions(ServerKind::RedisSentinel).await
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -129,6 +134,14 @@ struct Store {
     nodes: Vec<SocketAddrV4>,
     /// The nodes' hosts, when they are in namespaces (store-side faults).
     hosts: Vec<Host>,
+    /// Whether members reach the nodes directly instead of through proxies: a Sentinel names
+    /// the primary's own address, so the data path cannot go through a proxy anyway.
+    direct: bool,
+    /// Servers members reach directly beyond `nodes` (the Redis primary and replica behind the
+    /// Sentinels).
+    also: Vec<SocketAddrV4>,
+    /// URL options beyond `timeout`.
+    options: String,
     /// What keeps servers outside the net alive.
     _keep: Option<Box<dyn std::any::Any + Send>>,
 }
@@ -165,6 +178,9 @@ async fn start_store(
                 suffix: "",
                 nodes,
                 hosts: Vec::new(),
+                direct: false,
+                also: Vec::new(),
+                options: String::new(),
                 _keep: Some(Box::new(kv)),
             })
         }
@@ -177,6 +193,9 @@ async fn start_store(
                 suffix: "/postgres",
                 nodes: vec![SocketAddrV4::new(Ipv4Addr::LOCALHOST, pg.port())],
                 hosts: Vec::new(),
+                direct: false,
+                also: Vec::new(),
+                options: String::new(),
                 _keep: Some(Box::new(pg)),
             })
         }
@@ -249,13 +268,154 @@ async fn start_store(
                 suffix: "",
                 nodes,
                 hosts,
+                direct: false,
+                also: Vec::new(),
+                options: String::new(),
                 _keep: None,
             })
         }
+        ServerKind::RedisSentinel => start_sentinel(net, dir).await,
         other => Err(Unavailable::NotApplicable(format!(
             "no partition schedule for {}",
             other.name()
         ))),
+    }
+}
+
+/// Whether the Sentinel store waits for its replica on every write (`wait_replicas=1`): yes
+/// unless `HEADCOUNT_PARTITIONS_WAIT=0`, which measures the store without it.
+fn sentinel_waits() -> bool {
+    std::env::var("HEADCOUNT_PARTITIONS_WAIT").map_or(true, |v| v != "0")
+}
+
+/// A Redis primary (host r1) and its replica (r2) behind three Sentinels (s1-s3), each on a
+/// host of its own.
+async fn start_sentinel(net: &Net, dir: &std::path::Path) -> Result<Store, Unavailable> {
+    let failed = |e: std::io::Error| Unavailable::Failed(format!("redis_sentinel: {e}"));
+    let Some(bin) = which("redis-server") else {
+        return Err(Unavailable::Missing("`redis-server` is not on PATH".into()));
+    };
+    let mut data = Vec::new();
+    for name in ["r1", "r2"] {
+        data.push(net.host(name).map_err(failed)?);
+    }
+    let primary = data[0].ip.to_string();
+    for h in &data {
+        let mut cmd = Command::new(&bin);
+        cmd.args(["--port", "6379", "--bind", &h.ip.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "no", "--protected-mode", "no"])
+            .args(["--repl-diskless-sync-delay", "0"])
+            .arg("--dir")
+            .arg(dir);
+        if h.name == "r2" {
+            cmd.args(["--replicaof", &primary, "6379"]);
+        }
+        let log = dir.join(format!("{}.log", h.name));
+        net.spawn_server(h, cmd, &log, None, libc::SIGTERM)
+            .map_err(failed)?;
+    }
+    let mut sentinels = Vec::new();
+    for name in ["s1", "s2", "s3"] {
+        let h = net.host(name).map_err(failed)?;
+        let conf = dir.join(format!("{name}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "port 26379\nbind {}\nprotected-mode no\ndaemonize no\ndir {}\n\
+                 sentinel monitor mymaster {primary} 6379 2\n\
+                 sentinel down-after-milliseconds mymaster 500\n\
+                 sentinel failover-timeout mymaster 3000\n\
+                 sentinel parallel-syncs mymaster 1\n",
+                h.ip,
+                dir.display()
+            ),
+        )
+        .map_err(failed)?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg(&conf).arg("--sentinel");
+        net.spawn_server(
+            &h,
+            cmd,
+            &dir.join(format!("{name}.log")),
+            None,
+            libc::SIGTERM,
+        )
+        .map_err(failed)?;
+        sentinels.push(h);
+    }
+    let nodes: Vec<SocketAddrV4> = sentinels
+        .iter()
+        .map(|h| SocketAddrV4::new(h.ip, 26379))
+        .collect();
+    // Ready once the replica is in sync, and every Sentinel sees it and the other two: a
+    // failover needs both.
+    let end = Instant::now() + Duration::from_secs(60);
+    let replica = SocketAddrV4::new(data[1].ip, 6379);
+    while !redis_request(replica, "INFO replication")
+        .await
+        .contains("master_link_status:up")
+    {
+        if Instant::now() > end {
+            return Err(Unavailable::Failed(format!(
+                "the replica in a namespace did not sync within 60 s (logs in {})",
+                dir.display()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for node in &nodes {
+        loop {
+            let info = redis_request(*node, "INFO sentinel").await;
+            if info.contains("status=ok") && info.contains("slaves=1,sentinels=3") {
+                break;
+            }
+            if Instant::now() > end {
+                return Err(Unavailable::Failed(format!(
+                    "the Sentinels in namespaces did not see each other and the replica within \
+                     60 s (logs in {}): {info}",
+                    dir.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(Store {
+        prefix: "redis+sentinel://",
+        suffix: "/mymaster",
+        nodes,
+        also: data.iter().map(|h| SocketAddrV4::new(h.ip, 6379)).collect(),
+        hosts: data.into_iter().chain(sentinels).collect(),
+        direct: true,
+        options: if sentinel_waits() {
+            "&wait_replicas=1".into()
+        } else {
+            String::new()
+        },
+        _keep: None,
+    })
+}
+
+/// Sends one inline command to a Redis server or Sentinel; its raw answer, or the error as text.
+async fn redis_request(addr: SocketAddrV4, command: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let talk = async {
+        let mut c = tokio::net::TcpStream::connect(addr).await?;
+        c.write_all(format!("{command}\r\n").as_bytes()).await?;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(Duration::from_millis(200), c.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => out.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&out).into_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(2), talk).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => format!("error: {e}"),
+        Err(_) => "error: no answer".into(),
     }
 }
 
@@ -289,14 +449,6 @@ impl MemberProc {
         if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
             let _ = harness_signal(pid, sig);
         }
-    }
-
-    /// The member's endpoints toward the store: its proxies' ports on the harness address.
-    fn store_paths(&self, net: &Net) -> Vec<Endpoint> {
-        self.proxies
-            .iter()
-            .map(|p| Endpoint::port(net.harness_ip(), p.port()))
-            .collect()
     }
 }
 
@@ -462,17 +614,61 @@ impl Run {
     }
 
     fn store_url(&self, proxies: &[Proxy]) -> String {
-        let hosts: Vec<String> = proxies
-            .iter()
-            .map(|p| format!("{}:{}", self.net.harness_ip(), p.port()))
-            .collect();
+        let hosts: Vec<String> = if self.store.direct {
+            self.store.nodes.iter().map(ToString::to_string).collect()
+        } else {
+            proxies
+                .iter()
+                .map(|p| format!("{}:{}", self.net.harness_ip(), p.port()))
+                .collect()
+        };
         format!(
-            "{}{}{}?timeout={}ms",
+            "{}{}{}?timeout={}ms{}",
             self.store.prefix,
             hosts.join(","),
             self.store.suffix,
-            OP_TIMEOUT.as_millis()
+            OP_TIMEOUT.as_millis(),
+            self.store.options
         )
+    }
+
+    /// The store host (index in `store.hosts`) that member path `k` leads to.
+    fn path_node(&self, k: usize) -> Option<usize> {
+        let addr = self.store.nodes.iter().chain(&self.store.also).nth(k)?;
+        self.store.hosts.iter().position(|h| h.ip == *addr.ip())
+    }
+
+    /// The store host of the primary the Sentinels name now.
+    async fn primary(&self) -> Result<usize, String> {
+        let answer = redis_request(
+            self.store.nodes[0],
+            "SENTINEL get-master-addr-by-name mymaster",
+        )
+        .await;
+        self.store
+            .hosts
+            .iter()
+            .position(|h| answer.contains(&format!("\r\n{}\r\n", h.ip)))
+            .ok_or_else(|| format!("no primary in the Sentinel's answer {answer:?}"))
+    }
+
+    /// Member `i`'s endpoints toward the store, in the order of the store's nodes (then the
+    /// servers it reaches directly): its proxies' ports on the harness address, or the nodes.
+    fn store_paths(&self, i: usize) -> Vec<Endpoint> {
+        if self.store.direct {
+            self.store
+                .nodes
+                .iter()
+                .chain(&self.store.also)
+                .map(|a| Endpoint::port(*a.ip(), a.port()))
+                .collect()
+        } else {
+            self.members[i]
+                .proxies
+                .iter()
+                .map(|p| Endpoint::port(self.net.harness_ip(), p.port()))
+                .collect()
+        }
     }
 
     async fn spawn_member(&mut self) -> Result<usize, String> {
@@ -483,7 +679,7 @@ impl Run {
             .host(&name)
             .map_err(|e| format!("host {name}: {e}"))?;
         let mut proxies = Vec::new();
-        for node in &self.store.nodes {
+        for node in self.store.nodes.iter().filter(|_| !self.store.direct) {
             proxies.push(
                 Proxy::start_at(self.net.harness_ip(), *node)
                     .await
@@ -558,9 +754,8 @@ impl Run {
 
     /// Cuts member `i` from every store node; the rules to heal it.
     fn cut_from_store(&mut self, i: usize) -> Result<Vec<Rule>, String> {
-        let m = &self.members[i];
-        let me = Endpoint::host(m.host.ip);
-        m.store_paths(&self.net)
+        let me = Endpoint::host(self.members[i].host.ip);
+        self.store_paths(i)
             .into_iter()
             .map(|to| {
                 self.net
@@ -798,7 +993,7 @@ impl Run {
                 );
                 self.note(&what);
                 let me = Endpoint::host(self.members[i].host.ip);
-                let paths = self.members[i].store_paths(&self.net);
+                let paths = self.store_paths(i);
                 let mut rules = Vec::new();
                 for to in paths {
                     rules.push(
@@ -833,10 +1028,15 @@ impl Run {
                 self.members[i].signal(libc::SIGCONT);
                 self.members[i].state = State::Live;
             }
-            Fault::StoreMinority => {
-                // One etcd member cut from the other two (the leader half the time), with
-                // some members reaching only it, the others only the majority.
-                let node = self.rng.random_range(0..self.store.hosts.len());
+            Fault::StoreMinority | Fault::PrimaryIsolated => {
+                // One etcd member cut from the other two, or the Redis primary cut from its
+                // replica and the Sentinels, with some members reaching only it, the others
+                // only the rest.
+                let node = if fault == Fault::PrimaryIsolated {
+                    self.primary().await?
+                } else {
+                    self.rng.random_range(0..self.store.hosts.len())
+                };
                 let live: Vec<usize> = (0..self.members.len())
                     .filter(|&i| self.members[i].state == State::Live)
                     .collect();
@@ -866,10 +1066,9 @@ impl Run {
                     }
                 }
                 for &i in &live {
-                    let m = &self.members[i];
-                    let me = Endpoint::host(m.host.ip);
-                    for (k, to) in m.store_paths(&self.net).into_iter().enumerate() {
-                        if (k == node) != with.contains(&i) {
+                    let me = Endpoint::host(self.members[i].host.ip);
+                    for (k, to) in self.store_paths(i).into_iter().enumerate() {
+                        if (self.path_node(k) == Some(node)) != with.contains(&i) {
                             rules.push(
                                 self.net
                                     .drop_between(me, to, false)
@@ -1088,10 +1287,12 @@ enum Fault {
     Pause,
     /// A store node cut from the others, with some members on its side.
     StoreMinority,
+    /// The Redis primary cut from its replica and the Sentinels, with some members on its side.
+    PrimaryIsolated,
 }
 
 impl Fault {
-    const ALL: [Fault; 10] = [
+    const ALL: [Fault; 11] = [
         Fault::Cut,
         Fault::CutLong,
         Fault::CutDuringHandoff,
@@ -1102,20 +1303,25 @@ impl Fault {
         Fault::Kill,
         Fault::Pause,
         Fault::StoreMinority,
+        Fault::PrimaryIsolated,
     ];
 
     /// The short schedule that runs with the normal tests.
-    const SHORT: [Fault; 5] = [
+    const SHORT: [Fault; 6] = [
         Fault::Cut,
         Fault::CutLong,
         Fault::Delay,
         Fault::Loss,
         Fault::StoreMinority,
+        Fault::PrimaryIsolated,
     ];
 
     fn applies(self, backend: ServerKind) -> bool {
         match self {
             Fault::StoreMinority => backend == ServerKind::EtcdCluster,
+            Fault::PrimaryIsolated => backend == ServerKind::RedisSentinel,
+            // The Sentinel store's data path goes straight to the primary: no proxy to delay.
+            Fault::Delay => backend != ServerKind::RedisSentinel,
             _ => true,
         }
     }
