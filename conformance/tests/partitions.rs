@@ -22,8 +22,10 @@
 //! Each test runs the short schedule of one backend (it is part of the normal test run, as
 //! root; where namespaces cannot be made it prints `SKIP` and passes, or fails under
 //! `HEADCOUNT_REQUIRE_BACKENDS=all`). `HEADCOUNT_PARTITIONS_SEED=<n>` replays a seed;
-//! `HEADCOUNT_PARTITIONS_RUNS=<n>` runs `n` seeds of the long schedule instead and prints one
-//! result line per fault. See docs/partitions.md.
+//! `HEADCOUNT_PARTITIONS_RUNS=<n>` runs `n` seeds of the long schedule (eight faults) instead
+//! and prints one result line per fault; `HEADCOUNT_PARTITIONS_FAULTS=Cut,PrimaryIsolated`
+//! draws its faults from those kinds only; `HEADCOUNT_PARTITIONS_WAIT=0` runs the Sentinel store
+//! without `wait_replicas=1`. See docs/partitions.md.
 #![cfg(all(feature = "postgres", feature = "redis", feature = "etcd"))]
 
 use std::collections::BTreeSet;
@@ -465,12 +467,20 @@ fn harness_signal(pid: libc::pid_t, sig: libc::c_int) -> std::io::Result<()> {
     }
 }
 
+/// A cut of one member from the store in place: its record in [`Run::cuts`] and its rules.
+struct StoreCut {
+    cut: usize,
+    rules: Vec<Rule>,
+}
+
 /// A fault that was played: what, when, when healed, and the members it cut from the store.
 struct Played {
     what: String,
     from: u64,
     healed: u64,
     cut: Vec<String>,
+    /// The members the fault struck (see [`Window::side`]).
+    side: Vec<String>,
     converged_after_heal: Option<u64>,
 }
 
@@ -492,6 +502,8 @@ struct Run {
     started: Instant,
     generator: Option<tokio::task::JoinHandle<Result<u64, String>>>,
     stop_offering: Arc<std::sync::atomic::AtomicBool>,
+    /// Every cut of a member from the whole store, for the checker.
+    cuts: Vec<Cut>,
 }
 
 async fn connect(url: &str) -> Result<Client, String> {
@@ -569,6 +581,7 @@ async fn run(backend: ServerKind, seed: u64, long: bool) -> Result<bool, String>
         started: Instant::now(),
         generator: None,
         stop_offering: Arc::default(),
+        cuts: Vec::new(),
     };
     let result = run.play(long).await;
     let result = match result {
@@ -752,17 +765,34 @@ impl Run {
         Ok(())
     }
 
-    /// Cuts member `i` from every store node; the rules to heal it.
-    fn cut_from_store(&mut self, i: usize) -> Result<Vec<Rule>, String> {
+    /// Cuts member `i` from every store node, and records the cut for the checker (from once
+    /// every rule is in place); the rules to heal it with [`Run::heal_cut`].
+    fn cut_from_store(&mut self, i: usize) -> Result<StoreCut, String> {
         let me = Endpoint::host(self.members[i].host.ip);
-        self.store_paths(i)
+        let rules = self
+            .store_paths(i)
             .into_iter()
             .map(|to| {
                 self.net
                     .drop_between(me, to, false)
                     .map_err(|e| format!("cut: {e}"))
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        self.cuts.push(Cut {
+            member: self.members[i].name.clone(),
+            from: now_ms(),
+            to: None,
+        });
+        Ok(StoreCut {
+            cut: self.cuts.len() - 1,
+            rules,
+        })
+    }
+
+    /// Heals a cut (until just before its rules go).
+    fn heal_cut(&mut self, cut: StoreCut) -> Result<(), String> {
+        self.cuts[cut.cut].to = Some(now_ms());
+        self.heal(cut.rules)
     }
 
     fn heal(&self, rules: Vec<Rule>) -> Result<(), String> {
@@ -871,8 +901,19 @@ impl Run {
             return Err("the first four members never converged".into());
         }
         let steps: Vec<Fault> = if long {
+            // `HEADCOUNT_PARTITIONS_FAULTS=PrimaryIsolated,Cut` draws from those kinds only.
+            let only = std::env::var("HEADCOUNT_PARTITIONS_FAULTS").unwrap_or_default();
             let mut all = Fault::ALL.to_vec();
-            all.retain(|f| f.applies(self.backend));
+            all.retain(|f| {
+                f.applies(self.backend)
+                    && (only.is_empty() || only.split(',').any(|o| o.trim() == format!("{f:?}")))
+            });
+            if all.is_empty() {
+                return Err(format!(
+                    "HEADCOUNT_PARTITIONS_FAULTS={only:?} names no fault that applies to {}",
+                    self.backend.name()
+                ));
+            }
             (0..8)
                 .map(|_| *all.choose(&mut self.rng).unwrap_or(&Fault::Cut))
                 .collect()
@@ -897,6 +938,7 @@ impl Run {
         let ttl = self.ttl;
         let from = now_ms();
         let mut cut = Vec::new();
+        let mut side = Vec::new();
         let what: String;
         match fault {
             Fault::Cut | Fault::CutLong => {
@@ -911,7 +953,7 @@ impl Run {
                 let rules = self.cut_from_store(i)?;
                 cut.push(self.members[i].name.clone());
                 self.sleep(hold).await?;
-                self.heal(rules)?;
+                self.heal_cut(rules)?;
             }
             Fault::CutDuringHandoff => {
                 let i = self.pick()?;
@@ -927,7 +969,7 @@ impl Run {
                 let rules = self.cut_from_store(i)?;
                 cut.push(self.members[i].name.clone());
                 self.sleep(hold).await?;
-                self.heal(rules)?;
+                self.heal_cut(rules)?;
             }
             Fault::CutWhileLeaving => {
                 let i = self.pick()?;
@@ -943,7 +985,7 @@ impl Run {
                 let rules = self.cut_from_store(i)?;
                 cut.push(self.members[i].name.clone());
                 self.sleep(ttl * 2).await?;
-                self.heal(rules)?;
+                self.heal_cut(rules)?;
                 self.spawn_member().await?;
             }
             Fault::Flap => {
@@ -954,12 +996,13 @@ impl Run {
                     self.members[i].name
                 );
                 self.note(&what);
+                side.push(self.members[i].name.clone());
                 for _ in 0..times {
                     let down = Duration::from_millis(self.rng.random_range(100..600));
                     let up = Duration::from_millis(self.rng.random_range(100..600));
                     let rules = self.cut_from_store(i)?;
                     self.sleep(down).await?;
-                    self.heal(rules)?;
+                    self.heal_cut(rules)?;
                     self.sleep(up).await?;
                 }
             }
@@ -973,6 +1016,7 @@ impl Run {
                     self.members[i].name
                 );
                 self.note(&what);
+                side.push(self.members[i].name.clone());
                 self.members[i]
                     .proxies
                     .iter()
@@ -992,6 +1036,7 @@ impl Run {
                     self.members[i].name
                 );
                 self.note(&what);
+                side.push(self.members[i].name.clone());
                 let me = Endpoint::host(self.members[i].host.ip);
                 let paths = self.store_paths(i);
                 let mut rules = Vec::new();
@@ -1012,6 +1057,7 @@ impl Run {
                     self.members[i].name
                 );
                 self.note(&what);
+                side.push(self.members[i].name.clone());
                 self.members[i].signal(libc::SIGKILL);
                 let _ = self.members[i].child.wait();
                 self.members[i].state = State::Gone;
@@ -1022,6 +1068,7 @@ impl Run {
                 let hold = ttl.mul_f64(self.rng.random_range(1.5..3.0));
                 what = format!("{} paused (SIGSTOP) for {hold:.1?}", self.members[i].name);
                 self.note(&what);
+                side.push(self.members[i].name.clone());
                 self.members[i].signal(libc::SIGSTOP);
                 self.members[i].state = State::Paused;
                 self.sleep(hold).await?;
@@ -1054,6 +1101,7 @@ impl Run {
                         .collect::<Vec<_>>()
                 );
                 self.note(&what);
+                side = with.iter().map(|&i| self.members[i].name.clone()).collect();
                 let mut rules = Vec::new();
                 let lone = Endpoint::host(self.store.hosts[node].ip);
                 for (k, h) in self.store.hosts.iter().enumerate() {
@@ -1087,11 +1135,15 @@ impl Run {
             "healed; converged {}",
             converged.map_or("never".to_owned(), |c| format!("{c} ms after the heal"))
         ));
+        if side.is_empty() {
+            side.clone_from(&cut);
+        }
         self.played.push(Played {
             what,
             from,
             healed,
             cut,
+            side,
             converged_after_heal: converged,
         });
         if converged.is_none() {
@@ -1192,15 +1244,7 @@ impl Run {
                 }
             }
         }
-        for p in &self.played {
-            for m in &p.cut {
-                h.cuts.push(Cut {
-                    member: m.clone(),
-                    from: p.from,
-                    to: Some(p.healed),
-                });
-            }
-        }
+        h.cuts.clone_from(&self.cuts);
         let read_at = now_ms();
         let windows: Vec<Window> = self
             .played
@@ -1210,6 +1254,7 @@ impl Run {
                 what: p.what.clone(),
                 from: p.from,
                 healed: p.healed,
+                side: p.side.clone(),
                 settle: self
                     .played
                     .get(i + 1)
@@ -1258,11 +1303,12 @@ fn print_row(
     anomalies: &[history::Anomaly],
 ) {
     eprintln!(
-        "RESULT backend={} seed={seed} fault={:?} gap_during_ms={} gap_after_heal_ms={} \
-         converged_after_heal_ms={} keys_moved={} run_anomalies={}",
+        "RESULT backend={} seed={seed} fault={:?} gap_struck_side_ms={} gap_other_side_ms={} \
+         gap_after_heal_ms={} converged_after_heal_ms={} keys_moved={} run_anomalies={}",
         backend.name(),
         p.what,
-        s.gap_during,
+        s.gap_side,
+        s.gap_others,
         s.gap_after,
         p.converged_after_heal
             .map_or("never".to_owned(), |c| c.to_string()),

@@ -388,6 +388,9 @@ pub struct Window {
     pub healed: u64,
     /// How long after the heal the measure runs (until the next fault).
     pub settle: u64,
+    /// The members the fault struck (cut off, delayed, paused, on the minority's side): the
+    /// keys they owned when it started are its side.
+    pub side: Vec<String>,
 }
 
 /// What a [`Window`] cost.
@@ -395,9 +398,11 @@ pub struct Window {
 pub struct WindowStats {
     /// What the fault was.
     pub what: String,
-    /// The longest time one key went without any grant between the fault's start and its
-    /// heal (ms).
-    pub gap_during: u64,
+    /// The longest time one key of the struck members' side (owned by one of them when the
+    /// fault started) went without any grant between the fault's start and its heal (ms).
+    pub gap_side: u64,
+    /// The same for the other keys: what the rest of the group saw (ms).
+    pub gap_others: u64,
     /// The longest time one key went without any grant from the heal until the end of the
     /// settle time (ms), counted from the heal.
     pub gap_after: u64,
@@ -418,20 +423,27 @@ pub fn window_stats(h: &History, windows: &[Window]) -> Vec<WindowStats> {
         .iter()
         .map(|w| {
             let end = w.healed + w.settle;
-            let mut gap_during = 0;
+            let mut gap_side = 0;
+            let mut gap_others = 0;
             let mut gap_after = 0;
             let mut moved = BTreeSet::new();
             for (key, grants) in &by_key {
-                gap_during = gap_during.max(longest_gap(grants, w.from, w.healed));
-                gap_after = gap_after.max(longest_gap(grants, w.healed, end));
                 let owner = |t: u64| grants.iter().rev().find(|g| g.at <= t).map(|g| &g.member);
+                let during = longest_gap(grants, w.from, w.healed);
+                if owner(w.from).is_some_and(|o| w.side.contains(o)) {
+                    gap_side = gap_side.max(during);
+                } else {
+                    gap_others = gap_others.max(during);
+                }
+                gap_after = gap_after.max(longest_gap(grants, w.healed, end));
                 if owner(w.from) != owner(end) {
                     moved.insert(*key);
                 }
             }
             WindowStats {
                 what: w.what.clone(),
-                gap_during,
+                gap_side,
+                gap_others,
                 gap_after,
                 moved: moved.len(),
             }
@@ -576,14 +588,17 @@ mod tests {
                 from: 950,
                 healed: 4000,
                 settle: 1000,
+                side: vec!["m1".into()],
             }],
         );
         assert_eq!(
             stats,
             vec![WindowStats {
                 what: "cut m1".into(),
-                // p0: granted at 901, then at 2101, then nothing until the heal at 4000.
-                gap_during: 1899,
+                // p0 (m1's when the cut started): granted at 901, then at 2101, then nothing
+                // until the heal at 4000.
+                gap_side: 1899,
+                gap_others: 0,
                 gap_after: 1000,
                 moved: 1,
             }]
