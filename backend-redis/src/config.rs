@@ -49,6 +49,8 @@ pub struct RedisConfig {
     sentinel_username: Option<String>,
     sentinel_password: Option<Secret>,
     timeout: Duration,
+    /// Replicas every write must reach before it counts (`wait_replicas`), if any.
+    wait_replicas: Option<u32>,
 }
 
 /// How this crate's URL is named in error messages.
@@ -96,6 +98,14 @@ impl RedisConfig {
     /// The deadline of every operation (`timeout`).
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// How many replicas every write must reach before the store reports it done
+    /// (`wait_replicas=N`: Redis's `WAIT N` after each write), if any. Without it a write is
+    /// done once the primary applied it, and a failover to a replica that had not received it
+    /// yet loses it.
+    pub fn wait_replicas(&self) -> Option<u32> {
+        self.wait_replicas
     }
 
     /// The deadline of every operation, as the errors it turns into name it.
@@ -241,6 +251,7 @@ fn parse(url: &str) -> Result<RedisConfig> {
     let mut insecure = false;
     let mut sentinel_username = None;
     let mut sentinel_password = None;
+    let mut wait_replicas = None;
     for (key, value) in &url.query {
         let sentinel_only = || {
             url.invalid(format!(
@@ -259,6 +270,22 @@ fn parse(url: &str) -> Result<RedisConfig> {
             }
             "sentinel_password" => sentinel_password = Some(Secret::new(value.clone())),
             "timeout" => timeout = parse_deadline(key, value)?,
+            "wait_replicas" if deployment == Deployment::Cluster => {
+                return Err(url.invalid(
+                    "option `wait_replicas` applies to redis:// and redis+sentinel:// URLs, not \
+                     to Redis Cluster",
+                ))
+            }
+            "wait_replicas" => {
+                wait_replicas = Some(value.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(
+                    || {
+                        url.invalid(format!(
+                            "option `wait_replicas`: {value:?} is not a number of replicas \
+                                 (1 or more)"
+                        ))
+                    },
+                )?)
+            }
             "insecure" => {
                 insecure = parse_bool(key, value)?;
                 if !tls {
@@ -272,6 +299,7 @@ fn parse(url: &str) -> Result<RedisConfig> {
                     k,
                     &[
                         "timeout",
+                        "wait_replicas",
                         "insecure",
                         "sentinel_username",
                         "sentinel_password",
@@ -298,6 +326,7 @@ fn parse(url: &str) -> Result<RedisConfig> {
         sentinel_username,
         sentinel_password,
         timeout,
+        wait_replicas,
     })
 }
 
@@ -429,6 +458,25 @@ mod tests {
         let debug = format!("{c:?}");
         assert!(!debug.contains("hunter2"), "{debug}");
         assert_eq!(c.password(), None);
+    }
+
+    #[test]
+    fn wait_replicas() {
+        assert_eq!(ok("redis://h:6379").wait_replicas(), None);
+        assert_eq!(
+            ok("redis://h:6379?wait_replicas=1").wait_replicas(),
+            Some(1)
+        );
+        assert_eq!(
+            ok("redis+sentinel://h:26379/mymaster?wait_replicas=2&timeout=2s").wait_replicas(),
+            Some(2)
+        );
+        for bad in ["0", "-1", "x", ""] {
+            let e = err(&format!("redis://h:6379?wait_replicas={bad}"));
+            assert!(e.contains("wait_replicas"), "{e}");
+        }
+        let e = err("redis+cluster://h:7000?wait_replicas=1");
+        assert!(e.contains("not to Redis Cluster"), "{e}");
     }
 
     #[test]

@@ -267,7 +267,10 @@ impl RedisStore {
         let deadline = self.inner.config.deadline();
         let work = async {
             let e = match call(self.inner.conn.clone()).await {
-                Ok(v) => return Ok(v),
+                Ok(v) => match self.inner.config.wait_replicas() {
+                    Some(n) if writes(op) => return self.wait_for_replicas(n).await.map(|()| v),
+                    _ => return Ok(v),
+                },
                 Err(e) => e,
             };
             if errors::is_wrong_type(&e) {
@@ -302,6 +305,42 @@ impl RedisStore {
             ))
         };
         deadline.run(op.name(), work).await
+    }
+
+    /// `WAIT n`: waits until `n` replicas hold every write this connection made so far (the
+    /// write just answered included: the multiplexed connection keeps its commands in order),
+    /// for at most the operation's deadline. Fewer is an [`Error::Unavailable`]: the write is
+    /// on the primary but may not survive a failover, so the caller must not count on it (a
+    /// renewal not confirmed lets the lease run out, as a lost answer would).
+    async fn wait_for_replicas(&self, n: u32) -> Result<()> {
+        let timeout = self.inner.config.timeout();
+        let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut conn = self.inner.conn.clone();
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(n)
+            .arg(millis)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| {
+                errors::classify(
+                    e,
+                    "WAIT",
+                    self.inner.config.deadline(),
+                    self.inner.config.password(),
+                )
+            })?;
+        if acked >= i64::from(n) {
+            Ok(())
+        } else {
+            Err(Error::Unavailable {
+                backend: BACKEND,
+                message: format!(
+                    "the write reached {acked} of the {n} replicas `wait_replicas` asks for \
+                     within {timeout:?}: it is on the primary but may not survive a failover"
+                ),
+                source: None,
+            })
+        }
     }
 
     /// The error to report when an index key holds another Redis type than the sorted set
@@ -826,6 +865,11 @@ impl RedisStore {
         })
         .await
     }
+}
+
+/// Whether `op` writes (so `wait_replicas` waits for the replicas after it).
+fn writes(op: Op) -> bool {
+    !matches!(op, Op::Get | Op::List | Op::Durability)
 }
 
 #[cfg(test)]

@@ -263,7 +263,13 @@ async fn no_two_owners_across_a_failover() {
     let Some(servers) = sentinels(label).await else {
         return;
     };
+    // Every write waits for the replica: a renewal or view the promoted replica lacks would let
+    // a newcomer take a key its owner still believes valid (asynchronous replication's window).
     let url = servers.url();
+    let url = format!(
+        "{url}{}wait_replicas=1",
+        if url.contains('?') { '&' } else { '?' }
+    );
     let ttl = Duration::from_secs(3);
     let members: Members = Arc::default();
     for name in ["a", "b", "c"] {

@@ -6,16 +6,22 @@
 //! request reach the server and drops the connection when the server's answer comes, instead
 //! of passing it on: the write is applied and its reply lost. It also counts the bytes it
 //! carries each way ([`Proxy::bytes`]), which the benches use to measure what a backend sends.
+//!
+//! For the partition tests it also listens on any local address ([`Proxy::start_at`]) and
+//! shapes what it carries: [`Proxy::set_delay`] holds every chunk for a delay with jitter
+//! (order kept, as TCP keeps it), [`Proxy::blackhole`] silently discards one direction while
+//! the connections stay open.
 
 use std::io;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// Whether traffic passes, and the generation of connections that may live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,15 +31,39 @@ struct State {
 }
 
 /// The upstream port of a [`Proxy`], settable after it started (a Redis Cluster node must know
-/// its proxy's port before the proxy can know the node's).
-#[derive(Debug, Clone, Default)]
-pub struct Upstream(Arc<AtomicU16>);
+/// its proxy's port before the proxy can know the node's), and its IPv4 address (`127.0.0.1`
+/// unless [`Proxy::start_at`] names another).
+#[derive(Debug, Clone)]
+pub struct Upstream(Arc<AtomicU16>, Arc<AtomicU32>);
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Upstream(
+            Arc::default(),
+            Arc::new(AtomicU32::new(Ipv4Addr::LOCALHOST.into())),
+        )
+    }
+}
 
 impl Upstream {
     /// Sets the port connections are forwarded to.
     pub fn set(&self, port: u16) {
         self.0.store(port, Ordering::SeqCst);
     }
+
+    fn addr(&self) -> SocketAddr {
+        let ip = Ipv4Addr::from(self.1.load(Ordering::SeqCst));
+        SocketAddr::from((ip, self.0.load(Ordering::SeqCst)))
+    }
+}
+
+/// Which way of a connection: what the client sends, or what the server answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Client to server.
+    ToServer,
+    /// Server to client.
+    FromServer,
 }
 
 /// A loopback TCP proxy to one upstream port. Stops when dropped.
@@ -54,6 +84,27 @@ struct Shared {
     to_server: AtomicU64,
     from_server: AtomicU64,
     drop_reply: Arc<AtomicBool>,
+    /// Every chunk is held this long, plus or minus up to the jitter (milliseconds).
+    delay_ms: AtomicU64,
+    jitter_ms: AtomicU64,
+    /// Discard what goes this way: to the server, from the server.
+    blackhole: [AtomicBool; 2],
+}
+
+impl Shared {
+    /// When a chunk read now may go on: after the delay and a jitter drawn for it, never before
+    /// the chunk read before it.
+    fn release(&self, last: &mut Instant) -> Instant {
+        let delay = self.delay_ms.load(Ordering::Relaxed);
+        let jitter = self.jitter_ms.load(Ordering::Relaxed);
+        if delay == 0 && jitter == 0 {
+            return *last;
+        }
+        let lo = delay.saturating_sub(jitter);
+        let ms = lo + rand::random::<u64>() % (delay + jitter - lo + 1);
+        *last = (*last).max(Instant::now() + std::time::Duration::from_millis(ms));
+        *last
+    }
 }
 
 impl Proxy {
@@ -69,6 +120,17 @@ impl Proxy {
         Ok(proxy)
     }
 
+    /// Listens on a free port of `listen` (a local address) and forwards to `upstream`.
+    pub async fn start_at(listen: Ipv4Addr, upstream: std::net::SocketAddrV4) -> io::Result<Proxy> {
+        let proxy = Proxy::listen(listen.into(), Arc::default()).await?;
+        proxy
+            .upstream
+            .1
+            .store((*upstream.ip()).into(), Ordering::SeqCst);
+        proxy.upstream.set(upstream.port());
+        Ok(proxy)
+    }
+
     /// Listens on a free loopback port; connections are forwarded once [`Proxy::upstream`] is
     /// set (before that they are closed).
     pub async fn unbound() -> io::Result<Proxy> {
@@ -77,7 +139,11 @@ impl Proxy {
 
     /// [`Proxy::unbound`] with the flag of [`Proxy::drop_next_reply`] shared with other proxies.
     pub async fn unbound_sharing(drop_reply: Arc<AtomicBool>) -> io::Result<Proxy> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        Proxy::listen(Ipv4Addr::LOCALHOST.into(), drop_reply).await
+    }
+
+    async fn listen(at: IpAddr, drop_reply: Arc<AtomicBool>) -> io::Result<Proxy> {
+        let listener = TcpListener::bind((at, 0)).await?;
         let port = listener.local_addr()?.port();
         let (state, rx) = watch::channel(State {
             passing: true,
@@ -135,6 +201,20 @@ impl Proxy {
         self.shared.drop_reply.swap(false, Ordering::SeqCst)
     }
 
+    /// Holds every chunk, both ways, for `delay` plus or minus up to `jitter` (each chunk draws
+    /// its own), never overtaking the chunk before it; zero for both passes at once again.
+    pub fn set_delay(&self, delay: std::time::Duration, jitter: std::time::Duration) {
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.shared.delay_ms.store(ms(delay), Ordering::Relaxed);
+        self.shared.jitter_ms.store(ms(jitter), Ordering::Relaxed);
+    }
+
+    /// Silently discards what goes one way (`on`), or passes it again; connections stay open,
+    /// as when a network loses the packets of one direction only.
+    pub fn blackhole(&self, way: Direction, on: bool) {
+        self.shared.blackhole[way as usize].store(on, Ordering::SeqCst);
+    }
+
     /// Drops every open connection and holds new ones without answering.
     pub fn cut(&self) {
         self.state.send_modify(|s| {
@@ -173,11 +253,10 @@ async fn serve(
         }
     }
     let generation = rx.borrow().generation;
-    let port = upstream.0.load(Ordering::SeqCst);
-    if port == 0 {
+    let target = upstream.addr();
+    if target.port() == 0 {
         return;
     }
-    let target = SocketAddr::from(([127, 0, 0, 1], port));
     let Ok(server) = TcpStream::connect(target).await else {
         // The server is down: close, as a refused connection would.
         return;
@@ -189,12 +268,19 @@ async fn serve(
     let dropped = Notify::new();
     let pumps = async {
         tokio::join!(
-            pump(client_read, server_write, &shared.to_server, None),
+            pump(
+                client_read,
+                server_write,
+                &shared,
+                Direction::ToServer,
+                None
+            ),
             pump(
                 server_read,
                 client_write,
-                &shared.from_server,
-                Some((&shared.drop_reply, &dropped))
+                &shared,
+                Direction::FromServer,
+                Some(&dropped)
             )
         )
     };
@@ -212,33 +298,60 @@ async fn serve(
     }
 }
 
-/// Copies one direction of a connection until either side closes it, counting the bytes. With
-/// `drop`, data read while the flag is set is not passed on: the flag is cleared and the
-/// connection told to close.
+/// Copies one direction of a connection until either side closes it, counting the bytes,
+/// holding each chunk as [`Proxy::set_delay`] says and discarding it under
+/// [`Proxy::blackhole`]. With `drop` (the server's answers), data read while the drop flag is
+/// set is not passed on: the flag is cleared and the connection told to close.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    count: &AtomicU64,
-    drop: Option<(&AtomicBool, &Notify)>,
+    shared: &Shared,
+    way: Direction,
+    drop: Option<&Notify>,
 ) {
-    let mut buf = vec![0u8; 32 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if let Some((flag, close)) = drop {
-            if flag.swap(false, Ordering::SeqCst) {
-                close.notify_one();
-                return;
+    let count = match way {
+        Direction::ToServer => &shared.to_server,
+        Direction::FromServer => &shared.from_server,
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buf = vec![0u8; 32 * 1024];
+        let mut last = Instant::now();
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if let Some(close) = drop {
+                if shared.drop_reply.swap(false, Ordering::SeqCst) {
+                    close.notify_one();
+                    return;
+                }
+            }
+            if shared.blackhole[way as usize].load(Ordering::SeqCst) {
+                continue;
+            }
+            if tx
+                .send((shared.release(&mut last), buf[..n].to_vec()))
+                .is_err()
+            {
+                break;
             }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            break;
+    };
+    let write = async {
+        while let Some((at, data)) = rx.recv().await {
+            if at > Instant::now() {
+                tokio::time::sleep_until(at).await;
+            }
+            if to.write_all(&data).await.is_err() {
+                break;
+            }
+            count.fetch_add(data.len() as u64, Ordering::Relaxed);
         }
-        count.fetch_add(n as u64, Ordering::Relaxed);
-    }
-    let _ = to.shutdown().await;
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(read, write);
 }
 
 /// A [`ServerControl`](headcount_conformance::ServerControl) that adds [`Proxy`]s to another: kill, start,

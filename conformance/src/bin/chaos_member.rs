@@ -11,8 +11,9 @@
 //! The fence SQL is this binary's own (the backend crate's PostgreSQL fence was not merged when
 //! it was written).
 //!
-//! Logs one JSON line per grant used, per write and per assignment change to `--log`, with the
-//! wall time in milliseconds, so the test can check that no two members used the same
+//! Logs one JSON line per grant used (with its token, the wall time just before it was asked
+//! for, and how long the member's lease had left), per write and per assignment change to
+//! `--log`, with the wall time in milliseconds, so the test can check that no two members used the same
 //! `(key, epoch)` and measure convergence. SIGTERM leaves the group gracefully and exits 0.
 //!
 //! Arguments: `--store URL --sink URL --tables PREFIX --group G --member ID --ttl-ms N
@@ -255,6 +256,8 @@ async fn work_round(
     args: &Args,
     log: &Log,
 ) -> Result<(), String> {
+    // Every grant below was valid at or after this instant (the checker's lower bound).
+    let asked = now_ms();
     let grants: Vec<(i32, Grant)> = (0..args.partitions)
         .filter_map(|p| member.owns(format!("p{p}")).map(|g| (p as i32, g)))
         .collect();
@@ -266,7 +269,8 @@ async fn work_round(
         let token = grant.token().get() as i64;
         log.line(json!({
             "ev": "grant", "member": args.member, "slot": grant.slot(),
-            "key": format!("p{part}"), "epoch": grant.epoch(),
+            "key": format!("p{part}"), "epoch": grant.epoch(), "token": token, "asked": asked,
+            "lease_ms": grant.lease_remaining().map(|d| d.as_millis() as u64),
         }));
         let advanced = sink
             .query(&sql.advance, &[&part, &token])
