@@ -136,13 +136,13 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use headcount::assign::AssignorKind;
-    use headcount::recipes::group::{SettledRecord, SlotRecord, Table, ViewRecord};
+    use headcount::recipes::group::{SettledRecord, SlotRecord, SlotTable, ViewRecord};
 
     use super::*;
 
     /// A read of a group whose view of `epoch` names `members` (slot, id), settled or not.
     fn read(epoch: u64, members: &[(u32, &str)], settled: bool) -> GroupStatus {
-        let mut table = Table::default();
+        let mut table = SlotTable::default();
         for &(slot, id) in members {
             let record = SlotRecord {
                 member: id.to_owned(),

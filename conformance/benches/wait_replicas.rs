@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use headcount::DynStore;
-use headcount_conformance::harness::{skip_unless_required, KvStore, ServerKind};
 use headcount_conformance::percentile;
+use headcount_harness::{skip_unless_required, KvStore, ServerKind};
 
 const SIDES: [(&str, &str); 2] = [("without", ""), ("wait_replicas=1", "?wait_replicas=1")];
 const SAMPLES: usize = 2000;

@@ -3,7 +3,7 @@
 //! schedule cuts them from each other (a 3-member etcd cluster, a Redis primary with its replica
 //! and Sentinels), links cut, healed, delayed and lossy while the members write through a fence
 //! into a PostgreSQL sink. A schedule is drawn from a seed; a checker
-//! ([`headcount_conformance::harness::history`]) reads the whole history afterwards.
+//! ([`headcount_harness::history`]) reads the whole history afterwards.
 //!
 //! The faults, each on a member picked by the seed:
 //!
@@ -35,11 +35,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use headcount_conformance::harness::history::{
+use headcount_harness::history::{
     self, Cut, GrantEvent, History, SinkRow, Window, WindowStats, WriteEvent,
 };
-use headcount_conformance::harness::netns::{Endpoint, Host, Net, Rule};
-use headcount_conformance::harness::{self, KvStore, PgServer, Proxy, ServerKind, Unavailable};
+use headcount_harness::netns::{Endpoint, Host, Net, Rule};
+use headcount_harness::{KvStore, PgServer, Proxy, ServerKind, Unavailable};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom as _;
 use rand::{Rng as _, SeedableRng as _};
@@ -83,7 +83,7 @@ fn now_ms() -> u64 {
 }
 
 fn available<T>(backend: ServerKind, r: Result<T, Unavailable>) -> Result<Option<T>, String> {
-    harness::available(backend, &format!("partitions::{}", backend.name()), r)
+    headcount_harness::available(backend, &format!("partitions::{}", backend.name()), r)
 }
 
 async fn partitions(backend: ServerKind) -> Result<(), String> {

@@ -146,7 +146,7 @@ impl GroupStatus {
     /// What [`status`] would show for `table` with no acknowledgements, standbys or keys
     /// counted: whether its view is current and settled, under `assignor` for a view that names
     /// none. For a table read or built by other means (a test, a tool that reads a backup).
-    pub fn of_table(table: Table, assignor: AssignorKind) -> GroupStatus {
+    pub fn of_table(table: SlotTable, assignor: AssignorKind) -> GroupStatus {
         let (view_current, view_settled) = view_flags(&table);
         let assignor = table
             .view
@@ -588,7 +588,7 @@ async fn read_table(
 
 /// Whether the table's view names exactly its live claims, and whether its settled mark
 /// settles that view.
-fn view_flags(table: &Table) -> (bool, bool) {
+fn view_flags(table: &SlotTable) -> (bool, bool) {
     let current = table
         .view
         .as_ref()
