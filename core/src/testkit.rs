@@ -85,7 +85,7 @@
 //! Your own tasks (a worker per member, say) run between the steps too, woken by the members'
 //! watches as in production. Their calls through [`TestGroup::store`] count as activity as the
 //! members' do; other work of theirs gets the same quiet period of yields but is not watched,
-//! so after a change call [`TestGroup::settle`] (or [`TestGroup::advance`]) before you check
+//! so after a change call [`TestGroup::run_pending`] (or [`TestGroup::advance`]) before you check
 //! what they did. A timer on Tokio's own time does not follow the manual clock: give your
 //! service the kit's clock ([`TestGroup::clock`]) wherever it sleeps.
 //!
