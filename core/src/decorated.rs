@@ -13,6 +13,7 @@ use tracing::Instrument;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::notify::Notifications;
+use crate::op::for_each_op;
 use crate::store::{Capabilities, Durability, RenewedListing};
 use crate::{DynStore, Op};
 
@@ -90,132 +91,31 @@ impl<H: Hooks> Decorated<H> {
     }
 }
 
-#[async_trait]
-impl<H: Hooks> Backend for Decorated<H> {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
+/// Every operation through [`Decorated::call`], expanded from the one list of operations
+/// ([`for_each_op`]).
+macro_rules! decorated_backend {
+    ([$({ $name:ident, $op:ident, ($($arg:ident: $ty:ty),*) -> $answer:ty,
+          scope: $scope:expr, check: { $($check:tt)* } },)*]) => {
+        #[async_trait]
+        impl<H: Hooks> Backend for Decorated<H> {
+            fn capabilities(&self) -> Capabilities {
+                self.inner.capabilities()
+            }
 
-    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        self.call(Op::Incr, key, self.inner.incr(key, ttl)).await
-    }
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> Result<$answer> {
+                    let scope: &str = $scope;
+                    self.call(Op::$op, scope, self.inner.$name($($arg),*)).await
+                }
+            )*
 
-    async fn get(&self, key: &str) -> Result<Option<String>> {
-        self.call(Op::Get, key, self.inner.get(key)).await
-    }
-
-    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        self.call(Op::Expire, key, self.inner.expire(key, ttl))
-            .await
-    }
-
-    async fn compare_and_set(
-        &self,
-        key: &str,
-        expected: Option<&str>,
-        new: &str,
-        ttl: Option<Duration>,
-    ) -> Result<bool> {
-        self.call(
-            Op::CompareAndSet,
-            key,
-            self.inner.compare_and_set(key, expected, new, ttl),
-        )
-        .await
-    }
-
-    async fn delete(&self, key: &str) -> Result<bool> {
-        self.call(Op::Delete, key, self.inner.delete(key)).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        self.call(Op::List, prefix, self.inner.list(prefix)).await
-    }
-
-    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        self.call(
-            Op::CompareAndDelete,
-            key,
-            self.inner.compare_and_delete(key, expected),
-        )
-        .await
-    }
-
-    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        self.call(Op::SetMax, key, self.inner.set_max(key, value, ttl))
-            .await
-    }
-
-    async fn incr_and_get(
-        &self,
-        incr_key: &str,
-        by: i64,
-        ttl: Option<Duration>,
-        get_key: &str,
-    ) -> Result<(i64, Option<String>)> {
-        self.call(
-            Op::IncrAndGet,
-            incr_key,
-            self.inner.incr_and_get(incr_key, by, ttl, get_key),
-        )
-        .await
-    }
-
-    async fn renew_and_list(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-        prefix: &str,
-    ) -> Result<(bool, Vec<(String, String)>)> {
-        self.call(
-            Op::RenewAndList,
-            prefix,
-            self.inner.renew_and_list(key, holder, ttl, prefix),
-        )
-        .await
-    }
-
-    async fn renew_and_list_if_changed(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-        dir: &str,
-        since: Option<&str>,
-    ) -> Result<RenewedListing> {
-        self.call(
-            Op::RenewAndListIfChanged,
-            dir,
-            self.inner
-                .renew_and_list_if_changed(key, holder, ttl, dir, since),
-        )
-        .await
-    }
-
-    async fn renew_and_versions(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-        dirs: &[(&str, Option<&str>)],
-    ) -> Result<(bool, Vec<String>)> {
-        let first = dirs.first().map_or("", |(dir, _)| *dir);
-        self.call(
-            Op::RenewAndVersions,
-            first,
-            self.inner.renew_and_versions(key, holder, ttl, dirs),
-        )
-        .await
-    }
-
-    async fn durability(&self) -> Result<Durability> {
-        self.call(Op::Durability, "", self.inner.durability()).await
-    }
-
-    /// Through [`Hooks::subscribe`] only (a subscription is no store call): by default the
-    /// inner store's own notifications.
-    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
-        self.hooks.subscribe(&self.inner, dir).await
-    }
+            /// Through [`Hooks::subscribe`] only (a subscription is no store call): by default
+            /// the inner store's own notifications.
+            async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+                self.hooks.subscribe(&self.inner, dir).await
+            }
+        }
+    };
 }
+
+for_each_op!(decorated_backend);

@@ -79,6 +79,60 @@ impl Op {
     }
 }
 
+/// The store's operations as [`Store`] declares them, written once: calls the macro named first
+/// with the list `[ { method, Op variant, (arguments) -> answer, scope: key, check: { ... } }, ... ]`,
+/// where `scope` is the key a span names and `check` validates the arguments. The two places
+/// that forward every operation are expanded from it: the checked [`Store`] of every
+/// [`Backend`](crate::backend::Backend) (`backend/mod.rs`) and the [`Decorated`] store
+/// (`decorated.rs`). `capabilities` and `subscribe`, which are not store calls, are written by
+/// hand beside them.
+///
+/// [`Decorated`]: crate::decorated::Decorated
+macro_rules! for_each_op {
+    ($callback:ident) => {
+        $callback! { [
+            { incr, Incr, (key: &str, ttl: Option<Duration>) -> i64,
+              scope: key, check: { check_key(key)?; check_opt_ttl(ttl)?; } },
+            { get, Get, (key: &str) -> Option<String>,
+              scope: key, check: { check_key(key)?; } },
+            { expire, Expire, (key: &str, ttl: Duration) -> bool,
+              scope: key, check: { check_key(key)?; check_ttl(ttl)?; } },
+            { compare_and_set, CompareAndSet,
+              (key: &str, expected: Option<&str>, new: &str, ttl: Option<Duration>) -> bool,
+              scope: key, check: { check_cas(key, expected, new, ttl)?; } },
+            { delete, Delete, (key: &str) -> bool,
+              scope: key, check: { check_key(key)?; } },
+            { list, List, (prefix: &str) -> Vec<(String, String)>,
+              scope: prefix, check: { check_prefix(prefix)?; } },
+            { set_max, SetMax, (key: &str, value: i64, ttl: Option<Duration>) -> bool,
+              scope: key, check: { check_key(key)?; check_opt_ttl(ttl)?; } },
+            { incr_and_get, IncrAndGet,
+              (incr_key: &str, by: i64, ttl: Option<Duration>, get_key: &str)
+                  -> (i64, Option<String>),
+              scope: incr_key, check: { check_incr_and_get(incr_key, by, ttl, get_key)?; } },
+            { renew_and_list, RenewAndList,
+              (key: &str, holder: &str, ttl: Duration, prefix: &str)
+                  -> (bool, Vec<(String, String)>),
+              scope: prefix, check: { check_renew_and_list(key, holder, ttl, prefix)?; } },
+            { renew_and_list_if_changed, RenewAndListIfChanged,
+              (key: &str, holder: &str, ttl: Duration, dir: &str, since: Option<&str>)
+                  -> RenewedListing,
+              scope: dir, check: { check_renew_and_list_if_changed(key, holder, ttl, dir)?; } },
+            { renew_and_versions, RenewAndVersions,
+              (key: &str, holder: &str, ttl: Duration, dirs: &[(&str, Option<&str>)])
+                  -> (bool, Vec<String>),
+              scope: dirs.first().map_or("", |(dir, _)| *dir),
+              check: { check_renew_and_versions(key, holder, ttl, dirs)?; } },
+            { compare_and_delete, CompareAndDelete, (key: &str, expected: &str) -> bool,
+              scope: key, check: { check_key(key)?; check_value(expected)?; } },
+            { durability, Durability, () -> Durability,
+              scope: "", check: {} },
+        ] }
+    };
+}
+
+pub(crate) use for_each_op;
+
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -80,6 +80,7 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::notify::Notifications;
+use crate::op::for_each_op;
 use crate::store::{
     Capabilities, Durability, RenewedListing, Store, MAX_KEY_LEN, MAX_TTL, MAX_VALUE_LEN, MIN_TTL,
 };
@@ -228,117 +229,33 @@ pub trait Backend: Send + Sync + Debug + 'static {
 }
 
 /// The checked entry point: every [`Backend`] is a [`Store`] whose methods check their arguments
-/// and then call the backend's. The only implementation of [`Store`] there is.
-#[async_trait]
-impl<B: Backend> Store for B {
-    fn capabilities(&self) -> Capabilities {
-        Backend::capabilities(self)
-    }
+/// and then call the backend's. The only implementation of [`Store`] there is; its methods are
+/// expanded from the one list of operations ([`for_each_op`]).
+macro_rules! checked_store {
+    ([$({ $name:ident, $op:ident, ($($arg:ident: $ty:ty),*) -> $answer:ty,
+          scope: $scope:expr, check: { $($check:tt)* } },)*]) => {
+        #[async_trait]
+        impl<B: Backend> Store for B {
+            fn capabilities(&self) -> Capabilities {
+                Backend::capabilities(self)
+            }
 
-    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
-        Backend::incr(self, key, ttl).await
-    }
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> Result<$answer> {
+                    $($check)*
+                    Backend::$name(self, $($arg),*).await
+                }
+            )*
 
-    async fn get(&self, key: &str) -> Result<Option<String>> {
-        check_key(key)?;
-        Backend::get(self, key).await
-    }
-
-    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        check_key(key)?;
-        check_ttl(ttl)?;
-        Backend::expire(self, key, ttl).await
-    }
-
-    async fn compare_and_set(
-        &self,
-        key: &str,
-        expected: Option<&str>,
-        new: &str,
-        ttl: Option<Duration>,
-    ) -> Result<bool> {
-        check_cas(key, expected, new, ttl)?;
-        Backend::compare_and_set(self, key, expected, new, ttl).await
-    }
-
-    async fn delete(&self, key: &str) -> Result<bool> {
-        check_key(key)?;
-        Backend::delete(self, key).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        check_prefix(prefix)?;
-        Backend::list(self, prefix).await
-    }
-
-    async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
-        check_key(key)?;
-        check_opt_ttl(ttl)?;
-        Backend::set_max(self, key, value, ttl).await
-    }
-
-    async fn incr_and_get(
-        &self,
-        incr_key: &str,
-        by: i64,
-        ttl: Option<Duration>,
-        get_key: &str,
-    ) -> Result<(i64, Option<String>)> {
-        check_incr_and_get(incr_key, by, ttl, get_key)?;
-        Backend::incr_and_get(self, incr_key, by, ttl, get_key).await
-    }
-
-    async fn renew_and_list(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-        prefix: &str,
-    ) -> Result<(bool, Vec<(String, String)>)> {
-        check_renew_and_list(key, holder, ttl, prefix)?;
-        Backend::renew_and_list(self, key, holder, ttl, prefix).await
-    }
-
-    async fn renew_and_list_if_changed(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-        dir: &str,
-        since: Option<&str>,
-    ) -> Result<RenewedListing> {
-        check_renew_and_list_if_changed(key, holder, ttl, dir)?;
-        Backend::renew_and_list_if_changed(self, key, holder, ttl, dir, since).await
-    }
-
-    async fn renew_and_versions(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-        dirs: &[(&str, Option<&str>)],
-    ) -> Result<(bool, Vec<String>)> {
-        check_renew_and_versions(key, holder, ttl, dirs)?;
-        Backend::renew_and_versions(self, key, holder, ttl, dirs).await
-    }
-
-    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        check_key(key)?;
-        check_value(expected)?;
-        Backend::compare_and_delete(self, key, expected).await
-    }
-
-    async fn durability(&self) -> Result<Durability> {
-        Backend::durability(self).await
-    }
-
-    async fn subscribe(&self, dir: &str) -> Result<Notifications> {
-        check_dir(dir)?;
-        Backend::subscribe(self, dir).await
-    }
+            async fn subscribe(&self, dir: &str) -> Result<Notifications> {
+                check_dir(dir)?;
+                Backend::subscribe(self, dir).await
+            }
+        }
+    };
 }
+
+for_each_op!(checked_store);
 
 impl<B: Backend> crate::store::sealed::Sealed for B {}
 
