@@ -475,6 +475,7 @@ struct StoreCut {
 
 /// A fault that was played: what, when, when healed, and the members it cut from the store.
 struct Played {
+    kind: Fault,
     what: String,
     from: u64,
     healed: u64,
@@ -1130,7 +1131,16 @@ impl Run {
             }
         }
         let healed = now_ms();
-        let converged = self.converge(healed, self.ttl * 6 + SLACK * 4).await?;
+        // With `wait_replicas`, writes fail until the Sentinels have made the old primary a
+        // replica of the new one and it has synced: about ten seconds after the heal.
+        let bound = self.ttl * 6
+            + SLACK * 4
+            + if fault == Fault::PrimaryIsolated {
+                Duration::from_secs(20)
+            } else {
+                Duration::ZERO
+            };
+        let converged = self.converge(healed, bound).await?;
         self.note(&format!(
             "healed; converged {}",
             converged.map_or("never".to_owned(), |c| format!("{c} ms after the heal"))
@@ -1139,6 +1149,7 @@ impl Run {
             side.clone_from(&cut);
         }
         self.played.push(Played {
+            kind: fault,
             what,
             from,
             healed,
@@ -1149,7 +1160,7 @@ impl Run {
         if converged.is_none() {
             return Err(format!(
                 "no convergence within {:?} after \"{}\"",
-                self.ttl * 6 + SLACK * 4,
+                bound,
                 self.played.last().map_or("", |p| p.what.as_str())
             ));
         }
@@ -1303,9 +1314,10 @@ fn print_row(
     anomalies: &[history::Anomaly],
 ) {
     eprintln!(
-        "RESULT backend={} seed={seed} fault={:?} gap_struck_side_ms={} gap_other_side_ms={} \
+        "RESULT backend={} seed={seed} kind={:?} fault={:?} gap_struck_side_ms={} gap_other_side_ms={} \
          gap_after_heal_ms={} converged_after_heal_ms={} keys_moved={} run_anomalies={}",
         backend.name(),
+        p.kind,
         p.what,
         s.gap_side,
         s.gap_others,
