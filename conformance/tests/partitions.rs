@@ -46,7 +46,12 @@ use rand::{Rng as _, SeedableRng as _};
 use serde_json::Value;
 use tokio_postgres::{Client, NoTls};
 
-const MEMBER_BIN: &str = env!("CARGO_BIN_EXE_headcount-chaos-member");
+/// The member binary: the one cargo built, or `HEADCOUNT_PARTITIONS_MEMBER_BIN` (a copy kept
+/// apart, for long runs in a target directory that other checkouts build into too).
+fn member_bin() -> String {
+    std::env::var("HEADCOUNT_PARTITIONS_MEMBER_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_headcount-chaos-member").to_owned())
+}
 const PARTITIONS: i64 = 32;
 /// The members' per-operation deadline on the store.
 const OP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -708,7 +713,8 @@ impl Run {
             &format!("127.0.0.1:{}", loopback_ports(&self.sink_url)[0]),
             &format!("{}:{}", self.net.harness_ip(), self.sink_proxy.port()),
         );
-        let mut cmd = Command::new(MEMBER_BIN);
+        let bin = member_bin();
+        let mut cmd = Command::new(&bin);
         cmd.args(["--store", &store_url])
             .args(["--sink", &sink_url])
             .args(["--tables", &self.tables])
@@ -725,7 +731,7 @@ impl Run {
         let child = self
             .net
             .spawn(&host, cmd, None)
-            .map_err(|e| format!("spawning {MEMBER_BIN} in {name}: {e}"))?;
+            .map_err(|e| format!("spawning {bin} in {name}: {e}"))?;
         self.note(&format!(
             "spawned {name} at {} (pid {})",
             host.ip,
@@ -1225,18 +1231,26 @@ impl Run {
                 let n = |k: &str| v[k].as_u64();
                 match v["ev"].as_str() {
                     Some("grant") => {
-                        if let (Some(member), Some(key), Some(token), Some(asked), Some(at)) =
+                        // A grant the checker cannot read is a failure, not a grant less: the
+                        // checks would pass on what is left.
+                        let (Some(member), Some(key), Some(token), Some(asked), Some(at)) =
                             (s("member"), s("key"), n("token"), n("asked"), n("t"))
-                        {
-                            h.grants.push(GrantEvent {
-                                member,
-                                key,
-                                token,
-                                asked,
-                                at,
-                                lease_ms: n("lease_ms"),
-                            });
-                        }
+                        else {
+                            return Err(format!(
+                                "{}: a grant without its token or time ({v}): is {} built from \
+                                 this checkout?",
+                                m.name,
+                                member_bin()
+                            ));
+                        };
+                        h.grants.push(GrantEvent {
+                            member,
+                            key,
+                            token,
+                            asked,
+                            at,
+                            lease_ms: n("lease_ms"),
+                        });
                     }
                     Some("write") => {
                         if let (Some(member), Some(key), Some(token), Some(at)) =
@@ -1276,7 +1290,14 @@ impl Run {
         let stats = history::window_stats(&h, &windows);
         let anomalies = history::check(&h);
         for (p, s) in self.played.iter().zip(&stats) {
-            print_row(self.backend, seed, p, s, &anomalies);
+            // The cut members' grants while cut off, from each cut's start.
+            let granted = h
+                .cuts
+                .iter()
+                .filter(|c| c.from >= p.from && c.from <= p.healed)
+                .filter_map(|c| history::granted_after_cut(&h, c))
+                .max();
+            print_row(self.backend, seed, p, s, granted, &anomalies);
         }
         self.note(&format!(
             "{} grants, {} writes, {} sink rows, {} ids offered, {} anomalies",
@@ -1311,11 +1332,13 @@ fn print_row(
     seed: u64,
     p: &Played,
     s: &WindowStats,
+    granted_after_cut: Option<u64>,
     anomalies: &[history::Anomaly],
 ) {
     eprintln!(
         "RESULT backend={} seed={seed} kind={:?} fault={:?} gap_struck_side_ms={} gap_other_side_ms={} \
-         gap_after_heal_ms={} converged_after_heal_ms={} keys_moved={} run_anomalies={}",
+         gap_after_heal_ms={} converged_after_heal_ms={} keys_moved={} granted_after_cut_ms={} \
+         run_anomalies={}",
         backend.name(),
         p.kind,
         p.what,
@@ -1325,6 +1348,7 @@ fn print_row(
         p.converged_after_heal
             .map_or("never".to_owned(), |c| c.to_string()),
         s.moved,
+        granted_after_cut.map_or("-".to_owned(), |g| g.to_string()),
         anomalies.len()
     );
 }

@@ -376,6 +376,19 @@ fn past_lease(h: &History, found: &mut Vec<Anomaly>) {
     }
 }
 
+/// How long after `cut` started its member still took grants: the latest grant it asked for
+/// while cut off, from the cut's start (ms); `None` when it took none. What
+/// [`Anomaly::GrantPastLease`] bounds by the TTL.
+pub fn granted_after_cut(h: &History, cut: &Cut) -> Option<u64> {
+    h.grants
+        .iter()
+        .filter(|g| {
+            g.member == cut.member && g.asked >= cut.from && cut.to.is_none_or(|to| g.asked < to)
+        })
+        .map(|g| g.asked - cut.from)
+        .max()
+}
+
 /// A stretch of a run to measure: a fault from `from` until it healed at `healed`, and how long
 /// after the heal to keep looking (`settle`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -576,6 +589,16 @@ mod tests {
             matches!(found.as_slice(), [Anomaly::GrantPastLease { grant, .. }] if grant.key == "p1"),
             "{found:#?}"
         );
+    }
+
+    #[test]
+    fn a_cut_member_stops_granting_when_its_lease_runs_out() {
+        let h = clean();
+        // m1 asked at 900 (before the cut at 950) and not again while cut.
+        assert_eq!(granted_after_cut(&h, &h.cuts[0]), None);
+        let mut h = clean();
+        h.grants.push(grant("m1", "p0", 3, 1500, 300));
+        assert_eq!(granted_after_cut(&h, &h.cuts[0]), Some(550));
     }
 
     #[test]
