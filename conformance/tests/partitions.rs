@@ -1249,7 +1249,7 @@ impl Run {
                             token,
                             asked,
                             at,
-                            lease_ms: n("lease_ms"),
+                            deadline: n("deadline"),
                         });
                     }
                     Some("write") => {

@@ -35,8 +35,8 @@ pub struct GrantEvent {
     pub asked: u64,
     /// Wall time once it had the grant: the grant was valid at or before it.
     pub at: u64,
-    /// How long its lease had left when it had the grant, if it said.
-    pub lease_ms: Option<u64>,
+    /// The wall time its lease runs to, as it saw it when it had the grant, if it said.
+    pub deadline: Option<u64>,
 }
 
 /// A member's write to the sink under a grant, and its answer.
@@ -212,8 +212,8 @@ impl fmt::Display for Anomaly {
             } => writeln!(
                 f,
                 "{} was cut from the store at {} and its lease ran out by {deadline}, yet it \
-                 granted {} (asked at {}, lease left {:?} ms):\n  {cut:?}\n  {grant:?}",
-                cut.member, cut.from, grant.key, grant.asked, grant.lease_ms
+                 granted {} (asked at {}, its lease running to {:?}):\n  {cut:?}\n  {grant:?}",
+                cut.member, cut.from, grant.key, grant.asked, grant.deadline
             ),
         }
     }
@@ -364,7 +364,7 @@ fn past_lease(h: &History, found: &mut Vec<Anomaly>) {
             g.member == cut.member
                 && g.asked >= cut.from
                 && cut.to.is_none_or(|to| g.asked < to)
-                && (g.asked > deadline || g.lease_ms.is_some_and(|l| g.at + l > deadline))
+                && (g.asked > deadline || g.deadline.is_some_and(|d| d > deadline))
         });
         if let Some(g) = late {
             found.push(Anomaly::GrantPastLease {
@@ -486,7 +486,7 @@ mod tests {
             token,
             asked,
             at: asked + 1,
-            lease_ms: Some(lease_ms),
+            deadline: Some(asked + 1 + lease_ms),
         }
     }
 
