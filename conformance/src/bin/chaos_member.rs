@@ -166,9 +166,19 @@ async fn run(args: Args) -> Result<(), String> {
     let log = Arc::new(Log {
         file: Mutex::new(file),
     });
-    let store = headcount::connect(&args.store)
-        .await
-        .map_err(|e| format!("store: {e}"))?;
+    // A store that does not answer yet (a Sentinel on a link just made, a loaded machine) is
+    // tried again for a while, as a supervisor would restart the process.
+    let mut tries = 0;
+    let store = loop {
+        match headcount::connect(&args.store).await {
+            Ok(store) => break store,
+            Err(e) if e.is_retryable() && tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(format!("store: {e}")),
+        }
+    };
     let sink = Arc::new(connect_sink(&args.sink).await?);
     let config = GroupConfig::new(args.group.clone(), args.ttl).with_member(args.member.clone());
     let member = Arc::new(
