@@ -46,7 +46,12 @@ use rand::{Rng as _, SeedableRng as _};
 use serde_json::Value;
 use tokio_postgres::{Client, NoTls};
 
-const MEMBER_BIN: &str = env!("CARGO_BIN_EXE_headcount-chaos-member");
+/// The member binary: the one cargo built, or `HEADCOUNT_PARTITIONS_MEMBER_BIN` (a copy kept
+/// apart, for long runs in a target directory that other checkouts build into too).
+fn member_bin() -> String {
+    std::env::var("HEADCOUNT_PARTITIONS_MEMBER_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_headcount-chaos-member").to_owned())
+}
 const PARTITIONS: i64 = 32;
 /// The members' per-operation deadline on the store.
 const OP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -475,6 +480,7 @@ struct StoreCut {
 
 /// A fault that was played: what, when, when healed, and the members it cut from the store.
 struct Played {
+    kind: Fault,
     what: String,
     from: u64,
     healed: u64,
@@ -707,7 +713,8 @@ impl Run {
             &format!("127.0.0.1:{}", loopback_ports(&self.sink_url)[0]),
             &format!("{}:{}", self.net.harness_ip(), self.sink_proxy.port()),
         );
-        let mut cmd = Command::new(MEMBER_BIN);
+        let bin = member_bin();
+        let mut cmd = Command::new(&bin);
         cmd.args(["--store", &store_url])
             .args(["--sink", &sink_url])
             .args(["--tables", &self.tables])
@@ -724,7 +731,7 @@ impl Run {
         let child = self
             .net
             .spawn(&host, cmd, None)
-            .map_err(|e| format!("spawning {MEMBER_BIN} in {name}: {e}"))?;
+            .map_err(|e| format!("spawning {bin} in {name}: {e}"))?;
         self.note(&format!(
             "spawned {name} at {} (pid {})",
             host.ip,
@@ -1130,7 +1137,16 @@ impl Run {
             }
         }
         let healed = now_ms();
-        let converged = self.converge(healed, self.ttl * 6 + SLACK * 4).await?;
+        // With `wait_replicas`, writes fail until the Sentinels have made the old primary a
+        // replica of the new one and it has synced: about ten seconds after the heal.
+        let bound = self.ttl * 6
+            + SLACK * 4
+            + if fault == Fault::PrimaryIsolated {
+                Duration::from_secs(20)
+            } else {
+                Duration::ZERO
+            };
+        let converged = self.converge(healed, bound).await?;
         self.note(&format!(
             "healed; converged {}",
             converged.map_or("never".to_owned(), |c| format!("{c} ms after the heal"))
@@ -1139,6 +1155,7 @@ impl Run {
             side.clone_from(&cut);
         }
         self.played.push(Played {
+            kind: fault,
             what,
             from,
             healed,
@@ -1149,7 +1166,7 @@ impl Run {
         if converged.is_none() {
             return Err(format!(
                 "no convergence within {:?} after \"{}\"",
-                self.ttl * 6 + SLACK * 4,
+                bound,
                 self.played.last().map_or("", |p| p.what.as_str())
             ));
         }
@@ -1214,18 +1231,26 @@ impl Run {
                 let n = |k: &str| v[k].as_u64();
                 match v["ev"].as_str() {
                     Some("grant") => {
-                        if let (Some(member), Some(key), Some(token), Some(asked), Some(at)) =
+                        // A grant the checker cannot read is a failure, not a grant less: the
+                        // checks would pass on what is left.
+                        let (Some(member), Some(key), Some(token), Some(asked), Some(at)) =
                             (s("member"), s("key"), n("token"), n("asked"), n("t"))
-                        {
-                            h.grants.push(GrantEvent {
-                                member,
-                                key,
-                                token,
-                                asked,
-                                at,
-                                lease_ms: n("lease_ms"),
-                            });
-                        }
+                        else {
+                            return Err(format!(
+                                "{}: a grant without its token or time ({v}): is {} built from \
+                                 this checkout?",
+                                m.name,
+                                member_bin()
+                            ));
+                        };
+                        h.grants.push(GrantEvent {
+                            member,
+                            key,
+                            token,
+                            asked,
+                            at,
+                            deadline: n("deadline"),
+                        });
                     }
                     Some("write") => {
                         if let (Some(member), Some(key), Some(token), Some(at)) =
@@ -1265,7 +1290,14 @@ impl Run {
         let stats = history::window_stats(&h, &windows);
         let anomalies = history::check(&h);
         for (p, s) in self.played.iter().zip(&stats) {
-            print_row(self.backend, seed, p, s, &anomalies);
+            // The cut members' grants while cut off, from each cut's start.
+            let granted = h
+                .cuts
+                .iter()
+                .filter(|c| c.from >= p.from && c.from <= p.healed)
+                .filter_map(|c| history::granted_after_cut(&h, c))
+                .max();
+            print_row(self.backend, seed, p, s, granted, &anomalies);
         }
         self.note(&format!(
             "{} grants, {} writes, {} sink rows, {} ids offered, {} anomalies",
@@ -1300,12 +1332,15 @@ fn print_row(
     seed: u64,
     p: &Played,
     s: &WindowStats,
+    granted_after_cut: Option<u64>,
     anomalies: &[history::Anomaly],
 ) {
     eprintln!(
-        "RESULT backend={} seed={seed} fault={:?} gap_struck_side_ms={} gap_other_side_ms={} \
-         gap_after_heal_ms={} converged_after_heal_ms={} keys_moved={} run_anomalies={}",
+        "RESULT backend={} seed={seed} kind={:?} fault={:?} gap_struck_side_ms={} gap_other_side_ms={} \
+         gap_after_heal_ms={} converged_after_heal_ms={} keys_moved={} granted_after_cut_ms={} \
+         run_anomalies={}",
         backend.name(),
+        p.kind,
         p.what,
         s.gap_side,
         s.gap_others,
@@ -1313,6 +1348,7 @@ fn print_row(
         p.converged_after_heal
             .map_or("never".to_owned(), |c| c.to_string()),
         s.moved,
+        granted_after_cut.map_or("-".to_owned(), |g| g.to_string()),
         anomalies.len()
     );
 }

@@ -35,8 +35,8 @@ pub struct GrantEvent {
     pub asked: u64,
     /// Wall time once it had the grant: the grant was valid at or before it.
     pub at: u64,
-    /// How long its lease had left when it had the grant, if it said.
-    pub lease_ms: Option<u64>,
+    /// The wall time its lease runs to, as it saw it when it had the grant, if it said.
+    pub deadline: Option<u64>,
 }
 
 /// A member's write to the sink under a grant, and its answer.
@@ -212,8 +212,8 @@ impl fmt::Display for Anomaly {
             } => writeln!(
                 f,
                 "{} was cut from the store at {} and its lease ran out by {deadline}, yet it \
-                 granted {} (asked at {}, lease left {:?} ms):\n  {cut:?}\n  {grant:?}",
-                cut.member, cut.from, grant.key, grant.asked, grant.lease_ms
+                 granted {} (asked at {}, its lease running to {:?}):\n  {cut:?}\n  {grant:?}",
+                cut.member, cut.from, grant.key, grant.asked, grant.deadline
             ),
         }
     }
@@ -364,7 +364,7 @@ fn past_lease(h: &History, found: &mut Vec<Anomaly>) {
             g.member == cut.member
                 && g.asked >= cut.from
                 && cut.to.is_none_or(|to| g.asked < to)
-                && (g.asked > deadline || g.lease_ms.is_some_and(|l| g.at + l > deadline))
+                && (g.asked > deadline || g.deadline.is_some_and(|d| d > deadline))
         });
         if let Some(g) = late {
             found.push(Anomaly::GrantPastLease {
@@ -374,6 +374,19 @@ fn past_lease(h: &History, found: &mut Vec<Anomaly>) {
             });
         }
     }
+}
+
+/// How long after `cut` started its member still took grants: the latest grant it asked for
+/// while cut off, from the cut's start (ms); `None` when it took none. What
+/// [`Anomaly::GrantPastLease`] bounds by the TTL.
+pub fn granted_after_cut(h: &History, cut: &Cut) -> Option<u64> {
+    h.grants
+        .iter()
+        .filter(|g| {
+            g.member == cut.member && g.asked >= cut.from && cut.to.is_none_or(|to| g.asked < to)
+        })
+        .map(|g| g.asked - cut.from)
+        .max()
 }
 
 /// A stretch of a run to measure: a fault from `from` until it healed at `healed`, and how long
@@ -473,7 +486,7 @@ mod tests {
             token,
             asked,
             at: asked + 1,
-            lease_ms: Some(lease_ms),
+            deadline: Some(asked + 1 + lease_ms),
         }
     }
 
@@ -576,6 +589,16 @@ mod tests {
             matches!(found.as_slice(), [Anomaly::GrantPastLease { grant, .. }] if grant.key == "p1"),
             "{found:#?}"
         );
+    }
+
+    #[test]
+    fn a_cut_member_stops_granting_when_its_lease_runs_out() {
+        let h = clean();
+        // m1 asked at 900 (before the cut at 950) and not again while cut.
+        assert_eq!(granted_after_cut(&h, &h.cuts[0]), None);
+        let mut h = clean();
+        h.grants.push(grant("m1", "p0", 3, 1500, 300));
+        assert_eq!(granted_after_cut(&h, &h.cuts[0]), Some(550));
     }
 
     #[test]

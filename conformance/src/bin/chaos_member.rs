@@ -12,7 +12,7 @@
 //! it was written).
 //!
 //! Logs one JSON line per grant used (with its token, the wall time just before it was asked
-//! for, and how long the member's lease had left), per write and per assignment change to
+//! for, and the wall time the member's lease runs to), per write and per assignment change to
 //! `--log`, with the wall time in milliseconds, so the test can check that no two members used the same
 //! `(key, epoch)` and measure convergence. SIGTERM leaves the group gracefully and exits 0.
 //!
@@ -166,9 +166,19 @@ async fn run(args: Args) -> Result<(), String> {
     let log = Arc::new(Log {
         file: Mutex::new(file),
     });
-    let store = headcount::connect(&args.store)
-        .await
-        .map_err(|e| format!("store: {e}"))?;
+    // A store that does not answer yet (a Sentinel on a link just made, a loaded machine) is
+    // tried again for a while, as a supervisor would restart the process.
+    let mut tries = 0;
+    let store = loop {
+        match headcount::connect(&args.store).await {
+            Ok(store) => break store,
+            Err(e) if e.is_retryable() && tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(format!("store: {e}")),
+        }
+    };
     let sink = Arc::new(connect_sink(&args.sink).await?);
     let config = GroupConfig::new(args.group.clone(), args.ttl).with_member(args.member.clone());
     let member = Arc::new(
@@ -270,7 +280,8 @@ async fn work_round(
         log.line(json!({
             "ev": "grant", "member": args.member, "slot": grant.slot(),
             "key": format!("p{part}"), "epoch": grant.epoch(), "token": token, "asked": asked,
-            "lease_ms": grant.lease_remaining().map(|d| d.as_millis() as u64),
+            // Read beside the clock: the line's own time is taken later, when it is written.
+            "deadline": grant.lease_remaining().map(|d| now_ms() + d.as_millis() as u64),
         }));
         let advanced = sink
             .query(&sql.advance, &[&part, &token])
