@@ -167,6 +167,73 @@ async fn a_renewal_puts_its_key_back_in_the_index() {
     }
 }
 
+/// The index lost apart from the expiry index (deleted alone, evicted, or one name removed by
+/// another client): a steady renewal checks its name only when the expiry index lacked it, so
+/// it is the next sweep that puts every name back, with the directory's version changed; and a
+/// group in which it happens converges again with every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_heals_an_index_lost_apart_from_the_expiry_index() {
+    let Some((_server, conn, store)) = redis_with_store().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(10);
+    let dir = "hc:{h}:slot:";
+    let keys = ["hc:{h}:slot:0", "hc:{h}:slot:1"];
+    for key in keys {
+        assert!(store
+            .compare_and_set(key, None, "me", Some(ttl))
+            .await
+            .unwrap());
+    }
+    let want: Vec<(String, String)> = keys.iter().map(|k| (k.to_string(), "me".into())).collect();
+    for lose in [
+        &["DEL", "headcount:index"][..],
+        &["ZREM", "headcount:index", keys[1]][..],
+    ] {
+        let held = store
+            .renew_and_list_if_changed(keys[0], "me", ttl, dir, None)
+            .await
+            .unwrap();
+        assert_eq!(held.listing.as_deref(), Some(&want[..]));
+        raw(&conn, lose).await;
+        assert_ne!(
+            store.list(dir).await.unwrap(),
+            want,
+            "{lose:?}: the index lost a name"
+        );
+        // The quiet marker's end: the next heartbeat sweeps.
+        raw(&conn, &["DEL", "headcount:quiet"]).await;
+        let answer = store
+            .renew_and_list_if_changed(keys[0], "me", ttl, dir, Some(&held.version))
+            .await
+            .unwrap();
+        assert!(answer.renewed);
+        assert_ne!(answer.version, held.version, "{lose:?}: the version moved");
+        assert_eq!(answer.listing.as_deref(), Some(&want[..]), "{lose:?}");
+        assert_eq!(store.list(dir).await.unwrap(), want, "{lose:?}");
+    }
+}
+
+/// A group whose index alone is deleted converges again with every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_recovers_from_a_lost_index_alone() {
+    let Some((_server, conn, store)) = redis_with_store().await else {
+        return;
+    };
+    let (a, b, c) = (
+        join(&store, "a").await,
+        join(&store, "b").await,
+        join(&store, "c").await,
+    );
+    converged(&[&a, &b, &c], 3, TTL * 20).await;
+    raw(&conn, &["DEL", "headcount:index"]).await;
+    let d = join(&store, "d").await;
+    converged(&[&a, &b, &c, &d], 4, TTL * 8).await;
+    for m in [a, b, c, d] {
+        m.leave().await.unwrap();
+    }
+}
+
 /// Finding 1: a write refused because a key exists that no listing shows (written by another
 /// client, or one the index lost) puts the key in the index and changes its directory's
 /// version, so the caller's next read sees what refused it, instead of being refused forever.

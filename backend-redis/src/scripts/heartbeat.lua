@@ -1,8 +1,39 @@
 -- A group member's heartbeat, after index.lua, for renew_check.lua and renew_versions.lua.
+-- A heartbeat checks its key's name in the index only when the expiry index lacks it (see
+-- heartbeat), since the expiry index holds only names the index holds. So a sweep checks that
+-- the index holds every name of the expiry index: ZINTERCARD (Redis 7) counts the names in
+-- both, O(names) in the server's C code, once per sweep; before Redis 7, fewer names in the
+-- index than in the expiry index tells a loss of the whole index (deleted, or evicted apart
+-- from the expiry index). After a loss every name of the expiry index is put back (one
+-- ZUNIONSTORE) and the version of each of their directories changes, so every member's next
+-- look lists them.
+local function heal_index()
+  local total = redis.call('ZCARD', EXP)
+  if total == 0 then return end
+  local ok, both = pcall(redis.call, 'ZINTERCARD', 2, IDX, EXP)
+  if not ok then both = math.min(redis.call('ZCARD', IDX), total) end
+  if both >= total then return end
+  -- One name per directory, and none whose version key has moved away (a Cluster slot
+  -- migrating): the next sweep heals then.
+  local dirs, names = {}, {}
+  for _, k in ipairs(redis.call('ZRANGE', EXP, 0, -1)) do
+    local d = string.match(k, '^(.*:)')
+    if d and not dirs[d] then
+      if not here(version_key(k)) then return end
+      dirs[d] = true
+      names[#names + 1] = k
+    end
+  end
+  redis.call('ZUNIONSTORE', IDX, 2, IDX, EXP, 'WEIGHTS', 1, 0, 'AGGREGATE', 'MIN')
+  for _, k in ipairs(names) do changed(k) end
+  settle()
+end
+
 -- Keeps the index keys at least MARGIN_MS past the latest expiry score (every live key expires
 -- within MAX_QUIET_MS of its score), extending them by more than needed so that most sweeps
 -- only read. An index without expiry (a key without TTL) is left so.
 local function keep_index()
+  heal_index()
   local p = redis.call('PTTL', IDX)
   if p == -1 then return end
   if p == -2 then
@@ -60,15 +91,17 @@ end
 -- score, within [`period`, min(ttl / 2, MAX_QUIET_MS)] ms. Returns the version of every
 -- directory (one never written, or flushed, gets a new version above any earlier one).
 --
--- A renewed key missing from the index (the index deleted, evicted, or left behind by a copy or
+-- A renewed key missing from both index keys (deleted, evicted, or left behind by a copy or
 -- restore of the keys) is put back, and its directory's version changes, so every member's next
 -- look lists it: a member renews within its TTL, so the index holds every live lease again
--- within one TTL of losing it.
+-- within one TTL of losing it. A loss of the index alone is healed whole by the next sweep
+-- (heal_index), within a quiet marker's life.
 --
--- So the steady state costs EVALSHA, MGET, PEXPIRE and two ZADD (the score, and the name, which
--- answers whether the index lost it); a sweep, once per marker life per index however many
--- members, adds TIME, ZRANGEBYSCORE, the earliest and latest score, SET of the marker and PTTL of
--- the index (and, every few sweeps, the index's expiry).
+-- So the steady state costs EVALSHA, MGET, PEXPIRE and one ZADD (the score; the name is
+-- checked only when the expiry index lacked it); a sweep, once per marker life per index however
+-- many members, adds TIME, ZRANGEBYSCORE, the earliest and latest score, SET of the marker, ZCARD
+-- and ZINTERCARD (a lost index is healed: heal_index) and PTTL of the index (and, every few sweeps, the
+-- index's expiry).
 local function heartbeat(key, renewed, ttl, period, mark, vks, got)
   local out = {}
   local t
@@ -84,12 +117,13 @@ local function heartbeat(key, renewed, ttl, period, mark, vks, got)
     t = tonumber(at)
     if renewed then
       local score = t + ttl
-      redis.call('ZADD', EXP, score, key)
-      due_by(score, mark)
-      if redis.call('ZADD', IDX, 0, key) == 1 then
+      -- The name is checked in the index only when the expiry index lacked it (both lost, or
+      -- a key copied in without them); a loss of the index alone is healed by the next sweep.
+      if redis.call('ZADD', EXP, score, key) == 1 and redis.call('ZADD', IDX, 0, key) == 1 then
         changed(key)
         settle()
       end
+      due_by(score, mark)
     end
   else
     local limit = 32
@@ -98,8 +132,7 @@ local function heartbeat(key, renewed, ttl, period, mark, vks, got)
     sweeping = false
     t = now()
     if renewed then
-      redis.call('ZADD', EXP, t + ttl, key)
-      if redis.call('ZADD', IDX, 0, key) == 1 then
+      if redis.call('ZADD', EXP, t + ttl, key) == 1 and redis.call('ZADD', IDX, 0, key) == 1 then
         changed(key)
         settle()
       end

@@ -8,9 +8,9 @@
 -- Returns {renewed, version} when the version is the caller's, {renewed, version, 'ok', key1,
 -- value1, ...} otherwise, or {'foreign', key, type}.
 --
--- The steady state costs Redis four commands besides the EVALSHA: one MGET of the key, the
--- quiet marker and the version, PEXPIRE of the key, and ZADD of the key's expiry score and of
--- its name (which puts it back if the index lost it: see heartbeat in heartbeat.lua) (MGET
+-- The steady state costs Redis three commands besides the EVALSHA: one MGET of the key, the
+-- quiet marker and the version, PEXPIRE of the key, and ZADD of the key's expiry score (its
+-- name is checked in the index only when that ZADD added it: see heartbeat in heartbeat.lua) (MGET
 -- answers nil for a key of another type, so a nil key is told apart with TYPE, off the steady
 -- path). When the marker is gone (something may be due), this call sweeps: see heartbeat in
 -- index.lua. So expiries are noticed by whichever member calls first after they come due, and no

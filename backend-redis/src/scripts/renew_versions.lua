@@ -8,7 +8,7 @@
 -- Returns {renewed, version1, version2, ...}, or {'foreign', key, type}.
 --
 -- The steady state is renew_check.lua's: one MGET (the key, the quiet marker and every
--- version), PEXPIRE and two ZADD; the sweep, when the marker is gone, is the same too.
+-- version), PEXPIRE and one ZADD; the sweep, when the marker is gone, is the same too.
 local names = {KEYS[1], QUIET}
 for i = 4, #ARGV do
   names[#names + 1] = VBASE .. ARGV[i]

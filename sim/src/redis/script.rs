@@ -235,8 +235,11 @@ impl<'a> Script<'a> {
         let mark = self.meta.quiet.filter(|(_, until)| self.now < *until);
         if let Some((t, _)) = mark {
             if renewed {
+                // The name is checked in the index only when the expiry index lacked it (a
+                // loss of the index alone is healed by the next sweep: `heal_index`).
+                let fresh = !self.meta.expiry.contains_key(key);
                 self.score(key, t + ttl);
-                if self.ctl.repair && self.meta.index.insert(key.to_owned()) {
+                if fresh && self.ctl.repair && self.meta.index.insert(key.to_owned()) {
                     self.changed(key);
                 }
             }
@@ -246,9 +249,12 @@ impl<'a> Script<'a> {
             self.sweeping = false;
             let t = self.now;
             if renewed {
-                self.meta.expiry.insert(key.to_owned(), t + ttl);
+                let fresh = self.meta.expiry.insert(key.to_owned(), t + ttl).is_none();
                 // Put back when lost even before the repair, but without a new version.
-                if self.meta.index.insert(key.to_owned()) && self.ctl.repair {
+                if (fresh || !self.ctl.repair)
+                    && self.meta.index.insert(key.to_owned())
+                    && self.ctl.repair
+                {
                     self.changed(key);
                 }
             }
@@ -263,6 +269,9 @@ impl<'a> Script<'a> {
             } else {
                 self.meta.quiet = None;
             }
+        }
+        if mark.is_none() && self.ctl.repair {
+            self.heal_index();
         }
         let versions = dirs
             .iter()
@@ -279,6 +288,22 @@ impl<'a> Script<'a> {
             })
             .collect();
         (renewed, versions)
+    }
+}
+
+impl Script<'_> {
+    /// A sweep's check that the index holds every name of the expiry index (`heal_index`):
+    /// after a loss, every name of the expiry index is put back and each of their directories'
+    /// versions changes.
+    fn heal_index(&mut self) {
+        let expiry: Vec<String> = self.meta.expiry.keys().cloned().collect();
+        if expiry.iter().all(|k| self.meta.index.contains(k)) {
+            return;
+        }
+        for k in &expiry {
+            self.meta.index.insert(k.clone());
+            self.changed(k);
+        }
     }
 }
 
