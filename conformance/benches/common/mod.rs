@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use headcount_harness::ServerKind;
+use headcount_harness::{Proxy, ServerKind};
 
 /// Whether `cargo bench` runs this binary (it passes `--bench`). `cargo test --all-targets` runs
 /// it without, in a debug build: each bench then makes a small smoke run unless the arguments
@@ -238,6 +238,20 @@ pub async fn etcd_metrics(port: u16) -> BTreeMap<String, f64> {
         *out.entry(key).or_default() += value;
     }
     out
+}
+
+/// A counting TCP proxy in front of the server at `url` when it is one (`127.0.0.1:PORT`): the
+/// proxy, the URL that goes through it, and the server's own port. A URL that names no port
+/// (SQLite) comes back as it is, with neither.
+pub async fn behind_proxy(url: &str) -> Result<(Option<Proxy>, String, Option<u16>), String> {
+    let Some((_, upstream)) = via_port(url, 0) else {
+        return Ok((None, url.to_owned(), None));
+    };
+    let proxy = Proxy::start(upstream).await.map_err(|e| e.to_string())?;
+    let through = via_port(url, proxy.port())
+        .map(|(u, _)| u)
+        .unwrap_or_default();
+    Ok((Some(proxy), through, Some(upstream)))
 }
 
 /// `url` with the port of its first `127.0.0.1:PORT` replaced by `port`, and the old port.

@@ -10,7 +10,7 @@ use headcount::{Capabilities, DynStore};
 use headcount_conformance::Decorated;
 use headcount_harness::ServerKind;
 
-use crate::common::{etcd_metrics, fill_store, ms, own_cpu, redis_info, shared_url, via_port};
+use crate::common::{behind_proxy, etcd_metrics, fill_store, ms, own_cpu, redis_info, shared_url};
 use crate::fleet::{delta, group_name, round_trips, Counting, Fleet, PREFIX};
 use crate::Opts;
 
@@ -374,19 +374,7 @@ async fn notify(
     detail: &mut Vec<String>,
 ) -> std::result::Result<(), String> {
     // A counting proxy in front of a server, as in the stores part.
-    let upstream = via_port(url, 0).map(|(_, port)| port);
-    let proxy = match upstream {
-        Some(port) => Some(
-            headcount_harness::Proxy::start(port)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        None => None,
-    };
-    let url = match &proxy {
-        Some(p) => via_port(url, p.port()).map(|(u, _)| u).unwrap_or_default(),
-        None => url.to_owned(),
-    };
+    let (proxy, url, upstream) = behind_proxy(url).await?;
     let redis = match backend {
         ServerKind::Redis => Some(
             redis::Client::open(url.as_str())

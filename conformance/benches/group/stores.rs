@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use headcount::DynStore;
 use headcount_harness::ServerKind;
 
-use crate::common::{etcd_metrics, fill_store, ms, own_cpu, shared_url, via_port};
+use crate::common::{behind_proxy, etcd_metrics, fill_store, ms, own_cpu, shared_url};
 use crate::fleet::{delta, group_name, round_trips, Counting, Fleet};
 use crate::Opts;
 
@@ -22,19 +22,7 @@ async fn scale_store(
     ttl: Duration,
     unrelated: u64,
 ) -> std::result::Result<String, String> {
-    let proxy = match via_port(url, 0) {
-        Some((_, port)) => Some(
-            headcount_harness::Proxy::start(port)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        None => None,
-    };
-    let upstream = via_port(url, 0).map(|(_, port)| port);
-    let url = match &proxy {
-        Some(p) => via_port(url, p.port()).map(|(u, _)| u).unwrap_or_default(),
-        None => url.to_owned(),
-    };
+    let (proxy, url, upstream) = behind_proxy(url).await?;
     let inner = headcount::connect(&url).await.map_err(|e| e.to_string())?;
     let caps = inner.capabilities();
     let counting = Counting::new(inner);
