@@ -126,7 +126,7 @@ fn raw_deadline() -> Option<Duration> {
 /// How many times each side of a row is measured, alternating (adapter, raw, floors, then floors,
 /// raw, adapter, ...): 3, or `HEADCOUNT_BENCH_ROUNDS`. A row's figures sum its rounds, so each
 /// side is measured as often early as late: a store that slows or speeds up over a row (a
-/// checkpoint, a vacuum, a table growing) no longer always favours whichever side runs second.
+/// checkpoint, a vacuum, a table growing) does not always favour whichever side runs second.
 /// `--measurement-time` is per round.
 fn rounds() -> usize {
     std::env::var("HEADCOUNT_BENCH_ROUNDS")
@@ -743,8 +743,9 @@ fn unrelated() -> usize {
 /// the row's calls expect: the counters `get` and `expire` find, the value "x" every
 /// compare-and-set expects (each side writes it back), the 10 keys `list` lists. Called at setup
 /// and before each side's measurement: a row comes minutes after setup, longer than the TTL, and
-/// its keys must not expire under it (docs/benchmarks.md says what the rows measured when they
-/// did).
+/// its keys must not expire under it, or the row would time calls that find nothing to do (an
+/// `expire` of an absent key, a compare-and-set that fails at once) instead of the work a
+/// live key costs ("How to read a row" in docs/benchmarks.md).
 async fn keep_alive(t: &Target, primitive: Op) {
     let s = &t.adapter;
     let refreshed = |k: String, v: &'static str| async move {

@@ -24,10 +24,10 @@
 //!   ([`Member::leave_for_restart`](headcount::recipes::group::Member::leave_for_restart)) and the
 //!   same member id joins again after `--restart-ms` (default 200 ms): a StatefulSet pod, or any
 //!   unit restarted in place, with static membership;
-//! * **leave**: the same, with a graceful [`Member::leave`] (the behaviour before static
-//!   membership, kept to measure beside it);
+//! * **leave**: the same, with a graceful [`Member::leave`] (a restart without static
+//!   membership, to measure beside it);
 //! * **surge**: a member with a new id joins, and once the group is ready the old one leaves: a
-//!   Deployment with `maxSurge: 1, maxUnavailable: 0` (the behaviour before standbys, kept to
+//!   Deployment with `maxSurge: 1, maxUnavailable: 0` (a replacement without a standby, to
 //!   measure beside it);
 //! * **replace**: the same with the new member joining as a standby
 //!   ([`GroupConfig::with_standby`], `--standby-for`): it is ready while it stands by, and the
@@ -67,12 +67,14 @@
 //! then reads `surge, sticky`).
 //!
 //! Members listen to the store's change notifications (the default); `--notifications off` makes
-//! them poll only (the design before, a style then reads `static, polling`), and `both` runs each
+//! them poll only (a style then reads `static, polling`), and `both` runs each
 //! style both ways, one after the other, so the two come from one run.
 //!
 //! Run without `--bench` (as `cargo test --all-targets` does) it makes one small SQLite run.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,6 +88,8 @@ use headcount::recipes::group::{Grant, Group, GroupConfig, Member};
 use headcount::{DynStore, Op};
 use headcount_conformance::{Decorated, Hooks, ServerControl};
 use headcount_harness::ServerKind;
+
+use common::{fill_store, Args};
 
 const PREFIX: &str = "hcr";
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
@@ -142,12 +146,7 @@ struct Opts {
 
 fn opts() -> Opts {
     let mut o = Opts {
-        backends: vec![
-            ServerKind::Sqlite,
-            ServerKind::Postgres,
-            ServerKind::Redis,
-            ServerKind::Etcd,
-        ],
+        backends: common::every_backend(),
         sizes: vec![10, 50],
         styles: vec![
             "static".into(),
@@ -162,45 +161,26 @@ fn opts() -> Opts {
         notifications: vec![true],
         assignors: vec!["jumpback".into()],
     };
-    if !std::env::args().any(|a| a == "--bench") {
+    if !common::benching() {
         o.backends = vec![ServerKind::Sqlite];
         o.sizes = vec![3];
         o.keys = 64;
         o.ttl = Duration::from_millis(900);
         o.unrelated = 100;
     }
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = || args.next().unwrap_or_default();
-        match a.as_str() {
-            "--backends" => {
-                o.backends = value()
-                    .split(',')
-                    .map(|b| match b {
-                        "sqlite" => ServerKind::Sqlite,
-                        "postgres" => ServerKind::Postgres,
-                        "redis" => ServerKind::Redis,
-                        "etcd" => ServerKind::Etcd,
-                        other => panic!("unknown backend {other}"),
-                    })
-                    .collect()
-            }
-            "--sizes" => {
-                o.sizes = value()
-                    .split(',')
-                    .map(|n| n.parse().expect("--sizes N,N"))
-                    .collect()
-            }
-            "--styles" => o.styles = value().split(',').map(str::to_owned).collect(),
-            "--keys" => o.keys = value().parse().expect("--keys N"),
-            "--ttl" => o.ttl = Duration::from_secs_f64(value().parse().expect("--ttl SECONDS")),
-            "--restart-ms" => {
-                o.restart = Duration::from_millis(value().parse().expect("--restart-ms MS"))
-            }
-            "--unrelated" => o.unrelated = value().parse().expect("--unrelated N"),
-            "--assignors" => o.assignors = value().split(',').map(str::to_owned).collect(),
+    let mut args = Args::new();
+    while let Some(flag) = args.flag() {
+        match flag.as_str() {
+            "--backends" => o.backends = args.backends(),
+            "--sizes" => o.sizes = args.list("--sizes N,N"),
+            "--styles" => o.styles = args.names(),
+            "--keys" => o.keys = args.parse("--keys N"),
+            "--ttl" => o.ttl = args.seconds("--ttl SECONDS"),
+            "--restart-ms" => o.restart = Duration::from_millis(args.parse("--restart-ms MS")),
+            "--unrelated" => o.unrelated = args.parse("--unrelated N"),
+            "--assignors" => o.assignors = args.names(),
             "--notifications" => {
-                o.notifications = match value().as_str() {
+                o.notifications = match args.value().as_str() {
                     "on" => vec![true],
                     "off" => vec![false],
                     "both" => vec![true, false],
@@ -211,32 +191,6 @@ fn opts() -> Opts {
         }
     }
     o
-}
-
-/// Puts `n` unrelated keys in the store at `url` (once: a store that has the last one is full).
-async fn fill_store(url: &str, n: u64) -> Result<(), String> {
-    if n == 0 {
-        return Ok(());
-    }
-    let store = headcount::connect(url).await.map_err(|e| e.to_string())?;
-    let last = format!("unrelated:{:08}", n - 1);
-    if store.get(&last).await.map_err(|e| e.to_string())?.is_some() {
-        return Ok(());
-    }
-    let value = "u".repeat(64);
-    let mut next = 0u64;
-    while next < n {
-        let batch: Vec<u64> = (next..(next + 256).min(n)).collect();
-        next += batch.len() as u64;
-        futures::future::try_join_all(batch.iter().map(|i| {
-            let key = format!("unrelated:{i:08}");
-            let (store, value) = (&store, &value);
-            async move { store.compare_and_set(&key, None, value, None).await }
-        }))
-        .await
-        .map_err(|e| e.to_string())?;
-    }
-    Ok(())
 }
 
 /// What the sampler saw of one key.
@@ -587,22 +541,13 @@ async fn outage_server(backend: ServerKind) -> Option<(String, Arc<dyn ServerCon
 
 fn main() {
     let o = opts();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::runtime();
     let mut rows: Vec<Row> = Vec::new();
     let mut ttls = BTreeMap::new();
     runtime.block_on(async {
         for &backend in &o.backends {
-            let url = match backend.shared().await {
-                Ok(url) => url,
-                Err(e) => {
-                    assert!(!backend.required(), "{}: {e}", backend.name());
-                    eprintln!("SKIP rolling bench on {}: {e}", backend.name());
-                    continue;
-                }
+            let Some(url) = common::shared_url(backend, "rolling").await else {
+                continue;
             };
             fill_store(&url, o.unrelated)
                 .await

@@ -1,7 +1,7 @@
 //! An etcd restored from an older copy of its data (a snapshot restore without
 //! `--bump-revision`, a disk snapshot put back) hands the revisions it lost out again, to other
 //! writes: a directory's version of count and newest revision could then repeat for other
-//! contents, and a member would keep a view the store lost (issue 32, finding 5). A store handle
+//! contents, and a member would keep a view the store lost. A store handle
 //! that sees a response below the revision it saw before starts a new generation of versions,
 //! so every version it answered before the restore differs from every one after.
 #![cfg(feature = "etcd")]

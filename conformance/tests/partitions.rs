@@ -1280,7 +1280,7 @@ impl Run {
                 from: p.from,
                 healed: p.healed,
                 side: p.side.clone(),
-                settle: self
+                after_heal: self
                     .played
                     .get(i + 1)
                     .map_or(read_at, |n| n.from)

@@ -66,9 +66,9 @@ async fn pgbouncer_connections_are_told_from_direct_ones() {
         .unwrap();
 }
 
-/// Garbage collection runs on a connection of its own, which used to set `lock_timeout` as a
-/// startup parameter (`options`): PgBouncer refused that connection ("unsupported startup
-/// parameter: options"), so no expired row was ever deleted through it.
+/// Garbage collection runs on a connection of its own, which PgBouncer must accept: a startup
+/// parameter such as `options` (to set `lock_timeout`) makes it refuse the connection
+/// ("unsupported startup parameter: options"), and then no expired row is ever deleted.
 #[tokio::test]
 async fn pgbouncer_garbage_collection_deletes_expired_rows() {
     let Some(url) = ServerKind::PgBouncer

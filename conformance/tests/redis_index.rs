@@ -104,8 +104,8 @@ async fn listing_ignores_a_large_unrelated_keyspace() {
     for _ in 0..10 {
         assert_eq!(store.list("hc:{ix}:a:").await.unwrap(), want);
     }
-    // The old SCAN over 100,000 keys took tens of milliseconds per call; reading 50 names from
-    // the index takes tens of microseconds. The bound leaves room for a loaded machine.
+    // A SCAN over 100,000 keys takes tens of milliseconds per call; reading 50 names from the
+    // index takes tens of microseconds. The bound leaves room for a loaded machine.
     let usec = evalsha_usec_per_call(&mut conn).await;
     assert!(usec < 5_000.0, "list took {usec} µs per call on the server");
     assert_eq!(
@@ -492,11 +492,11 @@ async fn a_listing_during_a_slot_migration_is_whole_or_retryable() {
     .await;
 }
 
-/// Finding 4: while a group's slot migrates, a heartbeat whose quiet marker and directory
-/// versions already moved (and whose slot key did not) failed with "Script attempted to access
-/// a non local key", classified as a refusal no retry fixes (the member failed for good). The
-/// heartbeat declares those keys now, so Redis answers TRYAGAIN or ASK before the script runs,
-/// and any such error is retryable: the member tries again at its next heartbeat.
+/// While a group's slot migrates, a heartbeat whose quiet marker and directory versions already
+/// moved (and whose slot key did not) must not fail for good: the heartbeat declares those keys,
+/// so Redis answers TRYAGAIN or ASK before the script runs (rather than "Script attempted to
+/// access a non local key"), and any such error is retryable: the member tries again at its
+/// next heartbeat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_during_a_slot_migration_is_retryable() {
     let Some(cluster) = start(ServerKind::RedisCluster, || {
@@ -551,7 +551,7 @@ async fn a_heartbeat_during_a_slot_migration_is_retryable() {
     .await;
 }
 
-/// Finding 4, the sweep: a due name whose key already moved to the target cannot be declared
+/// The sweep during a slot migration: a due name whose key already moved to the target cannot be declared
 /// in KEYS (the script finds it in the expiry set), so on Cluster the sweep checks that each
 /// due key is on the node first and leaves the others to a later sweep. A listing of another
 /// directory on the source meanwhile answers its live key; once the migration is over, the names that expired

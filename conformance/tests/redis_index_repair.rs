@@ -1,9 +1,8 @@
-//! The Redis key index heals itself (issue 32, findings 1 and 13): a live key missing from the
+//! The Redis key index heals itself: a live key missing from the
 //! index (the index deleted, evicted, or the keys copied to a server without it, or a key
 //! written by another client) is put back by the first script that touches it, with its
 //! directory's version changed so the next look lists it; and a foreign value at the index's
-//! own name is an error that names it. A Redis that may evict keys is refused by a group
-//! (finding 8).
+//! own name is an error that names it. A Redis that may evict keys is refused by a group.
 #![cfg(feature = "redis")]
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -85,9 +84,9 @@ async fn converged(members: &[&Member], n: u32, within: Duration) {
     .await;
 }
 
-/// Finding 1, black-box: three members active, the index deleted, a fourth joins. Before the
-/// repair the fourth stayed `joining` for good (its "only if absent" writes of the view were
-/// refused by a key no listing showed) while the others kept three live slots.
+/// Black-box: three members active, the index deleted, a fourth joins, and all four become
+/// active. Without the repair the fourth would stay `joining` for good (its "only if absent"
+/// writes of the view refused by a key no listing shows) while the others kept three live slots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_recovers_from_a_lost_index() {
     let Some((_server, conn, store)) = redis_with_store().await else {
@@ -109,7 +108,7 @@ async fn a_group_recovers_from_a_lost_index() {
     }
 }
 
-/// Finding 1 on the primitives: a renewal of a key the index lost puts it back and changes its
+/// On the primitives: a renewal of a key the index lost puts it back and changes its
 /// directory's version, with the quiet marker alive (the steady heartbeat) and without it (a
 /// heartbeat that sweeps), through both heartbeats.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,7 +309,7 @@ async fn a_refused_write_shows_what_refused_it() {
     assert!(score.is_some(), "the repaired key has no expiry score");
 }
 
-/// Finding 13: a foreign value at the name of the index (or of the expiry index) is an error
+/// A foreign value at the name of the index (or of the expiry index) is an error
 /// that names that key, for writes, listings and heartbeats alike, not a `WRONGTYPE` that names
 /// a script's line (or blames the caller's own key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,10 +354,10 @@ async fn a_foreign_value_at_the_index_names_the_index() {
     assert_eq!(store.list("hc:{f}:n").await.unwrap().len(), 1);
 }
 
-/// Finding 7: a directory's version never repeats, even after a rollback on a server whose
-/// clock is behind the versions it minted (a backward clock step, a failover to a replica whose
-/// clock lags): versions minted as "one above the last" then walked the same numbers again for
-/// other contents. The lagging clock is played by a version set far ahead of the server's
+/// A directory's version never repeats, even after a rollback on a server whose clock is behind
+/// the versions it minted (a backward clock step, a failover to a replica whose clock lags):
+/// versions minted only as "one above the last" would walk the same numbers again for other
+/// contents. The lagging clock is played by a version set far ahead of the server's
 /// clock; the rollback by putting back the version and the keys a replica would have had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn versions_never_repeat_after_a_rollback() {
@@ -403,11 +402,10 @@ async fn versions_never_repeat_after_a_rollback() {
     );
 }
 
-/// Finding 8: a Redis that may evict keys (a `maxmemory` limit with an evicting policy) is
-/// refused by a joining member, naming the policy, unless the configuration allows it; with
-/// `noeviction`, or no limit, it is joined as before. An evicted lease lets two members hold one
-/// key: with `allkeys-lru` and another client filling memory, two members were active as (1, 1)
-/// under one epoch.
+/// A Redis that may evict keys (a `maxmemory` limit with an evicting policy) is refused by a
+/// joining member, naming the policy, unless the configuration allows it; with `noeviction`, or
+/// no limit, it is joined. An evicted lease lets two members hold one key: with `allkeys-lru`
+/// and another client filling memory, two members can be active as (1, 1) under one epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_refuses_a_redis_that_evicts_keys() {
     let Some((_server, conn, store)) = redis_with_store().await else {
@@ -447,7 +445,7 @@ async fn a_group_refuses_a_redis_that_evicts_keys() {
         .unwrap();
 }
 
-/// Finding 1 in `status`: keys that exist although the index lost their names are reported as
+/// In `status`: keys that exist although the index lost their names are reported as
 /// unlisted (the view key when no view was listed, a holder's slot key missing from the
 /// listing), read with one `get` each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

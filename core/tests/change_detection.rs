@@ -172,12 +172,12 @@ async fn two_members() -> (Arc<dyn Clock>, DynStore, Arc<MissedChanges>, Member,
     (clock, memory, missed, a, b)
 }
 
-/// Three members join on one store; the first one's view directory is frozen `settle` after
-/// the first two are active, before the third joins. Panics unless the third and then the first
+/// Three members join on one store; the first one's view directory is frozen `after` the
+/// first two are active, before the third joins. Panics unless the third and then the first
 /// become active under the third's view.
-async fn a_joiner_is_adopted_despite_missed_changes(settle: Duration) {
+async fn a_joiner_is_adopted_despite_missed_changes(after: Duration) {
     let (clock, memory, missed, a, b) = two_members().await;
-    tokio::time::sleep(settle).await;
+    tokio::time::sleep(after).await;
     let epoch = a.assignment().epoch.max(b.assignment().epoch);
     // From now on a's view directory never reports a change to a version a holds.
     missed.freeze("hc:{g}:view:");
@@ -238,7 +238,7 @@ fn a_lost_settled_mark_write_makes_the_member_read_the_view_again() {
 fn a_refused_renewal_is_judged_on_the_store_not_on_the_copy() {
     runtime().block_on(async {
         let (_clock, memory, missed, a, b) = two_members().await;
-        // Let both settle into their steady heartbeats, then lose a's slot behind the version.
+        // Let both reach their steady heartbeats, then lose a's slot behind the version.
         tokio::time::sleep(TTL * 2).await;
         let slot = a.assignment().slot.expect("a slot");
         missed.freeze("hc:{g}:slot:");

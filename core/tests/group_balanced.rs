@@ -17,7 +17,7 @@ const TTL: Duration = Duration::from_millis(300);
 
 /// Waits (5 s at most) until every member is active in one view with `n` live slots and every
 /// partition has exactly one owner; returns each member's count of `keys`.
-async fn settled_shares(members: &[&Member], n: u32, keys: &[String]) -> Vec<usize> {
+async fn converged_shares(members: &[&Member], n: u32, keys: &[String]) -> Vec<usize> {
     tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             let views: Vec<_> = members.iter().map(|m| m.assignment()).collect();
@@ -37,7 +37,7 @@ async fn settled_shares(members: &[&Member], n: u32, keys: &[String]) -> Vec<usi
         }
     })
     .await
-    .expect("the group settles within 5 s")
+    .expect("the group converges within 5 s")
 }
 
 /// 256 partitions under the sticky assignor, or under the stateless balanced one.
@@ -64,7 +64,7 @@ async fn three_members_own_85_or_86(sticky: bool) {
     let b = Group::join(store.clone(), config()).await.expect("b joins");
     let c = Group::join(store.clone(), config()).await.expect("c joins");
     let keys: Vec<String> = (0..256).map(|i| i.to_string()).collect();
-    let counts = settled_shares(&[&a, &b, &c], 3, &keys).await;
+    let counts = converged_shares(&[&a, &b, &c], 3, &keys).await;
     assert!(counts.iter().all(|&c| c == 85 || c == 86), "{counts:?}");
     // No partition has two owners.
     for k in &keys {
@@ -91,7 +91,7 @@ async fn three_members_own_85_or_86(sticky: bool) {
 
     // c leaves: a and b split the 256 as 128 each.
     c.leave().await.expect("c leaves");
-    let counts = settled_shares(&[&a, &b], 2, &keys).await;
+    let counts = converged_shares(&[&a, &b], 2, &keys).await;
     assert_eq!(counts, [128, 128]);
     a.leave().await.expect("leave a");
     b.leave().await.expect("leave b");
@@ -196,13 +196,13 @@ async fn with_the_sticky_assignor_a_join_and_a_leave_move_exactly_what_they_must
     let c = Group::join(store.clone(), partitions(true))
         .await
         .expect("c");
-    settled_shares(&[&a, &b, &c], 3, &keys).await;
+    converged_shares(&[&a, &b, &c], 3, &keys).await;
     let three = owners(&[&a, &b, &c], &keys);
     // d joins: it takes 64, each of 21 or 22 from the others, and nothing else moves.
     let d = Group::join(store.clone(), partitions(true))
         .await
         .expect("d");
-    let counts = settled_shares(&[&a, &b, &c, &d], 4, &keys).await;
+    let counts = converged_shares(&[&a, &b, &c, &d], 4, &keys).await;
     assert_eq!(counts, [64, 64, 64, 64]);
     let four = owners(&[&a, &b, &c, &d], &keys);
     let moved = three.iter().zip(&four).filter(|(x, y)| x != y).count();
@@ -210,7 +210,7 @@ async fn with_the_sticky_assignor_a_join_and_a_leave_move_exactly_what_they_must
     assert!(three.iter().zip(&four).all(|(x, y)| x == y || *y == 3));
     // b leaves: its 64 keys move, and only they.
     b.leave().await.expect("b leaves");
-    let counts = settled_shares(&[&a, &c, &d], 3, &keys).await;
+    let counts = converged_shares(&[&a, &c, &d], 3, &keys).await;
     assert!(counts.iter().all(|&n| n == 85 || n == 86), "{counts:?}");
     let after = owners(&[&a, &c, &d], &keys);
     let stayed = |before: usize, now: usize| match before {

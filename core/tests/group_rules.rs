@@ -171,9 +171,9 @@ async fn grants_are_invalid_at_once_after_a_suspend_past_the_lease() {
 }
 
 /// A grant taken before a lapse says so after the member became active again: `exec` gives its
-/// command no grace period then, since the others no longer wait for that grant (review finding
-/// 10: asking the member's phase instead, an `exec` that lapsed and quickly re-gained its share
-/// gave the old command the grace period beside the new owner).
+/// command no grace period then, since the others no longer wait for that grant. The member's
+/// phase cannot tell: an `exec` that lapsed and quickly re-gained its share is active again, and
+/// its old command would get the grace period beside the new owner.
 #[tokio::test]
 async fn a_grant_from_before_a_lapse_says_so_after_the_member_is_active_again() {
     use headcount_core::recipes::group::GroupPhase;
@@ -204,8 +204,8 @@ async fn a_grant_from_before_a_lapse_says_so_after_the_member_is_active_again() 
 }
 
 /// A slot record with no expiry (a restore that dropped TTLs, a hand edit) holding a claim that
-/// never acknowledges: the members must not wait for it forever (review finding 13). Before the
-/// fix the lone member stayed in hand-off for good, with no error.
+/// never acknowledges: the members must not wait for it forever (the lone member must not stay
+/// in hand-off for good, with no error).
 #[tokio::test]
 async fn a_slot_record_without_expiry_does_not_stall_the_group() {
     use headcount_core::recipes::group::{GroupPhase, SlotRecord};

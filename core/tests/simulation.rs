@@ -392,7 +392,7 @@ impl Sim {
             .collect()
     }
 
-    async fn settle_joins(&mut self) {
+    async fn finish_joins(&mut self) {
         for i in 0..self.procs.len() {
             let done = self.procs[i]
                 .joining
@@ -629,8 +629,8 @@ impl Sim {
             // lost, and the epochs it lost are minted again for other holders, below tokens a
             // fence may already have seen. That is the documented limit (`docs/group.md`,
             // *Tokens and views*): the fences' history is not owed an order against what comes
-            // after (seed 19915: the only member that saw epoch 3 was paused through the
-            // rollback, and the next member minted epoch 2).
+            // after (the only member that saw an epoch may be paused through the rollback, and
+            // the next member mints a lower one).
             let running: Vec<usize> = self
                 .alive()
                 .into_iter()
@@ -650,9 +650,9 @@ impl Sim {
             }
             // A write made before the rollback may carry an epoch the rollback un-minted, which
             // a member that never saw it mints again for other holders: no member can tell, so
-            // a fence that saw the first is not owed an order against the second (seed 37291:
-            // a grant under the lost epoch 2 wrote at 1.98 s, the re-minted epoch 2's holder
-            // at 4.27 s). Later writes are checked strictly again once two TTLs have passed.
+            // a fence that saw the first is not owed an order against the second (a grant under
+            // a lost epoch writes, then the holder of the same epoch minted again writes after
+            // it). Later writes are checked strictly again once two TTLs have passed.
             for (_, _, since_strict) in &mut self.fences {
                 *since_strict = false;
             }
@@ -1105,7 +1105,7 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
     };
     while sim.now() < plan.run {
         tokio::time::sleep(TICK).await;
-        sim.settle_joins().await;
+        sim.finish_joins().await;
         sim.resume_due();
         sim.restart_due(plan.rates, false);
         sim.leave_due(false);
@@ -1170,7 +1170,7 @@ async fn run_seed(seed: u64, verbose: bool, models: Models) -> Result<(), String
     let deadline = quiet + TTL * 5 + sim.crash_grace * 2;
     loop {
         tokio::time::sleep(TICK).await;
-        sim.settle_joins().await;
+        sim.finish_joins().await;
         if let Err(why) = sim.check_safety() {
             return fail(&sim, why);
         }
@@ -1309,10 +1309,9 @@ fn some_seed_finds(models: Models, seeds: u64, finding: &str) {
     );
 }
 
-/// The Redis model has teeth: with its index as it was before it healed itself (issue 32,
-/// finding 1), a lost index hides the view and members for good, and the simulation finds
-/// members that never become active (seed 0 is one). If this passes no more, the model or the
-/// simulation stopped seeing what the repair fixes.
+/// The Redis model has teeth: with an index that does not heal itself, a lost index hides the
+/// view and members for good, and some seed of the first 16 finds members that never become
+/// active. If this fails, the model or the simulation no longer sees what the repair prevents.
 #[test]
 fn the_redis_model_finds_an_index_that_never_heals() {
     let models = Models {
@@ -1324,10 +1323,10 @@ fn the_redis_model_finds_an_index_that_never_heals() {
     some_seed_finds(models, 16, "not converged");
 }
 
-/// The etcd model has teeth: with clients that do not watch the revisions (the backend before
-/// issue 32, finding 5), a restore that hands the lost revisions out again makes a version come
-/// back for other contents, and the simulation sees it (seed 48 is one). If this passes no more,
-/// the model or the simulation stopped seeing what the watch fixes.
+/// The etcd model has teeth: with clients that do not watch the revisions, a restore that hands
+/// the lost revisions out again makes a version come back for other contents, and the
+/// simulation sees it on some seed. If this fails, the model or the simulation no longer sees
+/// what the watch prevents.
 #[test]
 fn the_etcd_model_finds_a_restore_that_reuses_revisions() {
     let models = Models {

@@ -390,7 +390,7 @@ pub fn granted_after_cut(h: &History, cut: &Cut) -> Option<u64> {
 }
 
 /// A stretch of a run to measure: a fault from `from` until it healed at `healed`, and how long
-/// after the heal to keep looking (`settle`).
+/// after the heal to keep looking (`after_heal`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Window {
     /// What the fault was.
@@ -400,7 +400,7 @@ pub struct Window {
     /// When it healed.
     pub healed: u64,
     /// How long after the heal the measure runs (until the next fault).
-    pub settle: u64,
+    pub after_heal: u64,
     /// The members the fault struck (cut off, delayed, paused, on the minority's side): the
     /// keys they owned when it started are its side.
     pub side: Vec<String>,
@@ -416,10 +416,10 @@ pub struct WindowStats {
     pub gap_side: u64,
     /// The same for the other keys: what the rest of the group saw (ms).
     pub gap_others: u64,
-    /// The longest time one key went without any grant from the heal until the end of the
-    /// settle time (ms), counted from the heal.
+    /// The longest time one key went without any grant from the heal until `after_heal` ms
+    /// after it (ms).
     pub gap_after: u64,
-    /// Keys whose owner after the settle time differs from their owner before the fault.
+    /// Keys whose owner `after_heal` ms after the heal differs from their owner before the fault.
     pub moved: usize,
 }
 
@@ -435,7 +435,7 @@ pub fn window_stats(h: &History, windows: &[Window]) -> Vec<WindowStats> {
     windows
         .iter()
         .map(|w| {
-            let end = w.healed + w.settle;
+            let end = w.healed + w.after_heal;
             let mut gap_side = 0;
             let mut gap_others = 0;
             let mut gap_after = 0;
@@ -610,7 +610,7 @@ mod tests {
                 what: "cut m1".into(),
                 from: 950,
                 healed: 4000,
-                settle: 1000,
+                after_heal: 1000,
                 side: vec!["m1".into()],
             }],
         );

@@ -20,7 +20,7 @@ fn ttl(ctx: &Ctx) -> Duration {
 }
 
 /// Generous: a loaded CI machine runs every backend's suite at once.
-fn settle(ctx: &Ctx) -> Duration {
+fn converge_within(ctx: &Ctx) -> Duration {
     ttl(ctx) * 8 + Duration::from_secs(10)
 }
 
@@ -44,7 +44,7 @@ async fn join(ctx: &Ctx, member: &str) -> Result<Member, Failure> {
 /// Waits until every member is active under one epoch with `n` live slots, and returns it.
 async fn converged(ctx: &Ctx, members: &[&Member], n: u32) -> Result<u64, Failure> {
     let what = format!("members converged on {n} live slots");
-    wait::until(&what, settle(ctx), wait::EVERY, || async {
+    wait::until(&what, converge_within(ctx), wait::EVERY, || async {
         let all: Vec<_> = members.iter().map(|m| m.assignment()).collect();
         let epoch = all[0].epoch;
         if all
@@ -608,7 +608,7 @@ pub async fn group_overwritten_slot_reclaimed(ctx: &Ctx) -> CaseResult {
         .await
         .during("overwrite b's slot")?;
     let what = format!("b left its overwritten slot {b_slot} for a newer epoch than {epoch}");
-    wait::until(&what, settle(ctx), wait::EVERY, || async {
+    wait::until(&what, converge_within(ctx), wait::EVERY, || async {
         let now = b.assignment();
         if now.slot == Some(b_slot) || now.epoch <= epoch {
             Err(now)

@@ -110,7 +110,7 @@ impl Sim {
     }
 
     /// Advances the clock to `t` (seconds since the Unix epoch) in steps of at most `step`,
-    /// letting the peers settle after each.
+    /// letting the peers run what each step made due.
     async fn advance_to(&self, t: Duration, step: Duration) -> CaseResult {
         while self.now() < t {
             let d = (t - self.now()).min(step);

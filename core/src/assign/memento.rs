@@ -45,7 +45,7 @@ const NONE: u32 = u32::MAX;
 #[derive(Debug, Clone)]
 pub struct Memento {
     topology: Topology,
-    table: Table,
+    table: ReplacementTable,
 }
 
 impl Assignor for Memento {
@@ -54,7 +54,7 @@ impl Assignor for Memento {
         topology.require_uniform("memento")?;
         Ok(Memento {
             topology: topology.clone(),
-            table: Table::build(topology),
+            table: ReplacementTable::build(topology),
         })
     }
 
@@ -100,7 +100,7 @@ impl Assignor for Memento {
 #[derive(Debug, Clone)]
 pub struct JumpBackMemento {
     topology: Topology,
-    table: Table,
+    table: ReplacementTable,
 }
 
 impl Assignor for JumpBackMemento {
@@ -109,7 +109,7 @@ impl Assignor for JumpBackMemento {
         topology.require_uniform("jumpback-memento")?;
         Ok(JumpBackMemento {
             topology: topology.clone(),
-            table: Table::build(topology),
+            table: ReplacementTable::build(topology),
         })
     }
 
@@ -144,13 +144,13 @@ fn multiply_rehash(key: u64, b: u32, r: u32) -> u32 {
 
 /// MementoHash's state: the b-array's size and the replacement table.
 #[derive(Debug, Clone)]
-struct Table {
+struct ReplacementTable {
     b_array: u32,
     /// For each slot, the size of the working set after it was removed, or [`NONE`].
     replacer: Vec<u32>,
 }
 
-impl Table {
+impl ReplacementTable {
     /// Removes `topology`'s dead slots in its death order. The topology has a live slot.
     fn build(topology: &Topology) -> Self {
         let mut b_array = topology.slot_count();
@@ -166,7 +166,7 @@ impl Table {
             replacer[slot as usize] = working - 1;
             removed_in_table += 1;
         }
-        Table { b_array, replacer }
+        ReplacementTable { b_array, replacer }
     }
 
     /// The owner of `key`, with `hash` as the consistent hash over the b-array.

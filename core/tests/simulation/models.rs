@@ -10,11 +10,11 @@
 //! etcd: bit 2 still tells the in-memory store and the SQL model from the Redis and etcd
 //! models), so the model is independent of the assignor, chosen by the seed modulo 4, and of
 //! which members use change checks. A failure's replay command names its seed's model.
-//! `HEADCOUNT_SIM_REDIS_REPAIR=0` runs the Redis model's index as it was before it healed
-//! itself (issue 32, finding 1); `HEADCOUNT_SIM_REDIS_FAULTS` adds faults that break the
+//! `HEADCOUNT_SIM_REDIS_REPAIR=0` runs the Redis model's index without its self-repair;
+//! `HEADCOUNT_SIM_REDIS_FAULTS` adds faults that break the
 //! version contract on purpose (`drop-bumps`, `reuse-counters`, comma-separated).
 //! `HEADCOUNT_SIM_ETCD_WATCH=0` runs the etcd model's clients without the revision watch that
-//! notices a restore (issue 32, finding 5). On a quarter of the etcd seeds the restores bump the
+//! notices a restore. On a quarter of the etcd seeds the restores bump the
 //! revision, as `etcdutl snapshot restore --bump-revision` does.
 
 // Test support: a bad variable is a mistake of whoever runs the test, said at once.

@@ -24,8 +24,8 @@
 //! data directory) does: the lost revisions are handed out again, to other writes.
 //! [`EtcdModel::restore_bumped`] is the restore etcd recommends, with `--bump-revision`: the
 //! revision moves on past every lost one. [`EtcdModel::with_watch`]`(false)` answers versions
-//! as the backend did before it watched the revisions (issue 32, finding 5), to show what the
-//! simulation finds without it.
+//! without watching the revisions (so a restore's repeated revisions pass unnoticed), to show
+//! what the simulation finds without that watch.
 //!
 //! Change notifications: the etcd backend keeps one watch stream per handle, with a prefix
 //! watch per directory subscribed, which sees every put and delete (a lease revocation's
@@ -255,7 +255,7 @@ impl EtcdModel {
 
     /// Whether this client watches the responses' revisions and starts a new generation of
     /// versions when one goes back (true, the default), or answers versions without a
-    /// generation (false: the backend before issue 32, finding 5). Handles made from this one
+    /// generation (false: a restore's repeated revisions go unnoticed). Handles made from this one
     /// do the same.
     #[must_use]
     pub fn with_watch(mut self, watch: bool) -> Self {

@@ -15,8 +15,9 @@
 //! * a version bump dropped ([`ModelFaults::drop_bumps`]) and counters reused after a rollback
 //!   ([`ModelFaults::reuse_counters`]: a version minted from a clock that lags), both breaking
 //!   the version contract on purpose, to show what a protocol does when a change goes unseen;
-//! * the index as it was before it healed itself ([`RedisModel::with_repair`]`(false)`, issue
-//!   32, finding 1), to show that the simulation finds what the repair fixes.
+//! * an index that does not heal itself ([`RedisModel::with_repair`]`(false)`: a live key
+//!   missing from the index is re-added without a new version of its directory), to show that
+//!   the simulation finds the missed change that the repair prevents.
 //!
 //! [`RedisModel::snapshot`] and [`RedisModel::restore`] roll the data, the index and the
 //! versions back together, as a failover to a replica does; the nonces that keep versions from
@@ -130,7 +131,7 @@ impl RedisModel {
 
     /// Whether a live key missing from the index is put back with a new version of its
     /// directory by whatever touches it (true, the default), or only re-added, without a new
-    /// version, by a heartbeat's sweep of its own key (false: the scripts before issue 32).
+    /// version, by a heartbeat's sweep of its own key (false: a change the members never see).
     #[must_use]
     pub fn with_repair(self, repair: bool) -> Self {
         lock(&self.ctl).repair = repair;

@@ -128,7 +128,8 @@ impl<'a> Script<'a> {
     }
 
     /// Puts the live key `k` back in the index when it is missing there, changing its
-    /// directory's version (`repair`). Before the repair (issue 32, finding 1) nothing did.
+    /// directory's version (`repair`); without it (`RedisModel::with_repair(false)`) nothing
+    /// does.
     pub(super) fn repair(&mut self, k: &str) -> bool {
         if !self.ctl.repair || !self.meta.index.insert(k.to_owned()) {
             return false;

@@ -47,7 +47,7 @@ async fn a_lost_index_hides_keys_until_a_renewal_puts_them_back() -> Result<()> 
             assert_ne!(answer.version, held.version);
             assert_eq!(answer.listing, Some(me()));
         } else {
-            // Before issue 32: renewed, yet unlisted and unchanged.
+            // Without the repair: renewed, yet unlisted and unchanged.
             assert_eq!(answer.version, held.version);
             assert!(m.list(DIR).await?.is_empty());
         }

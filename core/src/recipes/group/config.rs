@@ -285,8 +285,7 @@ impl GroupConfig {
     /// versions in one call when it can
     /// ([`Store::renew_and_versions`](crate::Store::renew_and_versions), the default), or makes
     /// one [`Store::renew_and_list_if_changed`](crate::Store::renew_and_list_if_changed) call per
-    /// directory, the design before (`false`, kept to measure the two side by side). The
-    /// protocol is the same.
+    /// directory (`false`, to measure the two side by side). The protocol is the same.
     pub fn with_one_call_versions(mut self, on: bool) -> Self {
         self.one_call_versions = on;
         self

@@ -41,7 +41,7 @@ impl Group {
     /// keys before they expire (see [`GroupConfig::with_eviction_allowed`]); the store's own
     /// error when it cannot be reached.
     pub async fn join(store: DynStore, config: GroupConfig) -> Result<Member> {
-        let keys = config.check()?;
+        let space = config.check()?;
         let caps = store.capabilities();
         if config.ttl < caps.min_ttl {
             return Err(Error::invalid(format!(
@@ -63,7 +63,7 @@ impl Group {
             .clone()
             .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
         let shared = Arc::new(Shared::new(config.clock.clone(), member.clone()));
-        let mut runner = Runner::new(store, &config, keys, member.clone(), shared.clone());
+        let mut runner = Runner::new(store, &config, space, member.clone(), shared.clone());
         // Every handle dropped without leave(): the heartbeat is cancelled and the slot expires
         // after the TTL.
         let what = format!("group member {member}");

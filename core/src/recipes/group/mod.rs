@@ -61,15 +61,15 @@
 //!
 //! # Files
 //!
-//! `config` ([`GroupConfig`]), `keys` (the group's keys), `records` (the records in the store),
-//! `table` (the slot [`SlotTable`] as read), `view` (a view as members hold it, [`Assignment`] and
+//! `config` ([`GroupConfig`]), `layout` (where the group's records live in the store), `records`
+//! (the records in the store), `table` (the slot [`SlotTable`] as read), `view` (a view as members hold it, [`Assignment`] and
 //! [`Change`]), `grants` (the member's shared state and [`Grant`]), `member` ([`Group::join`] and
 //! the [`Member`] handle), `runner/` (the heartbeat task, a state machine: see its front page)
-//! `status` (what `headcount status` shows) and `remove` ([`remove`], a stopped group's keys).
+//! `status` (what `headcount status` shows) and `remove` ([`remove`], a stopped group's records).
 
 mod config;
 mod grants;
-mod keys;
+mod layout;
 mod member;
 mod records;
 mod remove;

@@ -1,6 +1,6 @@
 //! Removing a stopped group's keys: [`remove`].
 
-use super::keys::GroupKeys;
+use super::layout::GroupLayout;
 use super::table::SlotTable;
 use crate::error::{Error, Result};
 use crate::keys::Keyspace;
@@ -31,8 +31,8 @@ pub struct Removed {
 ///
 /// [`Store::compare_and_delete`]: crate::Store::compare_and_delete
 pub async fn remove(store: &DynStore, prefix: &str, group: &str) -> Result<Removed> {
-    let keys = GroupKeys::new(Keyspace::with_prefix(prefix, group)?);
-    let table = SlotTable::read(store, &keys).await?;
+    let layout = GroupLayout::new(Keyspace::with_prefix(prefix, group)?);
+    let table = SlotTable::read(store, &layout).await?;
     if !table.slots.is_empty() {
         let live: Vec<String> = table
             .slots
@@ -52,12 +52,12 @@ pub async fn remove(store: &DynStore, prefix: &str, group: &str) -> Result<Remov
     let mut removed = Removed::default();
     let mut candidates: Vec<(String, String)> = Vec::new();
     if let Some(text) = &table.view_text {
-        candidates.push((keys.view.clone(), text.clone()));
+        candidates.push((layout.view.clone(), text.clone()));
     }
     if let Some(text) = &table.settled_text {
-        candidates.push((keys.settled.clone(), text.clone()));
+        candidates.push((layout.settled.clone(), text.clone()));
     }
-    candidates.extend(store.list(&keys.acks).await?);
+    candidates.extend(store.list(&layout.acks).await?);
     for (key, text) in candidates {
         if store.compare_and_delete(&key, &text).await? {
             removed.keys.push(key);
@@ -67,7 +67,7 @@ pub async fn remove(store: &DynStore, prefix: &str, group: &str) -> Result<Remov
     }
     removed
         .kept
-        .extend(table.foreign.keys().map(|&slot| keys.slot(slot)));
+        .extend(table.foreign.keys().map(|&slot| layout.slot(slot)));
     Ok(removed)
 }
 

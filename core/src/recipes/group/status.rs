@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::keys::GroupKeys;
+use super::layout::GroupLayout;
 use super::records::{parse_acks, AckRecord, StandbyRecord, ViewRecord};
 use super::table::SlotTable;
 use super::view::ViewState;
@@ -360,11 +360,11 @@ pub async fn status_with_keys(
     sample: u64,
     declared: Option<Arc<KeySet>>,
 ) -> Result<GroupStatus> {
-    let keys = GroupKeys::new(Keyspace::with_prefix(prefix, group)?);
+    let layout = GroupLayout::new(Keyspace::with_prefix(prefix, group)?);
     let mut problems = Vec::new();
-    let table = read_table(store, &keys, &mut problems).await?;
-    let acks = match store.list(&keys.acks).await {
-        Ok(listing) => parse_acks(&keys.acks, listing),
+    let table = read_table(store, &layout, &mut problems).await?;
+    let acks = match store.list(&layout.acks).await {
+        Ok(listing) => parse_acks(&layout.acks, listing),
         Err(e) => match Problem::of_error(&e, "an acknowledgement key holds another type") {
             Some(p) => {
                 problems.push(p);
@@ -376,7 +376,7 @@ pub async fn status_with_keys(
     let mut acks = acks;
     acks.retain(|slot, a| table.slots.get(slot).is_some_and(|r| r.nonce == a.nonce));
     let (view_current, view_settled) = view_flags(&table);
-    let standby_listing = match store.list(&keys.standbys).await {
+    let standby_listing = match store.list(&layout.standbys).await {
         Ok(listing) => listing,
         Err(e) => match Problem::of_error(&e, "a standby key holds another type") {
             Some(p) => {
@@ -389,7 +389,7 @@ pub async fn status_with_keys(
     let mut standbys = Vec::new();
     for (key, text) in standby_listing {
         let (Some(member), Some(record)) = (
-            key.strip_prefix(&keys.standbys),
+            key.strip_prefix(&layout.standbys),
             StandbyRecord::parse(&text),
         ) else {
             problems.push(Problem::new(
@@ -409,7 +409,7 @@ pub async fn status_with_keys(
     standbys.sort_by(|a, b| (a.since_ms, &a.member).cmp(&(b.since_ms, &b.member)));
     for (slot, value) in &table.foreign {
         problems.push(Problem::new(
-            &keys.slot(*slot),
+            &layout.slot(*slot),
             "foreign_value",
             value,
             format!(
@@ -420,14 +420,14 @@ pub async fn status_with_keys(
     }
     match (&table.view, &table.view_text) {
         (None, Some(text)) if table.view_newer.is_some() => problems.push(Problem::new(
-            &keys.view,
+            &layout.view,
             "newer_version",
             text,
             "a view a later version of headcount published: members of this version neither \
              replace it nor join while a holder it names is live; upgrade this headcount",
         )),
         (None, Some(text)) => problems.push(Problem::new(
-            &keys.view,
+            &layout.view,
             "foreign_value",
             text,
             "not a view record: live members replace it with a view of their own at their next \
@@ -437,7 +437,7 @@ pub async fn status_with_keys(
     }
     if let (None, Some(text)) = (&table.settled, &table.settled_text) {
         problems.push(Problem::new(
-            &keys.settled,
+            &layout.settled,
             "foreign_value",
             text,
             "not a settled mark: the view shows as not settled until the lowest member writes \
@@ -447,12 +447,12 @@ pub async fn status_with_keys(
     let mut unlisted = Vec::new();
     let mut missing = Vec::new();
     match &table.view {
-        None if table.view_text.is_none() => missing.push(keys.view.clone()),
+        None if table.view_text.is_none() => missing.push(layout.view.clone()),
         None => {}
         Some(v) => missing.extend(
             v.slots()
                 .filter(|s| !table.slots.contains_key(s) && !table.foreign.contains_key(s))
-                .map(|s| keys.slot(s)),
+                .map(|s| layout.slot(s)),
         ),
     }
     for key in missing {
@@ -538,10 +538,10 @@ pub async fn status_with_keys(
 /// view beside a foreign settled mark still shows), and a slot directory shows no members.
 async fn read_table(
     store: &DynStore,
-    keys: &GroupKeys,
+    layout: &GroupLayout,
     problems: &mut Vec<Problem>,
 ) -> Result<SlotTable> {
-    let views = match store.list(&keys.views).await {
+    let views = match store.list(&layout.views).await {
         Ok(listing) => listing,
         Err(e) => {
             let Some(p) = Problem::of_error(&e, "a key of the view directory holds another type")
@@ -550,7 +550,7 @@ async fn read_table(
             };
             problems.push(p);
             let mut listing = Vec::new();
-            for key in [&keys.view, &keys.settled] {
+            for key in [&layout.view, &layout.settled] {
                 match store.get(key).await {
                     Ok(Some(text)) => listing.push((key.clone(), text)),
                     Ok(None) => {}
@@ -568,7 +568,7 @@ async fn read_table(
             listing
         }
     };
-    let slots = match store.list(&keys.slots).await {
+    let slots = match store.list(&layout.slots).await {
         Ok(listing) => listing,
         Err(e) => match Problem::of_error(
             &e,
@@ -581,8 +581,8 @@ async fn read_table(
             None => return Err(e),
         },
     };
-    let mut table = SlotTable::parse(&keys.slots, slots);
-    table.set_view(&keys.views, views);
+    let mut table = SlotTable::parse(&layout.slots, slots);
+    table.set_view(&layout.views, views);
     Ok(table)
 }
 
@@ -711,14 +711,14 @@ mod tests {
         use crate::{MemoryStore, DEFAULT_PREFIX};
         // A member's slot record written by hand: no heartbeat replaces what the test writes.
         let store: DynStore = Arc::new(MemoryStore::new());
-        let keys = GroupKeys::new(Keyspace::with_prefix(DEFAULT_PREFIX, "g").expect("keys"));
+        let layout = GroupLayout::new(Keyspace::with_prefix(DEFAULT_PREFIX, "g").expect("keys"));
         let member = record(10, 0).to_string();
         for (key, value) in [
-            (keys.slot(0), member.as_str()),
-            (keys.view.clone(), "abc"),
-            (keys.settled.clone(), "not a mark"),
-            (keys.slot(7), "someone else's"),
-            (keys.standby("x"), "?"),
+            (layout.slot(0), member.as_str()),
+            (layout.view.clone(), "abc"),
+            (layout.settled.clone(), "not a mark"),
+            (layout.slot(7), "someone else's"),
+            (layout.standby("x"), "?"),
         ] {
             store.delete(&key).await.expect("delete");
             assert!(store
@@ -744,10 +744,10 @@ mod tests {
             .collect();
         found.sort_unstable();
         let mut expected = vec![
-            (keys.view.as_str(), "foreign_value"),
-            (keys.settled.as_str(), "foreign_value"),
-            (keys.slot(7).leak() as &str, "foreign_value"),
-            (keys.standby("x").leak() as &str, "foreign_value"),
+            (layout.view.as_str(), "foreign_value"),
+            (layout.settled.as_str(), "foreign_value"),
+            (layout.slot(7).leak() as &str, "foreign_value"),
+            (layout.standby("x").leak() as &str, "foreign_value"),
         ];
         expected.sort_unstable();
         assert_eq!(found, expected);

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::keys::GroupKeys;
+use super::layout::GroupLayout;
 use super::records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
 use crate::error::Result;
 use crate::DynStore;
@@ -31,11 +31,11 @@ pub struct SlotTable {
 impl SlotTable {
     /// Reads a group's view directory, then its slot directory: every slot a view names was
     /// claimed before the view was published, so it is in the listing unless it is gone.
-    pub(super) async fn read(store: &DynStore, keys: &GroupKeys) -> Result<SlotTable> {
-        let views = store.list(&keys.views).await?;
-        let listing = store.list(&keys.slots).await?;
-        let mut table = SlotTable::parse(&keys.slots, listing);
-        table.set_view(&keys.views, views);
+    pub(super) async fn read(store: &DynStore, layout: &GroupLayout) -> Result<SlotTable> {
+        let views = store.list(&layout.views).await?;
+        let listing = store.list(&layout.slots).await?;
+        let mut table = SlotTable::parse(&layout.slots, listing);
+        table.set_view(&layout.views, views);
         Ok(table)
     }
 

@@ -1,6 +1,6 @@
 //! Health records: [`PeerHealth`], [`live_peers`], and the record's text.
 
-use super::keys::Keys;
+use super::layout::IntervalLayout;
 use super::Pair;
 use crate::error::Result;
 use crate::keys::Keyspace;
@@ -11,8 +11,8 @@ use crate::DynStore;
 pub struct PeerHealth {
     /// The member id.
     pub member: String,
-    /// The interval of its last tick.
-    pub epoch: u64,
+    /// The interval number of its last tick.
+    pub tick: u64,
     /// Its pair at that tick, if it had one: `(index, replicas)`.
     pub pair: Option<(u64, u64)>,
     /// Its declared capacity.
@@ -22,10 +22,10 @@ pub struct PeerHealth {
 /// The live peers of `group`'s interval indexer under `prefix`, from their health records, sorted
 /// by member id. Records that do not parse are skipped with a warning.
 pub async fn live_peers(store: &DynStore, prefix: &str, group: &str) -> Result<Vec<PeerHealth>> {
-    let keys = Keys {
+    let layout = IntervalLayout {
         space: Keyspace::with_prefix(prefix, group)?,
     };
-    list_health(store.as_ref(), &keys.health_prefix()).await
+    list_health(store.as_ref(), &layout.health_prefix()).await
 }
 
 pub(super) async fn list_health(store: &dyn crate::Store, prefix: &str) -> Result<Vec<PeerHealth>> {
@@ -40,18 +40,18 @@ pub(super) async fn list_health(store: &dyn crate::Store, prefix: &str) -> Resul
     Ok(out)
 }
 
-pub(super) fn health_value(epoch: u64, pair: Option<Pair>, capacity: u64) -> String {
+pub(super) fn health_value(tick: u64, pair: Option<Pair>, capacity: u64) -> String {
     match pair {
         Some(p) => format!(
-            "epoch={epoch} index={} replicas={} capacity={capacity}",
+            "tick={tick} index={} replicas={} capacity={capacity}",
             p.index, p.replicas
         ),
-        None => format!("epoch={epoch} index=- replicas=- capacity={capacity}"),
+        None => format!("tick={tick} index=- replicas=- capacity={capacity}"),
     }
 }
 
 fn parse_health(member: &str, value: &str) -> Option<PeerHealth> {
-    let mut epoch = None;
+    let mut tick = None;
     let mut index = None;
     let mut replicas = None;
     let mut capacity = None;
@@ -63,7 +63,7 @@ fn parse_health(member: &str, value: &str) -> Option<PeerHealth> {
             Some(v.parse::<u64>().ok()?)
         };
         match k {
-            "epoch" => epoch = n,
+            "tick" => tick = n,
             "index" => index = n,
             "replicas" => replicas = n,
             "capacity" => capacity = n,
@@ -72,7 +72,7 @@ fn parse_health(member: &str, value: &str) -> Option<PeerHealth> {
     }
     Some(PeerHealth {
         member: member.to_owned(),
-        epoch: epoch?,
+        tick: tick?,
         pair: index.zip(replicas),
         capacity: capacity?,
     })
@@ -95,7 +95,7 @@ mod tests {
             parse_health("m", &v),
             Some(PeerHealth {
                 member: "m".into(),
-                epoch: 7,
+                tick: 7,
                 pair: Some((2, 3)),
                 capacity: 1
             })

@@ -60,7 +60,7 @@
 //! | `interval:{n}` | the counter of interval `n` (sum of the capacities of the peers that ticked) | 3 intervals |
 //! | `interval:seal:{n}` | the count of interval `n` as the pairs of interval `n + 1` use it | 3 intervals |
 //! | `interval:transition:{n}` | acknowledgements of the move to interval `n`'s pairs (sum of capacities) | 3 intervals |
-//! | `interval:health:{member}` | `epoch=… index=… replicas=… capacity=…` of one live peer | 2 intervals |
+//! | `interval:health:{member}` | `tick=… index=… replicas=… capacity=…` of one live peer | 2 intervals |
 //!
 //! The article keys health by index (`{name}:health:{index}`); indices are re-drawn every
 //! interval, so two peers would overwrite each other's record, and the member id is stable.
@@ -125,7 +125,7 @@
 
 mod config;
 mod health;
-mod keys;
+mod layout;
 mod ownership;
 mod pair;
 mod peer;
@@ -136,7 +136,7 @@ mod time;
 pub(crate) use config::check_member;
 pub use config::{IntervalConfig, MAX_CAPACITY, MAX_INTERVAL, MAX_MEMBER_LEN, MIN_INTERVAL};
 pub use health::{live_peers, PeerHealth};
-pub use keys::KEY_INTERVALS;
+pub use layout::KEY_INTERVALS;
 pub use ownership::{Ownership, TaskGuard};
 pub use pair::Pair;
 pub use peer::{IntervalIndexer, IntervalPeer};

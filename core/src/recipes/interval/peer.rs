@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::health::list_health;
-use super::keys::Keys;
+use super::layout::IntervalLayout;
 use super::ownership::Shared;
 use super::ticker::Ticker;
 use super::time::wall;
@@ -63,7 +63,7 @@ impl IntervalIndexer {
         });
         let mut ticker = Ticker {
             store: store.clone(),
-            keys: Keys { space },
+            layout: IntervalLayout { space },
             interval,
             skew,
             capacity: u64::from(config.capacity),
@@ -79,7 +79,7 @@ impl IntervalIndexer {
             last_tick: None,
             health_written: None,
         };
-        let keys = ticker.keys.clone();
+        let layout = ticker.layout.clone();
         let now = wall(ticker.clock.as_ref());
         ticker.tick(interval_number(now, interval)).await?;
         let what = format!("interval peer {member}");
@@ -93,7 +93,7 @@ impl IntervalIndexer {
             skew,
             interval,
             store,
-            keys,
+            layout,
             task,
         })
     }
@@ -108,7 +108,7 @@ pub struct IntervalPeer {
     skew: Duration,
     interval: Duration,
     store: DynStore,
-    keys: Keys,
+    layout: IntervalLayout,
     task: Background,
 }
 
@@ -173,7 +173,7 @@ impl IntervalPeer {
 
     /// The live peers of the group, from their health records (see [`live_peers`](super::live_peers)).
     pub async fn live_peers(&self) -> Result<Vec<PeerHealth>> {
-        list_health(self.store.as_ref(), &self.keys.health_prefix()).await
+        list_health(self.store.as_ref(), &self.layout.health_prefix()).await
     }
 
     /// Leaves gracefully: stops ticking and taking tasks, waits (up to one interval) for the

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::health::health_value;
-use super::keys::{Keys, KEY_INTERVALS};
+use super::layout::{IntervalLayout, KEY_INTERVALS};
 use super::ownership::{Active, Shared};
 use super::time::{interval_start, wall};
 use super::{interval_number, IntervalPhase, IntervalStatus, Pair};
@@ -56,7 +56,7 @@ pub(super) struct Pending {
 
 pub(super) struct Ticker {
     pub(super) store: DynStore,
-    pub(super) keys: Keys,
+    pub(super) layout: IntervalLayout,
     pub(super) interval: Duration,
     pub(super) skew: Duration,
     pub(super) capacity: u64,
@@ -145,7 +145,7 @@ impl Ticker {
                 let n = interval_number(now_wall, self.interval);
                 let span = tracing::debug_span!(
                     "interval.tick",
-                    group = self.keys.space.group(),
+                    group = self.layout.space.group(),
                     interval = n
                 );
                 let ticked = self.tick(n).instrument(span).await;
@@ -192,10 +192,10 @@ impl Ticker {
         let result = self
             .store
             .incr_and_get(
-                &self.keys.counter(n),
+                &self.layout.counter(n),
                 by,
                 Some(self.ttl()),
-                &self.keys.seal(n.saturating_sub(1)),
+                &self.layout.seal(n.saturating_sub(1)),
             )
             .await;
         let (value, sealed) = match result {
@@ -211,7 +211,7 @@ impl Ticker {
                 return Err(e);
             }
         };
-        let counter = self.keys.counter(n);
+        let counter = self.layout.counter(n);
         let first = value.saturating_sub(by).saturating_add(1);
         if first < 1 {
             return Err(Error::foreign(
@@ -334,11 +334,11 @@ impl Ticker {
     /// lands late (after some peer read the counter) cannot give two peers pairs of one epoch
     /// from different counts. `read` is the seal as the tick's round trip read it.
     async fn sealed_count(&self, m: u64, read: Option<String>) -> Result<u64> {
-        let seal = self.keys.seal(m);
+        let seal = self.layout.seal(m);
         let text = match read {
             Some(text) => text,
             None => {
-                let counter = self.keys.counter(m);
+                let counter = self.layout.counter(m);
                 let Some(text) = self.store.get(&counter).await? else {
                     return Err(Error::contended(
                         &counter,
@@ -474,17 +474,17 @@ impl Ticker {
         let by = i64::try_from(self.capacity).unwrap_or(1);
         self.store
             .incr_and_get(
-                &self.keys.transition(n),
+                &self.layout.transition(n),
                 by,
                 Some(self.ttl()),
-                &self.keys.counter(n),
+                &self.layout.counter(n),
             )
             .await
             .map(|_| ())
     }
 
     async fn acks(&self, n: u64) -> Result<u64> {
-        let key = self.keys.transition(n);
+        let key = self.layout.transition(n);
         match self.store.get(&key).await? {
             None => Ok(0),
             Some(text) => {
@@ -495,7 +495,7 @@ impl Ticker {
     }
 
     async fn write_health(&mut self, epoch: u64, pair: Option<Pair>) -> Result<()> {
-        let key = self.keys.health(&self.member);
+        let key = self.layout.health(&self.member);
         let value = health_value(epoch, pair, self.capacity);
         let ttl = Some(self.interval * 2);
         let expected = self.health_written.clone();
@@ -540,7 +540,7 @@ impl Ticker {
             }
         }
         if self.heartbeat {
-            if let Err(e) = self.store.delete(&self.keys.health(&self.member)).await {
+            if let Err(e) = self.store.delete(&self.layout.health(&self.member)).await {
                 first_error.get_or_insert(e);
             }
         }

@@ -44,7 +44,7 @@ impl Runner {
             table = self.list().await?;
         }
         Err(Error::contended(
-            &self.cfg.keys.slots,
+            &self.cfg.layout.slots,
             format!("lost the race for a free slot {CLAIM_ATTEMPTS} times in a row"),
         ))
     }
@@ -54,7 +54,7 @@ impl Runner {
     async fn claim(&mut self, table: &SlotTable, skip: u32) -> Result<bool> {
         let (slot, record) = self.new_claim(table, skip)?;
         let sent = self.cfg.clock.monotonic();
-        let key = self.cfg.keys.slot(slot);
+        let key = self.cfg.layout.slot(slot);
         if !self
             .store
             .compare_and_set(&key, None, &record.to_string(), Some(self.cfg.slot_ttl))
@@ -62,7 +62,7 @@ impl Runner {
         {
             return Ok(false);
         }
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, "claimed a slot");
+        tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot, "claimed a slot");
         self.hold(slot, record, sent, table).await;
         Ok(true)
     }
@@ -86,7 +86,7 @@ impl Runner {
     async fn resume(&mut self, table: &SlotTable, slot: u32, parked: SlotRecord) -> Result<bool> {
         let takeover = !parked.is_parked();
         let record = self.take_back_record(table, &parked);
-        let key = self.cfg.keys.slot(slot);
+        let key = self.cfg.layout.slot(slot);
         let Some(stored) = self.stored_text(&key, &parked).await? else {
             return Ok(false);
         };
@@ -134,7 +134,7 @@ impl Runner {
             table.view_text = Some(next.to_string());
             table.view = Some(next);
         }
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, epoch, "took back the slot of this member id: the same slots, no key moves");
+        tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot, epoch, "took back the slot of this member id: the same slots, no key moves");
         self.hold(slot, record, sent, &table).await;
         Ok(true)
     }
@@ -153,8 +153,8 @@ impl Runner {
         previous: &SlotRecord,
     ) -> Result<Duration> {
         let wait = self.predecessor_wait(previous);
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, wait = ?wait, "took over the slot of this member id's previous process (crash grace): waiting one lease TTL, until that process has surely stopped granting");
-        let key = self.cfg.keys.slot(slot);
+        tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot, wait = ?wait, "took over the slot of this member id's previous process (crash grace): waiting one lease TTL, until that process has surely stopped granting");
+        let key = self.cfg.layout.slot(slot);
         let text = record.to_string();
         let end = self.cfg.clock.monotonic() + wait;
         loop {
@@ -248,7 +248,7 @@ impl Runner {
         for (s, text) in self.own_old_claims(table, slot) {
             let _ = self
                 .store
-                .compare_and_set(&self.cfg.keys.slot(s), Some(&text), &text, Some(short))
+                .compare_and_set(&self.cfg.layout.slot(s), Some(&text), &text, Some(short))
                 .await;
         }
         self.yields_to_twin(table, slot)
@@ -286,7 +286,7 @@ impl Engine {
         {
             return Err(Error::config(format!(
                 "group `{}` is working with the `{}` assignor and this member is configured with `{}`: every member of a group must use the same one (and for `sticky` or `balanced`, declare the same keys: `<name>:<count>:<digest>`)",
-                self.cfg.keys.group(),
+                self.cfg.layout.group(),
                 theirs,
                 self.cfg.assignor
             )));
@@ -382,7 +382,7 @@ impl Engine {
         join.take_backs += 1;
         if join.take_backs >= CLAIM_ATTEMPTS {
             return Err(Error::contended(
-                &self.cfg.keys.slot(slot),
+                &self.cfg.layout.slot(slot),
                 format!("lost the race for this member id's parked slot {CLAIM_ATTEMPTS} times in a row"),
             ));
         }
@@ -397,7 +397,7 @@ impl Engine {
         if slot >= self.cfg.max_slots {
             return Err(self.rejected(format!(
                 "group `{}` is full: every slot below {} is held",
-                self.cfg.keys.group(),
+                self.cfg.layout.group(),
                 self.cfg.max_slots
             )));
         }
@@ -471,7 +471,7 @@ impl Engine {
                 self.forget_seen();
                 self.cache.highest = next.epoch;
                 self.settler.published = Some(next.epoch);
-                tracing::debug!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, "published the same slots with this claim, above the previous incarnation's epochs");
+                tracing::debug!(group = self.cfg.layout.group(), member = %self.cfg.member, epoch = next.epoch, "published the same slots with this claim, above the previous incarnation's epochs");
                 Some(next)
             }
             Ok(false) => None,

@@ -425,7 +425,7 @@ pub(super) fn view_slot_gone(table: &SlotTable) -> bool {
 /// slot only on a listing, never on a version: a Redis key index that lost the slot's name and
 /// was then rolled back to before the repair that put it back answers the version of the copy,
 /// whose listing lacked the slot, and members that trusted it would publish views without a
-/// live slot for ever while its holder put itself back (simulation seed 3500). It costs a
+/// live slot for ever while its holder put itself back. It costs a
 /// listing while a slot of the view is gone, which a crash or a leave ends within a heartbeat.
 pub(super) fn lists_before_dropping(fresh: bool, listed: bool, table: &SlotTable) -> bool {
     fresh && !listed && view_slot_gone(table)

@@ -130,7 +130,7 @@ impl Runner {
             }
             let span = tracing::debug_span!(
                 "group.heartbeat",
-                group = self.cfg.keys.group(),
+                group = self.cfg.layout.group(),
                 slot = self.claims.current.as_ref().map(|c| c.slot),
                 noticed = woke == Woke::NoticeDue
             );

@@ -111,10 +111,10 @@ impl Runner {
     async fn renew_and_read_all(&mut self, slot: u32, text: &str) -> Result<Heard> {
         let (store, key, ttl) = (
             self.store.clone(),
-            self.cfg.keys.slot(slot),
+            self.cfg.layout.slot(slot),
             self.cfg.slot_ttl,
         );
-        let (views_dir, slots_dir) = (self.cfg.keys.views.clone(), self.cfg.keys.slots.clone());
+        let (views_dir, slots_dir) = (self.cfg.layout.views.clone(), self.cfg.layout.slots.clone());
         let call = async {
             let viewed = store.list(&views_dir).await?;
             let (renewed, listed) = store.renew_and_list(&key, text, ttl, &slots_dir).await?;
@@ -131,8 +131,8 @@ impl Runner {
     async fn renew_and_read_changes(&mut self, slot: u32, text: &str) -> Result<Heard> {
         let reads_slots = self.facts().reads_slots(slot);
         let store = self.store.clone();
-        let (key, ttl) = (self.cfg.keys.slot(slot), self.cfg.slot_ttl);
-        let (views_dir, slots_dir) = (self.cfg.keys.views.clone(), self.cfg.keys.slots.clone());
+        let (key, ttl) = (self.cfg.layout.slot(slot), self.cfg.slot_ttl);
+        let (views_dir, slots_dir) = (self.cfg.layout.views.clone(), self.cfg.layout.slots.clone());
         let view_since = self.cache.view_version.clone();
         let slot_since = self.cache.slots.as_ref().map(|s| s.version.clone());
         // A store that answers both directories' versions in one call: when neither changed
@@ -194,8 +194,8 @@ impl Runner {
         // the table's (dropped for a whole read). Read the table whole, the view first: reading
         // the view alone now would pair it with slots read before it, and every decision on a
         // table assumes its slots were read after its view (a view published in between may
-        // name claims the slots lack: simulation seed 17554, a member paused between the two
-        // reads published a view from slots 2.8 s older than the view it replaced).
+        // name claims the slots lack, and a member paused between the two reads would publish
+        // a view from slots older than the view it replaces).
         let kept = self.cache.view_version.as_deref() == Some(viewed.version.as_str())
             && self.cache.slots.is_some();
         if viewed.listing.is_none() && !kept {
@@ -204,7 +204,7 @@ impl Runner {
             self.cache.slots = None;
             return Ok(Heard::listed(renewed, self.list().await?));
         }
-        let dirs = &self.engine.cfg.keys;
+        let dirs = &self.engine.cfg.layout;
         let views = viewed.listing;
         let mut renewed = viewed.renewed;
         let fresh = slots.is_some();
@@ -276,11 +276,11 @@ impl Runner {
         };
         let (store, key, text, ttl) = (
             self.store.clone(),
-            self.cfg.keys.slot(claim.slot),
+            self.cfg.layout.slot(claim.slot),
             claim.record.to_string(),
             self.cfg.slot_ttl,
         );
-        let slots_dir = self.cfg.keys.slots.clone();
+        let slots_dir = self.cfg.layout.slots.clone();
         let call =
             store.renew_and_list_if_changed(&key, &text, ttl, &slots_dir, Some(&seen.version));
         match self.before_lapse(call).await {
@@ -289,7 +289,7 @@ impl Runner {
                 // Keep what came: the heartbeat that follows reads the view and then asks the
                 // slot directory again, which answers "unchanged" unless it changed once more.
                 if let (Some(listing), Some(held)) = (answer.listing, &self.cache.slots) {
-                    let mut table = SlotTable::parse(&self.cfg.keys.slots, listing);
+                    let mut table = SlotTable::parse(&self.cfg.layout.slots, listing);
                     table.take_view(&held.table);
                     self.cache.slots = Some(SlotsSeen {
                         version: answer.version,
@@ -311,7 +311,7 @@ impl Runner {
     pub(super) async fn poll_settled(&mut self) -> Result<()> {
         // Like a heartbeat, a poll that hangs past the lease deadline stops all work at that
         // instant, not when the call returns.
-        let (store, key) = (self.store.clone(), self.cfg.keys.settled.clone());
+        let (store, key) = (self.store.clone(), self.cfg.layout.settled.clone());
         let text = match self.before_lapse(store.get(&key)).await {
             Ok(text) => text,
             Err(e) => {
@@ -403,7 +403,7 @@ impl Engine {
         }
         let now = self.cfg.clock.monotonic();
         self.outage.grace_until = Some(now + self.cfg.outage_grace);
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, away = ?away, grace = ?self.cfg.outage_grace, "the store answers again: waiting up to the outage grace for the members of the last view to claim their slots again before publishing a view without them");
+        tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, away = ?away, grace = ?self.cfg.outage_grace, "the store answers again: waiting up to the outage grace for the members of the last view to claim their slots again before publishing a view without them");
     }
 }
 
@@ -451,7 +451,7 @@ impl Engine {
         let sent = self.cfg.clock.monotonic();
         if self.facts().rereads_whole() {
             tracing::debug!(
-                group = self.cfg.keys.group(),
+                group = self.cfg.layout.group(),
                 member = %self.cfg.member,
                 "waited long on a hand-off or a discrepancy: reading the table whole"
             );

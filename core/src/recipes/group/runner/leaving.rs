@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 impl Runner {
     /// Ends with an error: leaves the slot to others and reports.
     pub(super) async fn fail(&mut self, e: &Error) {
-        tracing::error!(group = self.cfg.keys.group(), member = %self.cfg.member, "{e}");
+        tracing::error!(group = self.cfg.layout.group(), member = %self.cfg.member, "{e}");
         // A member that fails (a twin yielding) hands nothing to a standby.
         self.failing = true;
         let _ = self.leave().await;
@@ -72,7 +72,7 @@ impl Runner {
             return Ok(false);
         };
         let text = claim.record.to_string();
-        let key = self.cfg.keys.slot(claim.slot);
+        let key = self.cfg.layout.slot(claim.slot);
         let sent = self.cfg.clock.monotonic();
         let store = self.store.clone();
         let renewed = self
@@ -98,10 +98,10 @@ impl Runner {
             Exit::Nothing => {}
             Exit::Park(claim) => match self.park(&claim).await {
                 Ok(true) => {
-                    tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot = claim.slot, window = ?self.cfg.restart_window, "left for a restart: the claim is parked for the restart window")
+                    tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot = claim.slot, window = ?self.cfg.restart_window, "left for a restart: the claim is parked for the restart window")
                 }
                 Ok(false) => {
-                    tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, slot = claim.slot, "left for a restart, but the slot was no longer this member's claim: nothing to park")
+                    tracing::warn!(group = self.cfg.layout.group(), member = %self.cfg.member, slot = claim.slot, "left for a restart, but the slot was no longer this member's claim: nothing to park")
                 }
                 Err(e) => result = Err(e),
             },
@@ -119,7 +119,7 @@ impl Runner {
                         match self.hand_over(&claim).await {
                             Ok(handed) => handed,
                             Err(e) => {
-                                tracing::debug!(group = self.cfg.keys.group(), member = %self.cfg.member, error = %e, "could not hand the slot to a standby: leaving as usual");
+                                tracing::debug!(group = self.cfg.layout.group(), member = %self.cfg.member, error = %e, "could not hand the slot to a standby: leaving as usual");
                                 false
                             }
                         }
@@ -129,7 +129,7 @@ impl Runner {
                     // delete never removes the next holder's claim), and only once nothing is
                     // in flight: with grants still out, the others must wait for the lease to
                     // expire, not for a delete.
-                    let key = self.cfg.keys.slot(claim.slot);
+                    let key = self.cfg.layout.slot(claim.slot);
                     let text = claim.record.to_string();
                     if drained {
                         if let Err(e) = self.store.compare_and_delete(&key, &text).await {
@@ -147,7 +147,7 @@ impl Runner {
                     if result.is_ok() {
                         self.publish_without(claim.slot).await;
                     }
-                    tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot = claim.slot, "left the group");
+                    tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot = claim.slot, "left the group");
                 }
             }
         }
@@ -165,7 +165,7 @@ impl Runner {
         let record = self.parked(claim);
         self.store
             .compare_and_set(
-                &self.cfg.keys.slot(claim.slot),
+                &self.cfg.layout.slot(claim.slot),
                 Some(&claim.record.to_string()),
                 &record.to_string(),
                 Some(self.cfg.restart_window),
@@ -225,7 +225,7 @@ impl Engine {
         self.handoff = None;
         if had {
             self.cfg.metrics.grants_revoked(reason);
-            tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, "{why}: stopped all work");
+            tracing::warn!(group = self.cfg.layout.group(), member = %self.cfg.member, "{why}: stopped all work");
         }
         let phase = self.enter(Phase::Rejoining);
         self.shared.publish(|a| {
@@ -388,7 +388,7 @@ impl Engine {
             "lost" => "the slot was no longer this member's",
             _ => "the store did not answer the renewals before the lease ran out",
         };
-        tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, reason, key_hashes = ?keys, share, waited = ?now.saturating_sub(drain.start), "leaving with grants still in flight ({why}): the others take the keys named by hash (and the whole share when `share` is true) once the lease has expired, and a fence refuses the cut work's later writes");
+        tracing::warn!(group = self.cfg.layout.group(), member = %self.cfg.member, reason, key_hashes = ?keys, share, waited = ?now.saturating_sub(drain.start), "leaving with grants still in flight ({why}): the others take the keys named by hash (and the whole share when `share` is true) once the lease has expired, and a fence refuses the cut work's later writes");
         self.cfg.metrics.drain_cut(reason);
     }
 

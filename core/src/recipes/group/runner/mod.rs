@@ -91,7 +91,7 @@ use crate::{Capabilities, DynStore};
 
 use super::config::GroupConfig;
 use super::grants::Shared;
-use super::keys::GroupKeys;
+use super::layout::GroupLayout;
 use super::records::{AckRecord, Holder, SettledRecord, SlotRecord};
 use super::table::SlotTable;
 use super::view::{GroupPhase, ViewState};
@@ -124,7 +124,7 @@ pub(super) struct Settings {
     /// The shortest TTL the store applies.
     min_ttl: Duration,
     clock: Arc<dyn Clock>,
-    keys: GroupKeys,
+    layout: GroupLayout,
     /// The member's metrics (`docs/observability.md`).
     metrics: GroupMetrics,
     member: String,
@@ -386,12 +386,12 @@ impl std::ops::DerefMut for Runner {
 }
 
 impl Engine {
-    /// The engine of `member` of the group `keys` names, on a store of `caps`, before its
+    /// The engine of `member` of the group `space` names, on a store of `caps`, before its
     /// first claim.
     pub(super) fn new(
         caps: &Capabilities,
         config: &GroupConfig,
-        keys: Keyspace,
+        space: Keyspace,
         member: String,
         shared: Arc<Shared>,
     ) -> Engine {
@@ -401,11 +401,11 @@ impl Engine {
                 backend: caps.backend,
                 native_notifications: caps.native_notifications,
                 min_ttl: caps.min_ttl,
-                metrics: GroupMetrics::new(keys.group()),
+                metrics: GroupMetrics::new(space.group()),
                 clock: config.clock.clone(),
                 effective_ttl: caps.effective_ttl(config.ttl),
                 one_call_versions: caps.native_renew_and_versions && config.one_call_versions,
-                keys: GroupKeys::new(keys),
+                layout: GroupLayout::new(space),
                 member,
                 ttl: config.ttl,
                 heartbeat: config.ttl / 3,
@@ -434,15 +434,15 @@ impl Engine {
 }
 
 impl Runner {
-    /// A runner for `member` of the group `keys` names, before its first claim.
+    /// A runner for `member` of the group `space` names, before its first claim.
     pub(super) fn new(
         store: DynStore,
         config: &GroupConfig,
-        keys: Keyspace,
+        space: Keyspace,
         member: String,
         shared: Arc<Shared>,
     ) -> Runner {
-        let engine = Engine::new(&store.capabilities(), config, keys, member, shared);
+        let engine = Engine::new(&store.capabilities(), config, space, member, shared);
         Runner {
             store,
             engine,
@@ -456,7 +456,7 @@ impl Runner {
         if self.cfg.notifications && self.cfg.native_notifications {
             self.notices = notices::Notices::subscribe(
                 &self.store,
-                &self.cfg.keys,
+                &self.cfg.layout,
                 self.cfg.standby.is_some(),
             )
             .await;
@@ -473,7 +473,7 @@ impl Runner {
 
     /// Reads the table: see [`SlotTable::read`].
     async fn list(&self) -> Result<SlotTable> {
-        SlotTable::read(&self.store, &self.cfg.keys).await
+        SlotTable::read(&self.store, &self.cfg.layout).await
     }
 
     /// Runs `round` ([`round`]): makes each store call the engine asks for and hands it the

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::super::keys::GroupKeys;
+use super::super::layout::GroupLayout;
 use super::decide::{charge, notice_due, Seen};
 use super::Runner;
 use crate::notify::Notifications;
@@ -61,15 +61,15 @@ impl Notices {
     /// polls exactly as without. `None` when subscribing failed (said in a warning).
     pub(super) async fn subscribe(
         store: &DynStore,
-        keys: &GroupKeys,
+        layout: &GroupLayout,
         standby: bool,
     ) -> Option<Notices> {
         let all = async {
-            let views = store.subscribe(&keys.views).await?;
-            let acks = store.subscribe(&keys.acks).await?;
-            let slots = store.subscribe(&keys.slots).await?;
+            let views = store.subscribe(&layout.views).await?;
+            let acks = store.subscribe(&layout.acks).await?;
+            let slots = store.subscribe(&layout.slots).await?;
             let standbys = if standby {
-                Some(store.subscribe(&keys.standbys).await?)
+                Some(store.subscribe(&layout.standbys).await?)
             } else {
                 None
             };
@@ -88,7 +88,7 @@ impl Notices {
             Ok(n) if n.views.is_native() => Some(n),
             Ok(_) => None,
             Err(e) => {
-                tracing::warn!(group = keys.group(), error = %e, "could not subscribe to the group's change notifications: polling at the heartbeat's pace");
+                tracing::warn!(group = layout.group(), error = %e, "could not subscribe to the group's change notifications: polling at the heartbeat's pace");
                 None
             }
         }

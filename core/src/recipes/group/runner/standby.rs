@@ -56,7 +56,7 @@ impl Runner {
         // is refused now, before a deploy tool reads it as ready and stops a member for it.
         let table = self.list().await?;
         self.check_assignor(&table)?;
-        let key = self.cfg.keys.standby(&self.cfg.member);
+        let key = self.cfg.layout.standby(&self.cfg.member);
         let old = self.store.get(&key).await?;
         let record = match self.standby_record(old.as_deref()) {
             Standing::Inheriting(record) => record,
@@ -86,7 +86,7 @@ impl Runner {
         };
         let phase = self.enter(Phase::StandingBy);
         self.shared.publish(|a| a.phase = phase);
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, wait = ?self.cfg.standby, "standing by for a leaving member's slot");
+        tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, wait = ?self.cfg.standby, "standing by for a leaving member's slot");
         Ok(record)
     }
 
@@ -143,7 +143,7 @@ impl Runner {
         mut record: StandbyRecord,
         stop: &mut watch::Receiver<bool>,
     ) -> bool {
-        let key = self.cfg.keys.standby(&self.cfg.member);
+        let key = self.cfg.layout.standby(&self.cfg.member);
         let until = self.cfg.clock.monotonic() + self.cfg.standby.unwrap_or_default();
         let poll = self.cfg.heartbeat / 4;
         loop {
@@ -198,7 +198,7 @@ impl Runner {
             };
             match unchanged {
                 Ok(true) if done => {
-                    tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, "no member left while standing by: joining as a new member");
+                    tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, "no member left while standing by: joining as a new member");
                     return true;
                 }
                 Ok(true) => self.set_error(None),
@@ -213,7 +213,7 @@ impl Runner {
                         // something else: join now, where the usual rule for two processes of
                         // one id applies.
                         None => {
-                            tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, "the standby record was replaced by another process's: joining now");
+                            tracing::warn!(group = self.cfg.layout.group(), member = %self.cfg.member, "the standby record was replaced by another process's: joining now");
                             return true;
                         }
                     },
@@ -245,12 +245,12 @@ impl Runner {
         from: u64,
         stop: &mut watch::Receiver<bool>,
     ) -> Inherited {
-        let key = self.cfg.keys.slot(slot);
+        let key = self.cfg.layout.slot(slot);
         let give_up = self.cfg.clock.monotonic() + self.cfg.ttl;
         loop {
             match self.handing(&key, from).await {
                 Ok(Handing::Parked(_)) => {
-                    tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, "a leaving member handed its slot to this standby");
+                    tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot, "a leaving member handed its slot to this standby");
                     return Inherited::Taken;
                 }
                 Ok(Handing::Pending) => {}
@@ -273,7 +273,7 @@ impl Runner {
     /// Stops standing by: deletes the standby record, and if a leaving member chose this
     /// standby meanwhile, gives its slot back to the group (see [`Runner::give_back`]).
     async fn stop_standing_by(&mut self, mut record: StandbyRecord) {
-        let key = self.cfg.keys.standby(&self.cfg.member);
+        let key = self.cfg.layout.standby(&self.cfg.member);
         for _ in 0..3 {
             if let Some((slot, from)) = record.heir_of {
                 self.give_back(slot, from).await;
@@ -294,7 +294,7 @@ impl Runner {
                 Ok(true) | Err(_) => break,
             }
         }
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, "stopped while standing by");
+        tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, "stopped while standing by");
     }
 
     /// A standby chosen as the heir of `slot` (by the claim with nonce `from`) that stops
@@ -302,13 +302,13 @@ impl Runner {
     /// others publish a view without the slot at once instead of waiting a lease TTL for it to
     /// expire. Waits at most a heartbeat for the leaving member to park it.
     async fn give_back(&mut self, slot: u32, from: u64) {
-        let key = self.cfg.keys.slot(slot);
+        let key = self.cfg.layout.slot(slot);
         let give_up = self.cfg.clock.monotonic() + self.cfg.heartbeat;
         loop {
             match self.handing(&key, from).await {
                 Ok(Handing::Parked(text)) => {
                     let _ = self.store.compare_and_delete(&key, &text).await;
-                    tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, slot, "stopped after a leaving member handed this standby its slot: the slot goes back to the group");
+                    tracing::warn!(group = self.cfg.layout.group(), member = %self.cfg.member, slot, "stopped after a leaving member handed this standby its slot: the slot goes back to the group");
                     return;
                 }
                 Ok(Handing::Pending) => {}
@@ -334,12 +334,12 @@ impl Runner {
     /// one lease TTL. No view is published: the claim stays in the view until the standby takes
     /// it back. Returns whether it handed the slot over; otherwise the member leaves as usual.
     pub(super) async fn hand_over(&mut self, claim: &Claim) -> Result<bool> {
-        let listing = self.store.list(&self.cfg.keys.standbys).await?;
+        let listing = self.store.list(&self.cfg.layout.standbys).await?;
         let standbys = self.heirs(listing);
-        let slot_key = self.cfg.keys.slot(claim.slot);
+        let slot_key = self.cfg.layout.slot(claim.slot);
         let held = claim.record.to_string();
         for (member, text, record) in standbys.into_iter().take(HEIR_ATTEMPTS) {
-            let standby_key = self.cfg.keys.standby(&member);
+            let standby_key = self.cfg.layout.standby(&member);
             let marked = StandbyRecord {
                 heir_of: Some((claim.slot, claim.record.nonce)),
                 ..record
@@ -363,7 +363,7 @@ impl Runner {
                 )
                 .await?
             {
-                tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, slot = claim.slot, heir = %member, "left the group, handing the slot to a standby");
+                tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot = claim.slot, heir = %member, "left the group, handing the slot to a standby");
                 return Ok(true);
             }
             // This member's claim is gone (its lease ran out): unmark the standby, which then
@@ -433,7 +433,7 @@ impl Engine {
         let mut standbys: Vec<(String, String, StandbyRecord)> = listing
             .into_iter()
             .filter_map(|(key, text)| {
-                let member = key.strip_prefix(&self.cfg.keys.standbys)?.to_owned();
+                let member = key.strip_prefix(&self.cfg.layout.standbys)?.to_owned();
                 let record = StandbyRecord::parse(&text)?;
                 let fits = record.heir_of.is_none()
                     && member != self.cfg.member

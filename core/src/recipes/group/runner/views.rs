@@ -25,7 +25,7 @@ impl Runner {
     pub(super) async fn publish(&self, table: &SlotTable, next: &ViewRecord) -> Result<bool> {
         self.store
             .compare_and_set(
-                &self.cfg.keys.view,
+                &self.cfg.layout.view,
                 table.view_text.as_deref(),
                 &next.to_string(),
                 None,
@@ -181,7 +181,7 @@ impl Engine {
                 self.cfg.metrics.grants_revoked("moved");
             }
         }
-        tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = view.epoch(), slot, index = ?pair.map(|p| p.0), replicas = live.len(), "view active");
+        tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, epoch = view.epoch(), slot, index = ?pair.map(|p| p.0), replicas = live.len(), "view active");
         let phase = self.enter(Phase::Member);
         self.shared.publish(|a| {
             a.slot = Some(slot);

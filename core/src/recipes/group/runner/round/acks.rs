@@ -50,7 +50,7 @@ impl Engine {
                     let holder = claim_holder(st.holder);
                     st.held(|h| pending.owned_by(h, holder))
                 };
-                tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch, key_hashes = ?keys, share, "grants did not drain within the drain timeout: giving up the lease (the keys named by hash, and the whole share when `share` is true, were still held)");
+                tracing::warn!(group = self.cfg.layout.group(), member = %self.cfg.member, epoch, key_hashes = ?keys, share, "grants did not drain within the drain timeout: giving up the lease (the keys named by hash, and the whole share when `share` is true, were still held)");
                 self.cfg.metrics.drain_cut("timeout");
                 self.claims.abandoned = true;
             }
@@ -135,7 +135,7 @@ impl Engine {
     /// One try of an acknowledgement's compare-and-set.
     pub(super) fn try_ack(&self, write: AckWrite) -> Then {
         let call = Call::Cas {
-            key: self.cfg.keys.ack(write.slot),
+            key: self.cfg.layout.ack(write.slot),
             expected: write.expected.clone(),
             new: write.text.clone(),
             ttl: Some((self.cfg.ttl * ACK_TTLS).min(MAX_LEASE_TTL)),
@@ -164,7 +164,7 @@ impl Engine {
                 Then::Next
             }
             Ok(false) => {
-                let key = self.cfg.keys.ack(write.slot);
+                let key = self.cfg.layout.ack(write.slot);
                 Then::Call(Call::Get { key }, Box::new(Wait::Ack(write)))
             }
             Err(e) => {

@@ -53,7 +53,7 @@ impl Engine {
         }
         self.settler.acks_read = Some(self.cfg.clock.monotonic());
         let call = Call::List {
-            dir: self.cfg.keys.acks.clone(),
+            dir: self.cfg.layout.acks.clone(),
         };
         Then::Call(call, Box::new(Wait::Acks { target, own }))
     }
@@ -71,7 +71,7 @@ impl Engine {
             return Then::Next;
         };
         let acks = match result {
-            Ok(listing) => parse_acks(&self.cfg.keys.acks, listing),
+            Ok(listing) => parse_acks(&self.cfg.layout.acks, listing),
             Err(e) => {
                 self.set_error(Some(&e));
                 return Then::Next;
@@ -98,7 +98,7 @@ impl Engine {
             view: digest,
         };
         let call = Call::Cas {
-            key: self.cfg.keys.settled.clone(),
+            key: self.cfg.layout.settled.clone(),
             expected: table.settled_text.clone(),
             new: mark.to_string(),
             ttl: None,
@@ -116,7 +116,7 @@ impl Engine {
     ) -> Then {
         match result {
             Ok(true) => {
-                tracing::debug!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = mark.epoch, "every live slot acknowledged the view: settled it");
+                tracing::debug!(group = self.cfg.layout.group(), member = %self.cfg.member, epoch = mark.epoch, "every live slot acknowledged the view: settled it");
                 // Read the table at the next beat even if its version is the one held: a
                 // store that rolls back to exactly that table must not leave this member
                 // believing its write stuck.
@@ -187,7 +187,7 @@ impl Engine {
     pub(super) fn nudge_next(&mut self, table: &SlotTable, nudging: Nudging) -> Then {
         match nudging.queue.front() {
             Some(&(s, _)) => {
-                let key = self.cfg.keys.slot(s);
+                let key = self.cfg.layout.slot(s);
                 Then::Call(Call::Get { key }, Box::new(Wait::NudgeRead(nudging)))
             }
             None => {
@@ -239,7 +239,7 @@ impl Engine {
         // three TTLs stops waiting on the grace.
         let ttl = Duration::from_millis(r.ttl_ms).clamp(MIN_LEASE_TTL, MAX_LEASE_TTL);
         let call = Call::Cas {
-            key: self.cfg.keys.slot(s),
+            key: self.cfg.layout.slot(s),
             expected: Some(text.clone()),
             new: text,
             ttl: Some(ttl),
@@ -268,7 +268,7 @@ impl Engine {
                     epoch: nudging.epoch,
                 });
                 if applied {
-                    tracing::warn!(group = self.cfg.keys.group(), member = %self.cfg.member, slot = s, epoch = nudging.epoch, "slot has not acknowledged for three TTLs: re-applied its lease TTL, so a record without expiry does not stall the group");
+                    tracing::warn!(group = self.cfg.layout.group(), member = %self.cfg.member, slot = s, epoch = nudging.epoch, "slot has not acknowledged for three TTLs: re-applied its lease TTL, so a record without expiry does not stall the group");
                 }
                 self.nudge_next(&table, nudging)
             }

@@ -112,7 +112,7 @@ impl Engine {
             }
             None => {
                 let e = Error::foreign(
-                    &self.cfg.keys.view,
+                    &self.cfg.layout.view,
                     "an epoch below the largest one (a view or acknowledgement holds it: stop every member and delete the group's keys to start again)",
                     &self.cache.highest.to_string(),
                 );
@@ -127,7 +127,7 @@ impl Engine {
                 // A compare-and-set against the text read, so of the members that try exactly
                 // one wins and the epoch is minted by the store.
                 let call = Call::Cas {
-                    key: self.cfg.keys.view.clone(),
+                    key: self.cfg.layout.view.clone(),
                     expected: table.view_text.clone(),
                     new: next.to_string(),
                     ttl: None,
@@ -151,7 +151,7 @@ impl Engine {
     ) {
         match result {
             Ok(true) => {
-                tracing::info!(group = self.cfg.keys.group(), member = %self.cfg.member, epoch = next.epoch, live = next.holders.len(), "published a view");
+                tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, epoch = next.epoch, live = next.holders.len(), "published a view");
                 // As after settling: the next beat reads the table this write changed.
                 self.forget_seen();
                 self.settler.published = Some(next.epoch);

@@ -89,7 +89,7 @@ fn a_slot_holds_the_parked_claim_the_live_one_or_nothing_for_the_heir() {
 #[test]
 fn the_oldest_unmarked_standby_is_the_heir() {
     let m = Member::at(0);
-    let dir = m.engine.cfg.keys.standbys.clone();
+    let dir = m.engine.cfg.layout.standbys.clone();
     let listing = vec![
         (format!("{dir}young"), standby(1, 20, None).to_string()),
         (format!("{dir}old"), standby(2, 10, None).to_string()),

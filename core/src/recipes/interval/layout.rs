@@ -1,17 +1,17 @@
-//! The keys of one group's interval indexer, and how long they live.
+//! Where one group's interval indexer keeps its records in the store, and how long they live.
 
 use crate::keys::Keyspace;
 
 /// How many intervals the counter and acknowledgement keys live.
 pub const KEY_INTERVALS: u32 = 3;
 
-/// The keys of one group's interval indexer.
+/// The store keys of one group's interval indexer.
 #[derive(Debug, Clone)]
-pub(super) struct Keys {
+pub(super) struct IntervalLayout {
     pub(super) space: Keyspace,
 }
 
-impl Keys {
+impl IntervalLayout {
     pub(super) fn counter(&self, n: u64) -> String {
         self.space.key(format_args!("interval:{n}"))
     }

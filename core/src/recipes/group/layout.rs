@@ -1,8 +1,10 @@
-//! The keys of one group: its three directories and the two keys of the view directory.
+//! Where one group's records live in the store: its directories and the two keys of the view
+//! directory. (A group's *keys* in the user's sense are the partition keys of a `KeySet`; these
+//! are the store keys the protocol writes.)
 
 use crate::keys::Keyspace;
 
-/// The keys of one group, built once.
+/// The store keys of one group's records, built once.
 ///
 /// | key | holds |
 /// |---|---|
@@ -12,7 +14,7 @@ use crate::keys::Keyspace;
 /// | `hc:{group}:ack:{i}` | each slot's acknowledgement |
 /// | `hc:{group}:standby:{member}` | the standbys waiting to inherit a leaving member's slot |
 #[derive(Debug, Clone)]
-pub(super) struct GroupKeys {
+pub(super) struct GroupLayout {
     pub(super) space: Keyspace,
     /// `hc:{group}:slot:`, the directory of the slot records.
     pub(super) slots: String,
@@ -28,9 +30,9 @@ pub(super) struct GroupKeys {
     pub(super) standbys: String,
 }
 
-impl GroupKeys {
-    pub(super) fn new(space: Keyspace) -> GroupKeys {
-        GroupKeys {
+impl GroupLayout {
+    pub(super) fn new(space: Keyspace) -> GroupLayout {
+        GroupLayout {
             slots: space.key("slot:"),
             views: space.key("view:"),
             view: space.key("view:current"),

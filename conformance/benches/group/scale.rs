@@ -1,0 +1,202 @@
+//! The **scale** part (Redis): `n` members joined one after the other on a Redis of the bench's
+//! own holding unrelated keys; the join time, the time to converge, the steady-state calls (the
+//! wrapper's and the server's), the server's and this process's CPU, the records' sizes, and
+//! the convergence after a graceful leave and a crash.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use headcount::DynStore;
+
+use crate::common::{ms, own_cpu, redis_info};
+use crate::fleet::{delta, group_name, round_trips, Counting, Fleet, PREFIX, SLOW};
+use crate::{fill_redis, own_redis, Opts};
+
+/// `n` members on one Redis; appends a Markdown row.
+async fn scale(
+    url: &str,
+    n: usize,
+    ttl: Duration,
+    design: &str,
+    rows: &mut Vec<String>,
+    detail: &mut Vec<String>,
+) -> std::result::Result<(), String> {
+    let inner = headcount::connect(url).await.map_err(|e| e.to_string())?;
+    let caps = inner.capabilities();
+    let counting = Counting::new(inner);
+    let store: DynStore = counting.clone();
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let hb = ttl / 3;
+    let limit = ttl * 20 + Duration::from_secs(60);
+    let join_cap = Duration::from_secs(150);
+    let mut fleet = Fleet {
+        store: store.clone(),
+        group: group_name(),
+        ttl,
+        full_reads: design == "full",
+        two_calls: design == "two-calls",
+        notices: true,
+        members: Vec::new(),
+    };
+    let t0 = Instant::now();
+    for i in 0..n {
+        fleet.join(&format!("m{i}")).await?;
+        if (i + 1) % 100 == 0 {
+            eprintln!(
+                "scale {n}: {} joined after {:.1} s",
+                i + 1,
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        if t0.elapsed() > join_cap {
+            let rate = (i + 1) as f64 / t0.elapsed().as_secs_f64();
+            drop(fleet);
+            return Err(format!(
+                "gave up joining after {:.0} s with {} of {n} members joined ({rate:.1} joins/s on average)",
+                t0.elapsed().as_secs_f64(),
+                i + 1
+            ));
+        }
+    }
+    let joined = t0.elapsed();
+    let e_join = fleet.wait_converged(n as u32, limit).await?;
+    let converged = t0.elapsed();
+
+    // Steady state over 5 heartbeats, after five more: a member that does not watch the slot
+    // table looks at it one heartbeat in four, and its first look after the joins reads it.
+    let beats = 5u32;
+    fleet.wait_converged(n as u32, limit).await?;
+    tokio::time::sleep(hb * 5).await;
+    let e0 = fleet.wait_converged(n as u32, limit).await?;
+    let (rc0, cpu0, tot0) = redis_info(&mut conn).await;
+    let own0 = own_cpu();
+    let before = counting.hooks().snapshot();
+    let t = Instant::now();
+    tokio::time::sleep(hb * beats).await;
+    let secs = t.elapsed().as_secs_f64();
+    let calls = delta(&before, &counting.hooks().snapshot());
+    let own = own_cpu() - own0;
+    let (rc1, cpu1, tot1) = redis_info(&mut conn).await;
+    let e1 = fleet.wait_converged(n as u32, limit).await?;
+    let steady = if e0 == e1 {
+        ""
+    } else {
+        " (the view changed during the window!)"
+    };
+    let server_cmds: BTreeMap<String, u64> = rc1
+        .iter()
+        .map(|(c, v)| (c.clone(), v - rc0.get(c).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d > 0)
+        .collect();
+    let heartbeats = secs / hb.as_secs_f64();
+    let per_member_hb = |x: u64| x as f64 / n as f64 / heartbeats;
+    let script_usec = server_cmds.get("evalsha usec").copied().unwrap_or(0) as f64
+        / server_cmds.get("evalsha").copied().unwrap_or(1).max(1) as f64;
+    let view_key = format!("{PREFIX}:{{{}}}:view:current", fleet.group);
+    let view_len = store
+        .get(&view_key)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_or(0, |v| v.len());
+    let slot_len = store
+        .get(&format!("{PREFIX}:{{{}}}:slot:0", fleet.group))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_or(0, |v| v.len());
+
+    // One graceful leave of a middle slot, then one crash of another middle slot.
+    let e0 = fleet.wait_converged(n as u32, limit).await?;
+    let before_changes = counting.hooks().snapshot();
+    let i = fleet.index_of_slot(n as u32 / 2);
+    let (m, _) = fleet.members.remove(i);
+    let t0 = Instant::now();
+    let leaving = tokio::spawn(m.leave());
+    let (lv, la) = fleet
+        .measure(t0, e0, n as u32 - 1, Duration::from_millis(10), limit)
+        .await?;
+    leaving
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let e0 = fleet.wait_converged(n as u32 - 1, limit).await?;
+    let i = fleet.index_of_slot(n as u32 / 3);
+    let t0 = Instant::now();
+    drop(fleet.members.remove(i));
+    let (cv, ca) = fleet
+        .measure(t0, e0, n as u32 - 2, Duration::from_millis(10), limit)
+        .await?;
+    let change_calls = delta(&before_changes, &counting.hooks().snapshot());
+
+    let row = format!(
+        "| {n} | {} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {script_usec:.1} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B |",
+        match design {
+            "full" => "full table every heartbeat (before)",
+            "two-calls" => "versioned, one call per directory (before)",
+            _ => "versioned, both versions in one call",
+        },
+        ms(ttl),
+        joined.as_secs_f64(),
+        converged.as_secs_f64(),
+        round_trips(&calls, &caps) as f64 / secs,
+        per_member_hb(round_trips(&calls, &caps)),
+        (tot1 - tot0) as f64 / secs,
+        per_member_hb(tot1 - tot0),
+        (cpu1 - cpu0) / secs * 100.0,
+        own / secs * 100.0,
+        ms(lv),
+        ms(la),
+        ms(cv),
+        ms(ca),
+        view_len,
+        slot_len,
+    );
+    eprintln!("{row}");
+    rows.push(row);
+    detail.push(format!(
+        "{n} members{steady}: wrapper calls {calls:?}; server commands {server_cmds:?} over {secs:.1} s; wrapper calls from the leave to the crash's convergence: {change_calls:?}; calls over {SLOW:?} or failed, whole run: {:?}",
+        counting.hooks().slow_snapshot()
+    ));
+    fleet.leave_all().await;
+    Ok(())
+}
+
+/// The scale part for every size of `--scale` and design of `--designs`; prints its table.
+pub(crate) async fn run(o: &Opts) {
+    // A Redis of its own, holding unrelated data first, as a user's would.
+    let Some(server) = own_redis("scale") else {
+        return;
+    };
+    let url = server.url();
+    let mut rows = Vec::new();
+    let mut detail = Vec::new();
+    for &n in &o.scale {
+        for design in &o.designs {
+            fill_redis(&url, o.unrelated).await;
+            eprintln!(
+                "scale: {n} members, {design}, {} unrelated keys",
+                o.unrelated
+            );
+            if let Err(e) = scale(&url, n, o.scale_ttl, design, &mut rows, &mut detail).await {
+                eprintln!("scale {n}: FAILED: {e}");
+                rows.push(format!("| {n} | {design} | failed: {e} |"));
+            }
+        }
+    }
+    println!(
+        "\n### One group on one local Redis holding {} unrelated keys\n",
+        o.unrelated
+    );
+    println!("| members | heartbeat | TTL ms | all joined | all active | round trips/s (wrapper) | per member per heartbeat | server commands/s | per member per heartbeat | server µs per script call | Redis CPU | client CPU | leave: view / active ms | crash: view / active ms | view record | slot record |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!("{r}");
+    }
+    println!();
+    for d in &detail {
+        println!("- {d}");
+    }
+}
