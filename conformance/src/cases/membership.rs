@@ -659,7 +659,11 @@ pub async fn renew_and_versions_renews_only_the_holder(ctx: &Ctx) -> CaseResult 
     let others = ctx.key("slot:2");
     let (sent, done) = put(ctx, &others, "other", Some(SHORT_TTL)).await?;
     let (renewed, _) = versions_of(ctx, &others, "me", LONG_TTL, &dirs, &[]).await?;
-    ensure_eq!(renewed, false, "renew_and_versions of a key held by another");
+    ensure_eq!(
+        renewed,
+        false,
+        "renew_and_versions of a key held by another"
+    );
     expect_expiry(ctx, &others, "other", sent, done, SHORT_TTL).await?;
 
     // The holder's renewal outlived the original TTL.
@@ -722,7 +726,11 @@ async fn same_as_single_checks(
             version,
             "{when}: renew_and_list_if_changed's version of {dir} against renew_and_versions'"
         );
-        ensure_eq!(answer.listing, None, "{when}: the listing of unchanged {dir}");
+        ensure_eq!(
+            answer.listing,
+            None,
+            "{when}: the listing of unchanged {dir}"
+        );
     }
     Ok(())
 }
