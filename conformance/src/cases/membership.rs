@@ -512,18 +512,25 @@ async fn versions(
     dirs: [&str; 2],
     held: &[String],
 ) -> Result<(bool, Vec<String>), Failure> {
-    let asked: Vec<(&str, Option<&str>)> = dirs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (*d, held.get(i).map(String::as_str)))
-        .collect();
-    let (renewed, got) = ctx
-        .store
-        .renew_and_versions(key, holder, LONG_TTL, &asked)
-        .await
-        .during(format!("renew_and_versions({key:?}, {holder:?}, {dirs:?})"))?;
-    ensure_eq!(got.len(), 2, "versions answered for two directories");
-    Ok((renewed, got))
+    versions_of(ctx, key, holder, LONG_TTL, &dirs, held).await
+}
+
+/// The holder's versions of `dirs` once they settle: a first renewal may change a version (the
+/// contract allows it, etcd moves the key onto a lease of its own), so versions are taken until
+/// two calls in a row agree.
+async fn settled_versions(ctx: &Ctx, mine: &str, dirs: &[&str]) -> Result<Vec<String>, Failure> {
+    let mut held: Vec<String> = Vec::new();
+    for _ in 0..4 {
+        let (renewed, got) = versions_of(ctx, mine, "me", LONG_TTL, dirs, &held).await?;
+        ensure!(renewed, "the holder's renewal returned false");
+        if got == held {
+            return Ok(held);
+        }
+        held = got;
+    }
+    Err(Failure::new(format!(
+        "the versions never settled across renewals: {held:?}"
+    )))
 }
 
 /// `renew_and_versions` renews like `renew_and_list_if_changed` and answers, per directory, the
@@ -537,23 +544,7 @@ pub async fn renew_and_versions_follow_changes(ctx: &Ctx) -> CaseResult {
     let mine = ctx.key("slot:1");
     put(ctx, &mine, "me", Some(LONG_TTL)).await?;
     put(ctx, &ctx.key("view:current"), "v1", Some(LONG_TTL)).await?;
-    // A first renewal may change a version (the contract allows it, etcd moves the key onto a
-    // lease of its own): take versions until two calls in a row agree.
-    let mut held: Vec<String> = Vec::new();
-    let mut settled = false;
-    for _ in 0..4 {
-        let (renewed, got) = versions(ctx, &mine, "me", dirs, &held).await?;
-        ensure!(renewed, "the holder's renewal returned false");
-        settled = got == held;
-        held = got;
-        if settled {
-            break;
-        }
-    }
-    ensure!(
-        settled,
-        "the versions never settled across renewals: {held:?}"
-    );
+    let mut held = settled_versions(ctx, &mine, &dirs).await?;
     // The versions are renew_and_list_if_changed's: it answers them with no listing.
     for (dir, version) in dirs.iter().zip(&held) {
         let answer = check(ctx, &mine, "me", dir, Some(version)).await?;
@@ -747,23 +738,7 @@ pub async fn renew_and_versions_each_directory(ctx: &Ctx) -> CaseResult {
     let mine = ctx.key("slot:1");
     put(ctx, &mine, "me", Some(LONG_TTL)).await?;
     put(ctx, &ctx.key("view:current"), "v1", Some(LONG_TTL)).await?;
-    // A first renewal may change a version (etcd moves the key onto a lease of its own): take
-    // versions until two calls in a row agree.
-    let mut held: Vec<String> = Vec::new();
-    let mut settled = false;
-    for _ in 0..4 {
-        let (renewed, got) = versions_of(ctx, &mine, "me", LONG_TTL, &dirs, &held).await?;
-        ensure!(renewed, "the holder's renewal returned false");
-        settled = got == held;
-        held = got;
-        if settled {
-            break;
-        }
-    }
-    ensure!(
-        settled,
-        "the versions never settled across renewals: {held:?}"
-    );
+    let mut held = settled_versions(ctx, &mine, &dirs).await?;
     same_as_single_checks(ctx, &mine, &dirs, &held, "settled").await?;
     // The empty directory, asked with no version, lists nothing under the same version.
     let listed = check(ctx, &mine, "me", &empty, None).await?;
