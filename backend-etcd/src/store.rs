@@ -29,6 +29,11 @@ use crate::leases::{Leases, Owned};
 /// another writer changed the key, so the loop only spins while others make progress.
 const INCR_ATTEMPTS: usize = 1000;
 
+/// The most directories `renew_and_versions` reads in its one transaction: etcd refuses a
+/// transaction of more operations than its `--max-txn-ops` (128 by default), and the renewal's
+/// branches add one. More are answered one `renew_and_list_if_changed` at a time.
+const VERSIONS_PER_TXN: usize = 100;
+
 /// A [`Store`](headcount_core::Store) in etcd (v3 API), shared by any number of processes and machines.
 ///
 /// Cloning is cheap and shares the gRPC channel and the lease cache.
@@ -654,6 +659,7 @@ impl backend::Backend for EtcdStore {
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
         caps.native_change_version = true;
+        caps.native_renew_and_versions = true;
         caps.native_notifications = true;
         caps
     }
@@ -877,6 +883,45 @@ impl backend::Backend for EtcdStore {
             let entries = direct_entries(dir, pairs(dir, resp.kvs())?);
             let listing = (since != Some(version.as_str())).then_some(entries);
             Ok(RenewedListing::new(renewed, version, listing))
+        })
+        .await
+    }
+
+    /// One transaction, as `renew_and_list_if_changed`'s first: it compares and reads (the
+    /// renewal itself is a keep-alive of the key's own lease sent beside it, see `renew_with`),
+    /// one keys-only range per directory, each answering that directory's version in constant
+    /// bytes as `renew_and_list_if_changed` does.
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> Result<(bool, Vec<String>)> {
+        if dirs.len() > VERSIONS_PER_TXN {
+            return backend::versions_one_by_one(self, key, holder, ttl, dirs).await;
+        }
+        self.deadline(Op::RenewAndVersions, async {
+            let reads = dirs.iter().map(|(dir, _)| version_range(dir)).collect();
+            let (renewed, answers, cluster) = self
+                .renew_with(Op::RenewAndVersions, key, holder, ttl, reads)
+                .await?;
+            let generation = self.inner.revisions.generation();
+            let versions: Vec<String> = answers
+                .iter()
+                .filter_map(|r| match r {
+                    TxnOpResponse::Get(g) => Some(range_version(cluster, generation, g)),
+                    _ => None,
+                })
+                .collect();
+            if versions.len() != dirs.len() {
+                return Err(Error::rejected(
+                    BACKEND,
+                    Op::RenewAndVersions.name(),
+                    "the renewal transaction answered without every range",
+                ));
+            }
+            Ok((renewed, versions))
         })
         .await
     }

@@ -6,11 +6,12 @@
 //! a SHA-256 the server computes in the statement that renews and lists. Like the in-memory
 //! store's, such a version has no counter, index or clock of its own, so nothing but the data
 //! can make it miss a change, and a rollback of the data (which the simulation does to every
-//! model) is all there is to it. What differs is what the group sees of it: neither SQL backend
-//! answers several directories' versions in one call (no native
-//! [`renew_and_versions`](headcount_core::Store::renew_and_versions): one renewal and digest per
-//! directory), where the in-memory store does. The model is the in-memory store with the SQL
-//! backends' capabilities, so the group takes the path it takes on them.
+//! model) is all there is to it. Both answer several directories' versions in one call, as the
+//! in-memory store does ([`renew_and_versions`](headcount_core::Store::renew_and_versions): one
+//! transaction, or one statement, that renews and digests each directory as
+//! `renew_and_list_if_changed` would). What the model keeps of the SQL backends is their
+//! capabilities (no version kept per directory: `renew_and_list_if_changed` digests the listing
+//! it reads), so the group takes the path it takes on them.
 //!
 //! Change notifications: PostgreSQL's row triggers `pg_notify` a directory whenever a write
 //! changes a row under it (not on a renewal that changes nothing), and one `LISTEN` connection
@@ -32,8 +33,8 @@ use headcount_core::store::{Capabilities, Durability};
 
 const BACKEND: &str = "sql-model";
 
-/// A [`MemoryStore`] whose capabilities are the SQL backends': versions digested one directory
-/// at a time. Clones share the data, which the simulation rolls back through the memory store.
+/// A [`MemoryStore`] whose capabilities are the SQL backends': versions digested from the
+/// listings. Clones share the data, which the simulation rolls back through the memory store.
 #[derive(Debug, Clone)]
 pub struct SqlModel {
     data: MemoryStore,
@@ -52,7 +53,7 @@ impl Backend for SqlModel {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Backend::capabilities(&self.data);
         caps.backend = BACKEND;
-        caps.native_renew_and_versions = false;
+        caps.native_renew_and_versions = true;
         caps.native_change_version = false;
         caps.native_notifications = true;
         caps
@@ -110,6 +111,18 @@ impl Backend for SqlModel {
         prefix: &str,
     ) -> Result<(bool, Vec<(String, String)>)> {
         Backend::renew_and_list(&self.data, key, holder, ttl, prefix).await
+    }
+
+    /// The in-memory store's: the renewal and each directory's digest under one lock, as both
+    /// SQL backends answer it in one transaction.
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> Result<(bool, Vec<String>)> {
+        Backend::renew_and_versions(&self.data, key, holder, ttl, dirs).await
     }
 
     async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {

@@ -1,6 +1,8 @@
 //! The SQL of every primitive, with the table name filled in: one statement each, with expiry
 //! judged by the server's `now()`, and the types of its parameters.
 
+use std::borrow::Cow;
+
 use tokio_postgres::types::Type;
 
 const TEXT: Type = Type::TEXT;
@@ -16,10 +18,14 @@ pub(crate) const KEY_HEAD_CHARS: usize = 512;
 /// (which may hold other deployments' rows).
 pub(crate) const GC_BATCH: u32 = 1000;
 
+/// For how many directories [`Statements::new`] builds `renew_and_versions`' statement ahead (a
+/// group member asks for two); [`Statements::renew_versions`] builds it for more on each call.
+const RENEW_VERSIONS_BUILT: usize = 4;
+
 /// One statement: its SQL and the types of its parameters (`$1`, `$2`, ...), which go to the
 /// server with every execution (see `connection::run`), so that it needs no named prepared
 /// statement.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Statement {
     pub(crate) sql: String,
     pub(crate) types: Vec<Type>,
@@ -71,6 +77,9 @@ pub(crate) struct Statements {
     pub(crate) list: Statement,
     pub(crate) renew_and_list: Statement,
     pub(crate) renew_if_changed: Statement,
+    /// `renew_and_versions` over 1, 2, ... [`RENEW_VERSIONS_BUILT`] directories, by the count
+    /// less one (see [`Statements::renew_versions`]).
+    renew_versions: Vec<Statement>,
     pub(crate) set_max: Statement,
     pub(crate) raw_value: Statement,
     pub(crate) gc: Statement,
@@ -81,32 +90,30 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
+    /// `renew_and_versions` over `dirs` directories: built ahead for up to
+    /// [`RENEW_VERSIONS_BUILT`], else now.
+    pub(crate) fn renew_versions(&self, dirs: usize) -> Cow<'_, Statement> {
+        match self.renew_versions.get(dirs.wrapping_sub(1)) {
+            Some(statement) => Cow::Borrowed(statement),
+            None => Cow::Owned(renew_versions(&self.quoted_table, dirs)),
+        }
+    }
+
     pub(crate) fn new(table: &str) -> Self {
         // `table` is a validated identifier ([a-z0-9_]); quoting it lets reserved words through.
         let t = format!("\"{table}\"");
-        let live = "(cur.expires_at IS NULL OR cur.expires_at > now())";
+        let live = LIVE;
         let expired = "(cur.expires_at IS NOT NULL AND cur.expires_at <= now())";
         // `::bigint` alone would accept " 7", "+7" or "007" where core's parse_counter (and
         // Redis's INCR) refuse them; anything but canonical decimal is cast from 'x' instead,
         // which raises 22P02 and so reports the same ForeignValue as every other backend.
         let stored_int =
             "(CASE WHEN cur.value ~ '^(0|-?[1-9][0-9]*)$' THEN cur.value ELSE 'x' END)::bigint";
-        // sha256 of the key's bytes. `convert_to` would say it more plainly but is only STABLE,
-        // which a generated column refuses; doubling backslashes makes the IMMUTABLE text->bytea
-        // cast take every byte literally (its escape syntax is just `\\` and `\ooo`, and `\x`
-        // only counts at the very start).
-        let hash = |k: &str| format!(r"sha256(replace({k}, E'\\', E'\\\\')::bytea)");
-        let by_key = format!("cur.key_hash = {}", hash("$1::text"));
+        let hash = key_hash_of;
+        let by_key = by_key(1);
         let key_hash = hash("key");
-        let new_expiry = "now() + $2::bigint * interval '1 millisecond'";
-        // The live keys under a prefix, given as the two LIKE patterns of `prefix_patterns`.
-        let listing = |head: &str, whole: &str| {
-            format!(
-                "SELECT cur.key, cur.value FROM {t} AS cur
-                 WHERE left(cur.key, {KEY_HEAD_CHARS}) LIKE {head} AND cur.key LIKE {whole}
-                   AND {live}"
-            )
-        };
+        let new_expiry = NEW_EXPIRY;
+        let listing = |head: &str, whole: &str| listing(&t, head, whole);
         let channel = format!("{table}_changed");
         Statements {
             channel: channel.clone(),
@@ -216,46 +223,35 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
             // gives one row (with NULL key) when nothing is listed, so the flag always comes
             // back; the CTE runs to completion whether or not anything reads it.
             renew_and_list: format!(
-                "WITH r AS (
-                   UPDATE {t} AS cur SET expires_at = {new_expiry}
-                   WHERE {by_key} AND cur.value = $3 AND {live} RETURNING 1
-                 )
+                "WITH r AS ({renewal})
                  SELECT EXISTS (SELECT 1 FROM r), l.key, l.value
                  FROM (VALUES (1)) AS one (x)
                  LEFT JOIN ({listing}) AS l ON true
                  ORDER BY l.key",
                 listing = listing("$4", "$5"),
+                renewal = renewal(&t),
             )
             .typed(&[TEXT, INT8, TEXT, TEXT, TEXT]),
-            // The renewal, then the keys directly under the directory ($4, $5: its LIKE patterns;
-            // $6: the directory, measured by the server in its own encoding's characters, as
-            // `substr` counts them) and a SHA-256 of them computed by the server (not md5, which
-            // FIPS-mode servers refuse): the rows
-            // come back only when that digest differs from $7 (the caller's version), else one
-            // row with the digest and no key. Like `renew_and_list`, the listing reads the
-            // statement's snapshot, which the renewal (a TTL of a live row) does not change.
-            // Each entry is length-prefixed, so the digest is of an unambiguous encoding.
+            // The renewal, then the keys directly under the directory ($4 to $6, see
+            // `direct_entries`) and their digest (`DIGEST`): the rows come back only when that
+            // digest differs from $7 (the caller's version), else one row with the digest and no
+            // key. Like `renew_and_list`, the listing reads the statement's snapshot, which the
+            // renewal (a TTL of a live row) does not change.
             renew_if_changed: format!(
-                "WITH r AS (
-                   UPDATE {t} AS cur SET expires_at = {new_expiry}
-                   WHERE {by_key} AND cur.value = $3 AND {live} RETURNING 1
-                 ),
-                 l AS (
-                   SELECT d.key, d.value FROM ({listing}) AS d
-                   WHERE strpos(substr(d.key, length($6::text) + 1), ':') = 0
-                 ),
-                 v AS (
-                   SELECT 'p' || encode(sha256(convert_to(coalesce(string_agg(
-                     length(l.key)::text || ':' || l.key || length(l.value)::text || ':' || l.value,
-                     '' ORDER BY l.key), ''), 'UTF8')), 'hex') AS version
-                   FROM l
-                 )
+                "WITH r AS ({renewal}),
+                 l AS ({entries}),
+                 v AS (SELECT {version} AS version FROM l)
                  SELECT EXISTS (SELECT 1 FROM r), v.version, l.key, l.value
                  FROM v LEFT JOIN l ON v.version IS DISTINCT FROM $7::text
                  ORDER BY l.key",
-                listing = listing("$4", "$5"),
+                renewal = renewal(&t),
+                entries = direct_entries(&t, 4),
+                version = DIGEST,
             )
             .typed(&[TEXT, INT8, TEXT, TEXT, TEXT, TEXT, TEXT]),
+            renew_versions: (1..=RENEW_VERSIONS_BUILT)
+                .map(|dirs| renew_versions(&t, dirs))
+                .collect(),
             // CASE, not OR: PostgreSQL does not promise to evaluate OR left to right, and the cast
             // must never run on an expired row (it may hold anything).
             set_max: format!(
@@ -306,6 +302,93 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
             .typed(&[]),
         }
     }
+}
+
+/// A live row of the table aliased `cur`, at the statement's `now()`.
+const LIVE: &str = "(cur.expires_at IS NULL OR cur.expires_at > now())";
+
+/// The expiry of a write whose TTL in milliseconds is `$2`.
+const NEW_EXPIRY: &str = "now() + $2::bigint * interval '1 millisecond'";
+
+/// sha256 of the key's bytes. `convert_to` would say it more plainly but is only STABLE, which a
+/// generated column refuses; doubling backslashes makes the IMMUTABLE text->bytea cast take every
+/// byte literally (its escape syntax is just `\\` and `\ooo`, and `\x` only counts at the very
+/// start).
+fn key_hash_of(key: &str) -> String {
+    format!(r"sha256(replace({key}, E'\\', E'\\\\')::bytea)")
+}
+
+/// The row of the table aliased `cur` whose key is the parameter `$n`, found by its primary key.
+fn by_key(n: usize) -> String {
+    format!("cur.key_hash = {}", key_hash_of(&format!("${n}::text")))
+}
+
+/// The live keys under a prefix and their values, the prefix given as the two LIKE patterns of
+/// [`prefix_patterns`]: a range of the index on the key's head.
+fn listing(t: &str, head: &str, whole: &str) -> String {
+    format!(
+        "SELECT cur.key, cur.value FROM {t} AS cur
+                 WHERE left(cur.key, {KEY_HEAD_CHARS}) LIKE {head} AND cur.key LIKE {whole}
+                   AND {LIVE}"
+    )
+}
+
+/// The renewal the heartbeat statements start with: `$1` the key, `$2` the TTL in
+/// milliseconds, `$3` the holder; a row when it renewed.
+fn renewal(t: &str) -> String {
+    format!(
+        "UPDATE {t} AS cur SET expires_at = {NEW_EXPIRY}
+                   WHERE {by_key} AND cur.value = $3 AND {LIVE} RETURNING 1",
+        by_key = by_key(1)
+    )
+}
+
+/// The live keys directly under a directory and their values: `$n` and `$n+1` its LIKE
+/// patterns, `$n+2` the directory, measured by the server in its own encoding's characters, as
+/// `substr` counts them.
+fn direct_entries(t: &str, n: usize) -> String {
+    format!(
+        "SELECT d.key, d.value FROM ({listing}) AS d
+                   WHERE strpos(substr(d.key, length(${dir}::text) + 1), ':') = 0",
+        listing = listing(t, &format!("${n}"), &format!("${}", n + 1)),
+        dir = n + 2,
+    )
+}
+
+/// A directory's version: over its entries `l` (key, value), a SHA-256 computed by the server
+/// (not md5, which FIPS-mode servers refuse) of every entry, length-prefixed so that the
+/// encoding is unambiguous, in key order. One aggregate: over no entries, the digest of "".
+const DIGEST: &str = "'p' || encode(sha256(convert_to(coalesce(string_agg(
+                     length(l.key)::text || ':' || l.key || length(l.value)::text || ':' || l.value,
+                     '' ORDER BY l.key), ''), 'UTF8')), 'hex')";
+
+/// `renew_and_versions` over `dirs` directories in one statement: the renewal (`$1` to `$3`, as
+/// in [`renewal`]), then for the `i`-th directory (from 0) the version `renew_if_changed`
+/// answers for it, its LIKE patterns and itself at `$(4 + 3i)` to `$(6 + 3i)`. One row: whether
+/// it renewed, then one version per directory. Each version is a scalar subquery over the same
+/// index range as the listings, reading the statement's snapshot as `renew_if_changed` does (the
+/// renewal changes a live row's TTL, never its value, and `now()` is one instant for the whole
+/// statement).
+fn renew_versions(t: &str, dirs: usize) -> Statement {
+    let versions: Vec<String> = (0..dirs)
+        .map(|i| {
+            format!(
+                "(SELECT {DIGEST} FROM ({entries}) AS l)",
+                entries = direct_entries(t, 4 + 3 * i)
+            )
+        })
+        .collect();
+    let mut types = vec![TEXT, INT8, TEXT];
+    for _ in 0..dirs {
+        types.extend([TEXT, TEXT, TEXT]);
+    }
+    format!(
+        "WITH r AS ({renewal})
+                 SELECT EXISTS (SELECT 1 FROM r), {versions}",
+        renewal = renewal(t),
+        versions = versions.join(",\n                        "),
+    )
+    .typed(&types)
 }
 
 /// Escapes `%`, `_` and `\` for a LIKE pattern (backslash is the default escape character).
@@ -394,6 +477,35 @@ mod tests {
                 "{name}"
             );
         }
+        for dirs in 1..=RENEW_VERSIONS_BUILT + 2 {
+            let statement = sql.renew_versions(dirs);
+            assert_eq!(
+                highest_parameter(&statement.sql),
+                statement.types.len(),
+                "renew_versions over {dirs}"
+            );
+            assert_eq!(statement.types.len(), 3 + 3 * dirs);
+        }
         assert_eq!(highest_parameter("a $1, $12 and $3"), 12);
+    }
+
+    /// The version `renew_versions` answers for a directory is the one `renew_if_changed`
+    /// answers: the same entries and the same digest of them, in the same words.
+    #[test]
+    fn both_heartbeats_digest_a_directory_alike() {
+        let sql = Statements::new("kv");
+        let entries = direct_entries("\"kv\"", 4);
+        assert!(sql.renew_if_changed.sql.contains(&entries));
+        assert!(sql.renew_if_changed.sql.contains(DIGEST));
+        let two = sql.renew_versions(2);
+        assert!(two.sql.contains(&entries));
+        assert!(two.sql.contains(&direct_entries("\"kv\"", 7)));
+        assert_eq!(two.sql.matches(DIGEST).count(), 2);
+        // Built now for more directories than built ahead: the same statement.
+        let many = RENEW_VERSIONS_BUILT + 1;
+        assert_eq!(
+            sql.renew_versions(many).sql,
+            renew_versions("\"kv\"", many).sql
+        );
     }
 }

@@ -12,6 +12,7 @@ use headcount_core::backend::{self, ttl_millis};
 use headcount_core::notify::{Notifications, NotifyHub};
 use headcount_core::store::RenewedListing;
 use headcount_core::{Capabilities, Durability, Error, Op, Result};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use super::config::PostgresConfig;
@@ -203,6 +204,7 @@ impl backend::Backend for PostgresStore {
         caps.native_incr_and_get = true;
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
+        caps.native_renew_and_versions = true;
         caps.native_notifications = self.notify.own_connection && self.inner.notifying();
         caps
     }
@@ -284,6 +286,43 @@ impl backend::Backend for PostgresStore {
         // directory is empty, which the caller may not hold yet).
         let listing = (since != Some(version.as_str())).then_some(listed);
         Ok(RenewedListing::new(renewed, version, listing))
+    }
+
+    /// One statement: the renewal, and for each directory the digest
+    /// [`renew_and_list_if_changed`](backend::Backend::renew_and_list_if_changed) answers for it,
+    /// each over the same index range as that call's listing; no entries cross the wire.
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> Result<(bool, Vec<String>)> {
+        let ttl_ms = ttl_millis(ttl);
+        let patterns: Vec<(String, String)> =
+            dirs.iter().map(|(dir, _)| prefix_patterns(dir)).collect();
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&key, &ttl_ms, &holder];
+        for ((dir, _), (head, whole)) in dirs.iter().zip(&patterns) {
+            params.extend([head as &(dyn ToSql + Sync), whole, dir]);
+        }
+        let statement = self.inner.sql.renew_versions(dirs.len());
+        let rows = self
+            .inner
+            .query(Op::RenewAndVersions, &statement, &params, None)
+            .await?;
+        self.note_write();
+        let row = rows.first().ok_or_else(|| {
+            Error::rejected(
+                BACKEND,
+                "renew_and_versions returned no row",
+                "the statement always returns one",
+            )
+        })?;
+        let renewed: bool = row.try_get(0).map_err(unexpected_column)?;
+        let versions = (1..=dirs.len())
+            .map(|i| row.try_get::<_, String>(i).map_err(unexpected_column))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((renewed, versions))
     }
 
     async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {

@@ -4,13 +4,13 @@
 //! taken the write lock for it. `incr` and `set_max` try one upsert that applies only over a
 //! canonical counter (or an absent or expired row); when it does not apply they fall back to a
 //! `BEGIN IMMEDIATE` transaction ([`locked_write`]) that reads the row and gives the exact answer
-//! or error. `incr_and_get` and `renew_and_list`, two statements that must see one instant, always
-//! run in such a transaction. Reads are one statement.
+//! or error. `incr_and_get`, `renew_and_list` and `renew_and_versions`, several statements that must
+//! see one instant, always run in such a transaction. Reads are one statement.
 
 use std::sync::LazyLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use headcount_core::backend::parse_counter;
+use headcount_core::backend::{direct_entries, listing_digest, parse_counter};
 use headcount_core::{Error, Result};
 use rusqlite::types::{FromSql, Value, ValueRef};
 use rusqlite::{params, Connection, OptionalExtension, Params, Statement, TransactionBehavior};
@@ -476,16 +476,44 @@ pub(crate) fn renew_and_list(
     prefix: &str,
 ) -> Result<(bool, Vec<(String, String)>)> {
     locked_write(conn, |tx, now| {
-        let changed = tx
-            .prepare_cached(&format!(
-                "UPDATE {TABLE} SET expires_at = ?3
-                 WHERE key = ?1 AND value = ?4 AND (expires_at IS NULL OR expires_at > ?2)"
-            ))
-            .sql()?
-            .execute(params![key, now, expiry(now, Some(ttl_ms)), holder])
-            .sql()?;
-        Ok((changed == 1, list(tx, prefix, now)?))
+        let renewed = renew(tx, key, holder, ttl_ms, now)?;
+        Ok((renewed, list(tx, prefix, now)?))
     })
+}
+
+/// [`Store::renew_and_versions`] in one `BEGIN IMMEDIATE` transaction, as [`renew_and_list`]:
+/// the renewal, then each directory's version as the provided `renew_and_list_if_changed` (a
+/// [`renew_and_list`] of the directory) answers it, the digest of the entries directly under
+/// it ([`listing_digest`]), read with the same range of the primary key as its listing.
+pub(crate) fn renew_and_versions(
+    conn: &mut Connection,
+    key: &str,
+    holder: &str,
+    ttl_ms: i64,
+    dirs: &[String],
+) -> Result<(bool, Vec<String>)> {
+    locked_write(conn, |tx, now| {
+        let renewed = renew(tx, key, holder, ttl_ms, now)?;
+        let versions = dirs
+            .iter()
+            .map(|dir| Ok(listing_digest(&direct_entries(dir, list(tx, dir, now)?))))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((renewed, versions))
+    })
+}
+
+/// Renews `key` if it holds `holder` and is live at `now`, inside the caller's write
+/// transaction: returns whether it did.
+fn renew(tx: &Connection, key: &str, holder: &str, ttl_ms: i64, now: i64) -> Result<bool> {
+    let changed = tx
+        .prepare_cached(&format!(
+            "UPDATE {TABLE} SET expires_at = ?3
+             WHERE key = ?1 AND value = ?4 AND (expires_at IS NULL OR expires_at > ?2)"
+        ))
+        .sql()?
+        .execute(params![key, now, expiry(now, Some(ttl_ms)), holder])
+        .sql()?;
+    Ok(changed == 1)
 }
 
 pub(crate) fn list(conn: &Connection, prefix: &str, now: i64) -> Result<Vec<(String, String)>> {

@@ -17,7 +17,7 @@ use super::connection::Worker;
 use super::errors::{Sql, BACKEND};
 use super::sql::{
     compare_and_delete, compare_and_set, delete, expire, incr, incr_and_get, list, live_value,
-    now_ms, renew_and_list, set_max,
+    now_ms, renew_and_list, renew_and_versions, set_max,
 };
 
 /// A [`Store`](headcount_core::Store) in an SQLite database file (or in memory), shared safely by every process that
@@ -105,6 +105,7 @@ impl backend::Backend for SqliteStore {
         caps.native_incr_and_get = true;
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
+        caps.native_renew_and_versions = true;
         caps.shared = !self.is_memory();
         caps.native_notifications = true;
         caps
@@ -239,6 +240,25 @@ impl backend::Backend for SqliteStore {
         let ttl_ms = ttl_millis(ttl);
         self.call(Op::RenewAndList, move |conn| {
             renew_and_list(conn, &key, &holder, ttl_ms, &prefix)
+        })
+        .await
+    }
+
+    /// One call on the worker thread, one transaction: the renewal and every directory's
+    /// digest, as `renew_and_list_if_changed` answers it, judged at one instant.
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> Result<(bool, Vec<String>)> {
+        let key = key.to_owned();
+        let holder = holder.to_owned();
+        let dirs: Vec<String> = dirs.iter().map(|(dir, _)| (*dir).to_owned()).collect();
+        let ttl_ms = ttl_millis(ttl);
+        self.call(Op::RenewAndVersions, move |conn| {
+            renew_and_versions(conn, &key, &holder, ttl_ms, &dirs)
         })
         .await
     }

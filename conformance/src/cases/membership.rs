@@ -512,18 +512,25 @@ async fn versions(
     dirs: [&str; 2],
     held: &[String],
 ) -> Result<(bool, Vec<String>), Failure> {
-    let asked: Vec<(&str, Option<&str>)> = dirs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (*d, held.get(i).map(String::as_str)))
-        .collect();
-    let (renewed, got) = ctx
-        .store
-        .renew_and_versions(key, holder, LONG_TTL, &asked)
-        .await
-        .during(format!("renew_and_versions({key:?}, {holder:?}, {dirs:?})"))?;
-    ensure_eq!(got.len(), 2, "versions answered for two directories");
-    Ok((renewed, got))
+    versions_of(ctx, key, holder, LONG_TTL, &dirs, held).await
+}
+
+/// The holder's versions of `dirs` once they settle: a first renewal may change a version (the
+/// contract allows it, etcd moves the key onto a lease of its own), so versions are taken until
+/// two calls in a row agree.
+async fn settled_versions(ctx: &Ctx, mine: &str, dirs: &[&str]) -> Result<Vec<String>, Failure> {
+    let mut held: Vec<String> = Vec::new();
+    for _ in 0..4 {
+        let (renewed, got) = versions_of(ctx, mine, "me", LONG_TTL, dirs, &held).await?;
+        ensure!(renewed, "the holder's renewal returned false");
+        if got == held {
+            return Ok(held);
+        }
+        held = got;
+    }
+    Err(Failure::new(format!(
+        "the versions never settled across renewals: {held:?}"
+    )))
 }
 
 /// `renew_and_versions` renews like `renew_and_list_if_changed` and answers, per directory, the
@@ -537,23 +544,7 @@ pub async fn renew_and_versions_follow_changes(ctx: &Ctx) -> CaseResult {
     let mine = ctx.key("slot:1");
     put(ctx, &mine, "me", Some(LONG_TTL)).await?;
     put(ctx, &ctx.key("view:current"), "v1", Some(LONG_TTL)).await?;
-    // A first renewal may change a version (the contract allows it, etcd moves the key onto a
-    // lease of its own): take versions until two calls in a row agree.
-    let mut held: Vec<String> = Vec::new();
-    let mut settled = false;
-    for _ in 0..4 {
-        let (renewed, got) = versions(ctx, &mine, "me", dirs, &held).await?;
-        ensure!(renewed, "the holder's renewal returned false");
-        settled = got == held;
-        held = got;
-        if settled {
-            break;
-        }
-    }
-    ensure!(
-        settled,
-        "the versions never settled across renewals: {held:?}"
-    );
+    let mut held = settled_versions(ctx, &mine, &dirs).await?;
     // The versions are renew_and_list_if_changed's: it answers them with no listing.
     for (dir, version) in dirs.iter().zip(&held) {
         let answer = check(ctx, &mine, "me", dir, Some(version)).await?;
@@ -608,5 +599,260 @@ pub async fn renew_and_versions_follow_changes(ctx: &Ctx) -> CaseResult {
             .await,
         ErrorKind::InvalidArgument,
     )?;
+    Ok(())
+}
+
+/// Calls `renew_and_versions` with `ttl` over `dirs`, each with the version held for it (none
+/// when `held` has none), and returns its answer.
+async fn versions_of(
+    ctx: &Ctx,
+    key: &str,
+    holder: &str,
+    ttl: Duration,
+    dirs: &[&str],
+    held: &[String],
+) -> Result<(bool, Vec<String>), Failure> {
+    let asked: Vec<(&str, Option<&str>)> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (*d, held.get(i).map(String::as_str)))
+        .collect();
+    let (renewed, got) = ctx
+        .store
+        .renew_and_versions(key, holder, ttl, &asked)
+        .await
+        .during(format!(
+            "renew_and_versions({key:?}, {holder:?}, {ttl:?}, {dirs:?})"
+        ))?;
+    ensure_eq!(
+        got.len(),
+        dirs.len(),
+        "versions answered for {} directories",
+        dirs.len()
+    );
+    Ok((renewed, got))
+}
+
+/// `renew_and_versions` renews only a live key that holds the holder: the holder's call resets
+/// the TTL (the key outlives its original short one); a key held by another, one holding a
+/// value of another program, an absent key and an expired one are not renewed (false), keep
+/// their value and expiry, and are not created.
+pub async fn renew_and_versions_renews_only_the_holder(ctx: &Ctx) -> CaseResult {
+    let slots = format!("{}slot:", ctx.prefix);
+    let views = format!("{}view:", ctx.prefix);
+    let dirs = [slots.as_str(), views.as_str()];
+    let mine = ctx.key("slot:1");
+    let (_, mine_done) = put(ctx, &mine, "me", Some(SHORT_TTL)).await?;
+    let (renewed, _) = versions_of(ctx, &mine, "me", LONG_TTL, &dirs, &[]).await?;
+    ensure!(renewed, "renew_and_versions by the holder returned false");
+
+    // Held by another: not renewed, expires on its own TTL with its value.
+    let others = ctx.key("slot:2");
+    let (sent, done) = put(ctx, &others, "other", Some(SHORT_TTL)).await?;
+    let (renewed, _) = versions_of(ctx, &others, "me", LONG_TTL, &dirs, &[]).await?;
+    ensure_eq!(
+        renewed,
+        false,
+        "renew_and_versions of a key held by another"
+    );
+    expect_expiry(ctx, &others, "other", sent, done, SHORT_TTL).await?;
+
+    // The holder's renewal outlived the original TTL.
+    sleep_past(mine_done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+    ensure_eq!(
+        ctx.store.get(&mine).await.during("get")?,
+        Some("me".to_owned()),
+        "get after the original TTL passed (renew_and_versions should have extended it)"
+    );
+
+    // A value of another program, with no TTL: not renewed, and it stays without a TTL.
+    let foreign = ctx.key("slot:3");
+    let value = "{\"not\":\"a holder\"}";
+    let (_, done) = put(ctx, &foreign, value, None).await?;
+    let (renewed, _) = versions_of(ctx, &foreign, "me", SHORT_TTL, &dirs, &[]).await?;
+    ensure_eq!(renewed, false, "renew_and_versions of a foreign value");
+    sleep_past(done + ctx.caps().effective_ttl(SHORT_TTL) + ctx.tolerance()).await;
+    ensure_eq!(
+        ctx.store.get(&foreign).await.during("get")?,
+        Some(value.to_owned()),
+        "get of the foreign value after a refused short renewal"
+    );
+
+    // Absent, and expired: not renewed, not created.
+    let absent = ctx.key("slot:4");
+    let (renewed, _) = versions_of(ctx, &absent, "me", LONG_TTL, &dirs, &[]).await?;
+    ensure_eq!(renewed, false, "renew_and_versions of an absent key");
+    ensure_eq!(
+        ctx.store.get(&absent).await.during("get")?,
+        None,
+        "get of the absent key after renew_and_versions"
+    );
+    let expired = ctx.key("slot:5");
+    let (sent, done) = put(ctx, &expired, "me", Some(SHORT_TTL)).await?;
+    expect_expiry(ctx, &expired, "me", sent, done, SHORT_TTL).await?;
+    let (renewed, _) = versions_of(ctx, &expired, "me", LONG_TTL, &dirs, &[]).await?;
+    ensure_eq!(renewed, false, "renew_and_versions of an expired key");
+    ensure_eq!(
+        ctx.store.get(&expired).await.during("get")?,
+        None,
+        "get of the expired key after renew_and_versions"
+    );
+    Ok(())
+}
+
+/// Checks that `versions`, answered by `renew_and_versions` for `dirs`, are what
+/// `renew_and_list_if_changed` answers for each directory: asked with the version, it answers
+/// the same one and no listing.
+async fn same_as_single_checks(
+    ctx: &Ctx,
+    key: &str,
+    dirs: &[&str],
+    versions: &[String],
+    when: &str,
+) -> CaseResult {
+    for (dir, version) in dirs.iter().zip(versions) {
+        let answer = check(ctx, key, "me", dir, Some(version)).await?;
+        ensure_eq!(
+            &answer.version,
+            version,
+            "{when}: renew_and_list_if_changed's version of {dir} against renew_and_versions'"
+        );
+        ensure_eq!(
+            answer.listing,
+            None,
+            "{when}: the listing of unchanged {dir}"
+        );
+    }
+    Ok(())
+}
+
+/// `renew_and_versions` over three directories at once, one of them empty: each version is the
+/// one `renew_and_list_if_changed` answers for its directory, and changes when a key directly
+/// under that directory is created, changed, deleted, compare-and-deleted or expires with
+/// nobody writing, while the other directories' versions stay.
+pub async fn renew_and_versions_each_directory(ctx: &Ctx) -> CaseResult {
+    let slots = format!("{}slot:", ctx.prefix);
+    let views = format!("{}view:", ctx.prefix);
+    let empty = format!("{}idle:", ctx.prefix);
+    let dirs = [slots.as_str(), views.as_str(), empty.as_str()];
+    let mine = ctx.key("slot:1");
+    put(ctx, &mine, "me", Some(LONG_TTL)).await?;
+    put(ctx, &ctx.key("view:current"), "v1", Some(LONG_TTL)).await?;
+    let mut held = settled_versions(ctx, &mine, &dirs).await?;
+    same_as_single_checks(ctx, &mine, &dirs, &held, "settled").await?;
+    // The empty directory, asked with no version, lists nothing under the same version.
+    let listed = check(ctx, &mine, "me", &empty, None).await?;
+    ensure_eq!(&listed.version, &held[2], "the empty directory's version");
+    ensure_eq!(
+        listed.listing,
+        Some(Vec::new()),
+        "the empty directory's listing"
+    );
+
+    let other = ctx.key("slot:2");
+    let idle = ctx.key("idle:1");
+    let steps: [(&str, usize); 7] = [
+        ("create", 0),
+        ("change", 0),
+        ("compare_and_delete", 0),
+        ("create again", 0),
+        ("delete", 0),
+        ("create in the empty directory", 2),
+        ("delete in the once empty directory", 2),
+    ];
+    for (step, changed) in steps {
+        match step {
+            "create" => drop(put(ctx, &other, "a", Some(LONG_TTL)).await?),
+            "change" => {
+                let wrote = ctx
+                    .store
+                    .compare_and_set(&other, Some("a"), "b", Some(LONG_TTL))
+                    .await
+                    .during("compare_and_set a -> b")?;
+                ensure!(wrote, "compare_and_set a -> b returned false");
+            }
+            "compare_and_delete" => {
+                ctx.store
+                    .compare_and_delete(&other, "b")
+                    .await
+                    .during("compare_and_delete")?;
+            }
+            "create again" => drop(put(ctx, &other, "c", Some(LONG_TTL)).await?),
+            "delete" => {
+                ctx.store.delete(&other).await.during("delete")?;
+            }
+            "create in the empty directory" => drop(put(ctx, &idle, "x", Some(LONG_TTL)).await?),
+            _ => {
+                ctx.store.delete(&idle).await.during("delete")?;
+            }
+        }
+        // A backend without a native compare_and_delete lets the key expire within its
+        // shortest TTL: poll until the version moves.
+        let deadline =
+            Instant::now() + ctx.caps().min_ttl + ctx.tolerance() + Duration::from_secs(2);
+        let got = loop {
+            let (_, got) = versions_of(ctx, &mine, "me", LONG_TTL, &dirs, &held).await?;
+            if got[changed] != held[changed] {
+                break got;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "after {step}: the version of {} stayed {:?}",
+                dirs[changed],
+                held[changed]
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        for i in (0..dirs.len()).filter(|i| *i != changed) {
+            ensure_eq!(
+                &got[i],
+                &held[i],
+                "after {step}: the version of {}, where nothing changed",
+                dirs[i]
+            );
+        }
+        // renew_and_list_if_changed, asked with the old version, answers the new one.
+        let answer = check(ctx, &mine, "me", dirs[changed], Some(&held[changed])).await?;
+        ensure_eq!(
+            &answer.version,
+            &got[changed],
+            "after {step}: renew_and_list_if_changed's version of {} against renew_and_versions'",
+            dirs[changed]
+        );
+        held = got;
+        same_as_single_checks(ctx, &mine, &dirs, &held, &format!("after {step}")).await?;
+    }
+
+    // An expiry with nobody writing: seen by renew_and_versions alone.
+    let (sent, done) = put(ctx, &other, "short", Some(SHORT_TTL)).await?;
+    let (_, got) = versions_of(ctx, &mine, "me", LONG_TTL, &dirs, &held).await?;
+    ensure!(
+        got[0] != held[0],
+        "the short-lived key's creation left the version of {slots} unchanged"
+    );
+    held = got;
+    let ttl = ctx.caps().effective_ttl(SHORT_TTL);
+    let deadline = done + ttl + ctx.tolerance() + Duration::from_secs(3);
+    loop {
+        let (_, got) = versions_of(ctx, &mine, "me", LONG_TTL, &dirs, &held).await?;
+        if got[0] != held[0] {
+            ensure!(
+                Instant::now() >= sent + ttl.saturating_sub(ctx.tolerance()),
+                "the version changed before the key could have expired"
+            );
+            ensure_eq!(
+                &got[1..],
+                &held[1..],
+                "the other versions after an expiry in {slots}"
+            );
+            same_as_single_checks(ctx, &mine, &dirs, &got, "after the expiry").await?;
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the expiry of {other:?} did not change the version within the TTL + 3 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     Ok(())
 }

@@ -16,8 +16,8 @@
 //!   backend sees it ([`EtcdModel::handle`]: one per process), and the two requests of
 //!   `renew_and_list_if_changed` when the version changed (the renewal with the version, then
 //!   the listing, with the version answered from the second);
-//! * no native `renew_and_versions`: one `renew_and_list_if_changed` per directory, as the
-//!   backend's provided method does.
+//! * `renew_and_versions` as one request: the renewal with one version's range per directory,
+//!   as the backend's one transaction.
 //!
 //! [`EtcdModel::restore`] rolls the data, the keys' revisions and the store's revision back
 //! together, as `etcdutl snapshot restore` without `--bump-revision` (or an older copy of the
@@ -393,6 +393,7 @@ impl backend::Backend for EtcdModel {
         caps.native_renew_and_list = true;
         caps.native_compare_and_delete = true;
         caps.native_change_version = true;
+        caps.native_renew_and_versions = true;
         caps.native_notifications = true;
         caps
     }
@@ -505,6 +506,32 @@ impl backend::Backend for EtcdModel {
         self.answered(dir, &version, generation, &range.entries);
         let listing = (since != Some(version.as_str())).then_some(range.entries);
         Ok(RenewedListing::new(renewed, version, listing))
+    }
+
+    /// One request: the renewal and every directory's version range, as the backend's one
+    /// transaction.
+    async fn renew_and_versions(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        dirs: &[(&str, Option<&str>)],
+    ) -> Result<(bool, Vec<String>)> {
+        let ((renewed, ranges), generation) = self.txn(|t| {
+            let renewed = t.renew(key, holder, ttl);
+            let ranges: Vec<Range> = dirs.iter().map(|(dir, _)| t.range(dir)).collect();
+            (renewed, ranges)
+        });
+        let versions = dirs
+            .iter()
+            .zip(&ranges)
+            .map(|((dir, _), range)| {
+                let version = self.version(generation, range);
+                self.answered(dir, &version, generation, &range.entries);
+                version
+            })
+            .collect();
+        Ok((renewed, versions))
     }
 
     /// What the backend's prefix watches see, one per directory (see the module docs).
