@@ -28,7 +28,8 @@
 //! `HEADCOUNT_PARTITIONS_RUNS=<n>` runs `n` seeds of the long schedule (eight faults) instead
 //! and prints one result line per fault; `HEADCOUNT_PARTITIONS_FAULTS=Cut,PrimaryIsolated`
 //! draws its faults from those kinds only; `HEADCOUNT_PARTITIONS_WAIT=0` runs the Sentinel store
-//! without `wait_replicas=1`. See docs/partitions.md.
+//! without `wait_replicas=1`; `HEADCOUNT_PARTITIONS_KEEP=1` keeps the member and server logs of
+//! runs that pass too. See docs/partitions.md.
 #![cfg(all(feature = "postgres", feature = "redis", feature = "etcd"))]
 
 use std::collections::BTreeSet;
@@ -711,7 +712,7 @@ async fn run(backend: ServerKind, seed: u64, long: bool) -> Result<bool, String>
             t = run.tables
         ))
         .await;
-    if result.is_ok() {
+    if result.is_ok() && std::env::var_os("HEADCOUNT_PARTITIONS_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&run.dir);
     } else {
         eprintln!("partitions: member logs kept in {}", run.dir.display());
