@@ -243,19 +243,9 @@ async fn start_store(
                     .args(["--initial-cluster-state", "new"])
                     .args(["--initial-cluster-token", &token])
                     .args(["--log-level", "warn"]);
-                net.spawn_server(
-                    h,
-                    cmd,
-                    &dir.join(format!("{}.log", h.name)),
-                    None,
-                    libc::SIGTERM,
-                )
-                .map_err(failed)?;
+                serve(net, h, cmd, dir).map_err(failed)?;
             }
-            let nodes: Vec<SocketAddrV4> = hosts
-                .iter()
-                .map(|h| SocketAddrV4::new(h.ip, 2379))
-                .collect();
+            let nodes: Vec<SocketAddrV4> = addrs(&hosts, 2379);
             let url = format!(
                 "etcd://{}",
                 nodes
@@ -328,9 +318,7 @@ async fn start_sentinel(net: &Net, dir: &std::path::Path) -> Result<Store, Unava
         if h.name == "r2" {
             cmd.args(["--replicaof", &primary, "6379"]);
         }
-        let log = dir.join(format!("{}.log", h.name));
-        net.spawn_server(h, cmd, &log, None, libc::SIGTERM)
-            .map_err(failed)?;
+        serve(net, h, cmd, dir).map_err(failed)?;
     }
     let mut sentinels = Vec::new();
     for name in ["s1", "s2", "s3"] {
@@ -351,20 +339,10 @@ async fn start_sentinel(net: &Net, dir: &std::path::Path) -> Result<Store, Unava
         .map_err(failed)?;
         let mut cmd = Command::new(&bin);
         cmd.arg(&conf).arg("--sentinel");
-        net.spawn_server(
-            &h,
-            cmd,
-            &dir.join(format!("{name}.log")),
-            None,
-            libc::SIGTERM,
-        )
-        .map_err(failed)?;
+        serve(net, &h, cmd, dir).map_err(failed)?;
         sentinels.push(h);
     }
-    let nodes: Vec<SocketAddrV4> = sentinels
-        .iter()
-        .map(|h| SocketAddrV4::new(h.ip, 26379))
-        .collect();
+    let nodes: Vec<SocketAddrV4> = addrs(&sentinels, 26379);
     // Ready once the replica is in sync, and every Sentinel sees it and the other two: a
     // failover needs both.
     let end = Instant::now() + Duration::from_secs(60);
@@ -401,7 +379,7 @@ async fn start_sentinel(net: &Net, dir: &std::path::Path) -> Result<Store, Unava
         prefix: "redis+sentinel://",
         suffix: "/mymaster",
         nodes,
-        also: data.iter().map(|h| SocketAddrV4::new(h.ip, 6379)).collect(),
+        also: addrs(&data, 6379),
         hosts: data.into_iter().chain(sentinels).collect(),
         direct: true,
         options: if sentinel_waits() {
@@ -436,20 +414,10 @@ async fn start_cluster(net: &Net, dir: &std::path::Path) -> Result<Store, Unavai
             .arg(dir.join(format!("{name}-nodes.conf")))
             .arg("--dir")
             .arg(dir);
-        net.spawn_server(
-            &h,
-            cmd,
-            &dir.join(format!("{name}.log")),
-            None,
-            libc::SIGTERM,
-        )
-        .map_err(failed)?;
+        serve(net, &h, cmd, dir).map_err(failed)?;
         hosts.push(h);
     }
-    let nodes: Vec<SocketAddrV4> = hosts
-        .iter()
-        .map(|h| SocketAddrV4::new(h.ip, 6379))
-        .collect();
+    let nodes: Vec<SocketAddrV4> = addrs(&hosts, 6379);
     let end = Instant::now() + Duration::from_secs(60);
     for node in &nodes {
         while !redis_request(*node, "PING").await.contains("PONG") {
@@ -505,6 +473,27 @@ async fn start_cluster(net: &Net, dir: &std::path::Path) -> Result<Store, Unavai
         options: String::new(),
         _keep: None,
     })
+}
+
+/// Starts a server in `host`, its output in `<dir>/<host name>.log`, stopped with SIGTERM when
+/// the net goes.
+fn serve(net: &Net, host: &Host, cmd: Command, dir: &std::path::Path) -> std::io::Result<()> {
+    net.spawn_server(
+        host,
+        cmd,
+        &dir.join(format!("{}.log", host.name)),
+        None,
+        libc::SIGTERM,
+    )
+    .map(drop)
+}
+
+/// The address of port `port` on each of `hosts`.
+fn addrs(hosts: &[Host], port: u16) -> Vec<SocketAddrV4> {
+    hosts
+        .iter()
+        .map(|h| SocketAddrV4::new(h.ip, port))
+        .collect()
 }
 
 /// Sends one inline command to a Redis server or Sentinel; its raw answer, or the error as text.
