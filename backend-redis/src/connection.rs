@@ -12,6 +12,7 @@ use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 use crate::config::{Deployment, RedisConfig};
 use crate::errors::{self, BACKEND};
+use crate::reconnect::{Open, Reconnecting};
 use crate::sentinel::SentinelConn;
 
 /// The placeholder URLs of the stores over an application's client: only their default
@@ -21,21 +22,27 @@ pub(crate) const CLUSTER_DEFAULTS: &str = "redis+cluster://localhost:6379";
 
 /// A connection to a single server or to a Cluster. Both reconnect by themselves: the
 /// `ConnectionManager` replaces a broken connection on the next call, the Cluster connection
-/// re-resolves its slot map and reconnects to nodes as needed.
+/// re-resolves its slot map and reconnects to nodes as needed; and both are replaced after a
+/// call that ran out of time ([`crate::reconnect`]).
 /// A Sentinel connection asks the Sentinels for the primary again after a fault (see
 /// [`crate::sentinel`]).
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    /// The connection, and the database it selects.
+    Single(Arc<Reconnecting<ConnectionManager>>, i64),
+    Cluster(Arc<Reconnecting<ClusterConnection>>),
     Sentinel(Arc<SentinelConn>),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Single(c, _) => {
+                Box::pin(c.run(move |mut conn| async move { conn.req_packed_command(cmd).await }))
+            }
+            Conn::Cluster(c) => {
+                Box::pin(c.run(move |mut conn| async move { conn.req_packed_command(cmd).await }))
+            }
             Conn::Sentinel(c) => c.request(cmd),
         }
     }
@@ -47,16 +54,21 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Single(c, _) => Box::pin(c.run(move |mut conn| async move {
+                conn.req_packed_commands(cmd, offset, count).await
+            })),
+            Conn::Cluster(c) => Box::pin(c.run(move |mut conn| async move {
+                conn.req_packed_commands(cmd, offset, count).await
+            })),
             Conn::Sentinel(c) => c.request_many(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Single(_, db) => *db,
+            // Redis Cluster has database 0 only.
+            Conn::Cluster(_) => 0,
             Conn::Sentinel(c) => c.db(),
         }
     }
@@ -125,7 +137,14 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Conn> {
                         Err(e) => return Err(classify(e)),
                     }
                 };
-                Conn::Single(manager)
+                let db = manager.get_db();
+                Conn::Single(
+                    Arc::new(Reconnecting::new(
+                        Some(reopen_manager(client, manager_config)),
+                        manager,
+                    )),
+                    db,
+                )
             }
             Deployment::Cluster => {
                 let nodes: Vec<_> = config
@@ -151,7 +170,11 @@ pub(crate) async fn open(config: &RedisConfig) -> Result<Conn> {
                     .query_async::<()>(&mut conn)
                     .await
                     .map_err(classify)?;
-                Conn::Cluster(conn)
+                let open: Open<ClusterConnection> = Box::new(move || {
+                    let client = client.clone();
+                    Box::pin(async move { client.get_async_connection().await })
+                });
+                Conn::Cluster(Arc::new(Reconnecting::new(Some(open), conn)))
             }
             Deployment::Sentinel => {
                 let conn = SentinelConn::open(config.clone()).await.map_err(classify)?;
@@ -170,7 +193,8 @@ pub(crate) async fn open_client(client: redis::Client, config: &RedisConfig) -> 
     let manager_config = manager_config(timeout);
     let deadline = config.deadline();
     let open = async {
-        let mut manager = ConnectionManager::new_with_config(client, manager_config).await?;
+        let mut manager =
+            ConnectionManager::new_with_config(client.clone(), manager_config.clone()).await?;
         redis::cmd("PING").query_async::<()>(&mut manager).await?;
         Ok::<_, RedisError>(manager)
     };
@@ -180,5 +204,23 @@ pub(crate) async fn open_client(client: redis::Client, config: &RedisConfig) -> 
                 .map_err(|e| errors::classify(e, "connect", deadline, None))
         })
         .await?;
-    Ok(Conn::Single(manager))
+    let db = manager.get_db();
+    Ok(Conn::Single(
+        Arc::new(Reconnecting::new(
+            Some(reopen_manager(client, manager_config)),
+            manager,
+        )),
+        db,
+    ))
+}
+
+/// Opens a connection manager like the first one, for [`Reconnecting`].
+fn reopen_manager(
+    client: redis::Client,
+    manager_config: ConnectionManagerConfig,
+) -> Open<ConnectionManager> {
+    Box::new(move || {
+        let (client, manager_config) = (client.clone(), manager_config.clone());
+        Box::pin(async move { ConnectionManager::new_with_config(client, manager_config).await })
+    })
 }

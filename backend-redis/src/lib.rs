@@ -7,6 +7,7 @@ mod errors;
 mod fence;
 mod index;
 mod notify;
+mod reconnect;
 mod replies;
 mod scripts;
 mod sentinel;

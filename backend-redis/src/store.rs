@@ -13,7 +13,7 @@ use headcount_core::backend::{
 };
 use headcount_core::notify::{Notifications, NotifyHub, WarnOnce};
 use headcount_core::{Capabilities, Durability, Error, Op, RenewedListing, Result, Store};
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike as _, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{ScriptInvocation, Value};
@@ -26,6 +26,7 @@ use crate::index::{
     dir_of, hash_tag, is_index_name, sweep_period, tag_of, IndexKeys, REQUEST_INFIX,
 };
 use crate::notify;
+use crate::reconnect::Reconnecting;
 use crate::replies::{foreign_reply, list_reply, unexpected, written_or_foreign};
 use crate::scripts::{ttl_arg, Scripts};
 
@@ -121,8 +122,9 @@ impl RedisStore {
     /// A store over a connection manager the application already has (single server), with
     /// the default operation timeout. The manager's own reconnect settings apply.
     pub fn from_manager(manager: ConnectionManager) -> Result<Self> {
+        let db = manager.get_db();
         Self::from_conn(
-            Conn::Single(manager),
+            Conn::Single(Arc::new(Reconnecting::new(None, manager)), db),
             RedisConfig::from_url(SINGLE_DEFAULTS)?,
             None,
         )
@@ -132,7 +134,7 @@ impl RedisStore {
     /// operation timeout. Its keys must carry a `{hash tag}` (headcount's always do).
     pub fn from_cluster(conn: ClusterConnection) -> Result<Self> {
         Self::from_conn(
-            Conn::Cluster(conn),
+            Conn::Cluster(Arc::new(Reconnecting::new(None, conn))),
             RedisConfig::from_url(CLUSTER_DEFAULTS)?,
             None,
         )
@@ -852,15 +854,18 @@ impl RedisStore {
     async fn on_every_primary(&self, cmd: redis::Cmd, arrays: bool) -> Result<Value> {
         self.run(Op::Durability, None, None, |c| async move {
             match c {
-                Conn::Cluster(mut c) => {
+                Conn::Cluster(c) => {
                     let policy = arrays.then_some(ResponsePolicy::CombineArrays);
-                    c.route_command(
-                        &cmd,
-                        RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, policy)),
-                    )
+                    c.run(|mut conn| async move {
+                        conn.route_command(
+                            &cmd,
+                            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, policy)),
+                        )
+                        .await
+                    })
                     .await
                 }
-                mut c @ (Conn::Single(_) | Conn::Sentinel(_)) => cmd.query_async(&mut c).await,
+                mut c @ (Conn::Single(..) | Conn::Sentinel(_)) => cmd.query_async(&mut c).await,
             }
         })
         .await

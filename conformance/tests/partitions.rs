@@ -1,7 +1,7 @@
 //! Network partitions, tested the way Jepsen tests: member processes (`headcount-chaos-member`)
 //! each in a network namespace of its own, the store's servers in namespaces too where the
 //! schedule cuts them from each other (a 3-member etcd cluster, a Redis primary with its replica
-//! and Sentinels), links cut, healed, delayed and lossy while the members write through a fence
+//! and Sentinels, a Redis Cluster of three primaries), links cut, healed, delayed and lossy while the members write through a fence
 //! into a PostgreSQL sink. A schedule is drawn from a seed; a checker
 //! ([`headcount_harness::history`]) reads the whole history afterwards.
 //!
@@ -16,8 +16,11 @@
 //! * `delay`: 200-800 ms each way with jitter (the proxy between the member and the store);
 //! * `loss`: 10-30 % of the packets to and from the store dropped by the kernel;
 //! * `kill` (SIGKILL and a replacement) and `pause` (SIGSTOP past the lease);
-//! * store side: one etcd member cut from the other two with some members on its side; the
-//!   Redis primary cut from its replica and Sentinels with some members on its side.
+//! * store side: one etcd member (or one Redis Cluster primary) cut from the other two with some
+//!   members on its side; the Redis primary cut from its replica and Sentinels with some members
+//!   on its side;
+//! * Redis Cluster: a member cut from the primary that holds the group's slot while it still
+//!   reaches the other primaries.
 //!
 //! Each test runs the short schedule of one backend (it is part of the normal test run, as
 //! root; where namespaces cannot be made it prints `SKIP` and passes, or fails under
@@ -25,7 +28,8 @@
 //! `HEADCOUNT_PARTITIONS_RUNS=<n>` runs `n` seeds of the long schedule (eight faults) instead
 //! and prints one result line per fault; `HEADCOUNT_PARTITIONS_FAULTS=Cut,PrimaryIsolated`
 //! draws its faults from those kinds only; `HEADCOUNT_PARTITIONS_WAIT=0` runs the Sentinel store
-//! without `wait_replicas=1`. See docs/partitions.md.
+//! without `wait_replicas=1`; `HEADCOUNT_PARTITIONS_KEEP=1` keeps the member and server logs of
+//! runs that pass too. See docs/partitions.md.
 #![cfg(all(feature = "postgres", feature = "redis", feature = "etcd"))]
 
 use std::collections::BTreeSet;
@@ -79,6 +83,11 @@ async fn partitions_etcd_cluster() -> Result<(), String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_redis_sentinel() -> Result<(), String> {
     partitions(ServerKind::RedisSentinel).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_redis_cluster() -> Result<(), String> {
+    partitions(ServerKind::RedisCluster).await
 }
 
 fn now_ms() -> u64 {
@@ -234,19 +243,9 @@ async fn start_store(
                     .args(["--initial-cluster-state", "new"])
                     .args(["--initial-cluster-token", &token])
                     .args(["--log-level", "warn"]);
-                net.spawn_server(
-                    h,
-                    cmd,
-                    &dir.join(format!("{}.log", h.name)),
-                    None,
-                    libc::SIGTERM,
-                )
-                .map_err(failed)?;
+                serve(net, h, cmd, dir).map_err(failed)?;
             }
-            let nodes: Vec<SocketAddrV4> = hosts
-                .iter()
-                .map(|h| SocketAddrV4::new(h.ip, 2379))
-                .collect();
+            let nodes: Vec<SocketAddrV4> = addrs(&hosts, 2379);
             let url = format!(
                 "etcd://{}",
                 nodes
@@ -282,6 +281,7 @@ async fn start_store(
             })
         }
         ServerKind::RedisSentinel => start_sentinel(net, dir).await,
+        ServerKind::RedisCluster => start_cluster(net, dir).await,
         other => Err(Unavailable::NotApplicable(format!(
             "no partition schedule for {}",
             other.name()
@@ -318,9 +318,7 @@ async fn start_sentinel(net: &Net, dir: &std::path::Path) -> Result<Store, Unava
         if h.name == "r2" {
             cmd.args(["--replicaof", &primary, "6379"]);
         }
-        let log = dir.join(format!("{}.log", h.name));
-        net.spawn_server(h, cmd, &log, None, libc::SIGTERM)
-            .map_err(failed)?;
+        serve(net, h, cmd, dir).map_err(failed)?;
     }
     let mut sentinels = Vec::new();
     for name in ["s1", "s2", "s3"] {
@@ -341,20 +339,10 @@ async fn start_sentinel(net: &Net, dir: &std::path::Path) -> Result<Store, Unava
         .map_err(failed)?;
         let mut cmd = Command::new(&bin);
         cmd.arg(&conf).arg("--sentinel");
-        net.spawn_server(
-            &h,
-            cmd,
-            &dir.join(format!("{name}.log")),
-            None,
-            libc::SIGTERM,
-        )
-        .map_err(failed)?;
+        serve(net, &h, cmd, dir).map_err(failed)?;
         sentinels.push(h);
     }
-    let nodes: Vec<SocketAddrV4> = sentinels
-        .iter()
-        .map(|h| SocketAddrV4::new(h.ip, 26379))
-        .collect();
+    let nodes: Vec<SocketAddrV4> = addrs(&sentinels, 26379);
     // Ready once the replica is in sync, and every Sentinel sees it and the other two: a
     // failover needs both.
     let end = Instant::now() + Duration::from_secs(60);
@@ -391,7 +379,7 @@ async fn start_sentinel(net: &Net, dir: &std::path::Path) -> Result<Store, Unava
         prefix: "redis+sentinel://",
         suffix: "/mymaster",
         nodes,
-        also: data.iter().map(|h| SocketAddrV4::new(h.ip, 6379)).collect(),
+        also: addrs(&data, 6379),
         hosts: data.into_iter().chain(sentinels).collect(),
         direct: true,
         options: if sentinel_waits() {
@@ -401,6 +389,111 @@ async fn start_sentinel(net: &Net, dir: &std::path::Path) -> Result<Store, Unava
         },
         _keep: None,
     })
+}
+
+/// Three Redis Cluster primaries (hosts c1-c3, no replicas), each on a host of its own, joined
+/// with `redis-cli --cluster create`. Without replicas no failover can lose a write: a primary
+/// cut off only makes its slots unavailable, and with `cluster-require-full-coverage` (the
+/// default) the whole cluster refuses commands once the others mark it failed.
+async fn start_cluster(net: &Net, dir: &std::path::Path) -> Result<Store, Unavailable> {
+    let failed = |e: std::io::Error| Unavailable::Failed(format!("redis_cluster: {e}"));
+    let (Some(bin), Some(cli)) = (which("redis-server"), which("redis-cli")) else {
+        return Err(Unavailable::Missing(
+            "`redis-server` or `redis-cli` is not on PATH".into(),
+        ));
+    };
+    let mut hosts = Vec::new();
+    for name in ["c1", "c2", "c3"] {
+        let h = net.host(name).map_err(failed)?;
+        let mut cmd = Command::new(&bin);
+        cmd.args(["--port", "6379", "--bind", &h.ip.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "no", "--protected-mode", "no"])
+            .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+            .arg("--cluster-config-file")
+            .arg(dir.join(format!("{name}-nodes.conf")))
+            .arg("--dir")
+            .arg(dir);
+        serve(net, &h, cmd, dir).map_err(failed)?;
+        hosts.push(h);
+    }
+    let nodes: Vec<SocketAddrV4> = addrs(&hosts, 6379);
+    let end = Instant::now() + Duration::from_secs(60);
+    for node in &nodes {
+        while !redis_request(*node, "PING").await.contains("PONG") {
+            if Instant::now() > end {
+                return Err(Unavailable::Failed(format!(
+                    "the Redis Cluster node {node} in a namespace did not answer within 60 s \
+                     (logs in {})",
+                    dir.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let mut create = Command::new(cli);
+    create.args(["--cluster", "create"]);
+    create.args(nodes.iter().map(ToString::to_string));
+    create.args(["--cluster-replicas", "0", "--cluster-yes"]);
+    let out = tokio::task::spawn_blocking(move || create.stdin(Stdio::null()).output())
+        .await
+        .map_err(|e| Unavailable::Failed(e.to_string()))?
+        .map_err(failed)?;
+    if !out.status.success() {
+        return Err(Unavailable::Failed(format!(
+            "redis-cli --cluster create: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    // Every node must know every slot before the members may use it.
+    for node in &nodes {
+        while !redis_request(*node, "CLUSTER INFO")
+            .await
+            .contains("cluster_state:ok")
+        {
+            if Instant::now() > end {
+                return Err(Unavailable::Failed(format!(
+                    "the Redis Cluster in namespaces did not reach cluster_state:ok within 60 s \
+                     (logs in {})",
+                    dir.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(Store {
+        prefix: "redis+cluster://",
+        suffix: "",
+        nodes,
+        hosts,
+        // A node redirects a client to the address it announces: its own.
+        direct: true,
+        also: Vec::new(),
+        options: String::new(),
+        _keep: None,
+    })
+}
+
+/// Starts a server in `host`, its output in `<dir>/<host name>.log`, stopped with SIGTERM when
+/// the net goes.
+fn serve(net: &Net, host: &Host, cmd: Command, dir: &std::path::Path) -> std::io::Result<()> {
+    net.spawn_server(
+        host,
+        cmd,
+        &dir.join(format!("{}.log", host.name)),
+        None,
+        libc::SIGTERM,
+    )
+    .map(drop)
+}
+
+/// The address of port `port` on each of `hosts`.
+fn addrs(hosts: &[Host], port: u16) -> Vec<SocketAddrV4> {
+    hosts
+        .iter()
+        .map(|h| SocketAddrV4::new(h.ip, port))
+        .collect()
 }
 
 /// Sends one inline command to a Redis server or Sentinel; its raw answer, or the error as text.
@@ -608,7 +701,7 @@ async fn run(backend: ServerKind, seed: u64, long: bool) -> Result<bool, String>
             t = run.tables
         ))
         .await;
-    if result.is_ok() {
+    if result.is_ok() && std::env::var_os("HEADCOUNT_PARTITIONS_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&run.dir);
     } else {
         eprintln!("partitions: member logs kept in {}", run.dir.display());
@@ -669,6 +762,29 @@ impl Run {
             .iter()
             .position(|h| answer.contains(&format!("\r\n{}\r\n", h.ip)))
             .ok_or_else(|| format!("no primary in the Sentinel's answer {answer:?}"))
+    }
+
+    /// The store host of the Redis Cluster primary that holds the group's slot: every key of a
+    /// group carries the group as its hash tag, so one primary holds them all. A node that does
+    /// not hold the slot answers `MOVED <slot> <ip>:<port>`.
+    async fn slot_owner(&self) -> Result<usize, String> {
+        let answer =
+            redis_request(self.store.nodes[0], &format!("EXISTS {{{}}}", self.group)).await;
+        let ip = match answer.strip_prefix("-MOVED ") {
+            Some(rest) => rest
+                .split_whitespace()
+                .nth(1)
+                .and_then(|a| a.split(':').next())
+                .unwrap_or_default()
+                .to_owned(),
+            None if answer.starts_with(':') => self.store.nodes[0].ip().to_string(),
+            None => return Err(format!("no slot owner in the answer {answer:?}")),
+        };
+        self.store
+            .hosts
+            .iter()
+            .position(|h| h.ip.to_string() == ip)
+            .ok_or_else(|| format!("the slot owner {ip} is not a store host"))
     }
 
     /// Member `i`'s endpoints toward the store, in the order of the store's nodes (then the
@@ -775,11 +891,19 @@ impl Run {
     /// Cuts member `i` from every store node, and records the cut for the checker (from once
     /// every rule is in place); the rules to heal it with [`Run::heal_cut`].
     fn cut_from_store(&mut self, i: usize) -> Result<StoreCut, String> {
+        self.cut_from_nodes(i, None)
+    }
+
+    /// Cuts member `i` from the store host `only` (every node when `None`), recorded as a cut
+    /// from the store: the caller makes sure that host is all of the store the member needs.
+    fn cut_from_nodes(&mut self, i: usize, only: Option<usize>) -> Result<StoreCut, String> {
         let me = Endpoint::host(self.members[i].host.ip);
         let rules = self
             .store_paths(i)
             .into_iter()
-            .map(|to| {
+            .enumerate()
+            .filter(|(k, _)| only.is_none() || self.path_node(*k) == only)
+            .map(|(_, to)| {
                 self.net
                     .drop_between(me, to, false)
                     .map_err(|e| format!("cut: {e}"))
@@ -958,6 +1082,23 @@ impl Run {
                 what = format!("cut {} from the store for {hold:.1?}", self.members[i].name);
                 self.note(&what);
                 let rules = self.cut_from_store(i)?;
+                cut.push(self.members[i].name.clone());
+                self.sleep(hold).await?;
+                self.heal_cut(rules)?;
+            }
+            Fault::SlotOwnerCut => {
+                // Every key of the group is in one slot: the member loses its store, while the
+                // other primaries still answer it (with redirections to the one it lost).
+                let i = self.pick()?;
+                let owner = self.slot_owner().await?;
+                let hold = ttl.mul_f64(self.rng.random_range(0.3..4.0));
+                what = format!(
+                    "{} cut from {} (the primary of the group's slot) for {hold:.1?}, still \
+                     reaching the others",
+                    self.members[i].name, self.store.hosts[owner].name
+                );
+                self.note(&what);
+                let rules = self.cut_from_nodes(i, Some(owner))?;
                 cut.push(self.members[i].name.clone());
                 self.sleep(hold).await?;
                 self.heal_cut(rules)?;
@@ -1369,12 +1510,15 @@ enum Fault {
     Pause,
     /// A store node cut from the others, with some members on its side.
     StoreMinority,
+    /// Redis Cluster: a member cut from the primary that holds the group's slot, still reaching
+    /// the other primaries.
+    SlotOwnerCut,
     /// The Redis primary cut from its replica and the Sentinels, with some members on its side.
     PrimaryIsolated,
 }
 
 impl Fault {
-    const ALL: [Fault; 11] = [
+    const ALL: [Fault; 12] = [
         Fault::Cut,
         Fault::CutLong,
         Fault::CutDuringHandoff,
@@ -1385,25 +1529,34 @@ impl Fault {
         Fault::Kill,
         Fault::Pause,
         Fault::StoreMinority,
+        Fault::SlotOwnerCut,
         Fault::PrimaryIsolated,
     ];
 
     /// The short schedule that runs with the normal tests.
-    const SHORT: [Fault; 6] = [
+    const SHORT: [Fault; 7] = [
         Fault::Cut,
         Fault::CutLong,
         Fault::Delay,
         Fault::Loss,
         Fault::StoreMinority,
+        Fault::SlotOwnerCut,
         Fault::PrimaryIsolated,
     ];
 
     fn applies(self, backend: ServerKind) -> bool {
         match self {
-            Fault::StoreMinority => backend == ServerKind::EtcdCluster,
+            Fault::StoreMinority => {
+                matches!(backend, ServerKind::EtcdCluster | ServerKind::RedisCluster)
+            }
+            Fault::SlotOwnerCut => backend == ServerKind::RedisCluster,
             Fault::PrimaryIsolated => backend == ServerKind::RedisSentinel,
-            // The Sentinel store's data path goes straight to the primary: no proxy to delay.
-            Fault::Delay => backend != ServerKind::RedisSentinel,
+            // The Sentinel's and the Cluster's data paths go straight to the servers they name:
+            // no proxy to delay.
+            Fault::Delay => !matches!(
+                backend,
+                ServerKind::RedisSentinel | ServerKind::RedisCluster
+            ),
             _ => true,
         }
     }

@@ -50,7 +50,7 @@ pub use kv_servers::{KvControl, KvServer, KvStore, SENTINEL_MASTER};
 pub use pgbouncer::{PgBouncer, PgBouncerControl};
 pub use postgres::{find_bin_dir as find_postgres_bin_dir, PgControl, PgServer};
 pub use process::cleanup;
-pub use proxy::{Direction, Proxied, Proxy, Upstream};
+pub use proxy::{check_call_after_healed_stall, Direction, Proxied, Proxy, Upstream};
 
 /// The per-operation deadline (the URL's `timeout` option) of the store a fault case gets: the
 /// cases expect each call to fail within it once the server is killed or paused.

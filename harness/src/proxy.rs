@@ -454,3 +454,39 @@ impl headcount_conformance::ServerControl for Proxied {
         Ok(!waiting)
     }
 }
+
+/// Checks that a call after a healed stall answers: `store` reaches its servers through
+/// `proxies` only, with a deadline well under a minute. Every byte is held for a minute (in
+/// order, as TCP holds what it must retransmit after packets were lost), one call must fail,
+/// then the hold ends and the next call must answer within the store's deadline: a store that
+/// kept the stalled connection would queue it behind the unanswered request.
+pub async fn check_call_after_healed_stall(
+    store: &headcount::DynStore,
+    proxies: &[Proxy],
+) -> Result<(), String> {
+    let key = "hc-stall-probe";
+    store
+        .get(key)
+        .await
+        .map_err(|e| format!("before the stall: {e}"))?;
+    for p in proxies {
+        p.set_delay(
+            std::time::Duration::from_secs(60),
+            std::time::Duration::ZERO,
+        );
+    }
+    if store.get(key).await.is_ok() {
+        return Err("a call answered through the stall".into());
+    }
+    for p in proxies {
+        p.set_delay(std::time::Duration::ZERO, std::time::Duration::ZERO);
+    }
+    let healed = Instant::now();
+    store.get(key).await.map_err(|e| {
+        format!(
+            "the first call after the stall healed failed after {:?}: {e}",
+            healed.elapsed()
+        )
+    })?;
+    Ok(())
+}
