@@ -1,7 +1,9 @@
 //! The Redis key index heals itself: a live key missing from the
 //! index (the index deleted, evicted, or the keys copied to a server without it, or a key
-//! written by another client) is put back by the first script that touches it, with its
-//! directory's version changed so the next look lists it; and a foreign value at the index's
+//! written by another client) is put back by the first script that touches it (a steady
+//! renewal checks its name only when the expiry index lost it too; a loss of the index alone is
+//! healed whole by the next sweep), with its directory's version changed so the next look lists
+//! it; and a foreign value at the index's
 //! own name is an error that names it. A Redis that may evict keys is refused by a group.
 #![cfg(feature = "redis")]
 // Tests fail by panicking.
@@ -233,7 +235,7 @@ async fn a_group_recovers_from_a_lost_index_alone() {
     }
 }
 
-/// Finding 1: a write refused because a key exists that no listing shows (written by another
+/// A write refused because a key exists that no listing shows (written by another
 /// client, or one the index lost) puts the key in the index and changes its directory's
 /// version, so the caller's next read sees what refused it, instead of being refused forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

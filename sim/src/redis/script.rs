@@ -251,7 +251,7 @@ impl<'a> Script<'a> {
             let t = self.now;
             if renewed {
                 let fresh = self.meta.expiry.insert(key.to_owned(), t + ttl).is_none();
-                // Put back when lost even before the repair, but without a new version.
+                // A model without the repair (`with_repair(false)`) puts the name back too, without a new version.
                 if (fresh || !self.ctl.repair)
                     && self.meta.index.insert(key.to_owned())
                     && self.ctl.repair
