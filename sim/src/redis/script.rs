@@ -251,11 +251,11 @@ impl<'a> Script<'a> {
             let t = self.now;
             if renewed {
                 let fresh = self.meta.expiry.insert(key.to_owned(), t + ttl).is_none();
-                // A model without the repair (`with_repair(false)`) puts the name back too, without a new version.
-                if (fresh || !self.ctl.repair)
-                    && self.meta.index.insert(key.to_owned())
-                    && self.ctl.repair
-                {
+                if !self.ctl.repair {
+                    // The model without the repair (`with_repair(false)`) puts the name back
+                    // at every sweep, without a new version.
+                    self.meta.index.insert(key.to_owned());
+                } else if fresh && self.meta.index.insert(key.to_owned()) {
                     self.changed(key);
                 }
             }
