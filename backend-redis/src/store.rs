@@ -26,7 +26,9 @@ use crate::index::{
     dir_of, hash_tag, is_index_name, sweep_period, tag_of, IndexKeys, REQUEST_INFIX,
 };
 use crate::notify;
-use crate::replies::{foreign_reply, list_reply, unexpected, written_or_foreign};
+use crate::replies::{
+    foreign_reply, list_reply, list_with_ttl_reply, unexpected, written_or_foreign,
+};
 use crate::scripts::{ttl_arg, Scripts};
 
 /// A [`Store`] in Redis or Redis Cluster, shared by any number of processes and machines.
@@ -412,6 +414,7 @@ impl backend::Backend for RedisStore {
         caps.native_change_version = true;
         caps.native_renew_and_versions = true;
         caps.native_notifications = self.inner.notify_target.is_some();
+        caps.ttl_reads = true;
         caps
     }
 
@@ -783,6 +786,22 @@ impl backend::Backend for RedisStore {
         list_reply(reply)
     }
 
+    /// The listing of [`list`](Self::list) and, in the same script, each listed key's `PTTL`:
+    /// one round trip, read at one instant of the server's clock.
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        let index = self.index_for_prefix(prefix)?;
+        let mut call = self.inner.scripts.list_with_ttl.key(&index.index);
+        call.key(&index.expiry);
+        index.declare(&mut call, dir_of(prefix));
+        call.arg(prefix);
+        let reply: Value = self
+            .run(Op::ListWithTtl, None, Some(&index), |mut c| async move {
+                call.invoke_async(&mut c).await
+            })
+            .await?;
+        list_with_ttl_reply(reply)
+    }
+
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
         let mut call = self.inner.scripts.set_max.key(key);
         let (request, index) = self.index_and_request(&mut call, key, None)?;
@@ -869,7 +888,7 @@ impl RedisStore {
 
 /// Whether `op` writes (so `wait_replicas` waits for the replicas after it).
 fn writes(op: Op) -> bool {
-    !matches!(op, Op::Get | Op::List | Op::Durability)
+    !matches!(op, Op::Get | Op::List | Op::ListWithTtl | Op::Durability)
 }
 
 #[cfg(test)]
