@@ -203,8 +203,11 @@ impl backend::Backend for SqliteStore {
             Ok(list_with_expiry(conn, &prefix, now)?
                 .into_iter()
                 .map(|(k, v, expires)| {
-                    let left =
-                        expires.map(|t| Duration::from_millis(t.saturating_sub(now).max(0) as u64));
+                    // A stored expiry carries the millisecond added so a key never falls short of
+                    // its TTL (`sql::expiry`): the TTL itself ends a millisecond earlier.
+                    let left = expires.map(|t| {
+                        Duration::from_millis(t.saturating_sub(now).saturating_sub(1).max(0) as u64)
+                    });
                     (k, v, left)
                 })
                 .collect())
