@@ -183,6 +183,15 @@ impl EtcdStore {
         Ok(resp)
     }
 
+    /// Reads every key under `prefix`, for `op`.
+    async fn range(&self, op: Op, prefix: &str) -> Result<etcd_client::GetResponse> {
+        self.send(
+            |mut kv| async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await },
+        )
+        .await
+        .map_err(|e| self.classify(e, op))
+    }
+
     /// Runs `work` within the deadline.
     async fn deadline<T>(&self, op: Op, work: impl Future<Output = Result<T>>) -> Result<T> {
         self.inner.config.deadline().run(op.name(), work).await
@@ -785,13 +794,7 @@ impl backend::Backend for EtcdStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         self.deadline(Op::List, async {
-            let resp = self
-                .send(|mut kv| async move {
-                    kv.get(prefix, Some(GetOptions::new().with_prefix())).await
-                })
-                .await
-                .map_err(|e| self.classify(e, Op::List))?;
-            pairs(prefix, resp.kvs())
+            pairs(prefix, self.range(Op::List, prefix).await?.kvs())
         })
         .await
     }
@@ -803,12 +806,7 @@ impl backend::Backend for EtcdStore {
         /// How many `LeaseTimeToLive` calls are in flight at once.
         const AT_ONCE: usize = 32;
         self.deadline(Op::ListWithTtl, async {
-            let resp = self
-                .send(|mut kv| async move {
-                    kv.get(prefix, Some(GetOptions::new().with_prefix())).await
-                })
-                .await
-                .map_err(|e| self.classify(e, Op::ListWithTtl))?;
+            let resp = self.range(Op::ListWithTtl, prefix).await?;
             let listed = pairs(prefix, resp.kvs())?;
             let leases: Vec<i64> = resp.kvs().iter().map(|kv| kv.lease()).collect();
             let mut distinct: Vec<i64> = leases.iter().copied().filter(|&l| l != 0).collect();
