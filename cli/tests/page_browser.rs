@@ -634,4 +634,31 @@ fn the_page_renders_1000_members_and_65536_partitions() {
     );
     let origin = page.trim_end_matches('/');
     assert!(browser.foreign_resources(origin).is_empty());
+    // The server's answers at this size: the whole exchange over loopback, 50 of each.
+    let addr = origin.trim_start_matches("http://");
+    for path in ["/group/status.json", "/group/owners.json"] {
+        let mut took: Vec<Duration> = (0..50).map(|_| exchange(addr, path)).collect();
+        took.sort_unstable();
+        let _ = writeln!(
+            std::io::stderr(),
+            "page at 1,000 members: {path} answered in {:?} at the median, {:?} at most",
+            took[took.len() / 2],
+            took[took.len() - 1]
+        );
+    }
+}
+
+/// How long one `GET path` takes, from connecting to the last byte of the answer.
+fn exchange(addr: &str, path: &str) -> Duration {
+    let start = Instant::now();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200"), "{path}");
+    start.elapsed()
 }
