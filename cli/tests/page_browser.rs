@@ -614,7 +614,7 @@ fn the_page_renders_1000_members_and_65536_partitions() {
         "return document.getElementById('members').innerText.includes('member-0999')",
     );
     leases("bottom");
-    // A loose bound, far above the 0.4 to 1.2 s measured (docs/observability.md): it fails a
+    // A loose bound, far above the 0.17 to 0.43 s measured (docs/observability.md): it fails a
     // page that stopped coping with the size, not a slow machine.
     assert!(
         first.as_f64().is_some_and(|ms| ms < 5000.0),
