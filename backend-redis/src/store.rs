@@ -793,7 +793,7 @@ impl backend::Backend for RedisStore {
         list_reply(self.run_listing(Op::List, script, prefix).await?)
     }
 
-    /// The listing of [`list`](Self::list) and, in the same script, each listed key's `PTTL`:
+    /// The listing of [`list`](backend::Backend::list) and, in the same script, each listed key's `PTTL`:
     /// one round trip, read at one instant of the server's clock.
     async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
         let script = &self.inner.scripts.list_with_ttl;

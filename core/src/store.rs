@@ -77,7 +77,7 @@ pub struct Capabilities {
     /// each backend does.
     pub native_notifications: bool,
     /// Whether [`Store::list_with_ttl`] answers each key's remaining time to live (true) or
-    /// [`Error::Unsupported`](crate::Error::Unsupported), as the provided method does (false).
+    /// [`Error::Unsupported`], as the provided method does (false).
     pub ttl_reads: bool,
 }
 
@@ -179,7 +179,7 @@ pub trait Store: Send + Sync + Debug + 'static + sealed::Sealed {
     /// key in its last second shows 0). For status pages and tools, never a heartbeat.
     ///
     /// The fallback [`Backend`](crate::backend::Backend) provides is
-    /// [`Error::Unsupported`](crate::Error::Unsupported): no other primitive reads a TTL.
+    /// [`Error::Unsupported`]: no other primitive reads a TTL.
     /// Backends that answer it say so in [`Capabilities::ttl_reads`].
     async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>>;
 
