@@ -189,6 +189,14 @@ impl Leases {
         }
     }
 
+    /// The whole seconds lease `id` has left, rounded down, as the server counts them; `None`
+    /// when the server no longer has it (expired or revoked).
+    pub(crate) async fn time_to_live(&self, id: i64) -> Result<Option<i64>, etcd_client::Error> {
+        let mut client = self.client.clone();
+        let resp = client.time_to_live(id, None).await?;
+        Ok((resp.ttl() >= 0).then_some(resp.ttl()))
+    }
+
     /// A fresh lease of `ttl` (rounded up to whole seconds), not shared.
     pub(crate) async fn grant_fresh(&self, ttl: Duration) -> Result<i64, etcd_client::Error> {
         self.grant(self.bucket(ttl)).await

@@ -188,6 +188,15 @@ impl EtcdStore {
         Ok(resp)
     }
 
+    /// Reads every key under `prefix`, for `op`.
+    async fn range(&self, op: Op, prefix: &str) -> Result<etcd_client::GetResponse> {
+        self.send(
+            |mut kv| async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await },
+        )
+        .await
+        .map_err(|e| self.classify(e, op))
+    }
+
     /// Runs `work` within the deadline.
     async fn deadline<T>(&self, op: Op, work: impl Future<Output = Result<T>>) -> Result<T> {
         self.inner.config.deadline().run(op.name(), work).await
@@ -661,6 +670,7 @@ impl backend::Backend for EtcdStore {
         caps.native_change_version = true;
         caps.native_renew_and_versions = true;
         caps.native_notifications = true;
+        caps.ttl_reads = true;
         caps
     }
 
@@ -790,13 +800,57 @@ impl backend::Backend for EtcdStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         self.deadline(Op::List, async {
-            let resp = self
-                .send(|mut kv| async move {
-                    kv.get(prefix, Some(GetOptions::new().with_prefix())).await
+            pairs(prefix, self.range(Op::List, prefix).await?.kvs())
+        })
+        .await
+    }
+
+    /// One range, then one `LeaseTimeToLive` per lease the listed keys carry (a renewed key has
+    /// a lease of its own; keys written together may share one), a few at a time. Whole
+    /// seconds, rounded down: a key in its last second shows 0.
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        /// How many `LeaseTimeToLive` calls are in flight at once.
+        const AT_ONCE: usize = 32;
+        self.deadline(Op::ListWithTtl, async {
+            let resp = self.range(Op::ListWithTtl, prefix).await?;
+            let listed = pairs(prefix, resp.kvs())?;
+            let leases: Vec<i64> = resp.kvs().iter().map(|kv| kv.lease()).collect();
+            let mut distinct: Vec<i64> = leases.iter().copied().filter(|&l| l != 0).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let mut left = HashMap::with_capacity(distinct.len());
+            for chunk in distinct.chunks(AT_ONCE) {
+                let mut calls = tokio::task::JoinSet::new();
+                for &id in chunk {
+                    let leases = self.inner.leases.clone();
+                    calls.spawn(async move { (id, leases.time_to_live(id).await) });
+                }
+                while let Some(done) = calls.join_next().await {
+                    let Ok((id, answer)) = done else {
+                        return Err(Error::Unavailable {
+                            backend: BACKEND,
+                            message: "a lease read was cancelled".into(),
+                            source: None,
+                        });
+                    };
+                    let secs = answer.map_err(|e| self.classify(e, Op::ListWithTtl))?;
+                    left.insert(id, secs);
+                }
+            }
+            // `pairs` keeps the range's order (etcd answers sorted by key): one lease per pair.
+            Ok(listed
+                .into_iter()
+                .zip(leases)
+                .map(|((k, v), lease)| {
+                    // A lease the server no longer has is a key on its way out: 0 left.
+                    let ttl = (lease != 0).then(|| {
+                        Duration::from_secs(
+                            left.get(&lease).copied().flatten().unwrap_or(0).max(0) as u64
+                        )
+                    });
+                    (k, v, ttl)
                 })
-                .await
-                .map_err(|e| self.classify(e, Op::List))?;
-            pairs(prefix, resp.kvs())
+                .collect())
         })
         .await
     }

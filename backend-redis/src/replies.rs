@@ -79,6 +79,43 @@ pub(crate) fn list_reply(reply: Value) -> Result<Vec<(String, String)>> {
     Ok(pairs)
 }
 
+/// Parses the reply of the list-with-TTL script, `{listing, ttls}` (one `PTTL` per listed key,
+/// in the listing's order; -1 for a key without a TTL), or the listing script's own error
+/// replies.
+pub(crate) fn list_with_ttl_reply(
+    reply: Value,
+) -> Result<Vec<(String, String, Option<std::time::Duration>)>> {
+    let Value::Array(mut items) = reply else {
+        return Err(unexpected(reply));
+    };
+    if items.len() != 2 || !matches!(items[0], Value::Array(_)) {
+        // `{'foreign', key, type}`: the listing's own answer.
+        return list_reply(Value::Array(items)).map(|_| Vec::new());
+    }
+    let (Some(Value::Array(ttls)), Some(Value::Array(listing))) = (items.pop(), items.pop()) else {
+        return Err(Error::Rejected {
+            backend: BACKEND,
+            message: "unexpected reply from the list_with_ttl script".into(),
+            source: None,
+        });
+    };
+    let names: Vec<String> = listing.iter().skip(1).step_by(2).map(text).collect();
+    let left: std::collections::HashMap<String, Option<std::time::Duration>> = names
+        .into_iter()
+        .zip(ttls.iter().map(|t| match t {
+            Value::Int(ms) if *ms >= 0 => Some(std::time::Duration::from_millis(*ms as u64)),
+            _ => None,
+        }))
+        .collect();
+    Ok(list_reply(Value::Array(listing))?
+        .into_iter()
+        .map(|(k, v)| {
+            let ttl = left.get(&k).copied().flatten();
+            (k, v, ttl)
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -60,6 +60,12 @@ const COMPARE_AND_DELETE_LUA: &str = replayable!(1, include_str!("scripts/compar
 /// `list` and `renew_and_list` share the listing (`list_body.lua` builds `out`); each adds its
 /// own ending, and `renew_and_list` its renewal in front.
 const LIST_LUA: &str = indexed!(0, include_str!("scripts/list_body.lua"), "return out\n");
+/// `list_with_ttl`: the listing, then each listed key's `PTTL`, answered as `{out, ttls}`.
+const LIST_WITH_TTL_LUA: &str = indexed!(
+    0,
+    include_str!("scripts/list_body.lua"),
+    "local ttls = {}\nfor i = 2, #out, 2 do ttls[#ttls + 1] = redis.call('PTTL', out[i]) end\nreturn {out, ttls}\n"
+);
 const RENEW_AND_LIST_LUA: &str = indexed!(
     1,
     include_str!("scripts/renew_head.lua"),
@@ -97,6 +103,7 @@ pub(crate) struct Scripts {
     pub(crate) delete: Script,
     pub(crate) compare_and_delete: Script,
     pub(crate) list: Script,
+    pub(crate) list_with_ttl: Script,
     pub(crate) incr_and_get: Script,
     pub(crate) renew_and_list: Script,
     pub(crate) renew_check: Script,
@@ -113,6 +120,7 @@ impl Scripts {
             delete: Script::new(DELETE_LUA),
             compare_and_delete: Script::new(COMPARE_AND_DELETE_LUA),
             list: Script::new(LIST_LUA),
+            list_with_ttl: Script::new(LIST_WITH_TTL_LUA),
             incr_and_get: Script::new(INCR_AND_GET_LUA),
             renew_and_list: Script::new(RENEW_AND_LIST_LUA),
             renew_check: Script::new(RENEW_CHECK_LUA),

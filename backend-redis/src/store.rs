@@ -27,7 +27,9 @@ use crate::index::{
 };
 use crate::notify;
 use crate::reconnect::Reconnecting;
-use crate::replies::{foreign_reply, list_reply, unexpected, written_or_foreign};
+use crate::replies::{
+    foreign_reply, list_reply, list_with_ttl_reply, unexpected, written_or_foreign,
+};
 use crate::scripts::{ttl_arg, Scripts};
 
 /// A [`Store`] in Redis or Redis Cluster, shared by any number of processes and machines.
@@ -403,6 +405,23 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Runs a listing script (`list_body.lua` and its ending) over the prefix's range of the
+    /// key index; the index keys are the script's KEYS, so on Cluster they route it to the
+    /// prefix's slot.
+    async fn run_listing(&self, op: Op, script: &redis::Script, prefix: &str) -> Result<Value> {
+        let index = self.index_for_prefix(prefix)?;
+        let mut call = script.key(&index.index);
+        call.key(&index.expiry);
+        index.declare(&mut call, dir_of(prefix));
+        call.arg(prefix);
+        self.run(op, None, Some(&index), |mut c| async move {
+            call.invoke_async(&mut c).await
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl backend::Backend for RedisStore {
     fn capabilities(&self) -> Capabilities {
@@ -414,6 +433,7 @@ impl backend::Backend for RedisStore {
         caps.native_change_version = true;
         caps.native_renew_and_versions = true;
         caps.native_notifications = self.inner.notify_target.is_some();
+        caps.ttl_reads = true;
         caps
     }
 
@@ -771,18 +791,15 @@ impl backend::Backend for RedisStore {
     /// under the prefix, whatever else the database holds. Lists the keys written through
     /// headcount only.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        let index = self.index_for_prefix(prefix)?;
-        // The index keys are the script's KEYS: on Cluster they route it to the prefix's slot.
-        let mut call = self.inner.scripts.list.key(&index.index);
-        call.key(&index.expiry);
-        index.declare(&mut call, dir_of(prefix));
-        call.arg(prefix);
-        let reply: Value = self
-            .run(Op::List, None, Some(&index), |mut c| async move {
-                call.invoke_async(&mut c).await
-            })
-            .await?;
-        list_reply(reply)
+        let script = &self.inner.scripts.list;
+        list_reply(self.run_listing(Op::List, script, prefix).await?)
+    }
+
+    /// The listing of [`list`](backend::Backend::list) and, in the same script, each listed key's `PTTL`:
+    /// one round trip, read at one instant of the server's clock.
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        let script = &self.inner.scripts.list_with_ttl;
+        list_with_ttl_reply(self.run_listing(Op::ListWithTtl, script, prefix).await?)
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
@@ -874,7 +891,7 @@ impl RedisStore {
 
 /// Whether `op` writes (so `wait_replicas` waits for the replicas after it).
 fn writes(op: Op) -> bool {
-    !matches!(op, Op::Get | Op::List | Op::Durability)
+    !matches!(op, Op::Get | Op::List | Op::ListWithTtl | Op::Durability)
 }
 
 #[cfg(test)]

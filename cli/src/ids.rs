@@ -415,6 +415,9 @@ impl headcount::backend::Backend for Later {
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         self.store().await?.list(prefix).await
     }
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        self.store().await?.list_with_ttl(prefix).await
+    }
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
         self.store().await?.set_max(key, value, ttl).await
     }

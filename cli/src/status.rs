@@ -310,6 +310,10 @@ pub fn document(
                 "since": rfc3339(UNIX_EPOCH + Duration::from_millis(r.since_ms)),
                 "age_ms": now_ms.saturating_sub(r.since_ms),
                 "ttl_ms": r.ttl_ms,
+                // As the store counts it (the slot key's remaining TTL, less any crash grace);
+                // null for a parked claim or a store that cannot read TTLs.
+                "lease_left_ms": s.lease_left(slot).map(|d| d.as_millis() as u64),
+                "record_left_ms": s.record_left.get(&slot).map(|d| d.as_millis() as u64),
                 "acked": s.acked(slot),
                 "in_view": in_view,
                 "holds_up": holding_up.binary_search(&slot).is_ok(),
@@ -497,13 +501,14 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
             .unwrap_or(6)
             .max(6);
         emit!(
-            "{:>4}  {:<width$}  {:<16}  {:<24}  {:>9}  {:>8}  {:>6}  {:>10}",
+            "{:>4}  {:<width$}  {:<16}  {:<24}  {:>9}  {:>8}  {:>10}  {:>6}  {:>10}",
             "slot",
             "member",
             "nonce",
             "since",
             "age",
             "ttl",
+            "lease left",
             "acked",
             "owns"
         )?;
@@ -516,14 +521,19 @@ fn print_table(args: &StatusArgs, s: &GroupStatus, now: SystemTime) -> Result<()
                 (None, _, Some(n)) => n.to_string(),
                 _ => "-".to_owned(),
             };
+            let lease_left = match s.lease_left(slot) {
+                Some(d) => format!("{}ms", d.as_millis()),
+                None => "-".to_owned(),
+            };
             emit!(
-                "{:>4}  {:<width$}  {:016x}  {:<24}  {:>8.1}s  {:>6}ms  {:>6}  {:>10}",
+                "{:>4}  {:<width$}  {:016x}  {:<24}  {:>8.1}s  {:>6}ms  {:>10}  {:>6}  {:>10}",
                 slot,
                 r.member,
                 r.nonce,
                 rfc3339(UNIX_EPOCH + Duration::from_millis(r.since_ms)),
                 now_ms.saturating_sub(r.since_ms) as f64 / 1000.0,
                 r.ttl_ms,
+                lease_left,
                 s.acked(slot).unwrap_or(r.acked),
                 owns
             )?;

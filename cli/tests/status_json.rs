@@ -271,6 +271,82 @@ fn every_status_document_matches_the_schema() {
     }
 }
 
+/// `status` shows each member's lease left as the store counts it: within (0, ttl] for a member
+/// that renews, and going down for one that stopped (SIGSTOP) until it is renewed again; in
+/// the table and in `--json`.
+fn shows_lease_left(url: &str) {
+    let _live = run(url, "lease", "renewing", &["--ttl", "2s"]);
+    let s = settled(url, "lease", 1, &[]);
+    let left = s["members"][0]["lease_left_ms"]
+        .as_u64()
+        .expect("a lease left");
+    assert!(left > 0 && left <= 2000, "{s:#}");
+    assert_eq!(
+        s["members"][0]["record_left_ms"], left,
+        "no crash grace: {s:#}"
+    );
+    let _frozen = frozen_member(url);
+    let lease = |s: &Value| {
+        s["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["member"] == "m0")
+            .and_then(|m| m["lease_left_ms"].as_u64())
+            .expect("m0's lease left")
+    };
+    let first = lease(&status_json(url, "g", &[]));
+    assert!(first > 0 && first <= 60_000, "{first}");
+    let later = eventually_blocking(
+        "the stopped member's lease to go down",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || {
+            let now = lease(&status_json(url, "g", &[]));
+            if now < first && now > 0 {
+                Ok(now)
+            } else {
+                Err(Value::from(now))
+            }
+        },
+    );
+    assert!(later < first);
+    let out = headcount()
+        .args(["status", "--store", url, "--group", "g"])
+        .output()
+        .expect("status");
+    let table = text(&out.stdout);
+    assert!(table.contains("lease left"), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.contains(" m0 "))
+        .expect("m0's row");
+    let shown: u64 = row
+        .split_whitespace()
+        .filter_map(|w| w.strip_suffix("ms"))
+        .filter_map(|n| n.parse().ok())
+        .find(|&n| n != 60_000)
+        .unwrap_or_else(|| panic!("a lease left in {row}"));
+    assert!(shown > 0 && shown <= first, "{row}");
+}
+
+#[test]
+fn status_shows_lease_left_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    shows_lease_left(&sqlite(dir.path(), "lease.db"));
+}
+
+#[test]
+fn status_shows_lease_left_on_redis() {
+    use headcount_harness::{skip_unless_required, KvStore, ServerKind};
+    let started = KvStore::redis(None);
+    let Some(redis) = skip_unless_required(ServerKind::Redis, "lease left over Redis", started)
+    else {
+        return;
+    };
+    shows_lease_left(&redis.url());
+}
+
 /// The check above fails a document that strays from the schema (a field added, one
 /// missing, a wrong type): it could catch a change of the document.
 #[test]

@@ -79,6 +79,7 @@ macro_rules! for_each_case {
             { ttl_on_store_clock, Store, "a key is visible to every read that completes before write_sent + ttl and gone for every read sent after write_completed + ttl + tolerance" },
             { get_absent, Store, "get of a never-written key, and of a deleted one, is None" },
             { expire_absent, Store, "expire on an absent or expired key returns false and creates nothing" },
+            { list_with_ttl_counts_down, Store, "list_with_ttl lists what list lists with each key's time left: within (0, ttl] for a key written or renewed with a TTL, None without; it goes down and a renewal sets it back up" },
             { expire_live_extends, Store, "expire on a live key returns true and replaces its TTL: it extends a short one and gives a persistent key one" },
             { cas_when_absent, Store, "CAS with expected None writes only when the key is absent" },
             { cas_when_equal, Store, "CAS with the current value writes" },

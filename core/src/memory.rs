@@ -148,6 +148,23 @@ pub(crate) mod data {
                 .map(|(k, e)| (k.clone(), e.value.clone()))
                 .collect()
         }
+
+        /// [`Data::list`] with each key's time left (`None` for a key without a TTL).
+        pub fn list_with_ttl(
+            &mut self,
+            prefix: &str,
+            now: SystemTime,
+        ) -> Vec<(String, String, Option<Duration>)> {
+            self.map
+                .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .filter(|(_, e)| e.live(now))
+                .map(|(k, e)| {
+                    let left = e.expires.map(|t| t.duration_since(now).unwrap_or_default());
+                    (k.clone(), e.value.clone(), left)
+                })
+                .collect()
+        }
     }
 
     /// When a key written at `now` with `ttl` expires.
@@ -270,6 +287,7 @@ impl backend::Backend for MemoryStore {
         caps.native_compare_and_delete = true;
         caps.native_renew_and_versions = true;
         caps.native_notifications = true;
+        caps.ttl_reads = true;
         caps.shared = false;
         caps
     }
@@ -346,6 +364,11 @@ impl backend::Backend for MemoryStore {
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         let now = self.now();
         Ok(self.lock().list(prefix, now))
+    }
+
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        let now = self.now();
+        Ok(self.lock().list_with_ttl(prefix, now))
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {

@@ -39,11 +39,13 @@ pub enum Op {
     RenewAndVersions,
     /// [`Store::durability`].
     Durability,
+    /// [`Store::list_with_ttl`].
+    ListWithTtl,
 }
 
 impl Op {
     /// Every primitive, in the order of the variants.
-    pub const ALL: [Op; 13] = [
+    pub const ALL: [Op; 14] = [
         Op::Incr,
         Op::Get,
         Op::Expire,
@@ -57,6 +59,7 @@ impl Op {
         Op::RenewAndListIfChanged,
         Op::RenewAndVersions,
         Op::Durability,
+        Op::ListWithTtl,
     ];
 
     /// The method's name: `incr`, `get`, `compare_and_set`, …
@@ -75,6 +78,7 @@ impl Op {
             Op::RenewAndListIfChanged => "renew_and_list_if_changed",
             Op::RenewAndVersions => "renew_and_versions",
             Op::Durability => "durability",
+            Op::ListWithTtl => "list_with_ttl",
         }
     }
 }
@@ -127,6 +131,8 @@ macro_rules! for_each_op {
               scope: key, check: { check_key(key)?; check_value(expected)?; } },
             { durability, Durability, () -> Durability,
               scope: "", check: {} },
+            { list_with_ttl, ListWithTtl, (prefix: &str) -> Vec<(String, String, Option<Duration>)>,
+              scope: prefix, check: { check_prefix(prefix)?; } },
         ] }
     };
 }

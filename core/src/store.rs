@@ -76,6 +76,9 @@ pub struct Capabilities {
     /// process are notified. See [`crate::notify`] for what a notification promises and what
     /// each backend does.
     pub native_notifications: bool,
+    /// Whether [`Store::list_with_ttl`] answers each key's remaining time to live (true) or
+    /// [`Error::Unsupported`], as the provided method does (false).
+    pub ttl_reads: bool,
 }
 
 impl Capabilities {
@@ -94,6 +97,7 @@ impl Capabilities {
             native_change_version: false,
             native_renew_and_versions: false,
             native_notifications: false,
+            ttl_reads: false,
         }
     }
 
@@ -164,6 +168,20 @@ pub trait Store: Send + Sync + Debug + 'static + sealed::Sealed {
     /// the prefix must contain a hash tag (`hc:{group}:`), else the listing is
     /// [`Error::Unsupported`]. The other backends list whatever the store holds.
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>>;
+
+    /// [`Store::list`], with each key's remaining time to live as the store's clock counts it
+    /// (`None` for a key written without a TTL): how long the key lives unless it is renewed,
+    /// at most the TTL it was last given, rounded up to the backend's
+    /// [granularity](Capabilities::ttl_granularity). `headcount status` shows a member's lease
+    /// left with it. One round trip on Redis (`PTTL` in the listing's script), SQLite and
+    /// PostgreSQL (`expires_at - now()` in the listing's query); on etcd one range and one
+    /// `LeaseTimeToLive` per lease the keys carry, answered in whole seconds rounded down (so a
+    /// key in its last second shows 0). For status pages and tools, never a heartbeat.
+    ///
+    /// The fallback [`Backend`](crate::backend::Backend) provides is
+    /// [`Error::Unsupported`]: no other primitive reads a TTL.
+    /// Backends that answer it say so in [`Capabilities::ttl_reads`].
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>>;
 
     /// Sets the counter at `key` to `value` if it is absent, expired, or holds a smaller number
     /// (the `set_if_less_than` of the majority-IDs algorithm). Returns whether it wrote. `ttl`

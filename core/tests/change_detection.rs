@@ -78,6 +78,9 @@ impl Backend for MissedChanges {
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         self.inner.list(prefix).await
     }
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        self.inner.list_with_ttl(prefix).await
+    }
     async fn renew_and_list_if_changed(
         &self,
         key: &str,

@@ -318,6 +318,12 @@ impl headcount_core::backend::Backend for Counting {
     async fn list(&self, prefix: &str) -> headcount_core::Result<Vec<(String, String)>> {
         self.inner.list(prefix).await
     }
+    async fn list_with_ttl(
+        &self,
+        prefix: &str,
+    ) -> headcount_core::Result<Vec<(String, String, Option<Duration>)>> {
+        self.inner.list_with_ttl(prefix).await
+    }
     async fn renew_and_list_if_changed(
         &self,
         key: &str,

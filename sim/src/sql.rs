@@ -89,6 +89,10 @@ impl Backend for SqlModel {
         Backend::list(&self.data, prefix).await
     }
 
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        Backend::list_with_ttl(&self.data, prefix).await
+    }
+
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
         Backend::set_max(&self.data, key, value, ttl).await
     }

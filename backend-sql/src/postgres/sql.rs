@@ -75,6 +75,8 @@ pub(crate) struct Statements {
     pub(crate) delete: Statement,
     pub(crate) compare_and_delete: Statement,
     pub(crate) list: Statement,
+    /// The listing with each key's milliseconds left on the server's clock (NULL for none).
+    pub(crate) list_with_ttl: Statement,
     pub(crate) renew_and_list: Statement,
     pub(crate) renew_if_changed: Statement,
     /// `renew_and_versions` over 1, 2, ... [`RENEW_VERSIONS_BUILT`] directories, by the count
@@ -215,6 +217,13 @@ COMMENT ON TABLE {t} IS 'headcount coordination keys: value is text (counters in
             )
             .typed(&[TEXT, TEXT]),
             list: format!("{} ORDER BY cur.key", listing("$1", "$2"))
+            .typed(&[TEXT, TEXT]),
+            // Rounded up: a live key has more than 0 ms left.
+            list_with_ttl: format!(
+                "SELECT q.key, q.value, ceil(extract(epoch FROM (q.expires_at - now())) * 1000)::bigint
+                 FROM ({}) AS q ORDER BY q.key",
+                listing("$1", "$2").replacen("SELECT cur.key, cur.value", "SELECT cur.key, cur.value, cur.expires_at", 1)
+            )
             .typed(&[TEXT, TEXT]),
             // One statement: the CTE renews, the outer query lists. The listing reads the
             // snapshot the statement started with, so it does not see the new expiry, but the

@@ -206,6 +206,7 @@ impl backend::Backend for PostgresStore {
         caps.native_compare_and_delete = true;
         caps.native_renew_and_versions = true;
         caps.native_notifications = self.notify.own_connection && self.inner.notifying();
+        caps.ttl_reads = true;
         caps
     }
 
@@ -424,6 +425,27 @@ impl backend::Backend for PostgresStore {
             .await?;
         rows.iter()
             .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect::<std::result::Result<Vec<_>, tokio_postgres::Error>>()
+            .map_err(|e| Error::rejected(BACKEND, format!("unexpected result column: {e}"), e))
+    }
+
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        let (head, whole) = prefix_patterns(prefix);
+        let rows = self
+            .inner
+            .query(
+                Op::ListWithTtl,
+                &self.inner.sql.list_with_ttl,
+                &[&head, &whole],
+                None,
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let left: Option<i64> = row.try_get(2)?;
+                let left = left.map(|ms| Duration::from_millis(ms.max(0) as u64));
+                Ok((row.try_get(0)?, row.try_get(1)?, left))
+            })
             .collect::<std::result::Result<Vec<_>, tokio_postgres::Error>>()
             .map_err(|e| Error::rejected(BACKEND, format!("unexpected result column: {e}"), e))
     }

@@ -517,6 +517,19 @@ fn renew(tx: &Connection, key: &str, holder: &str, ttl_ms: i64, now: i64) -> Res
 }
 
 pub(crate) fn list(conn: &Connection, prefix: &str, now: i64) -> Result<Vec<(String, String)>> {
+    Ok(list_with_expiry(conn, prefix, now)?
+        .into_iter()
+        .map(|(k, v, _)| (k, v))
+        .collect())
+}
+
+/// The live keys under `prefix` with their values and their `expires_at` (Unix ms, `None` for
+/// a key without a TTL), sorted by key: [`list`], and the TTLs of `list_with_ttl`.
+pub(crate) fn list_with_expiry(
+    conn: &Connection,
+    prefix: &str,
+    now: i64,
+) -> Result<Vec<(String, String, Option<i64>)>> {
     // `key >= prefix AND key < successor(prefix)` is exactly "starts with prefix" under bytewise
     // (= code point) order, and is a range scan of the primary key.
     // Two statements rather than `(?3 IS NULL OR key < ?3)`, which would hide the upper bound
@@ -524,7 +537,7 @@ pub(crate) fn list(conn: &Connection, prefix: &str, now: i64) -> Result<Vec<(Str
     static SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
         ["", "AND key < ?3"].map(|bound| {
             format!(
-                "SELECT key, value FROM {TABLE}
+                "SELECT key, value, expires_at FROM {TABLE}
                  WHERE key >= ?1 {bound} AND (expires_at IS NULL OR expires_at > ?2)
                  ORDER BY key"
             )
@@ -543,7 +556,8 @@ pub(crate) fn list(conn: &Connection, prefix: &str, now: i64) -> Result<Vec<(Str
     while let Some(row) = rows.next().sql()? {
         let key = text_of("(a key)", row.get_ref(0).sql()?)?;
         let value = text_of(&key, row.get_ref(1).sql()?)?;
-        out.push((key, value));
+        let expires: Option<i64> = row.get(2).sql()?;
+        out.push((key, value, expires));
     }
     Ok(out)
 }

@@ -16,8 +16,8 @@ use super::config::{Location, SqliteConfig};
 use super::connection::Worker;
 use super::errors::{Sql, BACKEND};
 use super::sql::{
-    compare_and_delete, compare_and_set, delete, expire, incr, incr_and_get, list, live_value,
-    now_ms, renew_and_list, renew_and_versions, set_max,
+    compare_and_delete, compare_and_set, delete, expire, incr, incr_and_get, list,
+    list_with_expiry, live_value, now_ms, renew_and_list, renew_and_versions, set_max,
 };
 
 /// A [`Store`](headcount_core::Store) in an SQLite database file (or in memory), shared safely by every process that
@@ -108,6 +108,7 @@ impl backend::Backend for SqliteStore {
         caps.native_renew_and_versions = true;
         caps.shared = !self.is_memory();
         caps.native_notifications = true;
+        caps.ttl_reads = true;
         caps
     }
 
@@ -194,6 +195,25 @@ impl backend::Backend for SqliteStore {
         let prefix = prefix.to_owned();
         self.call(Op::List, move |conn| list(conn, &prefix, now_ms()))
             .await
+    }
+
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        let prefix = prefix.to_owned();
+        self.call(Op::ListWithTtl, move |conn| {
+            let now = now_ms();
+            Ok(list_with_expiry(conn, &prefix, now)?
+                .into_iter()
+                .map(|(k, v, expires)| {
+                    // A stored expiry carries the millisecond added so a key never falls short of
+                    // its TTL (`sql::expiry`): the TTL itself ends a millisecond earlier.
+                    let left = expires.map(|t| {
+                        Duration::from_millis(t.saturating_sub(now).saturating_sub(1).max(0) as u64)
+                    });
+                    (k, v, left)
+                })
+                .collect())
+        })
+        .await
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {

@@ -45,7 +45,6 @@ struct Kept {
     status: Option<Arc<GroupStatus>>,
     /// When the group was last read.
     read_at: Option<Instant>,
-    observer: Observer,
 }
 
 /// One group's page (see the module's documentation).
@@ -57,8 +56,10 @@ pub struct Page {
     /// no gaps), rather than only within [`IDLE_AFTER`] of a request.
     always: bool,
     kept: Mutex<Kept>,
-    /// Held while the group is read: reads that overlapped could be taken in out of order.
-    reading: tokio::sync::Mutex<()>,
+    /// Held while the group is read (reads that overlapped could be taken in out of order),
+    /// with the view changes seen: the documents are built under it, not under [`Kept`]'s lock,
+    /// so requests are answered while a read builds its documents.
+    reading: tokio::sync::Mutex<Observer>,
     last_request: Mutex<Option<Instant>>,
     wake: Notify,
 }
@@ -144,7 +145,7 @@ impl Page {
             declared,
             always,
             kept: Mutex::new(Kept::default()),
-            reading: tokio::sync::Mutex::new(()),
+            reading: tokio::sync::Mutex::new(Observer::default()),
             last_request: Mutex::new(None),
             wake: Notify::new(),
         })
@@ -175,7 +176,7 @@ impl Page {
 
     /// Reads the group once and keeps the documents.
     async fn read(&self) {
-        let _one = self.reading.lock().await;
+        let mut observer = self.reading.lock().await;
         let started = Instant::now();
         let now = SystemTime::now();
         let read = status_with_keys(
@@ -187,26 +188,35 @@ impl Page {
             self.declared.clone(),
         )
         .await;
-        let mut kept = self.kept();
-        kept.read_at = Some(started);
         match read {
             Ok(s) => {
-                kept.observer.observe(&s, now, self.args.sample);
-                let doc = document(&self.args, &s, now, &kept.observer);
-                kept.document = Some(Arc::new(doc.to_string().into_bytes()));
-                let newest = kept.observer.owners();
-                match newest {
-                    Some((epoch, _)) if kept.owners.as_ref().is_some_and(|(e, _)| *e == epoch) => {}
-                    Some((epoch, owners)) => {
-                        let doc = owners_document(&s, epoch, &owners);
-                        kept.owners = Some((epoch, Arc::new(doc.to_string().into_bytes())));
-                    }
-                    None => kept.owners = None,
+                observer.observe(&s, now, self.args.sample);
+                let doc = Arc::new(
+                    document(&self.args, &s, now, &observer)
+                        .to_string()
+                        .into_bytes(),
+                );
+                let kept_epoch = self.kept().owners.as_ref().map(|(e, _)| *e);
+                let owners = match observer.owners() {
+                    Some((epoch, _)) if kept_epoch == Some(epoch) => None,
+                    Some((epoch, owners)) => Some(Some((
+                        epoch,
+                        Arc::new(owners_document(&s, epoch, &owners).to_string().into_bytes()),
+                    ))),
+                    None => Some(None),
+                };
+                let mut kept = self.kept();
+                kept.read_at = Some(started);
+                kept.document = Some(doc);
+                if let Some(owners) = owners {
+                    kept.owners = owners;
                 }
                 kept.status = Some(Arc::new(s));
             }
             Err(e) => {
                 let doc = error_document(&self.args.group, now, &e);
+                let mut kept = self.kept();
+                kept.read_at = Some(started);
                 kept.document = Some(Arc::new(doc.to_string().into_bytes()));
             }
         }

@@ -813,6 +813,13 @@ impl headcount::backend::Backend for Flaky {
         self.check()?;
         self.inner.list(prefix).await
     }
+    async fn list_with_ttl(
+        &self,
+        prefix: &str,
+    ) -> headcount::Result<Vec<(String, String, Option<Duration>)>> {
+        self.check()?;
+        self.inner.list_with_ttl(prefix).await
+    }
     async fn incr_and_get(
         &self,
         incr_key: &str,

@@ -400,4 +400,10 @@ impl Backend for NoNotifications {
     async fn list(&self, prefix: &str) -> headcount::Result<Vec<(String, String)>> {
         self.0.list(prefix).await
     }
+    async fn list_with_ttl(
+        &self,
+        prefix: &str,
+    ) -> headcount::Result<Vec<(String, String, Option<Duration>)>> {
+        self.0.list_with_ttl(prefix).await
+    }
 }

@@ -111,3 +111,95 @@ pub async fn expire_live_extends(ctx: &Ctx) -> CaseResult {
     let (extend, shorten) = futures::join!(extend, shorten);
     extend.and(shorten)
 }
+
+/// `list_with_ttl` lists what `list` lists, with each key's time left: within (0, ttl] for a
+/// key written or renewed with a TTL, `None` for one without; the time left goes down, and a
+/// renewal sets it back up. A store without TTL reads says so in its capabilities and answers
+/// `Unsupported`, noted on stderr.
+pub async fn list_with_ttl_counts_down(ctx: &Ctx) -> CaseResult {
+    let store = &ctx.store;
+    let dir = ctx.key("left:");
+    if !ctx.caps().ttl_reads {
+        let e = store.list_with_ttl(&dir).await;
+        ensure!(
+            matches!(e, Err(headcount::Error::Unsupported { .. })),
+            "ttl_reads is false, yet list_with_ttl answered {e:?}"
+        );
+        eprintln!(
+            "NOTE list_with_ttl_counts_down: the {} backend does not read TTLs (ttl_reads is false)",
+            ctx.caps().backend
+        );
+        return Ok(());
+    }
+    let ttl = Duration::from_secs(10);
+    let most = ctx.caps().effective_ttl(ttl);
+    let (written, renewed, forever) = (ctx.key("left:a"), ctx.key("left:b"), ctx.key("left:c"));
+    put(ctx, &written, "a", Some(ttl)).await?;
+    put(ctx, &renewed, "b", Some(Duration::from_secs(2))).await?;
+    ensure!(
+        store.expire(&renewed, ttl).await.during("expire")?,
+        "expire on a live key"
+    );
+    put(ctx, &forever, "c", None).await?;
+    put(ctx, &ctx.key("other:d"), "d", Some(ttl)).await?;
+    let left_of = |listed: &[(String, String, Option<Duration>)], key: &str| {
+        listed
+            .iter()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, _, left)| *left)
+    };
+    let listed = store.list_with_ttl(&dir).await.during("list_with_ttl")?;
+    let plain = store.list(&dir).await.during("list")?;
+    ensure_eq!(
+        listed
+            .iter()
+            .map(|(k, v, _)| (k.clone(), v.clone()))
+            .collect::<Vec<_>>(),
+        plain,
+        "list_with_ttl lists what list lists"
+    );
+    ensure_eq!(
+        left_of(&listed, &forever),
+        Some(None),
+        "a key without a TTL"
+    );
+    let mut first = Duration::ZERO;
+    for key in [&written, &renewed] {
+        let left = left_of(&listed, key).flatten();
+        ensure!(
+            left.is_some_and(|l| l > Duration::ZERO && l <= most),
+            "{key} was given {ttl:?} (at most {most:?} on this backend); time left: {left:?}"
+        );
+        if key == &written {
+            first = left.unwrap_or_default();
+        }
+    }
+    // Down: etcd counts whole seconds, so this takes a second there.
+    let later = crate::wait::until(
+        "the time left to go down",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async {
+            let listed = store.list_with_ttl(&dir).await;
+            match listed.map(|l| left_of(&l, &written).flatten()) {
+                Ok(Some(left)) if left < first => Ok(left),
+                other => Err(other),
+            }
+        },
+    )
+    .await
+    .map_err(crate::Failure::new)?;
+    ensure!(later > Duration::ZERO, "{written} live, yet 0 left");
+    // And back up on a renewal.
+    ensure!(
+        store.expire(&written, ttl).await.during("expire")?,
+        "expire on a live key"
+    );
+    let listed = store.list_with_ttl(&dir).await.during("list_with_ttl")?;
+    let renewed_left = left_of(&listed, &written).flatten();
+    ensure!(
+        renewed_left.is_some_and(|l| l > later && l <= most),
+        "renewed with {ttl:?}: time left {renewed_left:?}, {later:?} before the renewal"
+    );
+    Ok(())
+}

@@ -214,6 +214,16 @@ pub trait Backend: Send + Sync + Debug + 'static {
         Backend::compare_and_set(self, key, Some(expected), expected, Some(shortest)).await
     }
 
+    /// See [`Store::list_with_ttl`]. Provided: [`Error::Unsupported`], since no other primitive
+    /// reads a TTL.
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        let _ = prefix;
+        Err(Error::Unsupported {
+            backend: Backend::capabilities(self).backend,
+            what: "reading a key's remaining time to live (list_with_ttl)".to_owned(),
+        })
+    }
+
     /// See [`Store::durability`]. Provided: "not known to be durable".
     async fn durability(&self) -> Result<Durability> {
         Ok(Durability::not_durable(format!(

@@ -395,6 +395,7 @@ impl backend::Backend for EtcdModel {
         caps.native_change_version = true;
         caps.native_renew_and_versions = true;
         caps.native_notifications = true;
+        caps.ttl_reads = true;
         caps
     }
 
@@ -442,6 +443,17 @@ impl backend::Backend for EtcdModel {
 
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         Ok(self.run(|t| t.data.list(prefix, t.now)))
+    }
+
+    /// As etcd's `LeaseTimeToLive` answers: whole seconds, rounded down.
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        Ok(self.run(|t| {
+            t.data
+                .list_with_ttl(prefix, t.now)
+                .into_iter()
+                .map(|(k, v, left)| (k, v, left.map(|d| Duration::from_secs(d.as_secs()))))
+                .collect()
+        }))
     }
 
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {

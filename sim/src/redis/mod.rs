@@ -298,6 +298,10 @@ impl backend::Backend for RedisModel {
         Ok(self.script(|s| s.list(prefix)))
     }
 
+    async fn list_with_ttl(&self, prefix: &str) -> Result<Vec<(String, String, Option<Duration>)>> {
+        Ok(self.script(|s| s.list_with_ttl(prefix)))
+    }
+
     async fn set_max(&self, key: &str, value: i64, ttl: Option<Duration>) -> Result<bool> {
         self.script(|s| {
             if let Some(v) = s.value(key) {

@@ -195,6 +195,25 @@ impl<'a> Script<'a> {
         self.sweep(SWEEP);
     }
 
+    /// [`Self::list`], with each listed key's `PTTL` (the list-with-TTL script).
+    pub(super) fn list_with_ttl(
+        &mut self,
+        prefix: &str,
+    ) -> Vec<(String, String, Option<std::time::Duration>)> {
+        let listed = self.list(prefix);
+        let now = self.now;
+        listed
+            .into_iter()
+            .map(|(k, v)| {
+                let left = self
+                    .pttl(&k)
+                    .flatten()
+                    .map(|t| t.duration_since(now).unwrap_or_default());
+                (k, v, left)
+            })
+            .collect()
+    }
+
     /// The live keys under `prefix` the index holds, sorted (`list_body.lua`).
     pub(super) fn list(&mut self, prefix: &str) -> Vec<(String, String)> {
         let names: Vec<String> = self

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::layout::GroupLayout;
 use super::records::{parse_acks, AckRecord, StandbyRecord, ViewRecord};
@@ -55,6 +56,12 @@ pub struct GroupStatus {
     /// The members standing by for a leaving member's slot
     /// ([`GroupConfig::with_standby`](super::GroupConfig::with_standby)), oldest first.
     pub standbys: Vec<Standby>,
+    /// How long the store keeps each live slot's record unless it is renewed (the key's remaining
+    /// time to live, read with [`Store::list_with_ttl`](crate::Store::list_with_ttl) in the
+    /// listing of the slots), by slot; empty on a store that cannot read TTLs
+    /// ([`Capabilities::ttl_reads`](crate::Capabilities::ttl_reads)). See
+    /// [`lease_left`](Self::lease_left).
+    pub record_left: BTreeMap<u32, Duration>,
     /// What is wrong at the group's keys, each with its fix: a key holding a value (or, on
     /// Redis, a type) that is not a record of ours, a key the listings miss. [`status`] shows
     /// everything else beside them instead of failing.
@@ -165,8 +172,24 @@ impl GroupStatus {
             keys_owned: Vec::new(),
             unmapped: None,
             standbys: Vec::new(),
+            record_left: BTreeMap::new(),
             problems: Vec::new(),
         }
+    }
+
+    /// How long the member of `slot` holds its lease unless it renews it, as the store counts
+    /// it: its record's remaining time to live ([`record_left`](Self::record_left)) less the
+    /// crash grace the record outlives the lease by; zero while the record lives on in that
+    /// grace (the member stopped renewing). `None` for a parked claim (its record is kept for
+    /// the restart window and holds no lease), a slot not listed, or a store that cannot read
+    /// TTLs. Each renewal sets it back to the member's TTL.
+    pub fn lease_left(&self, slot: u32) -> Option<Duration> {
+        let record = self.table.slots.get(&slot)?;
+        if record.parked.is_some() {
+            return None;
+        }
+        let left = self.record_left.get(&slot)?;
+        Some(left.saturating_sub(Duration::from_millis(record.grace.unwrap_or(0))))
     }
 
     /// The newest epoch the holder of `slot` is known to have acknowledged: in its
@@ -362,7 +385,7 @@ pub async fn status_with_keys(
 ) -> Result<GroupStatus> {
     let layout = GroupLayout::new(Keyspace::with_prefix(prefix, group)?);
     let mut problems = Vec::new();
-    let table = read_table(store, &layout, &mut problems).await?;
+    let (table, record_left) = read_table(store, &layout, &mut problems).await?;
     let acks = match store.list(&layout.acks).await {
         Ok(listing) => parse_acks(&layout.acks, listing),
         Err(e) => match Problem::of_error(&e, "an acknowledgement key holds another type") {
@@ -529,6 +552,7 @@ pub async fn status_with_keys(
         keys_owned,
         unmapped,
         standbys,
+        record_left,
         problems,
     })
 }
@@ -536,11 +560,13 @@ pub async fn status_with_keys(
 /// [`SlotTable::read`], but a directory whose listing meets a key of another Redis type is a
 /// [`Problem`], not a failure: the view directory's two keys are then read one by one (so a
 /// view beside a foreign settled mark still shows), and a slot directory shows no members.
+/// The slots are listed with their remaining TTLs where the store reads them (in the same
+/// round trip on Redis and the SQL stores), answered by slot beside the table.
 async fn read_table(
     store: &DynStore,
     layout: &GroupLayout,
     problems: &mut Vec<Problem>,
-) -> Result<SlotTable> {
+) -> Result<(SlotTable, BTreeMap<u32, Duration>)> {
     let views = match store.list(&layout.views).await {
         Ok(listing) => listing,
         Err(e) => {
@@ -568,7 +594,23 @@ async fn read_table(
             listing
         }
     };
-    let slots = match store.list(&layout.slots).await {
+    let mut left = std::collections::HashMap::new();
+    let listed = if store.capabilities().ttl_reads {
+        store.list_with_ttl(&layout.slots).await.map(|listing| {
+            listing
+                .into_iter()
+                .map(|(k, v, ttl)| {
+                    if let Some(ttl) = ttl {
+                        left.insert(k.clone(), ttl);
+                    }
+                    (k, v)
+                })
+                .collect()
+        })
+    } else {
+        store.list(&layout.slots).await
+    };
+    let slots = match listed {
         Ok(listing) => listing,
         Err(e) => match Problem::of_error(
             &e,
@@ -583,7 +625,12 @@ async fn read_table(
     };
     let mut table = SlotTable::parse(&layout.slots, slots);
     table.set_view(&layout.views, views);
-    Ok(table)
+    let record_left = table
+        .slots
+        .keys()
+        .filter_map(|&slot| left.get(&layout.slot(slot)).map(|&ttl| (slot, ttl)))
+        .collect();
+    Ok((table, record_left))
 }
 
 /// Whether the table's view names exactly its live claims, and whether its settled mark
