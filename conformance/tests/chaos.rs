@@ -502,31 +502,11 @@ impl Chaos {
     /// When every live member's latest assignment is active under one epoch whose live slots are
     /// exactly theirs: the time of the latest of those assignment events.
     fn converged_at(&self) -> Option<u64> {
-        let mut epoch = None;
-        let mut slots = BTreeSet::new();
-        let mut latest = 0;
-        let mut view: Option<Vec<u64>> = None;
-        for p in self.members.live() {
-            let a = p.log.events.iter().rev().find_map(|v| ev(v, "assign"))?;
-            if a["phase"] != "active" {
-                return None;
-            }
-            let e = a["epoch"].as_u64()?;
-            if *epoch.get_or_insert(e) != e {
-                return None;
-            }
-            slots.insert(a["slot"].as_u64()?);
-            let live: Vec<u64> = a["live"]
-                .as_array()?
-                .iter()
-                .filter_map(Value::as_u64)
-                .collect();
-            if view.get_or_insert_with(|| live.clone()) != &live {
-                return None;
-            }
-            latest = latest.max(a["t"].as_u64()?);
-        }
-        (view? == slots.into_iter().collect::<Vec<_>>()).then_some(latest)
+        headcount_harness::history::one_active_view(
+            self.members
+                .live()
+                .map(|p| p.log.events.iter().rev().find_map(|v| ev(v, "assign"))),
+        )
     }
 
     fn start_generator(&mut self) {

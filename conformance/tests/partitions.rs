@@ -32,7 +32,6 @@
 //! runs that pass too. See docs/partitions.md.
 #![cfg(all(feature = "postgres", feature = "redis", feature = "etcd"))]
 
-use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -990,36 +989,17 @@ impl Run {
     }
 
     fn converged_at(&self) -> Option<u64> {
-        let mut epoch = None;
-        let mut slots = BTreeSet::new();
-        let mut view: Option<Vec<u64>> = None;
-        let mut latest = 0;
+        let mut latest = Vec::new();
         for m in self.members.iter().filter(|m| m.state == State::Live) {
             let text = std::fs::read_to_string(&m.log).ok()?;
-            let a: Value = text
-                .lines()
-                .rev()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .find(|v| v["ev"] == "assign")?;
-            if a["phase"] != "active" {
-                return None;
-            }
-            let e = a["epoch"].as_u64()?;
-            if *epoch.get_or_insert(e) != e {
-                return None;
-            }
-            slots.insert(a["slot"].as_u64()?);
-            let live: Vec<u64> = a["live"]
-                .as_array()?
-                .iter()
-                .filter_map(Value::as_u64)
-                .collect();
-            if view.get_or_insert_with(|| live.clone()) != &live {
-                return None;
-            }
-            latest = latest.max(a["t"].as_u64()?);
+            latest.push(
+                text.lines()
+                    .rev()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .find(|v| v["ev"] == "assign"),
+            );
         }
-        (view? == slots.into_iter().collect::<Vec<_>>()).then_some(latest)
+        headcount_harness::history::one_active_view(latest.iter().map(Option::as_ref))
     }
 
     /// Plays the schedule drawn from the seed.

@@ -475,6 +475,40 @@ fn longest_gap(grants: &[&GrantEvent], from: u64, to: u64) -> u64 {
     longest.max(to.saturating_sub(last))
 }
 
+/// When the members are active under one view: `latest` holds each live member's latest
+/// assignment event (a member process's `{"ev":"assign",...}` line, `None` for a member that has
+/// printed none), and every one must be `active` under one epoch whose `live` slots are exactly
+/// the members' slots. Answers the time (`t`) of the latest of those events.
+pub fn one_active_view<'a>(
+    latest: impl IntoIterator<Item = Option<&'a serde_json::Value>>,
+) -> Option<u64> {
+    let mut epoch = None;
+    let mut slots = BTreeSet::new();
+    let mut view: Option<Vec<u64>> = None;
+    let mut at = 0;
+    for a in latest {
+        let a = a?;
+        if a["phase"] != "active" {
+            return None;
+        }
+        let e = a["epoch"].as_u64()?;
+        if *epoch.get_or_insert(e) != e {
+            return None;
+        }
+        slots.insert(a["slot"].as_u64()?);
+        let live: Vec<u64> = a["live"]
+            .as_array()?
+            .iter()
+            .filter_map(serde_json::Value::as_u64)
+            .collect();
+        if view.get_or_insert_with(|| live.clone()) != &live {
+            return None;
+        }
+        at = at.max(a["t"].as_u64()?);
+    }
+    (view? == slots.into_iter().collect::<Vec<_>>()).then_some(at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
