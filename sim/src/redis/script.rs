@@ -316,10 +316,10 @@ impl Script<'_> {
     /// after a loss, every name of the expiry index is put back and each of their directories'
     /// versions changes.
     fn heal_index(&mut self) {
-        let expiry: Vec<String> = self.meta.expiry.keys().cloned().collect();
-        if expiry.iter().all(|k| self.meta.index.contains(k)) {
+        if self.meta.expiry.keys().all(|k| self.meta.index.contains(k)) {
             return;
         }
+        let expiry: Vec<String> = self.meta.expiry.keys().cloned().collect();
         for k in &expiry {
             self.meta.index.insert(k.clone());
             self.changed(k);
