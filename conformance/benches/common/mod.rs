@@ -185,6 +185,9 @@ pub async fn redis_info(
             cpu += v.trim().parse::<f64>().unwrap_or(0.0);
         } else if let Some(v) = line.strip_prefix("total_commands_processed:") {
             total = v.trim().parse().unwrap_or(0);
+        } else if let Some(v) = line.strip_prefix("total_net_output_bytes:") {
+            // The bytes the server sent its clients, under a name of its own.
+            calls.insert("net output bytes".to_owned(), v.trim().parse().unwrap_or(0));
         }
     }
     (calls, cpu, total)
@@ -263,6 +266,20 @@ pub fn via_port(url: &str, port: u16) -> Option<(String, u16)> {
         .map_or(url.len(), |e| at + e);
     let old: u16 = url[at..end].parse().ok()?;
     Some((format!("{}{port}{}", &url[..at], &url[end..]), old))
+}
+
+/// This process's resident memory in bytes (`VmRSS` of `/proc/self/status`; 0 where there is
+/// none).
+#[allow(dead_code)]
+pub fn own_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// CPU seconds (user + system) used by this process so far.

@@ -55,6 +55,8 @@ async fn convergence(
         full_reads: false,
         two_calls: false,
         notices: true,
+        partitions: None,
+        whole_views: false,
         members: Vec::new(),
     };
     for i in 0..5 {

@@ -118,6 +118,10 @@ pub(crate) struct Fleet {
     pub(crate) two_calls: bool,
     /// Members listen to the store's change notifications (the default); `false` polls only.
     pub(crate) notices: bool,
+    /// The sticky assignor over this many partitions (`None`: the default assignor).
+    pub(crate) partitions: Option<u32>,
+    /// Every view written whole (the design before view headers).
+    pub(crate) whole_views: bool,
     pub(crate) members: Vec<(Member, watch::Receiver<Assignment>)>,
 }
 
@@ -136,12 +140,21 @@ impl Fleet {
     }
 
     pub(crate) fn config(&self, id: &str) -> GroupConfig {
-        GroupConfig::new(&self.group, self.ttl)
+        let config = GroupConfig::new(&self.group, self.ttl)
             .with_prefix(PREFIX)
             .with_member(id)
             .with_change_checks(!self.full_reads)
             .with_one_call_versions(!self.two_calls)
-            .with_notifications(self.notices)
+            .with_notifications(self.notices);
+        let config = match self.partitions {
+            Some(n) => config.with_partitions(n),
+            None => config,
+        };
+        if self.whole_views {
+            config.with_view_inline_max(usize::MAX)
+        } else {
+            config
+        }
     }
 
     pub(crate) async fn join(&mut self, id: &str) -> std::result::Result<(), String> {

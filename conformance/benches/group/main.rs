@@ -29,7 +29,12 @@
 //!   (giving up after 150 s of joining); the join time, the time to converge, the steady-state
 //!   calls five heartbeats after convergence (the wrapper's and the server's `INFO
 //!   commandstats`), the server's and this process's
-//!   CPU, the view record's size, and the convergence after one graceful leave and one crash.
+//!   CPU, the view record's size, and the convergence after one graceful leave and one crash,
+//!   with the bytes Redis sent per member per change over those two (`INFO stats`
+//!   `total_net_output_bytes`) and this process's resident memory per member. `--partitions
+//!   0,4096,65536` runs each size with the default assignor (0) and with `sticky` over that
+//!   many partitions; `--designs versioned,whole-views` beside the design before view headers
+//!   (every view written whole, `GroupConfig::with_view_inline_max(usize::MAX)`).
 //!
 //! * **stores** (only when asked: `--only stores --backends postgres,sqlite,etcd --scale 30,300`):
 //!   the scale part on the other backends' shared test servers, each first given up to 100,000
@@ -111,6 +116,9 @@ pub(crate) struct Opts {
     /// both directories' versions in one call), `two-calls` (the same, one call per directory),
     /// `full` (read it at every heartbeat).
     pub(crate) designs: Vec<String>,
+    /// The scale part's key sets: the sticky assignor over each count of partitions (0: the
+    /// default assignor, no declared keys).
+    pub(crate) partitions: Vec<u32>,
     /// The convergence part's lease TTL (default 1.5 s, raised to the backend's minimum).
     pub(crate) ttl: Option<Duration>,
     /// The processes part's group size.
@@ -132,6 +140,7 @@ fn opts() -> Opts {
         scale_ttl: Duration::from_secs(6),
         unrelated: 1_000_000,
         designs: vec!["versioned".into(), "full".into()],
+        partitions: vec![0],
         ttl: None,
         processes: 50,
         sizes: vec![10, 300],
@@ -161,6 +170,7 @@ fn opts() -> Opts {
             "--scale-ttl" => o.scale_ttl = args.seconds("--scale-ttl SECONDS"),
             "--unrelated" => o.unrelated = args.parse("--unrelated N"),
             "--designs" => o.designs = args.names(),
+            "--partitions" => o.partitions = args.list("--partitions N,N"),
             "--processes" => o.processes = args.parse("--processes N"),
             "--headcount" => o.headcount = args.value().into(),
             _ => {}

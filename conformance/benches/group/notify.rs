@@ -418,6 +418,8 @@ async fn notify(
             full_reads: false,
             two_calls: false,
             notices,
+            partitions: None,
+            whole_views: false,
             members: Vec::new(),
         });
     }

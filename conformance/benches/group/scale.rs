@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use headcount::DynStore;
 
-use crate::common::{ms, own_cpu, redis_info};
+use crate::common::{ms, own_cpu, own_rss, redis_info};
 use crate::fleet::{delta, group_name, round_trips, Counting, Fleet, PREFIX, SLOW};
 use crate::{fill_redis, own_redis, Opts};
 
@@ -18,6 +18,7 @@ async fn scale(
     n: usize,
     ttl: Duration,
     design: &str,
+    partitions: Option<u32>,
     rows: &mut Vec<String>,
     detail: &mut Vec<String>,
 ) -> std::result::Result<(), String> {
@@ -40,8 +41,11 @@ async fn scale(
         full_reads: design == "full",
         two_calls: design == "two-calls",
         notices: true,
+        partitions,
+        whole_views: design == "whole-views",
         members: Vec::new(),
     };
+    let rss0 = own_rss();
     let t0 = Instant::now();
     for i in 0..n {
         fleet.join(&format!("m{i}")).await?;
@@ -65,6 +69,7 @@ async fn scale(
     let joined = t0.elapsed();
     let e_join = fleet.wait_converged(n as u32, limit).await?;
     let converged = t0.elapsed();
+    let rss_per_member = own_rss().saturating_sub(rss0) / n as u64;
 
     // Steady state over 5 heartbeats, after five more: a member that does not watch the slot
     // table looks at it one heartbeat in four, and its first look after the joins reads it.
@@ -111,6 +116,7 @@ async fn scale(
     // One graceful leave of a middle slot, then one crash of another middle slot.
     let e0 = fleet.wait_converged(n as u32, limit).await?;
     let before_changes = counting.hooks().snapshot();
+    let (net0, _, _) = redis_info(&mut conn).await;
     let i = fleet.index_of_slot(n as u32 / 2);
     let (m, _) = fleet.members.remove(i);
     let t0 = Instant::now();
@@ -130,14 +136,21 @@ async fn scale(
         .measure(t0, e0, n as u32 - 2, Duration::from_millis(10), limit)
         .await?;
     let change_calls = delta(&before_changes, &counting.hooks().snapshot());
+    let (net1, _, _) = redis_info(&mut conn).await;
+    let net = |m: &BTreeMap<String, u64>| m.get("net output bytes").copied().unwrap_or(0);
+    // The bytes Redis sent per member per view change, over the two changes (heartbeats in
+    // between included).
+    let change_bytes = net(&net1).saturating_sub(net(&net0)) / n as u64 / 2;
 
     let row = format!(
-        "| {n} | {} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {script_usec:.1} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B |",
+        "| {n} | {} | {} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {script_usec:.1} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B | {} B | {} KB |",
         match design {
             "full" => "full table every heartbeat (before)",
             "two-calls" => "versioned, one call per directory (before)",
+            "whole-views" => "every view written whole (before)",
             _ => "versioned, both versions in one call",
         },
+        partitions.map_or("none".to_owned(), |p| format!("sticky, {p}")),
         ms(ttl),
         joined.as_secs_f64(),
         converged.as_secs_f64(),
@@ -153,6 +166,8 @@ async fn scale(
         ms(ca),
         view_len,
         slot_len,
+        change_bytes,
+        rss_per_member / 1024,
     );
     eprintln!("{row}");
     rows.push(row);
@@ -174,15 +189,21 @@ pub(crate) async fn run(o: &Opts) {
     let mut rows = Vec::new();
     let mut detail = Vec::new();
     for &n in &o.scale {
-        for design in &o.designs {
-            fill_redis(&url, o.unrelated).await;
-            eprintln!(
-                "scale: {n} members, {design}, {} unrelated keys",
-                o.unrelated
-            );
-            if let Err(e) = scale(&url, n, o.scale_ttl, design, &mut rows, &mut detail).await {
-                eprintln!("scale {n}: FAILED: {e}");
-                rows.push(format!("| {n} | {design} | failed: {e} |"));
+        for &partitions in &o.partitions {
+            let partitions = (partitions > 0).then_some(partitions);
+            for design in &o.designs {
+                fill_redis(&url, o.unrelated).await;
+                eprintln!(
+                    "scale: {n} members, {design}, partitions {partitions:?}, {} unrelated keys",
+                    o.unrelated
+                );
+                let ttl = o.scale_ttl;
+                if let Err(e) =
+                    scale(&url, n, ttl, design, partitions, &mut rows, &mut detail).await
+                {
+                    eprintln!("scale {n}: FAILED: {e}");
+                    rows.push(format!("| {n} | {design} | {partitions:?} | failed: {e} |"));
+                }
             }
         }
     }
@@ -190,8 +211,8 @@ pub(crate) async fn run(o: &Opts) {
         "\n### One group on one local Redis holding {} unrelated keys\n",
         o.unrelated
     );
-    println!("| members | heartbeat | TTL ms | all joined | all active | round trips/s (wrapper) | per member per heartbeat | server commands/s | per member per heartbeat | server µs per script call | Redis CPU | client CPU | leave: view / active ms | crash: view / active ms | view record | slot record |");
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| members | heartbeat | assignor | TTL ms | all joined | all active | round trips/s (wrapper) | per member per heartbeat | server commands/s | per member per heartbeat | server µs per script call | Redis CPU | client CPU | leave: view / active ms | crash: view / active ms | view record | slot record | bytes from Redis per member per change | client memory per member |");
+    println!("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!("{r}");
     }

@@ -36,6 +36,8 @@ async fn scale_store(
         full_reads: false,
         two_calls: false,
         notices: true,
+        partitions: None,
+        whole_views: false,
         members: Vec::new(),
     };
     let t0 = Instant::now();

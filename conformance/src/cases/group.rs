@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use headcount::fence::FencingToken;
-use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member};
+use headcount::recipes::group::{Group, GroupConfig, GroupPhase, Member, ViewHeader};
 use headcount::{DynStore, ErrorKind};
 use tokio::time::Instant;
 
@@ -151,16 +151,34 @@ pub async fn group_sticky_partitions(ctx: &Ctx) -> CaseResult {
         let share = three.iter().filter(|&&o| o == i).count();
         ensure!(share == 1365 || share == 1366, "member {i} owns {share}");
     }
-    let view = ctx
+    let current = ctx
         .store
         .get(&format!("{}view:current", ctx.prefix))
         .await
         .during("reading the view")?
         .unwrap_or_default();
+    // 4,096 owners make a long view: a header at `view:current`, the whole view in the
+    // snapshot it names, which the store must hand back as written.
+    let Some(header) = ViewHeader::parse(&current) else {
+        return Err(Failure::new(format!(
+            "a long view is not written as a header: {}",
+            current.chars().take(200).collect::<String>()
+        )));
+    };
+    let view = ctx
+        .store
+        .get(&format!("{}base:{}", ctx.prefix, header.snapshot()))
+        .await
+        .during("reading the view's snapshot")?
+        .unwrap_or_default();
     ensure!(
         view.contains(" assignor=sticky:4096:") && view.contains(" owners="),
         "the view does not carry its assignment: {}",
         view.chars().take(200).collect::<String>()
+    );
+    ensure!(
+        header.from_snapshot(&view).is_some(),
+        "the snapshot is not the view its header names"
     );
     let d = join("d").await?;
     converged(ctx, &[&a, &b, &c, &d], 4).await?;

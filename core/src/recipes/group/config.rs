@@ -29,6 +29,7 @@ pub struct GroupConfig {
     pub(super) standby: Option<Duration>,
     pub(super) change_checks: bool,
     pub(super) one_call_versions: bool,
+    pub(super) view_inline_max: usize,
     pub(super) notifications: bool,
     pub(super) eviction_allowed: bool,
 }
@@ -58,6 +59,7 @@ impl GroupConfig {
             standby: None,
             change_checks: true,
             one_call_versions: true,
+            view_inline_max: super::header::INLINE_MAX,
             notifications: true,
             eviction_allowed: false,
         }
@@ -288,6 +290,19 @@ impl GroupConfig {
     /// directory (`false`, to measure the two side by side). The protocol is the same.
     pub fn with_one_call_versions(mut self, on: bool) -> Self {
         self.one_call_versions = on;
+        self
+    }
+
+    /// The longest view written whole at `hc:{group}:view:current` (default 1,024 bytes). A
+    /// longer one (hundreds of members, or the `sticky` assignor's owner for every declared key)
+    /// is written as a small header there and a snapshot beside it
+    /// ([`ViewHeader`](super::ViewHeader)): a member that holds the view before reads only the
+    /// header and applies its changes, so a view change costs each member bytes in proportion to
+    /// the change, not to the group. `usize::MAX` writes every view whole (the design before,
+    /// kept to measure the two side by side); `0` writes every view as a header. Every member of
+    /// a group must run a version that reads headers, whatever its setting.
+    pub fn with_view_inline_max(mut self, bytes: usize) -> Self {
+        self.view_inline_max = bytes;
         self
     }
 

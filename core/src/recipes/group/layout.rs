@@ -9,7 +9,8 @@ use crate::keys::Keyspace;
 /// | key | holds |
 /// |---|---|
 /// | `hc:{group}:slot:{i}` | the slot records: one per claim, with the lease TTL |
-/// | `hc:{group}:view:current` | the published view |
+/// | `hc:{group}:view:current` | the published view, or its header when it is long |
+/// | `hc:{group}:base:{epoch}-{digest}` | the snapshot of a long view (see [`super::header`]) |
 /// | `hc:{group}:view:settled` | the settled mark |
 /// | `hc:{group}:ack:{i}` | each slot's acknowledgement |
 /// | `hc:{group}:standby:{member}` | the standbys waiting to inherit a leaving member's slot |
@@ -26,6 +27,8 @@ pub(super) struct GroupLayout {
     pub(super) settled: String,
     /// `hc:{group}:ack:`, the directory of the acknowledgements.
     pub(super) acks: String,
+    /// `hc:{group}:base:`, the directory of the snapshots of long views.
+    pub(super) bases: String,
     /// `hc:{group}:standby:`, the directory of the standbys.
     pub(super) standbys: String,
 }
@@ -38,6 +41,7 @@ impl GroupLayout {
             view: space.key("view:current"),
             settled: space.key("view:settled"),
             acks: space.key("ack:"),
+            bases: space.key("base:"),
             standbys: space.key("standby:"),
             space,
         }
@@ -56,6 +60,11 @@ impl GroupLayout {
     /// `hc:{group}:standby:{member}`.
     pub(super) fn standby(&self, member: &str) -> String {
         format!("{}{member}", self.standbys)
+    }
+
+    /// `hc:{group}:base:{epoch}-{digest}`, where the snapshot of a long view is.
+    pub(super) fn base(&self, snapshot: super::header::Snapshot) -> String {
+        format!("{}{snapshot}", self.bases)
     }
 
     /// `hc:{group}:ack:{i}`.

@@ -62,13 +62,14 @@
 //! # Files
 //!
 //! `config` ([`GroupConfig`]), `layout` (where the group's records live in the store), `records`
-//! (the records in the store), `table` (the slot [`SlotTable`] as read), `view` (a view as members hold it, [`Assignment`] and
+//! (the records in the store), `header` (a long view as a small header and a snapshot), `table` (the slot [`SlotTable`] as read), `view` (a view as members hold it, [`Assignment`] and
 //! [`Change`]), `grants` (the member's shared state and [`Grant`]), `member` ([`Group::join`] and
 //! the [`Member`] handle), `runner/` (the heartbeat task, a state machine: see its front page)
 //! `status` (what `headcount status` shows) and `remove` ([`remove`], a stopped group's records).
 
 mod config;
 mod grants;
+mod header;
 mod layout;
 mod member;
 mod records;
@@ -88,6 +89,7 @@ use std::time::Duration;
 
 pub use config::GroupConfig;
 pub use grants::Grant;
+pub use header::{Snapshot, ViewDelta, ViewHeader};
 pub use member::{Group, Member};
 pub use records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord, MAX_EPOCH};
 pub use remove::{remove, Removed};

@@ -436,9 +436,11 @@ impl ViewRecord {
     /// A digest of the holders and, for the sticky assignor, the owners (not the epoch), never
     /// 0: what a slot record's `view=` names, so an acknowledgement covers the assignment.
     pub fn digest(&self) -> u64 {
+        use std::fmt::Write as _;
         let mut text = String::with_capacity(self.holders.len() * 24);
         for h in &self.holders {
-            text.push_str(&format!("{}@{:016x},", h.slot, h.nonce));
+            // Writing to a String cannot fail.
+            let _ = write!(text, "{}@{:016x},", h.slot, h.nonce);
         }
         if let Some(owners) = self.owners_text() {
             text.push_str("owners=");

@@ -18,8 +18,8 @@ pub struct Removed {
     pub kept: Vec<String>,
 }
 
-/// Deletes what a group leaves behind once every member has stopped: its published view, its
-/// settled mark and its acknowledgements, which have no TTL or outlive the members (slot
+/// Deletes what a group leaves behind once every member has stopped: its published view (and
+/// the snapshots of long views), its settled mark and its acknowledgements, which have no TTL or outlive the members (slot
 /// records expire with their leases). Refuses with [`Error::Rejected`] while any member is
 /// live, naming them, so it cannot pull the view from under a running group. Each key is
 /// deleted only if it still holds what was read ([`Store::compare_and_delete`]), so a member
@@ -32,7 +32,7 @@ pub struct Removed {
 /// [`Store::compare_and_delete`]: crate::Store::compare_and_delete
 pub async fn remove(store: &DynStore, prefix: &str, group: &str) -> Result<Removed> {
     let layout = GroupLayout::new(Keyspace::with_prefix(prefix, group)?);
-    let table = SlotTable::read(store, &layout).await?;
+    let table = SlotTable::read(store, &layout, &[]).await?;
     if !table.slots.is_empty() {
         let live: Vec<String> = table
             .slots
@@ -58,6 +58,7 @@ pub async fn remove(store: &DynStore, prefix: &str, group: &str) -> Result<Remov
         candidates.push((layout.settled.clone(), text.clone()));
     }
     candidates.extend(store.list(&layout.acks).await?);
+    candidates.extend(store.list(&layout.bases).await?);
     for (key, text) in candidates {
         if store.compare_and_delete(&key, &text).await? {
             removed.keys.push(key);

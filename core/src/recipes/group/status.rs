@@ -449,6 +449,14 @@ pub async fn status_with_keys(
             "a view a later version of headcount published: members of this version neither \
              replace it nor join while a holder it names is live; upgrade this headcount",
         )),
+        (None, Some(text)) if table.view_header.is_some() => problems.push(Problem::new(
+            &layout.view,
+            "missing_snapshot",
+            text,
+            "the header of a long view whose snapshot (`base:<epoch>-<digest>` beside it) is gone \
+             or is not that view: live members replace the view at their next change; with none \
+             running, `headcount remove-group` deletes it",
+        )),
         (None, Some(text)) => problems.push(Problem::new(
             &layout.view,
             "foreign_value",
@@ -625,6 +633,13 @@ async fn read_table(
     };
     let mut table = SlotTable::parse(&layout.slots, slots);
     table.set_view(&layout.views, views);
+    // A long view's header is shown with its snapshot; one that is gone is a problem (below).
+    if let Err(e) = table.resolve(store, layout, &[]).await {
+        match Problem::of_error(&e, "the view's snapshot holds another type") {
+            Some(p) => problems.push(p),
+            None => return Err(e),
+        }
+    }
     let record_left = table
         .slots
         .keys()

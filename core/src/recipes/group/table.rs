@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use super::header::ViewHeader;
 use super::layout::GroupLayout;
 use super::records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
 use crate::error::Result;
@@ -17,8 +18,12 @@ pub struct SlotTable {
     pub foreign: BTreeMap<u32, String>,
     /// The published view as stored (for a compare-and-set), when there is one.
     pub view_text: Option<String>,
-    /// The published view, when there is one and it parses.
+    /// The published view, when there is one and it parses (for a long view, once its header
+    /// was resolved: see [`SlotTable::resolve`]).
     pub view: Option<ViewRecord>,
+    /// The header of the published view, when it is a long one written as a header and a
+    /// snapshot (see [`ViewHeader`]).
+    pub view_header: Option<ViewHeader>,
     /// The epoch and holders of the published view when a later version of headcount wrote it
     /// (see [`ViewRecord::newer_version`]).
     pub view_newer: Option<(u64, Vec<Holder>)>,
@@ -31,12 +36,62 @@ pub struct SlotTable {
 impl SlotTable {
     /// Reads a group's view directory, then its slot directory: every slot a view names was
     /// claimed before the view was published, so it is in the listing unless it is gone.
-    pub(super) async fn read(store: &DynStore, layout: &GroupLayout) -> Result<SlotTable> {
-        let views = store.list(&layout.views).await?;
-        let listing = store.list(&layout.slots).await?;
-        let mut table = SlotTable::parse(&layout.slots, listing);
-        table.set_view(&layout.views, views);
-        Ok(table)
+    ///
+    /// A long view's header is resolved from one of the views in `held` (the reader's own
+    /// copies) by its changes, or else from its snapshot. When the snapshot is gone because a
+    /// newer view replaced it meanwhile, the table is read again (three times at most; then the
+    /// view is left unresolved, as a garbled one, and members replace it).
+    pub(super) async fn read(
+        store: &DynStore,
+        layout: &GroupLayout,
+        held: &[Option<&ViewRecord>],
+    ) -> Result<SlotTable> {
+        let mut tries = 0;
+        loop {
+            let views = store.list(&layout.views).await?;
+            let listing = store.list(&layout.slots).await?;
+            let mut table = SlotTable::parse(&layout.slots, listing);
+            table.set_view(&layout.views, views);
+            tries += 1;
+            if table.resolve(store, layout, held).await? || tries >= 3 {
+                return Ok(table);
+            }
+        }
+    }
+
+    /// Resolves a long view's header ([`SlotTable::view_header`]) into [`SlotTable::view`]:
+    /// from one of the views in `held` by the header's changes, which costs no store call, or
+    /// else from its snapshot, one read. Returns `false` when the snapshot is gone or is not
+    /// the view the header names: a newer view replaced it since the header was read (read the
+    /// table again), or it was lost (members replace the view as a garbled one).
+    pub(super) async fn resolve(
+        &mut self,
+        store: &DynStore,
+        layout: &GroupLayout,
+        held: &[Option<&ViewRecord>],
+    ) -> Result<bool> {
+        if self.resolve_from(held) {
+            return Ok(true);
+        }
+        let Some(header) = &self.view_header else {
+            return Ok(true);
+        };
+        let text = store.get(&layout.base(header.snapshot())).await?;
+        self.view = text.as_deref().and_then(|t| header.from_snapshot(t));
+        Ok(self.view.is_some())
+    }
+
+    /// [`SlotTable::resolve`] with the views `held` alone: whether the view is resolved (or
+    /// needs no resolving).
+    pub(super) fn resolve_from(&mut self, held: &[Option<&ViewRecord>]) -> bool {
+        let Some(header) = &self.view_header else {
+            return true;
+        };
+        if self.view.is_some() {
+            return true;
+        }
+        self.view = held.iter().flatten().find_map(|v| header.follow(v));
+        self.view.is_some()
     }
 
     /// Parses the listing of the slot directory `prefix` (which ends in `slot:`), with no view.
@@ -74,12 +129,15 @@ impl SlotTable {
     /// (which ends in `view:`), replacing those it had.
     pub fn set_view(&mut self, prefix: &str, listing: Vec<(String, String)>) {
         (self.view, self.view_text, self.settled, self.settled_text) = (None, None, None, None);
-        self.view_newer = None;
+        (self.view_newer, self.view_header) = (None, None);
         for (key, value) in listing {
             match key.strip_prefix(prefix) {
                 Some("current") => {
                     self.view = ViewRecord::parse(&value);
                     if self.view.is_none() {
+                        self.view_header = ViewHeader::parse(&value);
+                    }
+                    if self.view.is_none() && self.view_header.is_none() {
                         self.view_newer = ViewRecord::newer_version(&value);
                     }
                     self.view_text = Some(value);
@@ -96,6 +154,7 @@ impl SlotTable {
     /// Takes the view and the settled mark of `other`.
     pub fn take_view(&mut self, other: &SlotTable) {
         self.view.clone_from(&other.view);
+        self.view_header.clone_from(&other.view_header);
         self.view_newer.clone_from(&other.view_newer);
         self.view_text.clone_from(&other.view_text);
         self.settled = other.settled;
@@ -110,6 +169,7 @@ impl SlotTable {
         self.view
             .as_ref()
             .map_or(0, |v| v.epoch)
+            .max(self.view_header.as_ref().map_or(0, |h| h.epoch))
             .max(self.view_newer.as_ref().map_or(0, |(e, _)| *e))
             .max(acked)
             .max(settled)

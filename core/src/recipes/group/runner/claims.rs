@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use super::super::header::ViewHeader;
 use super::super::records::{Holder, SlotRecord, ViewRecord};
 use super::super::table::SlotTable;
 use super::super::MIN_LEASE_TTL;
@@ -131,7 +132,9 @@ impl Runner {
             .await;
         let epoch = republished.as_ref().map(|v| v.epoch);
         if let Some(next) = republished {
-            table.view_text = Some(next.to_string());
+            let current = self.publication(&table, &next).current;
+            table.view_header = ViewHeader::parse(&current);
+            table.view_text = Some(current);
             table.view = Some(next);
         }
         tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot, epoch, "took back the slot of this member id: the same slots, no key moves");

@@ -115,14 +115,22 @@ impl Runner {
             self.cfg.slot_ttl,
         );
         let (views_dir, slots_dir) = (self.cfg.layout.views.clone(), self.cfg.layout.slots.clone());
+        let held = self.held_views();
+        let layout = self.engine.cfg.layout.clone();
         let call = async {
             let viewed = store.list(&views_dir).await?;
             let (renewed, listed) = store.renew_and_list(&key, text, ttl, &slots_dir).await?;
             let mut table = SlotTable::parse(&slots_dir, listed);
             table.set_view(&views_dir, viewed);
-            Ok::<_, Error>(Heard::listed(renewed, table))
+            let resolved = table.resolve(&store, &layout, &held.views()).await?;
+            Ok::<_, Error>((Heard::listed(renewed, table), resolved))
         };
-        self.before_lapse(call).await
+        let (heard, resolved) = self.before_lapse(call).await?;
+        if resolved {
+            return Ok(heard);
+        }
+        // The long view's snapshot went with a newer view published meanwhile: read again.
+        Ok(Heard::listed(heard.renewed, self.list().await?))
     }
 
     /// A heartbeat with change checks: the view directory, then (when this member watches it)
@@ -196,6 +204,8 @@ impl Runner {
         // table assumes its slots were read after its view (a view published in between may
         // name claims the slots lack, and a member paused between the two reads would publish
         // a view from slots older than the view it replaces).
+        // Only a view that came with the answer may need resolving.
+        let held_views = viewed.listing.is_some().then(|| self.held_views());
         let kept = self.cache.view_version.as_deref() == Some(viewed.version.as_str())
             && self.cache.slots.is_some();
         if viewed.listing.is_none() && !kept {
@@ -251,6 +261,21 @@ impl Runner {
                 (Arc::new(table), true)
             }
         };
+        // A long view's header: resolved from the views held by its changes, or from its
+        // snapshot; when that is gone (a newer view replaced it meanwhile), read the table whole.
+        let mut table = table;
+        if table.view_header.is_some() && table.view.is_none() {
+            let held = held_views.as_ref().map(|h| h.views()).unwrap_or_default();
+            let t = Arc::make_mut(&mut table);
+            if !t
+                .resolve(&self.store, &self.engine.cfg.layout, &held)
+                .await?
+            {
+                self.forget_seen();
+                self.cache.slots = None;
+                return Ok(Heard::listed(renewed, self.list().await?));
+            }
+        }
         self.cache.unseen_change = false;
         self.cache.view_version = Some(viewed.version);
         self.cache.slots = slot_version.map(|version| SlotsSeen {

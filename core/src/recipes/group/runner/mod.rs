@@ -92,7 +92,7 @@ use crate::{Capabilities, DynStore};
 use super::config::GroupConfig;
 use super::grants::Shared;
 use super::layout::GroupLayout;
-use super::records::{AckRecord, Holder, SettledRecord, SlotRecord};
+use super::records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
 use super::table::SlotTable;
 use super::view::{GroupPhase, ViewState};
 
@@ -158,8 +158,25 @@ pub(super) struct Settings {
     /// ([`Capabilities::native_renew_and_versions`](crate::Capabilities)): a member that reads
     /// both at a heartbeat asks for both versions first, and reads only what changed.
     one_call_versions: bool,
+    /// The longest view written whole ([`GroupConfig::with_view_inline_max`]).
+    view_inline_max: usize,
     /// Subscribe to the store's change notifications ([`GroupConfig::with_notifications`]).
     notifications: bool,
+}
+
+/// The views a member holds ([`Engine::held_views`]).
+pub(super) struct HeldViews {
+    read: Option<ViewRecord>,
+    states: Vec<Arc<ViewState>>,
+}
+
+impl HeldViews {
+    /// The views, to resolve a header from.
+    pub(super) fn views(&self) -> Vec<Option<&ViewRecord>> {
+        std::iter::once(self.read.as_ref())
+            .chain(self.states.iter().map(|v| Some(v.record())))
+            .collect()
+    }
 }
 
 /// This process's claim on a slot: the slot and its record as stored.
@@ -405,6 +422,7 @@ impl Engine {
                 clock: config.clock.clone(),
                 effective_ttl: caps.effective_ttl(config.ttl),
                 one_call_versions: caps.native_renew_and_versions && config.one_call_versions,
+                view_inline_max: config.view_inline_max,
                 layout: GroupLayout::new(space),
                 member,
                 ttl: config.ttl,
@@ -471,9 +489,11 @@ impl Runner {
         Ok(text.filter(|t| SlotRecord::parse(t).as_ref() == Some(record)))
     }
 
-    /// Reads the table: see [`SlotTable::read`].
+    /// Reads the table: see [`SlotTable::read`]. A long view's header is resolved from the
+    /// views this member holds when their changes lead to it.
     async fn list(&self) -> Result<SlotTable> {
-        SlotTable::read(&self.store, &self.cfg.layout).await
+        let held = self.held_views();
+        SlotTable::read(&self.store, &self.cfg.layout, &held.views()).await
     }
 
     /// Runs `round` ([`round`]): makes each store call the engine asks for and hands it the
@@ -497,6 +517,13 @@ impl Runner {
             } => Answer::Cas(
                 self.store
                     .compare_and_set(&key, expected.as_deref(), &new, ttl)
+                    .await,
+            ),
+            Call::Publish {
+                expected,
+                publication,
+            } => Answer::Cas(
+                self.write_publication(expected.as_deref(), &publication)
                     .await,
             ),
             Call::Get { key } => Answer::Get(self.store.get(&key).await),
@@ -544,6 +571,25 @@ impl Engine {
     /// before the store expires the slot.
     fn deadline(&self, sent: Duration) -> Duration {
         sent + self.cfg.ttl - self.cfg.ttl / 10
+    }
+
+    /// The views this member holds: the published view it last read, the one it works towards,
+    /// the active one, and the one it worked under before an outage. A long view's header is
+    /// resolved from them by its changes ([`SlotTable::resolve_from`]).
+    fn held_views(&self) -> HeldViews {
+        // A copy of the view alone: the table is set in place when it is the only reference.
+        let read = self.cache.slots.as_ref().and_then(|s| s.table.view.clone());
+        let (pending, active) = {
+            let st = self.shared.lock();
+            (st.pending.clone(), st.active.clone())
+        };
+        HeldViews {
+            read,
+            states: [pending, active, self.outage.last_view.clone()]
+                .into_iter()
+                .flatten()
+                .collect(),
+        }
     }
 
     /// The view this member works towards: the pending one, else the active one.

@@ -21,6 +21,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::super::header::Publication;
 use super::super::records::{AckRecord, SettledRecord, SlotRecord, ViewRecord};
 use super::super::table::SlotTable;
 use super::super::view::ViewState;
@@ -36,6 +37,14 @@ pub(super) enum Call {
         expected: Option<String>,
         new: String,
         ttl: Option<Duration>,
+    },
+    /// Publish a view written as a header and a snapshot (or written whole over one that was):
+    /// the snapshot, then the compare-and-set of `view:current` against `expected`, then the
+    /// snapshots no longer needed (see `Runner::write_publication`). Answered as a
+    /// compare-and-set.
+    Publish {
+        expected: Option<String>,
+        publication: Publication,
     },
     /// `get(key)`.
     Get { key: String },

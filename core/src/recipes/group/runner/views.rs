@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::super::header::{Publication, ViewHeader};
 use super::super::records::{Holder, ViewRecord};
 use super::super::table::SlotTable;
 use super::super::view::{Cause, Change, ViewState};
@@ -23,18 +24,76 @@ impl Runner {
     /// of the members that try exactly one wins and the epoch is minted by the store. Returns
     /// whether it wrote.
     pub(super) async fn publish(&self, table: &SlotTable, next: &ViewRecord) -> Result<bool> {
-        self.store
-            .compare_and_set(
-                &self.cfg.layout.view,
-                table.view_text.as_deref(),
-                &next.to_string(),
-                None,
-            )
+        let publication = self.publication(table, next);
+        self.write_publication(table.view_text.as_deref(), &publication)
             .await
+    }
+
+    /// Writes `publication` over the view text `expected`: its snapshot first, when it has one,
+    /// then the compare-and-set of `view:current`. Once published, it deletes the snapshots
+    /// nobody needs any more; when refused, it deletes its own snapshot once the view published
+    /// instead holds its epoch or a later one (epochs only rise, so this snapshot's view can
+    /// never be published). Returns whether it wrote.
+    pub(super) async fn write_publication(
+        &self,
+        expected: Option<&str>,
+        publication: &Publication,
+    ) -> Result<bool> {
+        let layout = &self.cfg.layout;
+        if let Some((snapshot, text)) = &publication.snapshot {
+            let key = layout.base(*snapshot);
+            if !self.store.compare_and_set(&key, None, text, None).await? {
+                // One epoch and digest name one text: a snapshot already there is this one,
+                // unless another program wrote over it.
+                let there = self.store.get(&key).await?;
+                if there.as_deref() != Some(text.as_str())
+                    && !self
+                        .store
+                        .compare_and_set(&key, there.as_deref(), text, None)
+                        .await?
+                {
+                    return Ok(false);
+                }
+            }
+        }
+        let written = self
+            .store
+            .compare_and_set(&layout.view, expected, &publication.current, None)
+            .await?;
+        if written {
+            for stale in &publication.stale {
+                // Left behind when this fails: `remove-group` deletes it with the group.
+                let _ = self.store.delete(&layout.base(*stale)).await;
+            }
+        } else if let Some((snapshot, _)) = &publication.snapshot {
+            let current = self.store.get(&layout.view).await?;
+            let taken = current.as_deref().is_some_and(|text| {
+                let published = match ViewHeader::parse(text) {
+                    Some(h) => Some((h.epoch, Some(h.snapshot()))),
+                    None => ViewRecord::parse(text).map(|v| (v.epoch, None)),
+                };
+                published.is_some_and(|(epoch, s)| epoch >= snapshot.epoch && s != Some(*snapshot))
+            });
+            if taken {
+                let _ = self.store.delete(&layout.base(*snapshot)).await;
+            }
+        }
+        Ok(written)
     }
 }
 
 impl Engine {
+    /// How this member writes `next` over the view `table` holds: whole, or as a header and a
+    /// snapshot ([`Publication::of`]).
+    pub(super) fn publication(&self, table: &SlotTable, next: &ViewRecord) -> Publication {
+        Publication::of(
+            next,
+            table.view.as_ref(),
+            table.view_header.as_ref(),
+            self.cfg.view_inline_max,
+        )
+    }
+
     /// Looks for signs that a store which lost writes minted one of this member's epochs twice,
     /// or that the group moved on without waiting for it ([`left_out`]), and breaks its token
     /// runs there (see `State::break_runs_at`). Returns whether the

@@ -126,11 +126,19 @@ impl Engine {
             {
                 // A compare-and-set against the text read, so of the members that try exactly
                 // one wins and the epoch is minted by the store.
-                let call = Call::Cas {
-                    key: self.cfg.layout.view.clone(),
-                    expected: table.view_text.clone(),
-                    new: next.to_string(),
-                    ttl: None,
+                let publication = self.publication(&table, &next);
+                let call = if publication.is_whole() {
+                    Call::Cas {
+                        key: self.cfg.layout.view.clone(),
+                        expected: table.view_text.clone(),
+                        new: publication.current,
+                        ttl: None,
+                    }
+                } else {
+                    Call::Publish {
+                        expected: table.view_text.clone(),
+                        publication,
+                    }
                 };
                 Then::Call(call, Box::new(Wait::View { next, discrepancy }))
             }
