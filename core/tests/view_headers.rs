@@ -182,11 +182,11 @@ async fn a_long_view_costs_its_members_the_change_not_the_view() {
     let whole = run(Some(usize::MAX)).await;
     let headers = run(None).await;
     // The views are about 5 KB whole (4,096 owners of six bits, 40 slots); a change moves about
-    // 100 keys, and a header carrying two changes is 0.7 to 1.1 KB. Measured: 5.2 times fewer
-    // bytes (318 KB against 1,639 KB). The ratio grows with the group and the key set.
-    eprintln!("bytes of the view's records read from the first join on: {headers} with headers, {whole} with whole views");
+    // 100 keys, and a header carrying up to four changes is 0.7 to 2 KB. Measured: 3.1 times
+    // fewer bytes (521 KB against 1,630 KB). The ratio grows with the group and the key set:
+    // the scale bench measures 300 members over 65,536 partitions.
     assert!(
-        headers * 3 < whole,
+        headers * 2 < whole,
         "headers: {headers} bytes read, whole views: {whole}"
     );
 }

@@ -39,7 +39,7 @@ use crate::assign::AssignorKind;
 pub(crate) const INLINE_MAX: usize = 1024;
 
 /// The most deltas a header carries.
-pub(crate) const DELTAS_MAX: usize = 2;
+pub(crate) const DELTAS_MAX: usize = 4;
 
 /// The most bytes of deltas a header carries (and never more than half the snapshot): a change
 /// that moves more is read from the snapshot.
@@ -386,7 +386,15 @@ impl ViewHeader {
     /// The view this header stands for, from `held` (a view this member holds) by its deltas;
     /// `None` when they do not lead from `held` to this view (then the snapshot is read).
     pub fn follow(&self, held: &ViewRecord) -> Option<ViewRecord> {
-        let digest = held.digest();
+        self.follow_from(held, held.digest())
+    }
+
+    /// [`ViewHeader::follow`] for `held` whose digest is `digest` (kept beside it, so a member
+    /// does not compute it again).
+    pub fn follow_from(&self, held: &ViewRecord, digest: u64) -> Option<ViewRecord> {
+        if held.assignor != self.assignor {
+            return None;
+        }
         let mut view = if digest == self.view {
             held.clone()
         } else {
@@ -395,11 +403,11 @@ impl ViewHeader {
             for d in self.deltas[..=start].iter().rev() {
                 view = d.apply(&view)?;
             }
+            if view.digest() != self.view {
+                return None;
+            }
             view
         };
-        if view.assignor != self.assignor || view.digest() != self.view {
-            return None;
-        }
         view.epoch = self.epoch;
         Some(view)
     }

@@ -8,6 +8,14 @@ use super::records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
 use crate::error::Result;
 use crate::DynStore;
 
+/// A view a reader holds, to resolve a long view's header from, with its digest when the
+/// reader keeps it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HeldView<'a> {
+    pub(super) view: &'a ViewRecord,
+    pub(super) digest: Option<u64>,
+}
+
 /// What the listings of `hc:{group}:view:` and `hc:{group}:slot:` hold, parsed.
 #[derive(Debug, Clone, Default)]
 pub struct SlotTable {
@@ -44,7 +52,7 @@ impl SlotTable {
     pub(super) async fn read(
         store: &DynStore,
         layout: &GroupLayout,
-        held: &[Option<&ViewRecord>],
+        held: &[HeldView<'_>],
     ) -> Result<SlotTable> {
         let mut tries = 0;
         loop {
@@ -68,7 +76,7 @@ impl SlotTable {
         &mut self,
         store: &DynStore,
         layout: &GroupLayout,
-        held: &[Option<&ViewRecord>],
+        held: &[HeldView<'_>],
     ) -> Result<bool> {
         if self.resolve_from(held) {
             return Ok(true);
@@ -82,15 +90,23 @@ impl SlotTable {
     }
 
     /// [`SlotTable::resolve`] with the views `held` alone: whether the view is resolved (or
-    /// needs no resolving).
-    pub(super) fn resolve_from(&mut self, held: &[Option<&ViewRecord>]) -> bool {
+    /// needs no resolving). Views whose digest is known are tried first: a member usually holds
+    /// the view the newest change starts from.
+    pub(super) fn resolve_from(&mut self, held: &[HeldView<'_>]) -> bool {
         let Some(header) = &self.view_header else {
             return true;
         };
         if self.view.is_some() {
             return true;
         }
-        self.view = held.iter().flatten().find_map(|v| header.follow(v));
+        let known = held.iter().filter_map(|h| Some((h.view, h.digest?)));
+        let unknown = held
+            .iter()
+            .filter(|h| h.digest.is_none())
+            .map(|h| (h.view, h.view.digest()));
+        self.view = known
+            .chain(unknown)
+            .find_map(|(v, digest)| header.follow_from(v, digest));
         self.view.is_some()
     }
 

@@ -93,7 +93,7 @@ use super::config::GroupConfig;
 use super::grants::Shared;
 use super::layout::GroupLayout;
 use super::records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
-use super::table::SlotTable;
+use super::table::{HeldView, SlotTable};
 use super::view::{GroupPhase, ViewState};
 
 /// The most stalled slots one beat re-applies a lease TTL to ([`Engine::expire_stalled`]).
@@ -172,10 +172,13 @@ pub(super) struct HeldViews {
 
 impl HeldViews {
     /// The views, to resolve a header from.
-    pub(super) fn views(&self) -> Vec<Option<&ViewRecord>> {
-        std::iter::once(self.read.as_ref())
-            .chain(self.states.iter().map(|v| Some(v.record())))
-            .collect()
+    pub(super) fn views(&self) -> Vec<HeldView<'_>> {
+        let states = self.states.iter().map(|v| HeldView {
+            view: v.record(),
+            digest: Some(v.digest),
+        });
+        let read = self.read.iter().map(|view| HeldView { view, digest: None });
+        states.chain(read).collect()
     }
 }
 
