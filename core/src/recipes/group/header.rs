@@ -280,8 +280,31 @@ impl fmt::Display for Snapshot {
     }
 }
 
-/// The record at `view:current` of a view written as a header and a snapshot (see the module
-/// documentation).
+/// The record at `hc:{group}:view:current` of a long view, written as a header and a snapshot.
+///
+/// A view longer than [`GroupConfig::with_view_inline_max`](super::GroupConfig::with_view_inline_max)
+/// (1,024 bytes by default) is written whole at `hc:{group}:base:<epoch>-<digest>` first (its
+/// [`Snapshot`]), then this header at `view:current`, with the usual compare-and-set:
+/// `v2 epoch=<E> assignor=<name> view=<digest> prev=<epoch>-<digest> deltas=<delta>;<delta>…`.
+/// Each [`ViewDelta`] (newest first, up to four, in at most 64 KiB and half the snapshot) turns
+/// the view of one digest into the next. A member holding the view a delta starts from follows
+/// the deltas ([`ViewHeader::follow`]); any other reads the snapshot
+/// ([`ViewHeader::from_snapshot`]); both check the result against the header's digest. So a
+/// view change costs each member the change, not the whole view.
+///
+/// ```
+/// use headcount_core::recipes::group::{Holder, ViewHeader, ViewRecord};
+///
+/// let before = ViewRecord { epoch: 1, holders: vec![Holder { slot: 0, nonce: 7 }], assignor: None, owners: None };
+/// let mut after = before.clone();
+/// after.epoch = 2;
+/// after.holders.push(Holder { slot: 1, nonce: 9 });
+/// let header = ViewHeader::of(&after, Some(&before), None, 64 * 1024);
+/// let text = header.to_string();
+/// assert!(text.starts_with("v2 epoch=2 "));
+/// // A member that held `before` gets `after` from the header alone.
+/// assert_eq!(ViewHeader::parse(&text).unwrap().follow(&before), Some(after));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ViewHeader {
     /// The view's epoch.

@@ -27,7 +27,7 @@ pub struct SlotTable {
     /// The published view as stored (for a compare-and-set), when there is one.
     pub view_text: Option<String>,
     /// The published view, when there is one and it parses (for a long view, once its header
-    /// was resolved: see [`SlotTable::resolve`]).
+    /// was resolved from its deltas or its snapshot: see [`ViewHeader`]).
     pub view: Option<ViewRecord>,
     /// The header of the published view, when it is a long one written as a header and a
     /// snapshot (see [`ViewHeader`]).
