@@ -188,11 +188,6 @@ impl fmt::Display for ViewDelta {
     }
 }
 
-/// Items of a comma-separated list, none for an empty one.
-fn items(list: &str) -> impl Iterator<Item = &str> {
-    list.split(',').filter(|_| !list.is_empty())
-}
-
 /// Whether the values are strictly ascending.
 fn ascending<T: PartialOrd>(values: impl Iterator<Item = T>) -> bool {
     let mut last: Option<T> = None;
@@ -209,7 +204,7 @@ impl ViewDelta {
     fn parse(text: &str) -> Option<ViewDelta> {
         let mut parts = text.split('/');
         let from = u64::from_str_radix(parts.next()?, 16).ok()?;
-        let added = items(parts.next()?)
+        let added = items_by(parts.next()?, ',')
             .map(|item| {
                 let (slot, nonce) = item.split_once('@')?;
                 Some(Holder {
@@ -218,7 +213,7 @@ impl ViewDelta {
                 })
             })
             .collect::<Option<Vec<_>>>()?;
-        let dropped = items(parts.next()?)
+        let dropped = items_by(parts.next()?, ',')
             .map(|s| s.parse().ok())
             .collect::<Option<Vec<u32>>>()?;
         let mut moved = Vec::new();
