@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use headcount_core::assign::AssignorKind;
 use headcount_core::backend::Backend;
 use headcount_core::memory::MemoryStore;
 use headcount_core::recipes::group::{remove, Group, GroupConfig, Member, ViewHeader, ViewRecord};
@@ -23,10 +24,23 @@ const N: usize = 40;
 /// The in-memory store, counting the bytes of the view's records it answers (the published view
 /// or header, the settled mark, the snapshots). It implements only the primitives, so every
 /// composite call (a heartbeat's renewal and listing) is made of counted reads.
+///
+/// With `rival` set, it also stands in for a member configured with another assignor that
+/// publishes the same first view: when the member under test writes its first snapshot, the
+/// other's snapshot (same epoch and digest: the digest names holders and owners, not the
+/// assignor) and header are written just before; it records whether the member then wrote over
+/// the other's snapshot.
 #[derive(Debug, Default)]
 struct Bytes {
+    rival: bool,
+    /// The other member's snapshot, once written: its key and text.
+    theirs: std::sync::Mutex<Option<(String, String)>>,
+    overwrote: std::sync::atomic::AtomicBool,
     inner: MemoryStore,
     read: AtomicU64,
+    /// Every byte answered, by directory (`slot:`, `view:`, `base:`, `ack:`), printed to show
+    /// where the rest of a change's cost goes.
+    by_dir: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Bytes {
@@ -35,6 +49,14 @@ impl Bytes {
         if key.starts_with("hc:{g}:view:") || key.starts_with("hc:{g}:base:") {
             self.read.fetch_add(value.len() as u64, Ordering::Relaxed);
         }
+        let dir = key.trim_start_matches("hc:{g}:");
+        let dir = dir.split_once(':').map_or(dir, |(d, _)| d);
+        *self
+            .by_dir
+            .lock()
+            .expect("lock")
+            .entry(dir.to_owned())
+            .or_default() += (key.len() + value.len()) as u64;
     }
 }
 
@@ -63,6 +85,40 @@ impl Backend for Bytes {
         new: &str,
         ttl: Option<Duration>,
     ) -> Result<bool> {
+        if self.rival && key.starts_with("hc:{g}:base:") {
+            let theirs = self.theirs.lock().expect("lock").clone();
+            match theirs {
+                None => {
+                    let mut view = ViewRecord::parse(new).expect("a snapshot is a view");
+                    view.assignor = Some(if view.assignor == Some(AssignorKind::Rendezvous) {
+                        AssignorKind::Modulo
+                    } else {
+                        AssignorKind::Rendezvous
+                    });
+                    let text = view.to_string();
+                    let header = ViewHeader::of(&view, None, None, 64 * 1024);
+                    assert_eq!(
+                        format!("hc:{{g}}:base:{}", header.snapshot()),
+                        key,
+                        "the same epoch and digest"
+                    );
+                    Store::compare_and_set(&self.inner, key, None, &text, None).await?;
+                    Store::compare_and_set(
+                        &self.inner,
+                        "hc:{g}:view:current",
+                        None,
+                        &header.to_string(),
+                        None,
+                    )
+                    .await?;
+                    *self.theirs.lock().expect("lock") = Some((key.to_owned(), text));
+                }
+                Some((k, text)) if k == key && expected == Some(text.as_str()) => {
+                    self.overwrote.store(true, Ordering::SeqCst);
+                }
+                Some(_) => {}
+            }
+        }
         Store::compare_and_set(&self.inner, key, expected, new, ttl).await
     }
     async fn delete(&self, key: &str) -> Result<bool> {
@@ -146,6 +202,7 @@ async fn run(inline_max: Option<usize>) -> u64 {
     }
     converged(&members, N as u32).await;
     let start = bytes.read.load(Ordering::Relaxed);
+    let start_dirs = bytes.by_dir.lock().expect("lock").clone();
     for i in N..N + 2 {
         members.push(Group::join(store.clone(), config(i)).await.expect("joins"));
         converged(&members, i as u32 + 1).await;
@@ -156,6 +213,17 @@ async fn run(inline_max: Option<usize>) -> u64 {
     drop(members.remove(3));
     converged(&members, N as u32).await;
     let read = bytes.read.load(Ordering::Relaxed) - start;
+    let dirs: Vec<String> = bytes
+        .by_dir
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(dir, n)| format!("{dir}: {}", n - start_dirs.get(dir).unwrap_or(&0)))
+        .collect();
+    eprintln!(
+        "views written whole up to {inline_max:?} bytes: bytes answered over four changes, keys included, by directory: {}",
+        dirs.join(", ")
+    );
     if inline_max.is_none() {
         check_snapshots(&bytes).await;
     }
@@ -189,4 +257,95 @@ async fn a_long_view_costs_its_members_the_change_not_the_view() {
         headers * 2 < whole,
         "headers: {headers} bytes read, whole views: {whole}"
     );
+}
+
+/// Two members with different assignors publish the same first view (same epoch, same
+/// holders, so the same snapshot key): the one that finds the other's snapshot there loses
+/// the epoch and never writes over it, so the header published (the other's) still resolves.
+/// Before, it wrote its own snapshot over the other's, and the header named one assignor while
+/// its snapshot named the other: a view nobody could resolve.
+#[tokio::test]
+async fn a_snapshot_of_another_assignor_is_never_written_over() {
+    let rival = Arc::new(Bytes {
+        rival: true,
+        ..Bytes::default()
+    });
+    let store: DynStore = rival.clone();
+    let member = Group::join(
+        store.clone(),
+        GroupConfig::new("g", TTL)
+            .with_member("m")
+            .with_view_inline_max(0),
+    )
+    .await
+    .expect("joins");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while rival.theirs.lock().expect("lock").is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the member publishes a view");
+    let (key, text) = rival.theirs.lock().expect("lock").clone().expect("written");
+    // The member's next heartbeat sees the other's view.
+    tokio::time::sleep(TTL).await;
+    assert!(
+        !rival.overwrote.load(Ordering::SeqCst),
+        "the member wrote over the other assignor's snapshot"
+    );
+    let there = Store::get(&rival.inner, &key).await.expect("get");
+    assert!(
+        there.is_none() || there.as_deref() == Some(text.as_str()),
+        "the other assignor's snapshot was replaced: {there:?}"
+    );
+    drop(member);
+}
+
+/// Snapshots left behind (a publisher that crashed between its snapshot and its header) are
+/// deleted by the publisher of every 32nd view; snapshots above its epoch (a publication under
+/// way) and keys that do not name a snapshot stay.
+#[tokio::test]
+async fn snapshots_left_behind_are_swept() {
+    let store = Arc::new(MemoryStore::default());
+    let dyn_store: DynStore = store.clone();
+    let before = ViewRecord {
+        epoch: 31,
+        holders: Vec::new(),
+        assignor: None,
+        owners: None,
+    };
+    let set = |key: &'static str, value: String| {
+        let store = store.clone();
+        async move {
+            assert!(Store::compare_and_set(&*store, key, None, &value, None)
+                .await
+                .expect("writes"));
+        }
+    };
+    set("hc:{g}:view:current", before.to_string()).await;
+    set("hc:{g}:base:5-00000000000000ab", before.to_string()).await;
+    set("hc:{g}:base:40-00000000000000cd", before.to_string()).await;
+    set("hc:{g}:base:notes", "not a snapshot".to_owned()).await;
+    let member = Group::join(
+        dyn_store,
+        GroupConfig::new("g", TTL)
+            .with_member("m")
+            .with_view_inline_max(0),
+    )
+    .await
+    .expect("joins");
+    let epoch = converged(std::slice::from_ref(&member), 1).await;
+    assert_eq!(epoch, 32);
+    let mut left: Vec<String> = Store::list(&*store, "hc:{g}:base:")
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    left.sort();
+    assert_eq!(left.len(), 3, "{left:?}");
+    assert!(left[0].starts_with("hc:{g}:base:32-"), "{left:?}");
+    assert_eq!(left[1], "hc:{g}:base:40-00000000000000cd");
+    assert_eq!(left[2], "hc:{g}:base:notes");
+    member.leave().await.expect("leaves");
 }

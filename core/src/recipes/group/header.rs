@@ -45,6 +45,10 @@ pub(crate) const DELTAS_MAX: usize = 4;
 /// that moves more is read from the snapshot.
 pub(crate) const DELTAS_BYTES: usize = 64 * 1024;
 
+/// How often, in epochs, the publisher of a view deletes the snapshots left behind
+/// (`Runner::write_publication`).
+pub(crate) const SWEEP_EVERY: u64 = 32;
+
 /// The format tag of a header (a whole view is `v1`).
 const TAG: &str = "v2";
 
@@ -260,7 +264,8 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    fn parse(text: &str) -> Option<Snapshot> {
+    /// Parses the name of a snapshot (`<epoch>-<digest>`, the key after `base:`).
+    pub(crate) fn parse(text: &str) -> Option<Snapshot> {
         let (epoch, view) = text.split_once('-')?;
         Some(Snapshot {
             epoch: epoch.parse().ok()?,
@@ -471,6 +476,8 @@ impl fmt::Display for ViewHeader {
 /// How a view is written: whole, or as a header and a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Publication {
+    /// The epoch of the view.
+    pub(crate) epoch: u64,
     /// The text of `view:current`.
     pub(crate) current: String,
     /// The snapshot to write first, with its text; none for a view written whole.
@@ -478,6 +485,8 @@ pub(crate) struct Publication {
     /// Snapshots nobody needs once this view is published: the one of two views ago, and the
     /// replaced view's when this one is written whole.
     pub(crate) stale: Vec<Snapshot>,
+    /// The snapshot the header keeps for the members that read the replaced view's header.
+    pub(crate) prev: Option<Snapshot>,
 }
 
 impl Publication {
@@ -498,18 +507,27 @@ impl Publication {
             // Nobody reads a snapshot of a view written whole: the replaced view's goes too.
             stale.extend(prev_header.map(ViewHeader::snapshot));
             return Publication {
+                epoch: next.epoch,
                 current: whole,
                 snapshot: None,
                 stale,
+                prev: None,
             };
         }
         let limit = DELTAS_BYTES.min(whole.len() / 2);
         let header = ViewHeader::of(next, prev, prev_header, limit);
         Publication {
+            epoch: next.epoch,
             current: header.to_string(),
             snapshot: Some((header.snapshot(), whole)),
             stale,
+            prev: header.prev,
         }
+    }
+
+    /// Whether the view this publishes needs `snapshot`: its own, or the one its header keeps.
+    pub(crate) fn keeps(&self, snapshot: Snapshot) -> bool {
+        self.snapshot.as_ref().is_some_and(|(s, _)| *s == snapshot) || self.prev == Some(snapshot)
     }
 
     /// Whether it is one compare-and-set of `view:current`: a view written whole over one that

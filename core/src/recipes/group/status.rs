@@ -570,11 +570,33 @@ pub async fn status_with_keys(
 /// view beside a foreign settled mark still shows), and a slot directory shows no members.
 /// The slots are listed with their remaining TTLs where the store reads them (in the same
 /// round trip on Redis and the SQL stores), answered by slot beside the table.
+///
+/// A long view's header is resolved from its snapshot; when a newer view replaced the snapshot
+/// between the two reads, the table is read again (three times at most, as members do), so a
+/// publication under way is not reported as a missing snapshot.
 async fn read_table(
     store: &DynStore,
     layout: &GroupLayout,
     problems: &mut Vec<Problem>,
 ) -> Result<(SlotTable, BTreeMap<u32, Duration>)> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut found = Vec::new();
+        let (table, left, resolved) = read_table_once(store, layout, &mut found).await?;
+        if resolved || tries >= 3 {
+            problems.extend(found);
+            return Ok((table, left));
+        }
+    }
+}
+
+/// One reading of [`read_table`]'s; also answers whether the view is resolved.
+async fn read_table_once(
+    store: &DynStore,
+    layout: &GroupLayout,
+    problems: &mut Vec<Problem>,
+) -> Result<(SlotTable, BTreeMap<u32, Duration>, bool)> {
     let views = match store.list(&layout.views).await {
         Ok(listing) => listing,
         Err(e) => {
@@ -634,18 +656,22 @@ async fn read_table(
     let mut table = SlotTable::parse(&layout.slots, slots);
     table.set_view(&layout.views, views);
     // A long view's header is shown with its snapshot; one that is gone is a problem (below).
-    if let Err(e) = table.resolve(store, layout, &[]).await {
-        match Problem::of_error(&e, "the view's snapshot holds another type") {
-            Some(p) => problems.push(p),
+    let resolved = match table.resolve(store, layout, &[]).await {
+        Ok(resolved) => resolved,
+        Err(e) => match Problem::of_error(&e, "the view's snapshot holds another type") {
+            Some(p) => {
+                problems.push(p);
+                true
+            }
             None => return Err(e),
-        }
-    }
+        },
+    };
     let record_left = table
         .slots
         .keys()
         .filter_map(|&slot| left.get(&layout.slot(slot)).map(|&ttl| (slot, ttl)))
         .collect();
-    Ok((table, record_left))
+    Ok((table, record_left, resolved))
 }
 
 /// Whether the table's view names exactly its live claims, and whether its settled mark

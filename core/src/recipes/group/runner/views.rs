@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::super::header::{Publication, ViewHeader};
+use super::super::header::{Publication, Snapshot, ViewHeader, SWEEP_EVERY};
 use super::super::records::{Holder, ViewRecord};
 use super::super::table::SlotTable;
 use super::super::view::{Cause, Change, ViewState};
@@ -31,9 +31,10 @@ impl Runner {
 
     /// Writes `publication` over the view text `expected`: its snapshot first, when it has one,
     /// then the compare-and-set of `view:current`. Once published, it deletes the snapshots
-    /// nobody needs any more; when refused, it deletes its own snapshot once the view published
-    /// instead holds its epoch or a later one (epochs only rise, so this snapshot's view can
-    /// never be published). Returns whether it wrote.
+    /// nobody needs any more (and, every [`SWEEP_EVERY`] epochs, any left behind); when
+    /// refused, it deletes its own snapshot once the view published instead holds its epoch or
+    /// a later one (epochs only rise, so this snapshot's view can never be published) and no
+    /// header keeps it. Returns whether it wrote.
     pub(super) async fn write_publication(
         &self,
         expected: Option<&str>,
@@ -43,16 +44,24 @@ impl Runner {
         if let Some((snapshot, text)) = &publication.snapshot {
             let key = layout.base(*snapshot);
             if !self.store.compare_and_set(&key, None, text, None).await? {
-                // One epoch and digest name one text: a snapshot already there is this one,
-                // unless another program wrote over it.
                 let there = self.store.get(&key).await?;
-                if there.as_deref() != Some(text.as_str())
-                    && !self
+                if there.as_deref() != Some(text.as_str()) {
+                    // Another view under this epoch and digest: the digest names holders and
+                    // owners, not the assignor, so a member configured with another assignor
+                    // may be publishing it, and its header may follow. Never write over it:
+                    // this member lost the epoch (or, when that member died first, tries again
+                    // once its claim is gone and the digest differs).
+                    if there.as_deref().and_then(ViewRecord::parse).is_some() {
+                        return Ok(false);
+                    }
+                    // Another program's value at this key: the group's key space is ours.
+                    if !self
                         .store
                         .compare_and_set(&key, there.as_deref(), text, None)
                         .await?
-                {
-                    return Ok(false);
+                    {
+                        return Ok(false);
+                    }
                 }
             }
         }
@@ -62,23 +71,51 @@ impl Runner {
             .await?;
         if written {
             for stale in &publication.stale {
-                // Left behind when this fails: `remove-group` deletes it with the group.
+                // Left behind when this fails: the next sweep or `remove-group` deletes it.
                 let _ = self.store.delete(&layout.base(*stale)).await;
+            }
+            if publication.epoch.is_multiple_of(SWEEP_EVERY) {
+                self.sweep_snapshots(publication).await;
             }
         } else if let Some((snapshot, _)) = &publication.snapshot {
             let current = self.store.get(&layout.view).await?;
-            let taken = current.as_deref().is_some_and(|text| {
-                let published = match ViewHeader::parse(text) {
-                    Some(h) => Some((h.epoch, Some(h.snapshot()))),
-                    None => ViewRecord::parse(text).map(|v| (v.epoch, None)),
-                };
-                published.is_some_and(|(epoch, s)| epoch >= snapshot.epoch && s != Some(*snapshot))
-            });
+            let taken = match current.as_deref() {
+                None => false,
+                Some(text) => match ViewHeader::parse(text) {
+                    // A header naming this snapshot (another member published the same view),
+                    // or keeping it for the members that read the header before, needs it.
+                    Some(h) => {
+                        h.epoch >= snapshot.epoch
+                            && h.snapshot() != *snapshot
+                            && h.prev != Some(*snapshot)
+                    }
+                    None => ViewRecord::parse(text).is_some_and(|v| v.epoch >= snapshot.epoch),
+                },
+            };
             if taken {
                 let _ = self.store.delete(&layout.base(*snapshot)).await;
             }
         }
         Ok(written)
+    }
+
+    /// Deletes the snapshots left behind below the view `publication` just published: by a
+    /// publisher that crashed between its snapshot and its header, or whose delete failed.
+    /// Listing the snapshots reads them, so it runs once in [`SWEEP_EVERY`] epochs, by the
+    /// publisher; it keeps the published view's snapshot and the one its header keeps.
+    async fn sweep_snapshots(&self, publication: &Publication) {
+        let layout = &self.cfg.layout;
+        let Ok(listing) = self.store.list(&layout.bases).await else {
+            return;
+        };
+        for (key, _) in listing {
+            let Some(snapshot) = key.strip_prefix(&layout.bases).and_then(Snapshot::parse) else {
+                continue;
+            };
+            if snapshot.epoch <= publication.epoch && !publication.keeps(snapshot) {
+                let _ = self.store.delete(&key).await;
+            }
+        }
     }
 }
 
