@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::super::records::{Holder, SettledRecord, ViewRecord, MAX_EPOCH};
 use super::super::table::SlotTable;
 use super::notices::{ACK_GAP_DIVISOR, NOTICE_BURST, NOTICE_GAP_DIVISOR};
-use super::{Claim, Discrepancy, Handoff, Settler, TableCache, REREAD_AFTER, SLOT_READS};
+use super::{slot_read_every, Claim, Discrepancy, Handoff, Settler, TableCache, REREAD_AFTER};
 use crate::assign::{AssignorKind, KeySet, KeySetId, Sticky, Topology};
 
 /// The part of a runner's state its scheduling decisions read, borrowed at one instant.
@@ -184,12 +184,13 @@ impl Facts<'_> {
     /// heartbeat (the lowest publishes and settles; the second takes over when the lowest is the
     /// one gone), and so does a member that joins, publishes, settles, sees a discrepancy, or
     /// has waited two heartbeats on one pending view (once a heartbeat); every other member reads
-    /// it at every [`SLOT_READS`]th heartbeat when no hand-off is under way, for a twin with its
-    /// member id and a lowest slot gone too.
+    /// it at every fourth heartbeat when no hand-off is under way (every n/8th in a group of
+    /// n > 32: [`slot_read_every`]), for a twin with its member id and a lowest slot gone too.
     pub(super) fn reads_slots(&self, slot: u32) -> bool {
         let Some(seen) = &self.cache.slots else {
             return true;
         };
+        let every = slot_read_every(seen.table.slots.len());
         self.cache.need_slots
             || self.discrepancy.is_some()
             || self.settler.settling
@@ -205,7 +206,7 @@ impl Facts<'_> {
             // Not in a hand-off: while views keep coming (a burst of joins) the table keeps
             // changing, and a look by every member would read it n times per change.
             || (self.handoff.is_none()
-                && self.cache.beats % SLOT_READS == u64::from(slot) % SLOT_READS)
+                && self.cache.beats % every == u64::from(slot) % every)
     }
 
     /// Whether this member wakes between heartbeats only to watch the slot table (one of the two
@@ -431,16 +432,39 @@ pub(super) fn lists_before_dropping(fresh: bool, listed: bool, table: &SlotTable
     fresh && !listed && view_slot_gone(table)
 }
 
-/// Whether a member that sees the published view stale publishes the next one now: its own
-/// claim or leave changed the table, it holds the lowest live slot, or the same discrepancy has
-/// lasted a heartbeat (the lowest may be the one that died).
+/// A burst of joins is published by the lowest slot at most once per this fraction of a
+/// heartbeat ([`publishes`]).
+pub(super) const PUBLISH_GAP_DIVISOR: u32 = 4;
+
+/// Whether a member that sees the published view stale publishes the next one now:
+///
+/// * `own_alone`: its own claim or leave changed the table, and no other new claim waits
+///   beside its own (a join on its own is published by the joiner at once);
+/// * `lowest`: it holds the lowest live slot, and it published no view in the last
+///   [`PUBLISH_GAP_DIVISOR`]th of a heartbeat (`since_published`): in a burst of joins (a cold
+///   start, a scale-up) the lowest publishes for all the claims it sees, at most once per gap,
+///   so n joins make a few views instead of n, and every member reads a few;
+/// * or the same discrepancy has lasted a heartbeat (the lowest may be the one that died).
 pub(super) fn publishes(
-    own_change: bool,
+    own_alone: bool,
     lowest: bool,
+    since_published: Option<Duration>,
     lasted: Duration,
     heartbeat: Duration,
 ) -> bool {
-    own_change || lowest || lasted >= heartbeat
+    let paced = since_published.is_none_or(|d| d >= heartbeat / PUBLISH_GAP_DIVISOR);
+    own_alone || (lowest && paced) || lasted >= heartbeat
+}
+
+/// Whether live claims other than `mine` are missing from the published `view` (or hold their
+/// slot under another claim): joins under way beside this member's own.
+pub(super) fn others_joining(
+    view: Option<&ViewRecord>,
+    live: &[Holder],
+    mine: Option<Holder>,
+) -> bool {
+    live.iter()
+        .any(|h| Some(*h) != mine && view.is_none_or(|v| !v.holders.contains(h)))
 }
 
 /// Whether a member back from an outage of the store holds back the view the `live` holders

@@ -100,8 +100,20 @@ use super::view::{GroupPhase, ViewState};
 const NUDGES_PER_BEAT: usize = 8;
 
 /// A member that does not watch the slot table (see [`decide::Facts::reads_slots`]) reads it at every
-/// this many heartbeats, at a beat set by its slot, so in a large group the reads spread out.
+/// this many heartbeats at least, at a beat set by its slot, so in a large group the reads spread out.
 const SLOT_READS: u64 = 4;
+
+/// In a group of more than [`SLOT_READS`] times this many slots, the members that do not watch
+/// the slot table read it less often ([`slot_read_every`]): about this many of them in each
+/// heartbeat, whatever the group's size. A read of the table costs the group's size, so each
+/// member then pays a constant per change, not the size of the group.
+const SLOT_READERS: u64 = 8;
+
+/// The heartbeats between two reads of the slot table by a member that does not watch it, in a
+/// table of `slots` slots: [`SLOT_READS`], or one [`SLOT_READERS`]th of the slots when more.
+fn slot_read_every(slots: usize) -> u64 {
+    (slots as u64).div_ceil(SLOT_READERS).max(SLOT_READS)
+}
 
 /// A member that has waited this many heartbeats on one hand-off or discrepancy reads both
 /// directories whole at its next heartbeat, and again every this many (see
@@ -254,7 +266,7 @@ struct TableCache {
     /// The copy of the table was replaced outside a heartbeat (see [`Runner::watch`]): the next
     /// heartbeat counts it as changed.
     unseen_change: bool,
-    /// Full heartbeats so far: every [`SLOT_READS`]th one reads the slot directory.
+    /// Full heartbeats so far: every [`slot_read_every`]th one reads the slot directory.
     beats: u64,
     /// When the last full heartbeat started (monotonic).
     last_beat: Option<Duration>,
@@ -312,6 +324,9 @@ struct Settler {
     /// The epoch of the view this member last published: it settles that view too (without
     /// waiting for the lowest slot to read the view at its next heartbeat).
     published: Option<u64>,
+    /// When this member last published a view (monotonic): the lowest slot publishes for a
+    /// burst of joins at most one view per [`decide::PUBLISH_GAP_DIVISOR`]th of a heartbeat.
+    published_at: Option<Duration>,
     /// When this member last read the acknowledgements (monotonic).
     acks_read: Option<Duration>,
     /// The pending epoch whose hand-off [`Engine::expire_stalled`] times.

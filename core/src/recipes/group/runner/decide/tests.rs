@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{
     acks_due, awaits_returning, charge, choose_slot, drain_timed_out, left_out,
-    lists_before_dropping, next_view, notice_due, notice_period, publishes, refund,
+    lists_before_dropping, next_view, notice_due, notice_period, others_joining, publishes, refund,
     settled_at_or_past, unsettled, view_is_stale, view_needs_slots, view_slot_gone, Between, Facts,
     Seen,
 };
@@ -154,6 +154,34 @@ fn a_member_in_the_middle_reads_the_slots_one_beat_in_four_when_nothing_is_under
     });
     f.cache.beats = 2;
     assert!(!f.facts().reads_slots(6));
+}
+
+#[test]
+fn in_a_large_group_about_eight_members_read_the_slots_per_beat() {
+    // 400 slots: each member reads one beat in 50, so 8 of them read at each beat, and a
+    // change costs each member a constant, not the group's size.
+    let slots: Vec<u32> = (0..400).collect();
+    let mut readers = vec![0u32; 50];
+    for slot in [2u32, 7, 77, 399] {
+        let mut f = Fixture::steady(slot, &slots);
+        let reads: Vec<u64> = (0..100)
+            .filter(|&beats| {
+                f.cache.beats = beats;
+                f.facts().reads_slots(slot)
+            })
+            .collect();
+        assert_eq!(reads.len(), 2, "slot {slot}: {reads:?}");
+        assert_eq!(reads[1] - reads[0], 50);
+    }
+    for slot in 2..400u32 {
+        let mut f = Fixture::steady(slot, &slots);
+        for (beats, n) in readers.iter_mut().enumerate() {
+            f.cache.beats = beats as u64;
+            *n += u32::from(f.facts().reads_slots(slot));
+        }
+    }
+    // Slots 0 and 1 watch the table at every beat instead.
+    assert!(readers.iter().all(|&n| (7..=8).contains(&n)), "{readers:?}");
 }
 
 #[test]
@@ -493,11 +521,53 @@ fn a_slot_of_the_view_missing_from_a_kept_copy_is_confirmed_by_a_listing() {
 }
 
 #[test]
+fn a_joiner_publishes_alone_only_when_no_other_claim_waits() {
+    let h = |slot, nonce| Holder { slot, nonce };
+    let view = ViewRecord {
+        epoch: 3,
+        holders: vec![h(0, 1), h(1, 2)],
+        assignor: None,
+        owners: None,
+    };
+    // Its own claim is the only change.
+    assert!(!others_joining(
+        Some(&view),
+        &[h(0, 1), h(1, 2), h(2, 3)],
+        Some(h(2, 3))
+    ));
+    // A leave is no join.
+    assert!(!others_joining(
+        Some(&view),
+        &[h(1, 2), h(2, 3)],
+        Some(h(2, 3))
+    ));
+    // Another claim waits too: a burst, which the lowest publishes.
+    assert!(others_joining(
+        Some(&view),
+        &[h(0, 1), h(1, 2), h(2, 3), h(3, 4)],
+        Some(h(2, 3))
+    ));
+    // A slot held under a new claim.
+    assert!(others_joining(
+        Some(&view),
+        &[h(0, 1), h(1, 9), h(2, 3)],
+        Some(h(2, 3))
+    ));
+    // No view yet: every other claim is a join.
+    assert!(!others_joining(None, &[h(2, 3)], Some(h(2, 3))));
+    assert!(others_joining(None, &[h(0, 1), h(2, 3)], Some(h(2, 3))));
+}
+
+#[test]
 fn publishing_waits_a_heartbeat_unless_the_member_is_lowest_or_changed_the_table() {
-    assert!(publishes(true, false, ms(0), HB));
-    assert!(publishes(false, true, ms(0), HB));
-    assert!(!publishes(false, false, HB - ms(1), HB));
-    assert!(publishes(false, false, HB, HB));
+    assert!(publishes(true, false, None, ms(0), HB));
+    assert!(publishes(false, true, None, ms(0), HB));
+    assert!(!publishes(false, false, None, HB - ms(1), HB));
+    assert!(publishes(false, false, None, HB, HB));
+    // The lowest publishes a burst of joins at most once per quarter heartbeat.
+    assert!(!publishes(false, true, Some(HB / 4 - ms(1)), ms(0), HB));
+    assert!(publishes(false, true, Some(HB / 4), ms(0), HB));
+    assert!(publishes(false, false, Some(ms(0)), HB, HB));
 }
 
 #[test]

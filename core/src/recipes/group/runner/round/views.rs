@@ -4,10 +4,11 @@
 
 use super::super::super::records::{ViewRecord, MAX_EPOCH};
 use super::super::decide::{
-    awaits_returning, publishes, unsettled, view_is_stale, view_needs_slots, view_slot_gone,
+    awaits_returning, others_joining, publishes, unsettled, view_is_stale, view_needs_slots,
+    view_slot_gone,
 };
 use super::super::views::newer_version;
-use super::super::{Discrepancy, Engine};
+use super::super::{Claim, Discrepancy, Engine};
 use super::{Call, Round, Then, Wait};
 use crate::error::{Error, Result};
 
@@ -73,6 +74,8 @@ impl Engine {
             return Then::Next;
         }
         let lowest = table.working().next() == my_slot && my_slot.is_some();
+        let mine = self.claims.current.as_ref().map(Claim::holder);
+        let own_alone = round.own_change && !others_joining(table.view.as_ref(), &live, mine);
         // Back from an outage of the store: the members of the last view claim their slots
         // again before anyone publishes a view without them. Not a view that must be replaced
         // whatever the slots (one below an epoch some member acted on, or an epoch minted
@@ -122,7 +125,13 @@ impl Engine {
             }
             Some(next)
                 if !returning
-                    && publishes(round.own_change, lowest, lasted, self.cfg.heartbeat) =>
+                    && publishes(
+                        own_alone,
+                        lowest,
+                        self.settler.published_at.map(|t| now.saturating_sub(t)),
+                        lasted,
+                        self.cfg.heartbeat,
+                    ) =>
             {
                 // A compare-and-set against the text read, so of the members that try exactly
                 // one wins and the epoch is minted by the store.
@@ -163,6 +172,7 @@ impl Engine {
                 // As after settling: the next beat reads the table this write changed.
                 self.forget_seen();
                 self.settler.published = Some(next.epoch);
+                self.settler.published_at = Some(self.cfg.clock.monotonic());
                 self.cache.highest = next.epoch;
                 round.newest = Some(next);
                 self.discrepancy = None;
