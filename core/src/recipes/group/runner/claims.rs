@@ -11,7 +11,7 @@ use super::super::table::SlotTable;
 use super::super::MIN_LEASE_TTL;
 use super::decide::choose_slot;
 use super::round::Round;
-use super::{Claim, Engine, Phase, Runner, CLAIM_ATTEMPTS};
+use super::{Claim, Engine, Phase, Runner, CLAIM_ATTEMPTS, RELIST_EVERY};
 use crate::error::{Error, Result};
 
 impl Runner {
@@ -37,12 +37,21 @@ impl Runner {
             }
             table = self.list().await?;
         }
+        // Slots lost to another claim since the table was read: the next try picks another
+        // free slot of the same listing, and the table is read again only every
+        // [`RELIST_EVERY`]th try, so a burst of k joins does not have each joiner read the
+        // whole table about log k times.
+        let mut lost = Vec::new();
         for attempt in 0..CLAIM_ATTEMPTS {
             let skip = self.claim_skip(attempt);
-            if self.claim(&table, skip).await? {
-                return Ok(());
+            match self.claim(&table, &lost, skip).await? {
+                None => return Ok(()),
+                Some(slot) => lost.push(slot),
             }
-            table = self.list().await?;
+            if (attempt + 1) % RELIST_EVERY == 0 {
+                table = self.list().await?;
+                lost.clear();
+            }
         }
         Err(Error::contended(
             &self.cfg.layout.slots,
@@ -50,10 +59,11 @@ impl Runner {
         ))
     }
 
-    /// Claims the slot [`choose_slot`] picks; on success publishes the view with this member in
-    /// it. Returns whether it claimed.
-    async fn claim(&mut self, table: &SlotTable, skip: u32) -> Result<bool> {
-        let (slot, record) = self.new_claim(table, skip)?;
+    /// Claims the slot [`choose_slot`] picks (none of `lost`, slots this member lost to other
+    /// claims since `table` was read); on success publishes the view with this member in it.
+    /// Returns the slot it lost, `None` when it claimed.
+    async fn claim(&mut self, table: &SlotTable, lost: &[u32], skip: u32) -> Result<Option<u32>> {
+        let (slot, record) = self.new_claim(table, lost, skip)?;
         let sent = self.cfg.clock.monotonic();
         let key = self.cfg.layout.slot(slot);
         if !self
@@ -61,11 +71,11 @@ impl Runner {
             .compare_and_set(&key, None, &record.to_string(), Some(self.cfg.slot_ttl))
             .await?
         {
-            return Ok(false);
+            return Ok(Some(slot));
         }
         tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot, "claimed a slot");
         self.hold(slot, record, sent, table).await;
-        Ok(true)
+        Ok(None)
     }
 
     /// Takes back the slot of the claim `parked`, which this member id parked at `slot` for a
@@ -233,7 +243,7 @@ impl Runner {
                 }
             }
         }
-        match self.claim(table, 0).await {
+        match self.claim(table, &[], 0).await {
             Ok(_) => self.set_error(None),
             Err(e) => self.set_error(Some(&e)),
         }
@@ -395,8 +405,23 @@ impl Engine {
     /// The slot a claim tries ([`choose_slot`], skipping `skip` free ones) and the record it
     /// writes there: a fresh nonce, acknowledging every epoch seen (holding nothing, it has let
     /// go of everything up to them). An error when the group is full.
-    fn new_claim(&mut self, table: &SlotTable, skip: u32) -> Result<(u32, SlotRecord)> {
-        let slot = choose_slot(table, self.claims.preferred, skip, self.cfg.max_slots);
+    fn new_claim(
+        &mut self,
+        table: &SlotTable,
+        lost: &[u32],
+        skip: u32,
+    ) -> Result<(u32, SlotRecord)> {
+        let mut slot = self.cfg.max_slots;
+        if !lost.is_empty() {
+            // The slots lost count as held; the free ones of the listing are tried first.
+            let mut held = table.clone();
+            held.foreign
+                .extend(lost.iter().map(|&s| (s, String::new())));
+            slot = choose_slot(&held, self.claims.preferred, skip, self.cfg.max_slots);
+        }
+        if slot >= self.cfg.max_slots {
+            slot = choose_slot(table, self.claims.preferred, skip, self.cfg.max_slots);
+        }
         if slot >= self.cfg.max_slots {
             return Err(self.rejected(format!(
                 "group `{}` is full: every slot below {} is held",

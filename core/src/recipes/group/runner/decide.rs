@@ -308,7 +308,9 @@ impl Facts<'_> {
 
     /// The directories whose notices this member acts on now ([`Facts::on_notices`]): the
     /// view directory always, the acknowledgements while it settles, the slot records while it
-    /// reads them at every heartbeat; nothing once it gave its lease up. Notices of the others
+    /// reads them at every heartbeat and may publish from them at once (not for a discrepancy
+    /// it leaves to the lowest slot for a heartbeat: a burst of joins would have each joiner
+    /// read the table at every other claim); nothing once it gave its lease up. Notices of the others
     /// wait in their mailboxes (coalesced) and do not wake it: in a large group only the one or
     /// two members that settle are woken by each acknowledgement.
     pub(super) fn listens(&self) -> Seen {
@@ -321,7 +323,7 @@ impl Facts<'_> {
         }
         if self.claim.is_none()
             || self.watches_slots()
-            || self.discrepancy.is_some()
+            || self.discrepancy.is_some_and(|d| d.fast)
             || self.cache.need_slots
         {
             seen = seen | Seen::SLOTS;
@@ -463,8 +465,14 @@ pub(super) fn others_joining(
     live: &[Holder],
     mine: Option<Holder>,
 ) -> bool {
+    // A view's holders are ascending by slot.
+    let named = |v: &ViewRecord, h: &Holder| {
+        v.holders
+            .binary_search_by_key(&h.slot, |x| x.slot)
+            .is_ok_and(|i| v.holders[i] == *h)
+    };
     live.iter()
-        .any(|h| Some(*h) != mine && view.is_none_or(|v| !v.holders.contains(h)))
+        .any(|h| Some(*h) != mine && view.is_none_or(|v| !named(v, h)))
 }
 
 /// Whether a member back from an outage of the store holds back the view the `live` holders

@@ -123,6 +123,10 @@ const REREAD_AFTER: u32 = 6;
 /// How many times a join tries to claim a slot before it reports contention.
 const CLAIM_ATTEMPTS: u32 = 32;
 
+/// A join that lost the race for a slot tries other free slots of the same listing, and reads
+/// the slot table again only every this many tries.
+const RELIST_EVERY: u32 = 4;
+
 /// How long an acknowledgement lives, in lease TTLs: it matters only until its view is settled,
 /// and a member whose view stays unsettled writes it again every heartbeat.
 const ACK_TTLS: u32 = 4;

@@ -99,15 +99,29 @@ fn a_claim_takes_the_preferred_free_slot_and_acknowledges_what_was_seen() {
     let mut m = joining(9);
     m.engine.claims.preferred = Some(4);
     let t = table(&[0, 1], 1, Some(view(5, &[0, 1])));
-    let (slot, r) = m.engine.new_claim(&t, 0).unwrap();
+    let (slot, r) = m.engine.new_claim(&t, &[], 0).unwrap();
     assert_eq!(slot, 4);
     assert_eq!(r.acked, 5);
     assert_eq!(r.member, "m9");
     assert!(m.engine.claims.own_nonces.contains(&r.nonce));
     m.engine.cfg.max_slots = 2;
     m.engine.claims.preferred = None;
-    let e = m.engine.new_claim(&t, 0).unwrap_err();
+    let e = m.engine.new_claim(&t, &[], 0).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Rejected);
+}
+
+/// After losing a race, a claim tries the free slots of the same listing that it has not lost;
+/// when it lost them all it tries the listing's own choice (the group is not full: the table
+/// is read again later).
+#[test]
+fn a_claim_that_lost_a_race_tries_another_free_slot_of_the_listing() {
+    let mut m = joining(9);
+    let t = table(&[0, 1], 1, Some(view(5, &[0, 1])));
+    assert_eq!(m.engine.new_claim(&t, &[], 0).unwrap().0, 2);
+    assert_eq!(m.engine.new_claim(&t, &[2], 0).unwrap().0, 3);
+    assert_eq!(m.engine.new_claim(&t, &[2, 3], 0).unwrap().0, 4);
+    m.engine.cfg.max_slots = 3;
+    assert_eq!(m.engine.new_claim(&t, &[2], 0).unwrap().0, 2);
 }
 
 /// A parked claim taken back acknowledges every epoch seen; a live one taken over keeps the

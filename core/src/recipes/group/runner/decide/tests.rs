@@ -944,6 +944,27 @@ fn a_member_listens_only_to_the_directories_it_acts_on() {
         "a watcher of the slot table"
     );
     let mut f = Fixture::steady(5, &slots);
+    f.discrepancy = Some(Discrepancy {
+        live: Vec::new(),
+        since: f.now,
+        fast: false,
+    });
+    assert_eq!(
+        f.facts().listens(),
+        Seen::VIEWS,
+        "a discrepancy left to the lowest slot for a heartbeat (a joiner in a burst)"
+    );
+    f.discrepancy = Some(Discrepancy {
+        live: Vec::new(),
+        since: f.now,
+        fast: true,
+    });
+    assert_eq!(
+        f.facts().listens(),
+        Seen::VIEWS | Seen::SLOTS,
+        "a slot of the view gone"
+    );
+    let mut f = Fixture::steady(5, &slots);
     f.settler.settling = true;
     assert_eq!(f.facts().listens(), Seen::VIEWS | Seen::ACKS, "settling");
     f.abandoned = true;
