@@ -35,6 +35,9 @@
 //!   0,4096,65536` runs each size with the default assignor (0) and with `sticky` over that
 //!   many partitions; `--designs versioned,whole-views` beside the design before view headers
 //!   (every view written whole, `GroupConfig::with_view_inline_max(usize::MAX)`).
+//!   `--join-batch K` starts the members K at a time, concurrently (a cold start of a
+//!   deployment), instead of one after the other; the row's epoch at "all active" counts the
+//!   views published.
 //!
 //! * **stores** (only when asked: `--only stores --backends postgres,sqlite,etcd --scale 30,300`):
 //!   the scale part on the other backends' shared test servers, each first given up to 100,000
@@ -119,6 +122,9 @@ pub(crate) struct Opts {
     /// The scale part's key sets: the sticky assignor over each count of partitions (0: the
     /// default assignor, no declared keys).
     pub(crate) partitions: Vec<u32>,
+    /// The scale part's joins started together (`--join-batch`; default 1: one after the
+    /// other). A batch of k is k members started at once, as a deployment starts its pods.
+    pub(crate) join_batch: usize,
     /// The convergence part's lease TTL (default 1.5 s, raised to the backend's minimum).
     pub(crate) ttl: Option<Duration>,
     /// The processes part's group size.
@@ -141,6 +147,7 @@ fn opts() -> Opts {
         unrelated: 1_000_000,
         designs: vec!["versioned".into(), "full".into()],
         partitions: vec![0],
+        join_batch: 1,
         ttl: None,
         processes: 50,
         sizes: vec![10, 300],
@@ -171,6 +178,7 @@ fn opts() -> Opts {
             "--unrelated" => o.unrelated = args.parse("--unrelated N"),
             "--designs" => o.designs = args.names(),
             "--partitions" => o.partitions = args.list("--partitions N,N"),
+            "--join-batch" => o.join_batch = args.parse("--join-batch N"),
             "--processes" => o.processes = args.parse("--processes N"),
             "--headcount" => o.headcount = args.value().into(),
             _ => {}

@@ -1,4 +1,5 @@
-//! The **scale** part (Redis): `n` members joined one after the other on a Redis of the bench's
+//! The **scale** part (Redis): `n` members joined one after the other (or `--join-batch` at a
+//! time) on a Redis of the bench's
 //! own holding unrelated keys; the join time, the time to converge, the steady-state calls (the
 //! wrapper's and the server's), the server's and this process's CPU, the records' sizes, and
 //! the convergence after a graceful leave and a crash.
@@ -16,7 +17,7 @@ use crate::{fill_redis, own_redis, Opts};
 async fn scale(
     url: &str,
     n: usize,
-    ttl: Duration,
+    o: &Opts,
     design: &str,
     partitions: Option<u32>,
     rows: &mut Vec<String>,
@@ -31,6 +32,7 @@ async fn scale(
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| e.to_string())?;
+    let (ttl, join_batch) = (o.scale_ttl, o.join_batch);
     let hb = ttl / 3;
     let limit = ttl * 20 + Duration::from_secs(60);
     let join_cap = Duration::from_secs(150);
@@ -46,28 +48,31 @@ async fn scale(
         members: Vec::new(),
     };
     let rss0 = own_rss();
+    let before_joins = counting.hooks().snapshot();
     let t0 = Instant::now();
-    for i in 0..n {
-        fleet.join(&format!("m{i}")).await?;
-        if (i + 1) % 100 == 0 {
+    let ids: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+    let batch = join_batch.max(1);
+    for (b, chunk) in ids.chunks(batch).enumerate() {
+        fleet.join_batches(chunk, batch).await?;
+        let joined = (b * batch + chunk.len()).min(n);
+        if joined % 100 < batch.min(100) || joined == n {
             eprintln!(
-                "scale {n}: {} joined after {:.1} s",
-                i + 1,
+                "scale {n}: {joined} joined after {:.1} s",
                 t0.elapsed().as_secs_f64()
             );
         }
         if t0.elapsed() > join_cap {
-            let rate = (i + 1) as f64 / t0.elapsed().as_secs_f64();
+            let rate = joined as f64 / t0.elapsed().as_secs_f64();
             drop(fleet);
             return Err(format!(
-                "gave up joining after {:.0} s with {} of {n} members joined ({rate:.1} joins/s on average)",
+                "gave up joining after {:.0} s with {joined} of {n} members joined ({rate:.1} joins/s on average)",
                 t0.elapsed().as_secs_f64(),
-                i + 1
             ));
         }
     }
     let joined = t0.elapsed();
     let e_join = fleet.wait_converged(n as u32, limit).await?;
+    let join_calls = delta(&before_joins, &counting.hooks().snapshot());
     let converged = t0.elapsed();
     let rss_per_member = own_rss().saturating_sub(rss0) / n as u64;
 
@@ -149,7 +154,13 @@ async fn scale(
             "two-calls" => "versioned, one call per directory (before)",
             "whole-views" => "every view written whole (before)",
             _ => "versioned, both versions in one call",
-        },
+        }
+        .to_owned()
+            + &if batch > 1 {
+                format!(", joins {batch} at a time")
+            } else {
+                String::new()
+            },
         partitions.map_or("none".to_owned(), |p| format!("sticky, {p}")),
         ms(ttl),
         joined.as_secs_f64(),
@@ -172,7 +183,7 @@ async fn scale(
     eprintln!("{row}");
     rows.push(row);
     detail.push(format!(
-        "{n} members{steady}: wrapper calls {calls:?}; server commands {server_cmds:?} over {secs:.1} s; wrapper calls from the leave to the crash's convergence: {change_calls:?}; calls over {SLOW:?} or failed, whole run: {:?}",
+        "{n} members{steady}: wrapper calls from the first join to all active {join_calls:?}; steady wrapper calls {calls:?}; server commands {server_cmds:?} over {secs:.1} s; wrapper calls from the leave to the crash's convergence: {change_calls:?}; calls over {SLOW:?} or failed, whole run: {:?}",
         counting.hooks().slow_snapshot()
     ));
     fleet.leave_all().await;
@@ -194,12 +205,10 @@ pub(crate) async fn run(o: &Opts) {
             for design in &o.designs {
                 fill_redis(&url, o.unrelated).await;
                 eprintln!(
-                    "scale: {n} members, {design}, partitions {partitions:?}, {} unrelated keys",
-                    o.unrelated
+                    "scale: {n} members, {design}, partitions {partitions:?}, {} unrelated keys, joins {} at a time",
+                    o.unrelated, o.join_batch
                 );
-                let ttl = o.scale_ttl;
-                if let Err(e) =
-                    scale(&url, n, ttl, design, partitions, &mut rows, &mut detail).await
+                if let Err(e) = scale(&url, n, o, design, partitions, &mut rows, &mut detail).await
                 {
                     eprintln!("scale {n}: FAILED: {e}");
                     rows.push(format!("| {n} | {design} | {partitions:?} | failed: {e} |"));
