@@ -182,7 +182,8 @@ impl Facts<'_> {
     /// join, a leave or an expiry changes the table without changing the view until a member
     /// that watches the table publishes one. The two lowest live slots watch it at every
     /// heartbeat (the lowest publishes and settles; the second takes over when the lowest is the
-    /// one gone), and so does a member that joins, publishes, settles, sees a discrepancy, or
+    /// one gone), and so does a member that joins, publishes, settles, sees a discrepancy it may
+    /// publish from (a slot of the view gone; any other once it has lasted a heartbeat), or
     /// has waited two heartbeats on one pending view (once a heartbeat); every other member reads
     /// it at every fourth heartbeat when no hand-off is under way (every n/8th in a group of
     /// n > 32: [`slot_read_every`]), for a twin with its member id and a lowest slot gone too.
@@ -192,7 +193,11 @@ impl Facts<'_> {
         };
         let every = slot_read_every(seen.table.slots.len());
         self.cache.need_slots
-            || self.discrepancy.is_some()
+            // A discrepancy left to the lowest slot is read again once it has lasted a
+            // heartbeat, when this member publishes itself.
+            || self.discrepancy.is_some_and(|d| {
+                d.fast || self.now.saturating_sub(d.since) >= self.heartbeat
+            })
             || self.settler.settling
             || self.claim.is_none()
             || self.watches_slots()

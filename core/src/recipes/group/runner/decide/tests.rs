@@ -203,9 +203,28 @@ fn anything_under_way_makes_a_member_read_the_slots() {
     f.discrepancy = Some(Discrepancy {
         live: Vec::new(),
         since: f.now,
+        fast: true,
+    });
+    assert!(f.facts().reads_slots(6), "a discrepancy it publishes from");
+    let mut f = base();
+    f.discrepancy = Some(Discrepancy {
+        live: Vec::new(),
+        since: f.now,
         fast: false,
     });
-    assert!(f.facts().reads_slots(6), "a discrepancy");
+    assert!(
+        !f.facts().reads_slots(6),
+        "a discrepancy left to the lowest slot (a joiner in a burst)"
+    );
+    f.discrepancy = Some(Discrepancy {
+        live: Vec::new(),
+        since: f.now - HB,
+        fast: false,
+    });
+    assert!(
+        f.facts().reads_slots(6),
+        "a discrepancy the lowest did not end within a heartbeat"
+    );
     let mut f = base();
     f.settler.settling = true;
     assert!(f.facts().reads_slots(6), "settling");
