@@ -153,6 +153,24 @@ fn a_drained_view_is_acknowledged_then_activated_once_settled() {
     assert_eq!(m.phase(), GroupPhase::Active);
 }
 
+/// Event: a member that holds no view any more (it lost its lease, or is leaving) and has seen
+/// epoch 3 reads a table whose view is epoch 2 (the store went back). Phase: not the lowest
+/// slot, no change of its own. Effect: it neither publishes yet nor adopts the view below what
+/// it saw, so it never goes back from an active epoch 3 to 2 (simulation seed 45938 of the
+/// memory model did, with a leave for a restart and a rollback).
+#[test]
+fn a_view_below_an_epoch_seen_is_not_adopted() {
+    let mut m = Member::at(1);
+    m.engine.cache.highest = 3;
+    let mut round = of_table(table(&[0, 1], 2, Some(view(2, &[0, 1]))), true);
+    assert_eq!(m.start(&mut round), None);
+    assert!(m.engine.pending().is_none());
+    assert!(
+        m.engine.discrepancy.is_some(),
+        "it publishes above after a heartbeat"
+    );
+}
+
 /// Event: the acknowledgement's compare-and-set refused twice. Effect: a read of what the
 /// store holds after each, a second try against it, then nothing: the view stays pending.
 #[test]

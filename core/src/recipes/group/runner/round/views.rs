@@ -88,12 +88,15 @@ impl Engine {
         }
         let lowest = table.working().next() == my_slot && my_slot.is_some();
         let mine = self.claims.current.as_ref().map(Claim::holder);
-        let own_alone = round.own_change && !others_joining(table.view.as_ref(), &live, mine);
         // Back from an outage of the store: the members of the last view claim their slots
         // again before anyone publishes a view without them. Not a view that must be replaced
         // whatever the slots (one below an epoch some member acted on, or an epoch minted
         // twice): that repair waits for nobody.
         let repair = twin_epoch || table.view.as_ref().is_some_and(|v| v.epoch < wanted);
+        // A joiner leaves a burst of joins to the lowest slot, but not a view to repair: one
+        // below an epoch it saw (a store that went back), which it would otherwise adopt.
+        let own_alone =
+            round.own_change && (repair || !others_joining(table.view.as_ref(), &live, mine));
         let returning = !repair
             && awaits_returning(
                 self.outage.grace_until,
@@ -214,7 +217,15 @@ impl Engine {
         let Some(table) = round.table.clone() else {
             return;
         };
-        if let Some(v) = round.newest.take() {
+        // A view below an epoch this member has seen (the store went back, or the view was read
+        // before a newer one) is not adopted: a member that holds nothing any more would make it
+        // active and go back in epochs. A view above it replaces it (this member publishes one
+        // itself once the difference outlasts a heartbeat).
+        if let Some(v) = round
+            .newest
+            .take()
+            .filter(|v| v.epoch >= self.cache.highest)
+        {
             self.adopt(v);
         }
         self.cache.settled = table.settled;
