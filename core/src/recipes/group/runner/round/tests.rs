@@ -169,6 +169,19 @@ fn a_view_below_an_epoch_seen_is_not_adopted() {
         m.engine.discrepancy.is_some(),
         "it publishes above after a heartbeat"
     );
+    // A heartbeat that did not read the slots keeps the discrepancy (the view names every live
+    // claim, but is below the epoch seen): clearing it would restart the heartbeat for ever.
+    m.clock.advance(HB / 2);
+    let mut round = of_table(table(&[0, 1], 2, Some(view(2, &[0, 1]))), false);
+    assert_eq!(m.start(&mut round), None);
+    assert!(m.engine.discrepancy.is_some(), "kept through a stale round");
+    // A heartbeat after it first saw the view, a fresh read: it publishes epoch 4.
+    m.clock.advance(HB / 2);
+    let mut round = of_table(table(&[0, 1], 2, Some(view(2, &[0, 1]))), true);
+    match m.start(&mut round) {
+        Some(Call::Cas { new, .. }) => assert_eq!(ViewRecord::parse(&new).unwrap().epoch, 4),
+        other => panic!("expected the repair's compare-and-set, got {other:?}"),
+    }
 }
 
 /// Event: the acknowledgement's compare-and-set refused twice. Effect: a read of what the

@@ -67,17 +67,21 @@ impl Engine {
         if !fresh {
             // Adopt the published view as it is; what the slots call for is decided by the
             // members that read them. A discrepancy left to the lowest slot ends when a view
-            // names every claim this member saw live: the lowest published it.
-            if self.discrepancy.as_ref().is_some_and(|d| {
-                !d.fast
-                    && table.view.as_ref().is_some_and(|v| {
-                        d.live.iter().all(|h| {
-                            v.holders
-                                .binary_search_by_key(&h.slot, |x| x.slot)
-                                .is_ok_and(|i| v.holders[i] == *h)
+            // names every claim this member saw live: the lowest published it. Not a view to
+            // repair (below an epoch seen, or minted twice): it names those claims too, and
+            // clearing would restart the heartbeat after which this member publishes above it.
+            if !self.cache.need_slots
+                && self.discrepancy.as_ref().is_some_and(|d| {
+                    !d.fast
+                        && table.view.as_ref().is_some_and(|v| {
+                            d.live.iter().all(|h| {
+                                v.holders
+                                    .binary_search_by_key(&h.slot, |x| x.slot)
+                                    .is_ok_and(|i| v.holders[i] == *h)
+                            })
                         })
-                    })
-            }) {
+                })
+            {
                 self.discrepancy = None;
             }
             return Then::Next;
