@@ -449,6 +449,14 @@ impl ViewRecord {
         crate::assign::hash_bytes(text.as_bytes()) | 1
     }
 
+    /// Whether the view names `holder`: its slot, under that claim.
+    pub fn names(&self, holder: &Holder) -> bool {
+        // The holders are ascending by slot.
+        self.holders
+            .binary_search_by_key(&holder.slot, |h| h.slot)
+            .is_ok_and(|i| self.holders[i] == *holder)
+    }
+
     /// Whether both views give every key the same owner and name the same holders: only the
     /// epoch may differ (a view republished after it was lost or garbled).
     pub fn same_assignment(&self, other: &ViewRecord) -> bool {

@@ -470,14 +470,8 @@ pub(super) fn others_joining(
     live: &[Holder],
     mine: Option<Holder>,
 ) -> bool {
-    // A view's holders are ascending by slot.
-    let named = |v: &ViewRecord, h: &Holder| {
-        v.holders
-            .binary_search_by_key(&h.slot, |x| x.slot)
-            .is_ok_and(|i| v.holders[i] == *h)
-    };
     live.iter()
-        .any(|h| Some(*h) != mine && view.is_none_or(|v| !named(v, h)))
+        .any(|h| Some(*h) != mine && view.is_none_or(|v| !v.names(h)))
 }
 
 /// Whether a member back from an outage of the store holds back the view the `live` holders

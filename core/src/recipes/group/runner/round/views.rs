@@ -73,13 +73,10 @@ impl Engine {
             if !self.cache.need_slots
                 && self.discrepancy.as_ref().is_some_and(|d| {
                     !d.fast
-                        && table.view.as_ref().is_some_and(|v| {
-                            d.live.iter().all(|h| {
-                                v.holders
-                                    .binary_search_by_key(&h.slot, |x| x.slot)
-                                    .is_ok_and(|i| v.holders[i] == *h)
-                            })
-                        })
+                        && table
+                            .view
+                            .as_ref()
+                            .is_some_and(|v| d.live.iter().all(|h| v.names(h)))
                 })
             {
                 self.discrepancy = None;
