@@ -74,7 +74,9 @@ impl Runner {
             return Ok(Some(slot));
         }
         tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot, "claimed a slot");
-        self.hold(slot, record, sent, table).await;
+        // A slot lost to another claim since `table` was read: that claim is missing from it, so
+        // this join is not alone and leaves the view to the lowest slot.
+        self.hold(slot, record, sent, table, !lost.is_empty()).await;
         Ok(None)
     }
 
@@ -148,7 +150,7 @@ impl Runner {
             table.view = Some(next);
         }
         tracing::info!(group = self.cfg.layout.group(), member = %self.cfg.member, slot, epoch, "took back the slot of this member id: the same slots, no key moves");
-        self.hold(slot, record, sent, &table).await;
+        self.hold(slot, record, sent, &table, false).await;
         Ok(true)
     }
 
@@ -217,9 +219,18 @@ impl Runner {
     }
 
     /// Starts working with `record`, just written at `slot` (the renewal sent at `sent`): the
-    /// member's lease, its published slot, and the table with the claim in it.
-    async fn hold(&mut self, slot: u32, record: SlotRecord, sent: Duration, table: &SlotTable) {
-        let round = self.holds(slot, record, sent, table);
+    /// member's lease, its published slot, and the table with the claim in it. `raced`: the
+    /// claim lost a race for another slot since `table` was read, so another claim the table
+    /// lacks is under way.
+    async fn hold(
+        &mut self,
+        slot: u32,
+        record: SlotRecord,
+        sent: Duration,
+        table: &SlotTable,
+        raced: bool,
+    ) {
+        let round = self.holds(slot, record, sent, table, raced);
         self.run_round(round).await;
     }
 
@@ -512,8 +523,16 @@ impl Engine {
 
     /// Starts working with `record`, just written at `slot` (the renewal sent at `sent`): the
     /// member's lease, its published slot, phase `joining`; returns the round of the table with
-    /// the claim in it.
-    fn holds(&mut self, slot: u32, record: SlotRecord, sent: Duration, table: &SlotTable) -> Round {
+    /// the claim in it, which counts as this member's own change unless it `raced` (see
+    /// [`Runner::hold`]).
+    fn holds(
+        &mut self,
+        slot: u32,
+        record: SlotRecord,
+        sent: Duration,
+        table: &SlotTable,
+        raced: bool,
+    ) -> Round {
         {
             let mut st = self.shared.lock();
             st.holder = Some(record.holder(slot));
@@ -532,7 +551,7 @@ impl Engine {
         });
         let mut table = table.clone();
         table.slots.insert(slot, record);
-        Round::of_table(Arc::new(table), true, true)
+        Round::of_table(Arc::new(table), !raced, true)
     }
 
     /// Claiming again after losing the lease: an error when another live process holds this

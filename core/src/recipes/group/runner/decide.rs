@@ -446,7 +446,8 @@ pub(super) const PUBLISH_GAP_DIVISOR: u32 = 4;
 /// Whether a member that sees the published view stale publishes the next one now:
 ///
 /// * `own_alone`: its own claim or leave changed the table, and no other new claim waits
-///   beside its own (a join on its own is published by the joiner at once);
+///   beside its own, nor did the claim lose a race for a slot since the table was read (a join
+///   on its own is published by the joiner at once);
 /// * `lowest`: it holds the lowest live slot, and it published no view in the last
 ///   [`PUBLISH_GAP_DIVISOR`]th of a heartbeat (`since_published`): in a burst of joins (a cold
 ///   start, a scale-up) the lowest publishes for all the claims it sees, at most once per gap,

@@ -142,7 +142,8 @@ struct Nudging {
 pub(super) struct Round {
     /// The table read; `None` for a round woken by a dropped grant, which only progresses.
     table: Option<Arc<SlotTable>>,
-    /// The table changed by this member's own claim or leave.
+    /// The table changed by this member's own claim or leave, and by no other claim it knows
+    /// of (a join that lost a race for a slot knows of one its table lacks).
     own_change: bool,
     /// The slots were read after the view, in this heartbeat.
     fresh: bool,
