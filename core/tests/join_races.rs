@@ -28,6 +28,7 @@ fn config(id: &str) -> GroupConfig {
 ///   not yet published);
 /// * `rival`: before the member's first claim of slot 1 goes through, the other joiner joins
 ///   through its own wrapper and claims slot 1 first (the member loses that race);
+/// * `tell`: told once the member's own claim of slot 1 is written (the rival's);
 /// * `views`: the writes of a view (whole, header or snapshot) the member attempted.
 #[derive(Debug)]
 struct Race {
@@ -35,6 +36,7 @@ struct Race {
     gate: Option<watch::Receiver<bool>>,
     rival: std::sync::Mutex<Option<oneshot::Sender<()>>>,
     claimed: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
+    tell: std::sync::Mutex<Option<oneshot::Sender<()>>>,
     views: AtomicU64,
 }
 
@@ -45,6 +47,7 @@ impl Race {
             gate: None,
             rival: std::sync::Mutex::new(None),
             claimed: std::sync::Mutex::new(None),
+            tell: std::sync::Mutex::new(None),
             views: AtomicU64::new(0),
         }
     }
@@ -88,6 +91,11 @@ impl Backend for Race {
             }
         }
         let written = Store::compare_and_set(&*self.inner, key, expected, new, ttl).await?;
+        if key == SLOT_1 && written {
+            if let Some(tell) = self.tell.lock().expect("lock").take() {
+                let _ = tell.send(());
+            }
+        }
         Ok(written)
     }
     async fn delete(&self, key: &str) -> Result<bool> {
@@ -98,53 +106,6 @@ impl Backend for Race {
     }
     async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         Store::list(&*self.inner, prefix).await
-    }
-}
-
-/// Forwards to `inner` and tells `claimed` once the claim of slot 1 went through.
-#[derive(Debug)]
-struct Tell {
-    inner: Arc<Race>,
-    claimed: std::sync::Mutex<Option<oneshot::Sender<()>>>,
-}
-
-#[async_trait]
-impl Backend for Tell {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new("tell")
-    }
-    async fn incr(&self, key: &str, ttl: Option<Duration>) -> Result<i64> {
-        Backend::incr(&*self.inner, key, ttl).await
-    }
-    async fn get(&self, key: &str) -> Result<Option<String>> {
-        Backend::get(&*self.inner, key).await
-    }
-    async fn expire(&self, key: &str, ttl: Duration) -> Result<bool> {
-        Backend::expire(&*self.inner, key, ttl).await
-    }
-    async fn compare_and_set(
-        &self,
-        key: &str,
-        expected: Option<&str>,
-        new: &str,
-        ttl: Option<Duration>,
-    ) -> Result<bool> {
-        let written = Backend::compare_and_set(&*self.inner, key, expected, new, ttl).await?;
-        if key == SLOT_1 && written {
-            if let Some(tell) = self.claimed.lock().expect("lock").take() {
-                let _ = tell.send(());
-            }
-        }
-        Ok(written)
-    }
-    async fn delete(&self, key: &str) -> Result<bool> {
-        Backend::delete(&*self.inner, key).await
-    }
-    async fn compare_and_delete(&self, key: &str, expected: &str) -> Result<bool> {
-        Backend::compare_and_delete(&*self.inner, key, expected).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        Backend::list(&*self.inner, prefix).await
     }
 }
 
@@ -178,13 +139,10 @@ async fn a_join_that_lost_a_race_leaves_the_view_to_the_lowest_slot() {
     let (gate, gated) = watch::channel(false);
     let (start_tx, start_rx) = oneshot::channel();
     let (claimed_tx, claimed_rx) = oneshot::channel();
-    let rival = Arc::new(Race {
+    let rival_store: DynStore = Arc::new(Race {
         gate: Some(gated),
+        tell: std::sync::Mutex::new(Some(claimed_tx)),
         ..Race::new(inner.clone())
-    });
-    let rival_store: DynStore = Arc::new(Tell {
-        inner: rival.clone(),
-        claimed: std::sync::Mutex::new(Some(claimed_tx)),
     });
     let c = tokio::spawn(async move {
         start_rx.await.expect("told to start");
