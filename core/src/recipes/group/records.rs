@@ -527,8 +527,6 @@ impl fmt::Display for ViewRecord {
     }
 }
 
-/// The holders of a view's `slots=` list; `None` unless strictly ascending (one holder per
-/// slot, one canonical text per view), every slot addressable, and at most [`MAX_VIEW_SLOTS`].
 /// Appends `{slot}@{nonce:016x},`, the text of `holder` in a view's digest.
 fn push_holder(text: &mut Vec<u8>, holder: &Holder) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -552,6 +550,8 @@ fn push_holder(text: &mut Vec<u8>, holder: &Holder) {
     text.push(b',');
 }
 
+/// The holders of a view's `slots=` list; `None` unless strictly ascending (one holder per
+/// slot, one canonical text per view), every slot addressable, and at most [`MAX_VIEW_SLOTS`].
 fn parse_holders(list: &str) -> Option<Vec<Holder>> {
     let mut holders = Vec::new();
     if !list.is_empty() {
@@ -580,6 +580,8 @@ mod tests {
         largest_group, longest_view, parse_acks, push_holder, AckRecord, Holder, SettledRecord,
         SlotRecord, StandbyRecord, ViewRecord, MAX_EPOCH,
     };
+    use crate::assign::{AssignorKind, KeySet};
+    use crate::store::MAX_VALUE_LEN;
 
     /// A holder's text in the digest is what `write!` gives, so digests (which slot records
     /// and headers carry) are those of earlier versions.
@@ -602,8 +604,6 @@ mod tests {
             );
         }
     }
-    use crate::assign::{AssignorKind, KeySet};
-    use crate::store::MAX_VALUE_LEN;
 
     /// The longest view of `n` slots: the highest slots, nonces and epoch there are.
     fn longest(n: u32, assignor: AssignorKind, keys: Option<usize>) -> ViewRecord {
