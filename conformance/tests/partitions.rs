@@ -765,10 +765,19 @@ impl Run {
 
     /// The store host of the Redis Cluster primary that holds the group's slot: every key of a
     /// group carries the group as its hash tag, so one primary holds them all. A node that does
-    /// not hold the slot answers `MOVED <slot> <ip>:<port>`.
+    /// not hold the slot answers `MOVED <slot> <ip>:<port>`. A cluster still down after the
+    /// fault before (a primary cut off is marked failed, and Redis clears the mark only twice
+    /// the node timeout after it is back) is asked again, for 10 s at most.
     async fn slot_owner(&self) -> Result<usize, String> {
-        let answer =
-            redis_request(self.store.nodes[0], &format!("EXISTS {{{}}}", self.group)).await;
+        let asked = Instant::now();
+        let answer = loop {
+            let answer =
+                redis_request(self.store.nodes[0], &format!("EXISTS {{{}}}", self.group)).await;
+            if !answer.starts_with("-CLUSTERDOWN") || asked.elapsed() > Duration::from_secs(10) {
+                break answer;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         let ip = match answer.strip_prefix("-MOVED ") {
             Some(rest) => rest
                 .split_whitespace()
