@@ -523,7 +523,7 @@ impl Engine {
 
     /// Starts working with `record`, just written at `slot` (the renewal sent at `sent`): the
     /// member's lease, its published slot, phase `joining`; returns the round of the table with
-    /// the claim in it, which counts as this member's own change unless it `raced` (see
+    /// the claim in it: this member's own change, not its alone if it `raced` (see
     /// [`Runner::hold`]).
     fn holds(
         &mut self,
@@ -551,7 +551,7 @@ impl Engine {
         });
         let mut table = table.clone();
         table.slots.insert(slot, record);
-        Round::of_table(Arc::new(table), !raced, true)
+        Round::of_table(Arc::new(table), true, true).after_race(raced)
     }
 
     /// Claiming again after losing the lease: an error when another live process holds this

@@ -447,7 +447,8 @@ pub(super) const PUBLISH_GAP_DIVISOR: u32 = 4;
 ///
 /// * `own_alone`: its own claim or leave changed the table, and no other new claim waits
 ///   beside its own, nor did the claim lose a race for a slot since the table was read (a join
-///   on its own is published by the joiner at once);
+///   on its own is published by the joiner at once), or the view must be repaired (it is below
+///   an epoch some member acted on, or its epoch was minted twice), which waits for no one;
 /// * `lowest`: it holds the lowest live slot, and it published no view in the last
 ///   [`PUBLISH_GAP_DIVISOR`]th of a heartbeat (`since_published`): in a burst of joins (a cold
 ///   start, a scale-up) the lowest publishes for all the claims it sees, at most once per gap,

@@ -142,9 +142,11 @@ struct Nudging {
 pub(super) struct Round {
     /// The table read; `None` for a round woken by a dropped grant, which only progresses.
     table: Option<Arc<SlotTable>>,
-    /// The table changed by this member's own claim or leave, and by no other claim it knows
-    /// of (a join that lost a race for a slot knows of one its table lacks).
+    /// The table changed by this member's own claim or leave.
     own_change: bool,
+    /// The claim lost a race for another slot since the table was read: another claim the
+    /// table lacks is under way, so the change is not this member's alone.
+    raced: bool,
     /// The slots were read after the view, in this heartbeat.
     fresh: bool,
     /// The newest view, to adopt.
@@ -164,10 +166,18 @@ impl Round {
         Round {
             table: Some(table),
             own_change,
+            raced: false,
             fresh,
             newest: None,
             steps,
         }
+    }
+
+    /// Marks this round's claim as one that lost a race for another slot since its table was
+    /// read: the table lacks the winner's claim.
+    pub(super) fn after_race(mut self, raced: bool) -> Round {
+        self.raced = raced;
+        self
     }
 
     /// The round of a dropped grant, or of a settled mark read: acknowledge the pending view
@@ -176,6 +186,7 @@ impl Round {
         Round {
             table: None,
             own_change: false,
+            raced: false,
             fresh: false,
             newest: None,
             steps: VecDeque::from([Step::Progress]),

@@ -94,10 +94,11 @@ impl Engine {
         // whatever the slots (one below an epoch some member acted on, or an epoch minted
         // twice): that repair waits for nobody.
         let repair = twin_epoch || table.view.as_ref().is_some_and(|v| v.epoch < wanted);
-        // A joiner leaves a burst of joins to the lowest slot, but not a view to repair: one
-        // below an epoch it saw (a store that went back), which it would otherwise adopt.
-        let own_alone =
-            round.own_change && (repair || !others_joining(table.view.as_ref(), &live, mine));
+        // A joiner leaves a burst of joins to the lowest slot (a join that lost a race for a
+        // slot knows of another under way), but not a view to repair: one below an epoch it
+        // saw (a store that went back), which it would otherwise adopt.
+        let own_alone = round.own_change
+            && (repair || (!round.raced && !others_joining(table.view.as_ref(), &live, mine)));
         let returning = !repair
             && awaits_returning(
                 self.outage.grace_until,
