@@ -1,8 +1,9 @@
 //! The balanced assignor for a declared key set: [`KeySet`], [`KeySetId`] and [`Balanced`].
 
 use std::collections::BinaryHeap;
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::{
     combine_hash, hash_bytes, hash_u64, AssignError, Assignor, AssignorKind, JumpBackFailover,
@@ -77,7 +78,8 @@ impl KeySetId {
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct KeySet {
-    hashes: Vec<u64>,
+    /// The keys' hashes, ascending (shared by the clones).
+    hashes: Arc<[u64]>,
     /// The keys' names, in the order of `hashes` (shared by the clones).
     names: Arc<Names>,
     id: KeySetId,
@@ -111,6 +113,31 @@ impl Names {
         starts
             .zip(self.ends.iter().copied())
             .map(|(a, b)| &self.bytes[a as usize..b as usize])
+    }
+}
+
+/// A [`KeySet`] held weakly, as the cache of [`KeySet::partitions`] holds it.
+struct WeakKeySet {
+    hashes: Weak<[u64]>,
+    names: Weak<Names>,
+    id: KeySetId,
+}
+
+impl WeakKeySet {
+    fn of(set: &KeySet) -> WeakKeySet {
+        WeakKeySet {
+            hashes: Arc::downgrade(&set.hashes),
+            names: Arc::downgrade(&set.names),
+            id: set.id,
+        }
+    }
+
+    fn upgrade(&self) -> Option<KeySet> {
+        Some(KeySet {
+            hashes: self.hashes.upgrade()?,
+            names: self.names.upgrade()?,
+            id: self.id,
+        })
     }
 }
 
@@ -161,10 +188,10 @@ impl KeySet {
             }
         }
         let names = Arc::new(Names::collect(named.iter().map(|(_, k)| k.as_ref())));
-        Ok(KeySet::from_sorted(
-            named.into_iter().map(|(h, _)| h).collect(),
-            names,
-        ))
+        // A fresh allocation of exactly the hashes: collecting `named.into_iter()` would reuse
+        // its buffer in place, four times the size, for as long as the set lives.
+        let hashes: Arc<[u64]> = named.iter().map(|(h, _)| *h).collect();
+        Ok(KeySet::from_sorted(hashes, names))
     }
 
     /// `count` partitions named by their decimal numbers: `"0"`, `"1"`, ..., `"count - 1"`, the
@@ -176,7 +203,18 @@ impl KeySet {
                 max: MAX_DECLARED_KEYS,
             });
         }
-        KeySet::new((0..count).map(|i| i.to_string()))
+        // Every member of a process that declares the same partitions shares one set (about
+        // 800 KB at 65,536): it is cached while any clone of it lives.
+        static SHARED: Mutex<Option<HashMap<u32, WeakKeySet>>> = Mutex::new(None);
+        let mut shared = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+        let cache = shared.get_or_insert_with(HashMap::new);
+        if let Some(set) = cache.get(&count).and_then(WeakKeySet::upgrade) {
+            return Ok(set);
+        }
+        let set = KeySet::new((0..count).map(|i| i.to_string()))?;
+        cache.retain(|_, w| w.hashes.strong_count() > 0);
+        cache.insert(count, WeakKeySet::of(&set));
+        Ok(set)
     }
 
     /// The set with id `id`: `keys` when they have it, else the partitions of its count when
@@ -197,9 +235,9 @@ impl KeySet {
     }
 
     /// The set of `hashes` (ascending) and their `names`, in the same order.
-    fn from_sorted(hashes: Vec<u64>, names: Arc<Names>) -> KeySet {
+    fn from_sorted(hashes: Arc<[u64]>, names: Arc<Names>) -> KeySet {
         let mut bytes = Vec::with_capacity(hashes.len() * 8);
-        for h in &hashes {
+        for h in hashes.iter() {
             bytes.extend_from_slice(&h.to_le_bytes());
         }
         let id = KeySetId {
@@ -429,7 +467,7 @@ impl Assignor for Balanced {
     fn build(topology: &Topology) -> Result<Self, AssignError> {
         Balanced::new(
             topology,
-            Arc::new(KeySet::from_sorted(Vec::new(), Arc::default())),
+            Arc::new(KeySet::from_sorted(Arc::default(), Arc::default())),
         )
     }
 
@@ -454,6 +492,28 @@ mod tests {
 
     use super::{Balanced, KeySet, KeySetId};
     use crate::assign::{hash_bytes, AssignError, Assignor, AssignorKind, Topology};
+
+    #[test]
+    fn partitions_of_one_count_share_one_set_while_it_lives() {
+        let a = KeySet::partitions(1000).unwrap();
+        let b = KeySet::partitions(1000).unwrap();
+        assert!(std::ptr::eq(a.hashes().as_ptr(), b.hashes().as_ptr()));
+        let c = KeySet::partitions(999).unwrap();
+        assert!(!std::ptr::eq(a.hashes().as_ptr(), c.hashes().as_ptr()));
+        let (id, names) = (
+            a.id(),
+            a.keys().map(|(h, n)| (h, n.to_vec())).collect::<Vec<_>>(),
+        );
+        drop((a, b));
+        let again = KeySet::partitions(1000).unwrap();
+        assert_eq!(again.id(), id);
+        let again_names: Vec<_> = again.keys().map(|(h, n)| (h, n.to_vec())).collect();
+        assert_eq!(again_names, names);
+        assert_eq!(
+            again,
+            KeySet::new((0..1000).map(|i| i.to_string())).unwrap()
+        );
+    }
 
     fn shares(a: &Balanced) -> Vec<usize> {
         a.shares().into_iter().map(|(_, c)| c).collect()
