@@ -282,6 +282,57 @@ pub fn own_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// The system allocator, counting the bytes it has handed out and not had back: what a bench
+/// installs as its `#[global_allocator]` to read the live heap ([`live_heap`]) beside the
+/// resident set, which also holds what the allocator keeps after frees (fragmentation).
+pub struct CountingAlloc;
+
+static LIVE_HEAP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The bytes allocated and not yet freed, when the bench installed [`CountingAlloc`]; 0 if not.
+pub fn live_heap() -> u64 {
+    LIVE_HEAP.load(std::sync::atomic::Ordering::Relaxed) as u64
+}
+
+#[allow(unsafe_code)]
+// SAFETY: every call is passed on to the system allocator unchanged; the counter is only
+// arithmetic beside it.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract for `alloc` is passed on as it is.
+        let p = unsafe { std::alloc::System.alloc(layout) };
+        if !p.is_null() {
+            LIVE_HEAP.fetch_add(layout.size(), std::sync::atomic::Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as for `alloc`.
+        unsafe { std::alloc::System.dealloc(ptr, layout) };
+        LIVE_HEAP.fetch_sub(layout.size(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: as for `alloc`.
+        let p = unsafe { std::alloc::System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            LIVE_HEAP.fetch_add(layout.size(), std::sync::atomic::Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        // SAFETY: as for `alloc`.
+        let p = unsafe { std::alloc::System.realloc(ptr, layout, new) };
+        if !p.is_null() {
+            LIVE_HEAP.fetch_add(new, std::sync::atomic::Ordering::Relaxed);
+            LIVE_HEAP.fetch_sub(layout.size(), std::sync::atomic::Ordering::Relaxed);
+        }
+        p
+    }
+}
+
 /// CPU seconds (user + system) used by this process so far.
 #[allow(unsafe_code)]
 pub fn own_cpu() -> f64 {

@@ -31,8 +31,8 @@
 //!   commandstats`), the server's and this process's
 //!   CPU, the view record's size, and the convergence after one graceful leave and one crash,
 //!   with the bytes Redis sent per member per change over those two (`INFO stats`
-//!   `total_net_output_bytes`) and this process's resident memory per member. `--partitions
-//!   0,4096,65536` runs each size with the default assignor (0) and with `sticky` over that
+//!   `total_net_output_bytes`) and this process's resident memory and live heap (counted by
+//!   its allocator) per member. `--partitions 0,4096,65536` runs each size with the default assignor (0) and with `sticky` over that
 //!   many partitions; `--designs versioned,whole-views` beside the design before view headers
 //!   (every view written whole, `GroupConfig::with_view_inline_max(usize::MAX)`).
 //!   `--join-batch K` starts the members K at a time, concurrently (a cold start of a
@@ -105,6 +105,10 @@ use std::time::Duration;
 use headcount_harness::{KvStore, ServerKind, Unavailable};
 
 use common::Args;
+
+/// Counts the live heap, for the scale part's memory per member.
+#[global_allocator]
+static ALLOC: common::CountingAlloc = common::CountingAlloc;
 
 /// The command line: the parts to run and their sizes.
 pub(crate) struct Opts {

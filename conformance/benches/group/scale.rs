@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use headcount::DynStore;
 
-use crate::common::{ms, own_cpu, own_rss, redis_info};
+use crate::common::{live_heap, ms, own_cpu, own_rss, redis_info};
 use crate::fleet::{delta, group_name, round_trips, Counting, Fleet, PREFIX, SLOW};
 use crate::{fill_redis, own_redis, Opts};
 
@@ -47,7 +47,7 @@ async fn scale(
         whole_views: design == "whole-views",
         members: Vec::new(),
     };
-    let rss0 = own_rss();
+    let (rss0, heap0) = (own_rss(), live_heap());
     let before_joins = counting.hooks().snapshot();
     let t0 = Instant::now();
     let ids: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
@@ -75,6 +75,7 @@ async fn scale(
     let join_calls = delta(&before_joins, &counting.hooks().snapshot());
     let converged = t0.elapsed();
     let rss_per_member = own_rss().saturating_sub(rss0) / n as u64;
+    let heap_per_member = live_heap().saturating_sub(heap0) / n as u64;
 
     // Steady state over 5 heartbeats, after five more: a member that does not watch the slot
     // table looks at it one heartbeat in four, and its first look after the joins reads it.
@@ -148,7 +149,7 @@ async fn scale(
     let change_bytes = net(&net1).saturating_sub(net(&net0)) / n as u64 / 2;
 
     let row = format!(
-        "| {n} | {} | {} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {script_usec:.1} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B | {} B | {} KB |",
+        "| {n} | {} | {} | {} | {:.1} s | {:.1} s (epoch {e_join}) | {:.0} | {:.2} | {:.0} | {:.2} | {script_usec:.1} | {:.0}% | {:.0}% | {} / {} | {} / {} | {} B | {} B | {} B | {} KB | {} KB |",
         match design {
             "full" => "full table every heartbeat (before)",
             "two-calls" => "versioned, one call per directory (before)",
@@ -179,6 +180,7 @@ async fn scale(
         slot_len,
         change_bytes,
         rss_per_member / 1024,
+        heap_per_member / 1024,
     );
     eprintln!("{row}");
     rows.push(row);
@@ -220,8 +222,8 @@ pub(crate) async fn run(o: &Opts) {
         "\n### One group on one local Redis holding {} unrelated keys\n",
         o.unrelated
     );
-    println!("| members | heartbeat | assignor | TTL ms | all joined | all active | round trips/s (wrapper) | per member per heartbeat | server commands/s | per member per heartbeat | server µs per script call | Redis CPU | client CPU | leave: view / active ms | crash: view / active ms | view record | slot record | bytes from Redis per member per change | client memory per member |");
-    println!("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| members | heartbeat | assignor | TTL ms | all joined | all active | round trips/s (wrapper) | per member per heartbeat | server commands/s | per member per heartbeat | server µs per script call | Redis CPU | client CPU | leave: view / active ms | crash: view / active ms | view record | slot record | bytes from Redis per member per change | client memory (resident) per member | live heap per member |");
+    println!("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!("{r}");
     }
