@@ -118,6 +118,52 @@ fn a_view_of_another_assignor_stops_the_round() {
     assert!(error.is_some_and(|e| e.contains("assignor")));
 }
 
+/// The round of a join's own claim at `slot`, which lost a race for another slot if `raced`.
+fn of_join(t: SlotTable, raced: bool) -> Round {
+    Round::of_table(Arc::new(t), true, true).after_race(raced)
+}
+
+/// Event: a join's own claim, the only slot the view lacks. Phase: joining, not the lowest
+/// slot. Effect: the joiner publishes the view at once, unless its claim lost a race for another
+/// slot (a claim its table lacks is under way): then it leaves the view to the lowest slot.
+#[test]
+fn a_join_publishes_its_own_view_unless_it_lost_a_race() {
+    let v1 = view(1, &[0, 1]);
+    let mut m = Member::at(2);
+    let mut round = of_join(table(&[0, 1, 2], 1, Some(v1.clone())), false);
+    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
+
+    let mut m = Member::at(2);
+    let mut round = of_join(table(&[0, 1, 2], 1, Some(v1)), true);
+    let first = m.start(&mut round);
+    assert!(
+        !matches!(&first, Some(Call::Cas { key, .. }) if key == "hc:{g}:view:current"),
+        "{first:?}"
+    );
+    assert!(m.engine.discrepancy.is_some());
+}
+
+/// Event: a join that lost a race for a slot, whose table's view is below an epoch the member
+/// saw (a store that went back). Phase: joining, not the lowest slot. Effect: the joiner
+/// publishes a view above that epoch at once: a view to repair waits for no one.
+#[test]
+fn a_join_that_lost_a_race_still_repairs_a_view_below_an_epoch_seen() {
+    let v1 = view(1, &[0, 1]);
+    let mut m = Member::at(2);
+    m.engine.cache.highest = 5;
+    let mut round = of_join(table(&[0, 1, 2], 1, Some(v1.clone())), true);
+    match m.start(&mut round) {
+        Some(Call::Cas {
+            key, expected, new, ..
+        }) => {
+            assert_eq!(key, "hc:{g}:view:current");
+            assert_eq!(expected, Some(v1.to_string()));
+            assert!(ViewRecord::parse(&new).unwrap().epoch > 5);
+        }
+        other => panic!("expected the view's compare-and-set, got {other:?}"),
+    }
+}
+
 // ---- progress: acknowledging and activating ----
 
 /// Event: a dropped grant. Phase: joining, its first view pending and drained. Effect: the
