@@ -77,11 +77,13 @@ async fn scale(
     let rss_per_member = own_rss().saturating_sub(rss0) / n as u64;
     let heap_per_member = live_heap().saturating_sub(heap0) / n as u64;
 
-    // Steady state over 5 heartbeats, after five more: a member that does not watch the slot
-    // table looks at it one heartbeat in four, and its first look after the joins reads it.
+    // Steady state over 5 heartbeats, after every member has looked at the slot table once
+    // since the joins: a member that does not watch it looks one heartbeat in max(4, n/8), and
+    // its first look after a change reads the table (two calls more).
     let beats = 5u32;
+    let first_looks = (n as u32 / 8).max(4) + 1;
     fleet.wait_converged(n as u32, limit).await?;
-    tokio::time::sleep(hb * 5).await;
+    tokio::time::sleep(hb * first_looks).await;
     let e0 = fleet.wait_converged(n as u32, limit).await?;
     let (rc0, cpu0, tot0) = redis_info(&mut conn).await;
     let own0 = own_cpu();

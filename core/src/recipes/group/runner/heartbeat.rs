@@ -158,10 +158,20 @@ impl Runner {
                     (slots_dir.as_str(), Some(s.as_str())),
                 ];
                 let (renewed, versions) = store.renew_and_versions(&key, text, ttl, &dirs).await?;
-                if renewed && versions.first() == Some(v) && versions.get(1) == Some(s) {
+                if renewed && versions.first() == Some(v) {
+                    // The view is unchanged: the slots alone are listed if they changed, after
+                    // the view's version was read, so the table's slots are still newer than
+                    // its view.
+                    let slots = if versions.get(1) == Some(s) {
+                        RenewedListing::new(true, s.clone(), None)
+                    } else {
+                        store
+                            .renew_and_list_if_changed(&key, text, ttl, &slots_dir, Some(s))
+                            .await?
+                    };
                     return Ok::<_, Error>((
                         RenewedListing::new(true, v.clone(), None),
-                        Some(RenewedListing::new(true, s.clone(), None)),
+                        Some(slots),
                     ));
                 }
             }
