@@ -46,7 +46,9 @@ async fn scale_store(
     }
     fleet.wait_converged(n as u32, limit).await?;
     let converged = t0.elapsed();
-    tokio::time::sleep(hb * 5).await;
+    // After every member has looked at the slot table once since the joins (one heartbeat in
+    // max(4, n/8) for most): the window below is the steady state, not those first looks.
+    tokio::time::sleep(hb * ((n as u32 / 8).max(4) + 1)).await;
     let e0 = fleet.wait_converged(n as u32, limit).await?;
     let bytes0 = proxy.as_ref().map(|p| p.bytes());
     let etcd_port = match backend {
