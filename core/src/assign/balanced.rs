@@ -196,7 +196,8 @@ impl KeySet {
 
     /// `count` partitions named by their decimal numbers: `"0"`, `"1"`, ..., `"count - 1"`, the
     /// keys `headcount status` samples. Fails above [`MAX_DECLARED_KEYS`] (and, as [`KeySet::new`]
-    /// would, if two of the names' hashes collided).
+    /// would, if two of the names' hashes collided). Calls for one count share one set while
+    /// any clone of it lives, so the members of one process hold it once.
     pub fn partitions(count: u32) -> Result<KeySet, AssignError> {
         if count as usize > MAX_DECLARED_KEYS {
             return Err(AssignError::TooManyKeys {
