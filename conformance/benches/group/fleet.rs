@@ -103,6 +103,13 @@ pub(crate) fn round_trips(calls: &BTreeMap<&'static str, u64>, caps: &Capabiliti
 }
 
 /// A group name of its own, so that runs never meet.
+/// The heartbeats to wait after `n` members converged before a steady-state window: until each
+/// has looked at the slot table once since the joins (a member that does not watch it looks one
+/// heartbeat in max(4, n/8), and its first look after a change reads the table: calls more).
+pub(crate) fn first_looks(n: usize) -> u32 {
+    (n as u32 / 8).max(4) + 1
+}
+
 pub(crate) fn group_name() -> String {
     format!("gb{:08x}", rand::random::<u32>())
 }

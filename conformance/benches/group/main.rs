@@ -32,8 +32,8 @@
 //!   CPU, the view record's size, and the convergence after one graceful leave and one crash,
 //!   with the bytes Redis sent per member per change over those two (`INFO stats`
 //!   `total_net_output_bytes`) and this process's resident memory and live heap (counted by
-//!   its allocator) per member. `--partitions 0,4096,65536` runs each size with the default assignor (0) and with `sticky` over that
-//!   many partitions; `--designs versioned,whole-views` beside the design before view headers
+//!   its allocator) per member. `--partitions 0,4096,65536` runs each size with the default
+//!   assignor (0) and with `sticky` over that many partitions; `--designs versioned,whole-views` beside the design before view headers
 //!   (every view written whole, `GroupConfig::with_view_inline_max(usize::MAX)`).
 //!   `--join-batch K` starts the members K at a time, concurrently (a cold start of a
 //!   deployment), instead of one after the other; the row's epoch at "all active" counts the

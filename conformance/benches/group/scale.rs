@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use headcount::DynStore;
 
 use crate::common::{live_heap, ms, own_cpu, own_rss, redis_info};
-use crate::fleet::{delta, group_name, round_trips, Counting, Fleet, PREFIX, SLOW};
+use crate::fleet::{delta, first_looks, group_name, round_trips, Counting, Fleet, PREFIX, SLOW};
 use crate::{fill_redis, own_redis, Opts};
 
 /// `n` members on one Redis; appends a Markdown row.
@@ -77,13 +77,10 @@ async fn scale(
     let rss_per_member = own_rss().saturating_sub(rss0) / n as u64;
     let heap_per_member = live_heap().saturating_sub(heap0) / n as u64;
 
-    // Steady state over 5 heartbeats, after every member has looked at the slot table once
-    // since the joins: a member that does not watch it looks one heartbeat in max(4, n/8), and
-    // its first look after a change reads the table (two calls more).
+    // Steady state over 5 heartbeats, after every member's first look at the slot table.
     let beats = 5u32;
-    let first_looks = (n as u32 / 8).max(4) + 1;
     fleet.wait_converged(n as u32, limit).await?;
-    tokio::time::sleep(hb * first_looks).await;
+    tokio::time::sleep(hb * first_looks(n)).await;
     let e0 = fleet.wait_converged(n as u32, limit).await?;
     let (rc0, cpu0, tot0) = redis_info(&mut conn).await;
     let own0 = own_cpu();

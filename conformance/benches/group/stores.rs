@@ -9,7 +9,7 @@ use headcount::DynStore;
 use headcount_harness::ServerKind;
 
 use crate::common::{behind_proxy, etcd_metrics, fill_store, ms, own_cpu, shared_url};
-use crate::fleet::{delta, group_name, round_trips, Counting, Fleet};
+use crate::fleet::{delta, first_looks, group_name, round_trips, Counting, Fleet};
 use crate::Opts;
 
 /// `n` members on the store at `url` (PostgreSQL, SQLite, etcd), reached through a counting
@@ -46,9 +46,8 @@ async fn scale_store(
     }
     fleet.wait_converged(n as u32, limit).await?;
     let converged = t0.elapsed();
-    // After every member has looked at the slot table once since the joins (one heartbeat in
-    // max(4, n/8) for most): the window below is the steady state, not those first looks.
-    tokio::time::sleep(hb * ((n as u32 / 8).max(4) + 1)).await;
+    // The window below is the steady state, after every member's first look at the table.
+    tokio::time::sleep(hb * first_looks(n)).await;
     let e0 = fleet.wait_converged(n as u32, limit).await?;
     let bytes0 = proxy.as_ref().map(|p| p.bytes());
     let etcd_port = match backend {

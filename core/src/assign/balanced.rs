@@ -1,7 +1,6 @@
 //! The balanced assignor for a declared key set: [`KeySet`], [`KeySetId`] and [`Balanced`].
 
-use std::collections::BinaryHeap;
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
