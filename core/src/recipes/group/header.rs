@@ -11,17 +11,26 @@
 //! * the **header** at `hc:{group}:view:current`, the record every member reads on every change:
 //!   `v2 epoch=<E> assignor=<name> view=<digest> prev=<epoch>-<digest> deltas=<delta>;<delta>…`
 //!   (`prev=` names the replaced view's snapshot, empty when it had none), where
-//!   each delta (newest first; at most [`DELTAS_MAX`] of them, in at most [`DELTAS_BYTES`] and
-//!   half the snapshot's length) turns the view of one digest into the next: `<from
+//!   each delta (newest first) turns the view of one digest into the next: `<from
 //!   digest>/<slots added>/<slots dropped>/<keys moved>` (`3@<nonce>,…` / `1,2,…` /
 //!   `<slot>:<key>.<gap>.<gap>…+<slot>:…`: the keys each slot gained, by their index in the
 //!   declared set, in hexadecimal, each after the first as its distance from the one before).
+//!   The header carries the newest change (when it is at most [`DELTAS_BYTES`] and half the
+//!   snapshot's length) and older ones only while all fit in [`CARRIED_BYTES`], at most
+//!   [`DELTAS_MAX`]: a large change travels alone, so what every member reads is that change;
+//! * the **change record** of each view written as a header at `hc:{group}:change:<digest>`: the
+//!   text of the delta that led to that view (its `from` names the view before), written by the
+//!   publisher once the header is published and living [`CHANGE_TTLS`] lease TTLs.
 //!
 //! A member that holds the view a delta starts from applies the deltas to its copy and checks
-//! that the result has the header's digest; any other member (a newcomer, one that missed more
-//! changes than the header carries) reads the snapshot. Either way every member ends with the
-//! same view, which the digest proves, at the cost of the header and, only when it must, one
-//! snapshot read.
+//! that the result has the header's digest. One that missed a few more changes than the header
+//! carries walks back through the change records, from the view the header's oldest delta
+//! starts from, until it reaches a view it holds, and applies them forward: at most
+//! [`CHANGES_WALKED`] records, and only while they cost less than the snapshot would
+//! ([`walk_pays`]). Any other member (a newcomer, one that missed more changes still) reads the
+//! snapshot. Either way every member
+//! ends with the same view, which the digest proves, at the cost of the header, the changes it
+//! missed and, only when it must, one snapshot read.
 //!
 //! A snapshot is deleted by the publisher of the view after next (the next one's `prev` keeps
 //! it for members that read its header just before), or at once when the view after it is
@@ -44,6 +53,35 @@ pub(crate) const DELTAS_MAX: usize = 4;
 /// The most bytes of deltas a header carries (and never more than half the snapshot): a change
 /// that moves more is read from the snapshot.
 pub(crate) const DELTAS_BYTES: usize = 64 * 1024;
+
+/// The most bytes of deltas a header carries beyond the newest: the older changes of a burst of
+/// small ones (joins in a cold start) ride along; a large change travels alone, and a member
+/// that missed the ones before it reads them from their change records.
+pub(crate) const CARRIED_BYTES: usize = 512;
+
+/// The most change records a member reads, one after another, to catch up with a view before
+/// it reads the view's snapshot instead.
+pub(crate) const CHANGES_WALKED: usize = 8;
+
+/// What one read of a change record costs, in bytes of a snapshot: a round trip to the store
+/// (its latency, a command on the server) is worth about this many bytes of one large read.
+const RECORD_COST: usize = 8 * 1024;
+
+/// Whether a member holding a view of `held_epoch`, `held_len` bytes long (about: the
+/// snapshot's length), walks the change records back to it from a header of `epoch` that
+/// carries `carried` changes: when the records it would read (one per epoch between, at most)
+/// are at most [`CHANGES_WALKED`] and cost less than the snapshot.
+pub(crate) fn walk_pays(held_epoch: u64, held_len: usize, epoch: u64, carried: usize) -> bool {
+    let missed = epoch
+        .saturating_sub(held_epoch)
+        .saturating_sub(carried as u64);
+    let missed = usize::try_from(missed).unwrap_or(usize::MAX);
+    (1..=CHANGES_WALKED).contains(&missed) && missed.saturating_mul(RECORD_COST) < held_len
+}
+
+/// How long a change record lives, in lease TTLs: long enough for a member that polls to catch
+/// up through it.
+pub(crate) const CHANGE_TTLS: u32 = 8;
 
 /// How often, in epochs, the publisher of a view deletes the snapshots left behind
 /// (`Runner::write_publication`).
@@ -205,7 +243,8 @@ fn ascending<T: PartialOrd>(values: impl Iterator<Item = T>) -> bool {
 }
 
 impl ViewDelta {
-    fn parse(text: &str) -> Option<ViewDelta> {
+    /// Parses a delta's text; `None` for anything else.
+    pub fn parse(text: &str) -> Option<ViewDelta> {
         let mut parts = text.split('/');
         let from = u64::from_str_radix(parts.next()?, 16).ok()?;
         let added = items_by(parts.next()?, ',')
@@ -286,10 +325,12 @@ impl fmt::Display for Snapshot {
 /// (1,024 bytes by default) is written whole at `hc:{group}:base:<epoch>-<digest>` first (its
 /// [`Snapshot`]), then this header at `view:current`, with the usual compare-and-set:
 /// `v2 epoch=<E> assignor=<name> view=<digest> prev=<epoch>-<digest> deltas=<delta>;<delta>…`.
-/// Each [`ViewDelta`] (newest first, up to four, in at most 64 KiB and half the snapshot) turns
-/// the view of one digest into the next. A member holding the view a delta starts from follows
-/// the deltas ([`ViewHeader::follow`]); any other reads the snapshot
-/// ([`ViewHeader::from_snapshot`]); both check the result against the header's digest. So a
+/// Each [`ViewDelta`] (newest first: the newest, in at most 64 KiB and half the snapshot, and
+/// older ones while all fit in 512 bytes, up to four) turns the view of one digest into the
+/// next. A member holding the view a delta starts from follows the deltas
+/// ([`ViewHeader::follow`]); one that holds an older view follows the change records
+/// ([`ViewHeader::follow_through`]); any other reads the snapshot
+/// ([`ViewHeader::from_snapshot`]); each checks the result against the header's digest. So a
 /// view change costs each member the change, not the whole view.
 ///
 /// ```
@@ -324,8 +365,9 @@ pub struct ViewHeader {
 
 impl ViewHeader {
     /// The header of `next`, replacing the published `prev` (whole, when this member read it)
-    /// and its header, if it was written as one: the change from `prev`, then the changes
-    /// `prev`'s header carried, as many as fit.
+    /// and its header, if it was written as one: the change from `prev` (when it fits in
+    /// `limit`), then the changes `prev`'s header carried while all of them fit in
+    /// 512 bytes.
     pub fn of(
         next: &ViewRecord,
         prev: Option<&ViewRecord>,
@@ -343,7 +385,7 @@ impl ViewHeader {
                 if let Some(h) = prev_header.filter(|h| h.view == from) {
                     for d in &h.deltas {
                         bytes += d.len() + 1;
-                        if deltas.len() >= DELTAS_MAX || bytes > limit {
+                        if deltas.len() >= DELTAS_MAX || bytes > limit.min(CARRIED_BYTES) {
                             break;
                         }
                         deltas.push(d.clone());
@@ -435,6 +477,22 @@ impl ViewHeader {
         Some(view)
     }
 
+    /// [`ViewHeader::follow_from`] through `older`, the changes before this header's oldest one
+    /// (newest first, read from their change records): the view this header stands for, from
+    /// `held` (whose digest is `digest`), when `held` is where one of them starts.
+    pub fn follow_through(
+        &self,
+        older: &[ViewDelta],
+        held: &ViewRecord,
+        digest: u64,
+    ) -> Option<ViewRecord> {
+        let chain = ViewHeader {
+            deltas: self.deltas.iter().chain(older).cloned().collect(),
+            ..self.clone()
+        };
+        chain.follow_from(held, digest)
+    }
+
     /// The view its snapshot's text stands for: the snapshot's view under this header's epoch,
     /// when the snapshot is the view the header names.
     pub fn from_snapshot(&self, text: &str) -> Option<ViewRecord> {
@@ -487,6 +545,9 @@ pub(crate) struct Publication {
     pub(crate) stale: Vec<Snapshot>,
     /// The snapshot the header keeps for the members that read the replaced view's header.
     pub(crate) prev: Option<Snapshot>,
+    /// The change record of this view: its digest (the key's suffix) and the text of the delta
+    /// that led to it, written once the header is published, when the header carries it.
+    pub(crate) change: Option<(u64, String)>,
 }
 
 impl Publication {
@@ -512,16 +573,19 @@ impl Publication {
                 snapshot: None,
                 stale,
                 prev: None,
+                change: None,
             };
         }
         let limit = DELTAS_BYTES.min(whole.len() / 2);
         let header = ViewHeader::of(next, prev, prev_header, limit);
+        let change = header.deltas.first().map(|d| (header.view, d.to_string()));
         Publication {
             epoch: next.epoch,
             current: header.to_string(),
             snapshot: Some((header.snapshot(), whole)),
             stale,
             prev: header.prev,
+            change,
         }
     }
 

@@ -11,6 +11,7 @@ use crate::keys::Keyspace;
 /// | `hc:{group}:slot:{i}` | the slot records: one per claim, with the lease TTL |
 /// | `hc:{group}:view:current` | the published view, or its header when it is long |
 /// | `hc:{group}:base:{epoch}-{digest}` | the snapshot of a long view (see [`super::header`]) |
+/// | `hc:{group}:change:{digest}` | the change that led to a long view, for members that missed it |
 /// | `hc:{group}:view:settled` | the settled mark |
 /// | `hc:{group}:ack:{i}` | each slot's acknowledgement |
 /// | `hc:{group}:standby:{member}` | the standbys waiting to inherit a leaving member's slot |
@@ -29,6 +30,8 @@ pub(super) struct GroupLayout {
     pub(super) acks: String,
     /// `hc:{group}:base:`, the directory of the snapshots of long views.
     pub(super) bases: String,
+    /// `hc:{group}:change:`, the directory of the change records of long views.
+    pub(super) changes: String,
     /// `hc:{group}:standby:`, the directory of the standbys.
     pub(super) standbys: String,
 }
@@ -42,6 +45,7 @@ impl GroupLayout {
             settled: space.key("view:settled"),
             acks: space.key("ack:"),
             bases: space.key("base:"),
+            changes: space.key("change:"),
             standbys: space.key("standby:"),
             space,
         }
@@ -65,6 +69,12 @@ impl GroupLayout {
     /// `hc:{group}:base:{epoch}-{digest}`, where the snapshot of a long view is.
     pub(super) fn base(&self, snapshot: super::header::Snapshot) -> String {
         format!("{}{snapshot}", self.bases)
+    }
+
+    /// `hc:{group}:change:{digest}`, the record of the change that led to the long view of
+    /// that digest.
+    pub(super) fn change(&self, view: u64) -> String {
+        format!("{}{view:016x}", self.changes)
     }
 
     /// `hc:{group}:ack:{i}`.

@@ -19,7 +19,7 @@ pub struct Removed {
 }
 
 /// Deletes what a group leaves behind once every member has stopped: its published view (and
-/// the snapshots of long views), its settled mark and its acknowledgements, which have no TTL or outlive the members (slot
+/// the snapshots and change records of long views), its settled mark and its acknowledgements, which have no TTL or outlive the members (slot
 /// records expire with their leases). Refuses with [`Error::Rejected`] while any member is
 /// live, naming them, so it cannot pull the view from under a running group. Each key is
 /// deleted only if it still holds what was read ([`Store::compare_and_delete`]), so a member
@@ -59,6 +59,7 @@ pub async fn remove(store: &DynStore, prefix: &str, group: &str) -> Result<Remov
     }
     candidates.extend(store.list(&layout.acks).await?);
     candidates.extend(store.list(&layout.bases).await?);
+    candidates.extend(store.list(&layout.changes).await?);
     for (key, text) in candidates {
         if store.compare_and_delete(&key, &text).await? {
             removed.keys.push(key);

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::header::ViewHeader;
+use super::header::{walk_pays, ViewDelta, ViewHeader, CHANGES_WALKED};
 use super::layout::GroupLayout;
 use super::records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
 use crate::error::Result;
@@ -81,12 +81,60 @@ impl SlotTable {
         if self.resolve_from(held) {
             return Ok(true);
         }
+        if self.resolve_by_changes(store, layout, held).await? {
+            return Ok(true);
+        }
         let Some(header) = &self.view_header else {
             return Ok(true);
         };
         let text = store.get(&layout.base(header.snapshot())).await?;
         self.view = text.as_deref().and_then(|t| header.from_snapshot(t));
         Ok(self.view.is_some())
+    }
+
+    /// [`SlotTable::resolve`] through the change records (see [`super::header`]): walks back
+    /// from the view the header's oldest delta starts from, one record at a time, until a record
+    /// starts from one of `held`, then follows the changes forward. Only when it pays
+    /// ([`walk_pays`]: a few records, cheaper than the snapshot). Returns whether the view is
+    /// resolved; a record missing, garbled or leading elsewhere ends the walk (the snapshot is
+    /// read instead).
+    async fn resolve_by_changes(
+        &mut self,
+        store: &DynStore,
+        layout: &GroupLayout,
+        held: &[HeldView<'_>],
+    ) -> Result<bool> {
+        let Some(header) = &self.view_header else {
+            return Ok(true);
+        };
+        let Some(oldest) = header.deltas.last() else {
+            return Ok(false);
+        };
+        let digests: Vec<(&ViewRecord, u64)> = held
+            .iter()
+            .filter(|h| {
+                let len = h.view.holders.len() * 26 + h.view.owners.as_ref().map_or(0, |o| o.len());
+                walk_pays(h.view.epoch, len, header.epoch, header.deltas.len())
+            })
+            .map(|h| (h.view, h.digest.unwrap_or_else(|| h.view.digest())))
+            .collect();
+        if digests.is_empty() {
+            return Ok(false);
+        }
+        let (mut at, mut older) = (oldest.from, Vec::new());
+        for _ in 0..CHANGES_WALKED {
+            let text = store.get(&layout.change(at)).await?;
+            let Some(delta) = text.as_deref().and_then(ViewDelta::parse) else {
+                return Ok(false);
+            };
+            at = delta.from;
+            older.push(delta);
+            if let Some(&(view, digest)) = digests.iter().find(|(_, d)| *d == at) {
+                self.view = header.follow_through(&older, view, digest);
+                return Ok(self.view.is_some());
+            }
+        }
+        Ok(false)
     }
 
     /// [`SlotTable::resolve`] with the views `held` alone: whether the view is resolved (or

@@ -3,9 +3,16 @@
 
 use std::sync::Arc;
 
-use super::{Publication, Snapshot, ViewDelta, ViewHeader, DELTAS_BYTES, DELTAS_MAX, INLINE_MAX};
+use super::{
+    walk_pays, Publication, Snapshot, ViewDelta, ViewHeader, CARRIED_BYTES, CHANGES_WALKED,
+    DELTAS_BYTES, DELTAS_MAX, INLINE_MAX,
+};
 use crate::assign::{AssignorKind, KeySet, Sticky, Topology};
+use crate::memory::MemoryStore;
+use crate::recipes::group::layout::GroupLayout;
 use crate::recipes::group::records::{Holder, ViewRecord};
+use crate::recipes::group::table::{HeldView, SlotTable};
+use crate::{DynStore, Store as _};
 
 fn holders(slots: &[u32], nonce: u64) -> Vec<Holder> {
     slots
@@ -144,7 +151,8 @@ fn headers_round_trip_and_reject_garbage() {
 
 #[test]
 fn a_member_follows_the_deltas_it_holds_the_start_of() {
-    let keys = Arc::new(KeySet::partitions(1024).unwrap());
+    // Few keys, so that each change is small and the header carries three.
+    let keys = Arc::new(KeySet::partitions(64).unwrap());
     let v1 = sticky(1, &[0, 1, 2], &keys, None);
     let v2 = sticky(2, &[0, 1, 2, 3], &keys, Some(&v1));
     let v3 = sticky(3, &[0, 2, 3], &keys, Some(&v2));
@@ -253,4 +261,136 @@ fn long_views_are_written_as_a_header_and_a_snapshot() {
     assert_eq!(pd.stale, vec![hb.snapshot(), hc.snapshot()]);
     // Every view written whole, the design before.
     assert!(Publication::of(&b, Some(&a), None, usize::MAX).is_whole());
+}
+
+/// A large change (a leave under the sticky assignor moves hundreds of keys) travels alone in
+/// the header, so what every member reads of it is about the change; each change is also in
+/// its change record, keyed by the digest of the view it leads to, so a member that missed the
+/// ones before walks back to a view it holds.
+#[test]
+fn a_large_change_travels_alone_and_is_kept_in_its_record() {
+    let keys = Arc::new(KeySet::partitions(65_536).unwrap());
+    let slots: Vec<u32> = (0..100).collect();
+    let v1 = sticky(1, &slots, &keys, None);
+    let v2 = sticky(2, &slots[1..], &keys, Some(&v1));
+    let v3 = sticky(3, &slots[2..], &keys, Some(&v2));
+    let p1 = Publication::of(&v1, None, None, INLINE_MAX);
+    let h1 = ViewHeader::parse(&p1.current).unwrap();
+    assert_eq!(p1.change, None, "the first header has no change");
+    let p2 = Publication::of(&v2, Some(&v1), Some(&h1), INLINE_MAX);
+    let h2 = ViewHeader::parse(&p2.current).unwrap();
+    let p3 = Publication::of(&v3, Some(&v2), Some(&h2), INLINE_MAX);
+    let h3 = ViewHeader::parse(&p3.current).unwrap();
+    assert!(h3.deltas[0].to_string().len() > CARRIED_BYTES);
+    assert_eq!(h3.deltas.len(), 1, "the change before is not carried");
+    assert!(p3.current.len() < h3.deltas[0].to_string().len() + 200);
+    // Its record: the digest of the view it leads to, and the delta.
+    assert_eq!(p3.change, Some((v3.digest(), h3.deltas[0].to_string())));
+    let (_, text2) = p2.change.clone().unwrap();
+    let older = ViewDelta::parse(&text2).unwrap();
+    assert_eq!(older.from, v1.digest());
+    // v1 is two changes back: the header alone does not reach it; through v2's record it does.
+    assert_eq!(h3.follow(&v1), None);
+    assert_eq!(
+        h3.follow_through(std::slice::from_ref(&older), &v1, v1.digest()),
+        Some(v3.clone())
+    );
+    // A record that leads elsewhere is refused by the digest.
+    let mut bad = older.clone();
+    bad.moved[0].1 = 99;
+    assert_eq!(h3.follow_through(&[bad], &v1, v1.digest()), None);
+}
+
+/// A walk through the records pays when it reads a few small records instead of a large
+/// snapshot, and not when the member is further behind, or the view is short.
+#[test]
+fn a_walk_reads_a_few_records_instead_of_a_large_snapshot() {
+    // 300 members over 65,536 keys (a snapshot of about 100 KB): up to the walk's limit.
+    assert!(walk_pays(10, 100_000, 12, 1));
+    assert!(walk_pays(10, 100_000, 11 + CHANGES_WALKED as u64, 1));
+    assert!(!walk_pays(10, 100_000, 12 + CHANGES_WALKED as u64, 1));
+    // Nothing missed beyond what the header carries: no walk.
+    assert!(!walk_pays(10, 100_000, 11, 1));
+    // A view of a few KB: one record costs about what the snapshot does.
+    assert!(!walk_pays(10, 6_000, 12, 1));
+    assert!(walk_pays(10, 30_000, 13, 1));
+    assert!(!walk_pays(10, 30_000, 15, 1));
+}
+
+/// Writes `value` at `key` whatever it holds.
+async fn put(store: &MemoryStore, key: &str, value: &str) {
+    let current = store.get(key).await.unwrap();
+    assert!(store
+        .compare_and_set(key, current.as_deref(), value, None)
+        .await
+        .unwrap());
+}
+
+/// What a member that missed changes pays: the header and one small record per change it
+/// missed, read from a store; no snapshot while the records lead to a view it holds, and the
+/// snapshot once it is further behind than [`CHANGES_WALKED`] records (or a record is gone).
+#[tokio::test]
+async fn a_member_behind_walks_the_change_records_back_to_a_view_it_holds() {
+    let store = Arc::new(MemoryStore::default());
+    let dyn_store: DynStore = store.clone();
+    let layout = GroupLayout::new(crate::keys::Keyspace::new("g").unwrap());
+    let keys = Arc::new(KeySet::partitions(65_536).unwrap());
+    let slots: Vec<u32> = (0..40).collect();
+    let mut views = vec![sticky(1, &slots, &keys, None)];
+    let mut header: Option<ViewHeader> = None;
+    let write = |p: &Publication| {
+        let store = store.clone();
+        let (p, layout) = (p.clone(), layout.clone());
+        async move {
+            let (snap, text) = p.snapshot.clone().unwrap();
+            put(&store, &layout.base(snap), &text).await;
+            put(&store, &layout.view, &p.current).await;
+            if let Some((view, text)) = &p.change {
+                put(&store, &layout.change(*view), text).await;
+            }
+        }
+    };
+    // Every change drops one slot: each moves about a fortieth of the 4,096 keys.
+    for e in 1..=(CHANGES_WALKED as u64 + 3) {
+        let prev = views.last().unwrap();
+        let next = if e == 1 {
+            prev.clone()
+        } else {
+            sticky(e, &slots[(e as usize - 1)..], &keys, Some(prev))
+        };
+        let p = Publication::of(&next, (e > 1).then_some(prev), header.as_ref(), INLINE_MAX);
+        write(&p).await;
+        header = Some(ViewHeader::parse(&p.current).unwrap());
+        if e > 1 {
+            views.push(next);
+        }
+    }
+    let newest = views.last().unwrap().clone();
+    let snapshot_key = layout.base(header.as_ref().unwrap().snapshot());
+    let snapshot = store.get(&snapshot_key).await.unwrap();
+    // No snapshot: a member can resolve the view only through the header and the records.
+    store.delete(&snapshot_key).await.unwrap();
+    let read = |held: ViewRecord| {
+        let (store, layout) = (dyn_store.clone(), layout.clone());
+        async move {
+            let held = [HeldView {
+                view: &held,
+                digest: None,
+            }];
+            SlotTable::read(&store, &layout, &held).await.unwrap().view
+        }
+    };
+    for back in 1..=CHANGES_WALKED + 1 {
+        let held = views[views.len() - 1 - back].clone();
+        assert_eq!(
+            read(held).await.as_ref(),
+            Some(&newest),
+            "{back} changes behind"
+        );
+    }
+    // One change more than the walk reads: the snapshot, which is gone here.
+    let far = views[views.len() - 1 - (CHANGES_WALKED + 2)].clone();
+    assert_eq!(read(far.clone()).await, None);
+    put(&store, &snapshot_key, snapshot.as_deref().unwrap()).await;
+    assert_eq!(read(far).await.as_ref(), Some(&newest));
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::super::header::{Publication, Snapshot, ViewHeader, SWEEP_EVERY};
+use super::super::header::{Publication, Snapshot, ViewHeader, CHANGE_TTLS, SWEEP_EVERY};
 use super::super::records::{Holder, ViewRecord};
 use super::super::table::SlotTable;
 use super::super::view::{Cause, Change, ViewState};
@@ -30,7 +30,8 @@ impl Runner {
     }
 
     /// Writes `publication` over the view text `expected`: its snapshot first, when it has one,
-    /// then the compare-and-set of `view:current`. Once published, it deletes the snapshots
+    /// then the compare-and-set of `view:current`. Once published, it writes the change record
+    /// (see [`header`](super::super::header)), when it has one, and deletes the snapshots
     /// nobody needs any more (and, every [`SWEEP_EVERY`] epochs, any left behind); when
     /// refused, it deletes its own snapshot once the view published instead holds its epoch or
     /// a later one (epochs only rise, so this snapshot's view can never be published) and no
@@ -70,6 +71,15 @@ impl Runner {
             .compare_and_set(&layout.view, expected, &publication.current, None)
             .await?;
         if written {
+            if let Some((view, text)) = &publication.change {
+                // For members that miss this change and read a later header; one that finds
+                // it missing (this write failed, or it expired) reads the snapshot instead.
+                let ttl = self.cfg.ttl * CHANGE_TTLS;
+                let _ = self
+                    .store
+                    .compare_and_set(&layout.change(*view), None, text, Some(ttl))
+                    .await;
+            }
             for stale in &publication.stale {
                 // Left behind when this fails: the next sweep or `remove-group` deletes it.
                 let _ = self.store.delete(&layout.base(*stale)).await;
