@@ -28,9 +28,8 @@
 //! starts from, until it reaches a view it holds, and applies them forward: at most
 //! [`CHANGES_WALKED`] records, and only while they cost less than the snapshot would
 //! ([`walk_pays`]). Any other member (a newcomer, one that missed more changes still) reads the
-//! snapshot. Either way every member
-//! ends with the same view, which the digest proves, at the cost of the header, the changes it
-//! missed and, only when it must, one snapshot read.
+//! snapshot. Either way every member ends with the same view, which the digest proves, at the
+//! cost of the header, the changes it missed and, only when it must, one snapshot read.
 //!
 //! A snapshot is deleted by the publisher of the view after next (the next one's `prev` keeps
 //! it for members that read its header just before), or at once when the view after it is
@@ -66,6 +65,13 @@ pub(crate) const CHANGES_WALKED: usize = 8;
 /// What one read of a change record costs, in bytes of a snapshot: a round trip to the store
 /// (its latency, a command on the server) is worth about this many bytes of one large read.
 const RECORD_COST: usize = 8 * 1024;
+
+/// [`walk_pays`] for a member holding `held` that reads `header`; the snapshot's length is
+/// estimated from `held` (26 bytes a slot, and at least a byte per declared key's owner).
+pub(crate) fn walk_pays_from(held: &ViewRecord, header: &ViewHeader) -> bool {
+    let len = held.holders.len() * 26 + held.owners.as_ref().map_or(0, |o| o.len());
+    walk_pays(held.epoch, len, header.epoch, header.deltas.len())
+}
 
 /// Whether a member holding a view of `held_epoch`, `held_len` bytes long (about: the
 /// snapshot's length), walks the change records back to it from a header of `epoch` that

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::header::{walk_pays, ViewDelta, ViewHeader, CHANGES_WALKED};
+use super::header::{walk_pays_from, ViewDelta, ViewHeader, CHANGES_WALKED};
 use super::layout::GroupLayout;
 use super::records::{AckRecord, Holder, SettledRecord, SlotRecord, ViewRecord};
 use crate::error::Result;
@@ -105,17 +105,14 @@ impl SlotTable {
         held: &[HeldView<'_>],
     ) -> Result<bool> {
         let Some(header) = &self.view_header else {
-            return Ok(true);
+            return Ok(false);
         };
         let Some(oldest) = header.deltas.last() else {
             return Ok(false);
         };
         let digests: Vec<(&ViewRecord, u64)> = held
             .iter()
-            .filter(|h| {
-                let len = h.view.holders.len() * 26 + h.view.owners.as_ref().map_or(0, |o| o.len());
-                walk_pays(h.view.epoch, len, header.epoch, header.deltas.len())
-            })
+            .filter(|h| walk_pays_from(h.view, header))
             .map(|h| (h.view, h.digest.unwrap_or_else(|| h.view.digest())))
             .collect();
         if digests.is_empty() {

@@ -350,7 +350,7 @@ async fn a_member_behind_walks_the_change_records_back_to_a_view_it_holds() {
             }
         }
     };
-    // Every change drops one slot: each moves about a fortieth of the 4,096 keys.
+    // Every change drops one slot: each moves about a fortieth of the 65,536 keys.
     for e in 1..=(CHANGES_WALKED as u64 + 3) {
         let prev = views.last().unwrap();
         let next = if e == 1 {
