@@ -2,12 +2,14 @@
 //! a request again while it certainly never left.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, KvClient, TlsOptions, WatchClient};
 use headcount_core::{Error, Result};
 
 use crate::config::EtcdConfig;
+use crate::endpoints::Endpoints;
 use crate::errors::{self, BACKEND};
 use crate::leases::Leases;
 use crate::probe;
@@ -16,12 +18,16 @@ use crate::probe;
 /// used.
 pub(crate) const CLIENT_DEFAULTS: &str = "etcd://localhost";
 
+/// A connection: the clients of the key-value and watch services, the lease cache, and the
+/// endpoint in use.
+pub(crate) type Connected = (KvClient, WatchClient, Leases, Arc<Endpoints>);
+
 /// Connects to the cluster `config` names, authenticates, and measures the server's minimum
 /// lease TTL, within the deadline. When that fails retryably, each plain-text endpoint is asked
 /// whether it speaks HTTP/2 at all: one that answers as no HTTP/2 server does (a Redis, an
 /// HTTP/1 service behind a wrong port) makes the failure [`Error::Rejected`], since retrying
 /// will not help.
-pub(crate) async fn open(config: &EtcdConfig) -> Result<(KvClient, WatchClient, Leases)> {
+pub(crate) async fn open(config: &EtcdConfig) -> Result<Connected> {
     match connect(config).await {
         Err(e) if e.is_retryable() && !config.tls() => {
             match probe::not_http2(config.endpoints(), config.timeout()).await {
@@ -40,7 +46,7 @@ pub(crate) async fn open(config: &EtcdConfig) -> Result<(KvClient, WatchClient, 
     }
 }
 
-async fn connect(config: &EtcdConfig) -> Result<(KvClient, WatchClient, Leases)> {
+async fn connect(config: &EtcdConfig) -> Result<Connected> {
     let timeout = config.timeout();
     let mut options = ConnectOptions::new()
         .with_timeout(timeout)
@@ -73,16 +79,46 @@ async fn connect(config: &EtcdConfig) -> Result<(KvClient, WatchClient, Leases)>
     let deadline = config.deadline();
     let password = config.password().map(str::to_owned);
     let classify = |e| errors::classify(e, "connect", deadline, password.as_deref());
-    let work = async {
-        let client = Client::connect(config.endpoint_urls(), Some(options))
-            .await
-            .map_err(classify)?;
-        let leases = Leases::measure(client.lease_client(), timeout)
-            .await
-            .map_err(classify)?;
-        Ok::<_, Error>((client.kv_client(), client.watch_client(), leases))
-    };
-    deadline.run("connect", work).await
+    // One endpoint at a time ([`Endpoints`]): the first of the URL that answers within the
+    // deadline, each tried in turn while the failure may be that endpoint's alone.
+    let urls = config.endpoint_urls();
+    let first = first_endpoint(urls.len());
+    let mut failed = None;
+    for tried in 0..urls.len() {
+        let index = (first + tried) % urls.len();
+        let url = &urls[index];
+        let options = options.clone();
+        let work = async {
+            let client = Client::connect([url.as_str()], Some(options))
+                .await
+                .map_err(classify)?;
+            let endpoints = Endpoints::pinned_to(client.clone(), urls.clone(), index);
+            let leases = Leases::measure(client.lease_client(), timeout, endpoints.clone())
+                .await
+                .map_err(classify)?;
+            Ok::<_, Error>((client.kv_client(), client.watch_client(), leases, endpoints))
+        };
+        match deadline.run("connect", work).await {
+            Ok(connected) => return Ok(connected),
+            Err(e) if e.is_retryable() && tried + 1 < urls.len() => {
+                tracing::debug!(endpoint = %url, error = %e, "etcd: connecting to this endpoint failed; trying the next one of the URL");
+                failed = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(failed.unwrap_or_else(|| Error::config("an etcd URL names no endpoint")))
+}
+
+/// Which of `n` endpoints a process tries first: one at random, so that the processes of a
+/// deployment spread over the cluster's members as the client's balancer spread them before.
+fn first_endpoint(n: usize) -> usize {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mixed = u64::from(nanos ^ std::process::id().rotate_left(16));
+    // Below `n`, which is a usize.
+    (mixed % n.max(1) as u64) as usize
 }
 
 /// Measures the minimum lease TTL of the server behind an application's client, within the
@@ -90,25 +126,34 @@ async fn connect(config: &EtcdConfig) -> Result<(KvClient, WatchClient, Leases)>
 pub(crate) async fn measure(client: &Client, config: &EtcdConfig) -> Result<Leases> {
     let deadline = config.deadline();
     let measure = async {
-        Leases::measure(client.lease_client(), deadline.after())
-            .await
-            .map_err(|e| errors::classify(e, "connect", deadline, None))
+        Leases::measure(
+            client.lease_client(),
+            deadline.after(),
+            Endpoints::unmanaged(),
+        )
+        .await
+        .map_err(|e| errors::classify(e, "connect", deadline, None))
     };
     deadline.run("connect", measure).await
 }
 
-/// Runs `call`, again while the failure says the request never left (an endpoint of a
-/// several-member cluster refused the connection: the balancer picks another one next). The
-/// caller's deadline bounds the loop.
-pub(crate) async fn retry_unsent<T, F, Fut>(mut call: F) -> Result<T, etcd_client::Error>
+/// Runs `call`, again while the failure says the request never left (the endpoint in use
+/// refused the connection: the next call goes to the next endpoint of the URL, see
+/// [`Endpoints::move_off`]). The caller's deadline bounds the loop.
+pub(crate) async fn retry_unsent<T, F, Fut>(
+    endpoints: &Endpoints,
+    mut call: F,
+) -> Result<T, etcd_client::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
     let mut attempt: u64 = 0;
     loop {
+        let seen = endpoints.pinned();
         match call().await {
             Err(e) if errors::never_sent(&e) && attempt < 50 => {
+                endpoints.move_off(seen).await;
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(2 * attempt.min(10))).await;
             }

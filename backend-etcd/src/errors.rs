@@ -16,13 +16,15 @@ pub(crate) fn is_lease_not_found(e: &EtcdError) -> bool {
     matches!(e, EtcdError::GRpcStatus(s) if s.message().contains("lease not found"))
 }
 
-/// Whether the request certainly never reached a server: the connection to the endpoint the
-/// balancer picked was refused. Such a request may be sent again, even a non-idempotent one.
+/// Whether the request certainly never reached a server: the connection to the endpoint in use
+/// was refused, or had closed before the request was handed to it (the endpoint went away
+/// between two calls: HTTP/2's client gives such a request back unsent). Such a request may be
+/// sent again, even a non-idempotent one.
 pub(crate) fn never_sent(e: &EtcdError) -> bool {
     let EtcdError::GRpcStatus(status) = e else {
         return false;
     };
-    if status.code() != Code::Unavailable {
+    if !matches!(status.code(), Code::Unavailable | Code::Cancelled) {
         return false;
     }
     let mut cause = std::error::Error::source(status);
@@ -32,9 +34,19 @@ pub(crate) fn never_sent(e: &EtcdError) -> bool {
                 return true;
             }
         }
+        if let Some(h) = c.downcast_ref::<hyper::Error>() {
+            // hyper cancels a request still queued for a connection that closed, with this
+            // cause, and hands it back: it was never written.
+            if h.is_canceled()
+                && std::error::Error::source(h)
+                    .is_some_and(|s| s.to_string() == "connection closed")
+            {
+                return true;
+            }
+        }
         cause = c.source();
     }
-    status.message() == "tcp connect error"
+    status.code() == Code::Unavailable && status.message() == "tcp connect error"
 }
 
 /// Maps a client error met while running `op`. `password` is scrubbed from the message.

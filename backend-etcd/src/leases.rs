@@ -37,6 +37,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{LeaseClient, LeaseKeepAliveStream, LeaseKeeper};
+
+use crate::endpoints::Endpoints;
 use tokio::time::Instant;
 
 /// From the grant's answer to the first write that may use a shared lease.
@@ -75,6 +77,8 @@ struct Bucket {
 #[derive(Clone)]
 pub(crate) struct Leases {
     client: LeaseClient,
+    /// The endpoint the client's calls go to (see [`Endpoints`]).
+    endpoints: Arc<Endpoints>,
     min_ttl_secs: i64,
     buckets: Arc<Mutex<HashMap<i64, Bucket>>>,
     streams: Arc<Mutex<Streams>>,
@@ -129,6 +133,7 @@ impl Leases {
     pub(crate) async fn measure(
         mut client: LeaseClient,
         _timeout: Duration,
+        endpoints: Arc<Endpoints>,
     ) -> Result<Leases, etcd_client::Error> {
         let probe = client.grant(1, None).await?;
         let min_ttl_secs = probe.ttl().max(1);
@@ -136,6 +141,7 @@ impl Leases {
         let _ = client.revoke(probe.id()).await;
         Ok(Leases {
             client,
+            endpoints,
             min_ttl_secs,
             buckets: Arc::default(),
             streams: Arc::default(),
@@ -240,7 +246,7 @@ impl Leases {
                 Ok(None) | Err(_) => {}
             }
         }
-        let opened = crate::connection::retry_unsent(|| {
+        let opened = crate::connection::retry_unsent(&self.endpoints, || {
             let mut client = self.client.clone();
             // Opening the stream sends the first keep-alive and waits for its answer; the
             // client fails the opening when the answer's TTL says the lease is gone.
@@ -280,7 +286,7 @@ impl Leases {
     }
 
     async fn grant(&self, secs: i64) -> Result<i64, etcd_client::Error> {
-        let resp = crate::connection::retry_unsent(|| {
+        let resp = crate::connection::retry_unsent(&self.endpoints, || {
             let mut client = self.client.clone();
             async move { client.grant(secs, None).await }
         })
@@ -298,7 +304,7 @@ impl Leases {
         };
         runtime.spawn(async move {
             let sent = Instant::now();
-            let granted = crate::connection::retry_unsent(|| {
+            let granted = crate::connection::retry_unsent(&me.endpoints, || {
                 let mut client = me.client.clone();
                 async move { client.grant(s + 1, None).await }
             })

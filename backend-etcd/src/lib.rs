@@ -2,6 +2,7 @@
 
 mod config;
 mod connection;
+mod endpoints;
 mod errors;
 mod leases;
 mod notify;

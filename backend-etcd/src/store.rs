@@ -22,6 +22,7 @@ use headcount_core::{Capabilities, Durability, Error, Op, Result};
 
 use crate::config::EtcdConfig;
 use crate::connection::{self, retry_unsent, CLIENT_DEFAULTS};
+use crate::endpoints::Endpoints;
 use crate::errors::{self, BACKEND};
 use crate::leases::{Leases, Owned};
 
@@ -44,6 +45,8 @@ pub struct EtcdStore {
 
 struct Inner {
     kv: KvClient,
+    /// The endpoint calls go to, and the others of the URL.
+    endpoints: Arc<Endpoints>,
     leases: Leases,
     owned: Owned,
     config: EtcdConfig,
@@ -110,8 +113,10 @@ impl EtcdStore {
 
     /// Like [`connect`](Self::connect) with an already parsed configuration.
     pub async fn connect_with(config: EtcdConfig) -> Result<Self> {
-        let (kv, watch, leases) = connection::open(&config).await?;
-        Ok(Self::from_parts(kv, watch, leases, config, false))
+        let (kv, watch, leases, endpoints) = connection::open(&config).await?;
+        Ok(Self::from_parts(
+            kv, watch, leases, endpoints, config, false,
+        ))
     }
 
     /// A store over an `etcd_client::Client` the application already has (re-exported as
@@ -124,6 +129,7 @@ impl EtcdStore {
             client.kv_client(),
             client.watch_client(),
             leases,
+            Endpoints::unmanaged(),
             config,
             true,
         ))
@@ -133,12 +139,14 @@ impl EtcdStore {
         kv: KvClient,
         watch: WatchClient,
         leases: Leases,
+        endpoints: Arc<Endpoints>,
         config: EtcdConfig,
         over_client: bool,
     ) -> Self {
         EtcdStore {
             inner: Arc::new(Inner {
                 kv,
+                endpoints,
                 leases,
                 owned: Owned::default(),
                 config,
@@ -181,7 +189,7 @@ impl EtcdStore {
         Fut: Future<Output = std::result::Result<R, etcd_client::Error>>,
     {
         let sent = self.inner.revisions.send();
-        let resp = retry_unsent(|| call(self.inner.kv.clone())).await?;
+        let resp = retry_unsent(&self.inner.endpoints, || call(self.inner.kv.clone())).await?;
         if let Some(revision) = resp.revision() {
             self.inner.revisions.receive(sent, revision);
         }
@@ -197,9 +205,17 @@ impl EtcdStore {
         .map_err(|e| self.classify(e, op))
     }
 
-    /// Runs `work` within the deadline.
+    /// Runs `work` within the deadline. A call that runs out of time, or that its caller gives
+    /// up after half of it, moves the store off the endpoint it went to ([`Endpoints`]).
     async fn deadline<T>(&self, op: Op, work: impl Future<Output = Result<T>>) -> Result<T> {
-        self.inner.config.deadline().run(op.name(), work).await
+        let deadline = self.inner.config.deadline();
+        let watch = self.inner.endpoints.watch(deadline.after() / 2);
+        let result = deadline.run(op.name(), work).await;
+        match &result {
+            Err(Error::Timeout { .. }) => watch.timed_out().await,
+            _ => watch.finished(),
+        }
+        result
     }
 
     /// Runs a transaction whose `Put`s attach the lease `lease_for` returns. A put that fails
