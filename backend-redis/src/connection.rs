@@ -1,14 +1,14 @@
 //! Connecting to a single server, to a Cluster or through Sentinels, checking that it speaks the Redis protocol, and
 //! the connection every call of a store goes through.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use headcount_core::{Error, Result};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use crate::config::{Deployment, RedisConfig};
 use crate::errors::{self, BACKEND};
@@ -32,6 +32,63 @@ pub(crate) enum Conn {
     Single(Arc<Reconnecting<ConnectionManager>>, i64),
     Cluster(Arc<Reconnecting<ClusterConnection>>),
     Sentinel(Arc<SentinelConn>),
+    /// Another connection that sends `WAIT` after each command, in the same request
+    /// ([`Conn::waiting`]).
+    Waiting(Arc<WaitAfter>),
+}
+
+/// A connection that sends `WAIT` after each command in the same request (see
+/// [`Conn::waiting`]), and the last `WAIT`'s answer.
+pub(crate) struct WaitAfter {
+    conn: Conn,
+    wait: Cmd,
+    acked: std::sync::Mutex<Option<Value>>,
+}
+
+impl WaitAfter {
+    /// Sends `pipe` with `WAIT` after it, on one connection in one request; keeps `WAIT`'s
+    /// answer and returns the pipeline's.
+    async fn send(&self, pipe: &Pipeline, offset: usize, count: usize) -> RedisResult<Vec<Value>> {
+        let mut both = pipe.clone();
+        both.add_command(self.wait.clone());
+        let mut conn = self.conn.clone();
+        let mut values = conn.req_packed_commands(&both, offset, count + 1).await?;
+        let acked = values.pop();
+        *self.acked.lock().unwrap_or_else(PoisonError::into_inner) = acked;
+        Ok(values)
+    }
+}
+
+impl Conn {
+    /// This connection, sending `WAIT replicas millis` after every command in the same request:
+    /// a pipeline of the two on one connection, so a write and its `WAIT` never go to two
+    /// connections. (Sent apart, a connection replaced between them, after a call cut short
+    /// by its deadline, would make the `WAIT` go on a fresh connection that wrote nothing,
+    /// which counts every connected replica at once and confirms the write whether or not a
+    /// replica has it.) The last `WAIT`'s answer is [`Conn::replicas_acked`].
+    pub(crate) fn waiting(&self, replicas: u32, millis: u64) -> Conn {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(millis);
+        Conn::Waiting(Arc::new(WaitAfter {
+            conn: self.clone(),
+            wait,
+            acked: std::sync::Mutex::new(None),
+        }))
+    }
+
+    /// The answer of the last `WAIT` a [`Conn::waiting`] connection sent: how many replicas
+    /// hold every write made on its connection until then (an error reply as it came); `None`
+    /// before any command, and on other connections.
+    pub(crate) fn replicas_acked(&self) -> Option<Value> {
+        match self {
+            Conn::Waiting(w) => w
+                .acked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+            _ => None,
+        }
+    }
 }
 
 impl ConnectionLike for Conn {
@@ -44,6 +101,17 @@ impl ConnectionLike for Conn {
                 Box::pin(c.run(move |mut conn| async move { conn.req_packed_command(cmd).await }))
             }
             Conn::Sentinel(c) => c.request(cmd),
+            Conn::Waiting(w) => Box::pin(async move {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd.clone());
+                let mut values = w.send(&pipe, 0, 1).await?;
+                values.pop().ok_or_else(|| {
+                    RedisError::from((
+                        redis::ErrorKind::ResponseError,
+                        "a command sent with WAIT came back without its answer",
+                    ))
+                })
+            }),
         }
     }
 
@@ -61,6 +129,7 @@ impl ConnectionLike for Conn {
                 conn.req_packed_commands(cmd, offset, count).await
             })),
             Conn::Sentinel(c) => c.request_many(cmd, offset, count),
+            Conn::Waiting(w) => Box::pin(w.send(cmd, offset, count)),
         }
     }
 
@@ -70,6 +139,7 @@ impl ConnectionLike for Conn {
             // Redis Cluster has database 0 only.
             Conn::Cluster(_) => 0,
             Conn::Sentinel(c) => c.db(),
+            Conn::Waiting(w) => w.conn.get_db(),
         }
     }
 }

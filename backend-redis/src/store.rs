@@ -269,11 +269,22 @@ impl RedisStore {
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let deadline = self.inner.config.deadline();
+        let wait = self.inner.config.wait_replicas().filter(|_| writes(op));
+        let conn = match wait {
+            Some(n) => {
+                // Three quarters of the deadline: a `WAIT` that runs out answers how many
+                // replicas it reached before the call's deadline cuts it off with less to say.
+                let millis =
+                    u64::try_from(deadline.after().as_millis() * 3 / 4).unwrap_or(u64::MAX);
+                self.inner.conn.waiting(n, millis.max(1))
+            }
+            None => self.inner.conn.clone(),
+        };
         let work = async {
-            let e = match call(self.inner.conn.clone()).await {
-                Ok(v) => match self.inner.config.wait_replicas() {
-                    Some(n) if writes(op) => return self.wait_for_replicas(n).await.map(|()| v),
-                    _ => return Ok(v),
+            let e = match call(conn.clone()).await {
+                Ok(v) => match wait {
+                    Some(n) => return self.replicas_confirm(n, conn.replicas_acked()).map(|()| v),
+                    None => return Ok(v),
                 },
                 Err(e) => e,
             };
@@ -311,40 +322,28 @@ impl RedisStore {
         deadline.run(op.name(), work).await
     }
 
-    /// `WAIT n`: waits until `n` replicas hold every write this connection made so far (the
-    /// write just answered included: the multiplexed connection keeps its commands in order),
-    /// for at most the operation's deadline. Fewer is an [`Error::Unavailable`]: the write is
-    /// on the primary but may not survive a failover, so the caller must not count on it (a
-    /// renewal not confirmed lets the lease run out, as a lost answer would).
-    async fn wait_for_replicas(&self, n: u32) -> Result<()> {
-        let timeout = self.inner.config.timeout();
-        let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        let mut conn = self.inner.conn.clone();
-        let acked: i64 = redis::cmd("WAIT")
-            .arg(n)
-            .arg(millis)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| {
-                errors::classify(
-                    e,
-                    "WAIT",
-                    self.inner.config.deadline(),
-                    self.inner.config.password(),
-                )
-            })?;
-        if acked >= i64::from(n) {
-            Ok(())
-        } else {
-            Err(Error::Unavailable {
-                backend: BACKEND,
-                message: format!(
-                    "the write reached {acked} of the {n} replicas `wait_replicas` asks for \
-                     within {timeout:?}: it is on the primary but may not survive a failover"
-                ),
-                source: None,
-            })
-        }
+    /// Whether the answer of the `WAIT n` sent after a write, in the same request on the same
+    /// connection ([`Conn::waiting`]), says that `n` replicas hold every write the connection
+    /// made until then, the write included. Fewer is an [`Error::Unavailable`]: the write is on
+    /// the primary but may not survive a failover, so the caller must not count on it (a
+    /// renewal not confirmed lets the lease run out, as a lost answer would). `None`: the call
+    /// sent no command, so it wrote nothing.
+    fn replicas_confirm(&self, n: u32, acked: Option<Value>) -> Result<()> {
+        let answer = match acked {
+            None => return Ok(()),
+            Some(Value::Int(acked)) if acked >= i64::from(n) => return Ok(()),
+            Some(Value::Int(acked)) => format!("reached {acked} of the {n} replicas"),
+            Some(other) => format!("was not confirmed by replicas (`WAIT` answered {other:?})"),
+        };
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            message: format!(
+                "the write {answer} `wait_replicas` asks for within {:?}: it is on the primary \
+                 but may not survive a failover",
+                self.inner.config.timeout() * 3 / 4
+            ),
+            source: None,
+        })
     }
 
     /// The error to report when an index key holds another Redis type than the sorted set
@@ -882,7 +881,9 @@ impl RedisStore {
                     })
                     .await
                 }
-                mut c @ (Conn::Single(..) | Conn::Sentinel(_)) => cmd.query_async(&mut c).await,
+                mut c @ (Conn::Single(..) | Conn::Sentinel(_) | Conn::Waiting(_)) => {
+                    cmd.query_async(&mut c).await
+                }
             }
         })
         .await

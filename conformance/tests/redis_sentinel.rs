@@ -648,3 +648,69 @@ async fn sentinels_with_credentials_of_their_own() {
         assert!(started.elapsed() < OP_TIMEOUT, "{:?}", started.elapsed());
     }
 }
+
+/// `wait_replicas=1`: a write counts only once the replica holds it. With the replica paused
+/// (its link still open, so the primary counts it as connected) every write fails retryably,
+/// saying how many replicas it reached, and the value it wrote is on the primary alone; once
+/// the replica is back, writes count again. Each write's `WAIT` goes in one request with it, on
+/// its connection: sent apart, a connection replaced in between (after a call cut short) would
+/// send the `WAIT` on a fresh connection that wrote nothing, which counts every connected
+/// replica at once, the paused one included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_the_replica_lacks_never_counts() {
+    let label = "redis_sentinel::a_write_the_replica_lacks_never_counts";
+    let Some(servers) = sentinels(label).await else {
+        return;
+    };
+    let url = servers.url().replace(
+        &format!("timeout={}ms", OP_TIMEOUT.as_millis()),
+        "timeout=300ms",
+    );
+    let url = format!(
+        "{url}{}wait_replicas=1",
+        if url.contains('?') { '&' } else { '?' }
+    );
+    let store = headcount::connect(&url).await.unwrap();
+    let key = "hc:{waiting}:k";
+    assert!(store.compare_and_set(key, None, "0", None).await.unwrap());
+    let s = Arc::clone(&servers);
+    tokio::task::spawn_blocking(move || s.servers[1].pause().unwrap())
+        .await
+        .unwrap();
+    let mut previous = "0".to_owned();
+    for i in 1..=5 {
+        // Calls cut short by their callers between the writes replace the connection.
+        let _ = tokio::time::timeout(Duration::from_millis(1), store.get(key)).await;
+        let next = i.to_string();
+        let err = store
+            .compare_and_set(key, Some(&previous), &next, None)
+            .await
+            .expect_err("a write the paused replica lacks counted");
+        assert!(err.is_retryable(), "{err}");
+        assert!(err.to_string().contains("of the 1 replicas"), "{err}");
+        // Not counted, but on the primary: the next write compares with it.
+        assert_eq!(
+            store.get(key).await.unwrap().as_deref(),
+            Some(next.as_str())
+        );
+        previous = next;
+    }
+    let s = Arc::clone(&servers);
+    tokio::task::spawn_blocking(move || s.servers[1].resume().unwrap())
+        .await
+        .unwrap();
+    let resumed = Instant::now();
+    loop {
+        match store
+            .compare_and_set(key, Some(&previous), "done", None)
+            .await
+        {
+            Ok(true) => break,
+            Ok(false) => panic!("the value changed under the test"),
+            Err(e) => assert!(
+                resumed.elapsed() < Duration::from_secs(10),
+                "writes still not confirmed 10 s after the replica came back: {e}"
+            ),
+        }
+    }
+}
