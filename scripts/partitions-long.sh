@@ -5,6 +5,7 @@
 #
 #   sudo bash scripts/partitions-long.sh            # until stopped, or until UNTIL=HH:MM
 #   ROUNDS=10 sudo bash scripts/partitions-long.sh  # ten seeds of each configuration
+#   ONLY=etcd-cluster,postgres sudo bash scripts/partitions-long.sh  # these configurations only
 #
 # It builds the release test binary and member binary once, then copies them aside, so builds of
 # other work in the same target directory during a long run do not change what runs. A file
@@ -51,6 +52,7 @@ while :; do
     if [ -n "${ROUNDS:-}" ] && [ "$round" -gt "$ROUNDS" ]; then break; fi
     for i in "${!configs[@]}"; do
         IFS='|' read -r name test envs <<<"${configs[$(( (i + start) % ${#configs[@]} ))]}"
+        if [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$name,"* ]]; then continue; fi
         while [ -e "$results/PAUSE" ]; do sleep 5; done
         [ -e "$results/STOP" ] && exit 0
         if [ -n "${UNTIL:-}" ] && [ "$(date +%H:%M)" \> "$UNTIL" ]; then exit 0; fi

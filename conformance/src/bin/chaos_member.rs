@@ -181,11 +181,23 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let sink = Arc::new(connect_sink(&args.sink).await?);
     let config = GroupConfig::new(args.group.clone(), args.ttl).with_member(args.member.clone());
-    let member = Arc::new(
-        Group::join(store, config)
-            .await
-            .map_err(|e| format!("join: {e}"))?,
-    );
+    // So is a join the store refuses for now (a Redis Cluster that marked a node failed answers
+    // CLUSTERDOWN for a while after the node is back): `headcount run` exits with the
+    // retryable code and its supervisor starts it again.
+    let mut tries = 0;
+    let member = loop {
+        match Group::join(store.clone(), config.clone()).await {
+            Ok(member) => break Arc::new(member),
+            Err(e) if e.is_retryable() && tries < 20 => {
+                tries += 1;
+                log.line(
+                    json!({"ev": "join_failed", "member": args.member, "error": e.to_string()}),
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(format!("join: {e}")),
+        }
+    };
     log.line(json!({"ev": "joined", "member": args.member, "pid": std::process::id()}));
 
     // One line per assignment change.
