@@ -30,6 +30,7 @@ pub struct GroupConfig {
     pub(super) change_checks: bool,
     pub(super) one_call_versions: bool,
     pub(super) view_inline_max: usize,
+    pub(super) change_record_cost: usize,
     pub(super) notifications: bool,
     pub(super) eviction_allowed: bool,
 }
@@ -60,6 +61,7 @@ impl GroupConfig {
             change_checks: true,
             one_call_versions: true,
             view_inline_max: super::header::INLINE_MAX,
+            change_record_cost: super::header::RECORD_COST,
             notifications: true,
             eviction_allowed: false,
         }
@@ -303,6 +305,18 @@ impl GroupConfig {
     /// a group must run a version that reads headers, whatever its setting.
     pub fn with_view_inline_max(mut self, bytes: usize) -> Self {
         self.view_inline_max = bytes;
+        self
+    }
+
+    /// What reading one change record costs a member, in bytes of a snapshot read (default
+    /// 8 KiB). A member that missed a few changes of a long view (more than its header carries)
+    /// reads the record of each, one round trip apiece, back to a view it holds, instead of the
+    /// view's whole snapshot, but only while the records cost less than the snapshot (and eight
+    /// at most). Raise it where a round trip to the store costs more than reading 8 KiB (a
+    /// store far away); `0` walks whenever eight records or fewer lead back (the simulation
+    /// sets it, so that walks meet every interleaving).
+    pub fn with_change_record_cost(mut self, bytes: usize) -> Self {
+        self.change_record_cost = bytes;
         self
     }
 

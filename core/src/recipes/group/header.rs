@@ -62,27 +62,42 @@ pub(crate) const CARRIED_BYTES: usize = 512;
 /// it reads the view's snapshot instead.
 pub(crate) const CHANGES_WALKED: usize = 8;
 
-/// What one read of a change record costs, in bytes of a snapshot: a round trip to the store
-/// (its latency, a command on the server) is worth about this many bytes of one large read.
-const RECORD_COST: usize = 8 * 1024;
+/// What one read of a change record costs, in bytes of a snapshot, by default
+/// ([`GroupConfig::with_change_record_cost`](super::GroupConfig::with_change_record_cost)): a
+/// round trip to the store (its latency, a command on the server) is worth about this many bytes
+/// of one large read.
+pub(crate) const RECORD_COST: usize = 8 * 1024;
 
 /// [`walk_pays`] for a member holding `held` that reads `header`; the snapshot's length is
 /// estimated from `held` (26 bytes a slot, and at least a byte per declared key's owner).
-pub(crate) fn walk_pays_from(held: &ViewRecord, header: &ViewHeader) -> bool {
+pub(crate) fn walk_pays_from(held: &ViewRecord, header: &ViewHeader, record_cost: usize) -> bool {
     let len = held.holders.len() * 26 + held.owners.as_ref().map_or(0, |o| o.len());
-    walk_pays(held.epoch, len, header.epoch, header.deltas.len())
+    walk_pays(
+        held.epoch,
+        len,
+        header.epoch,
+        header.deltas.len(),
+        record_cost,
+    )
 }
 
 /// Whether a member holding a view of `held_epoch`, `held_len` bytes long (about: the
 /// snapshot's length), walks the change records back to it from a header of `epoch` that
-/// carries `carried` changes: when the records it would read (one per epoch between, at most)
-/// are at most [`CHANGES_WALKED`] and cost less than the snapshot.
-pub(crate) fn walk_pays(held_epoch: u64, held_len: usize, epoch: u64, carried: usize) -> bool {
+/// carries `carried` changes, when one record costs `record_cost` bytes of the snapshot: when
+/// the records it would read (one per epoch between, at most) are at most [`CHANGES_WALKED`]
+/// and cost less than the snapshot.
+pub(crate) fn walk_pays(
+    held_epoch: u64,
+    held_len: usize,
+    epoch: u64,
+    carried: usize,
+    record_cost: usize,
+) -> bool {
     let missed = epoch
         .saturating_sub(held_epoch)
         .saturating_sub(carried as u64);
     let missed = usize::try_from(missed).unwrap_or(usize::MAX);
-    (1..=CHANGES_WALKED).contains(&missed) && missed.saturating_mul(RECORD_COST) < held_len
+    (1..=CHANGES_WALKED).contains(&missed) && missed.saturating_mul(record_cost) < held_len
 }
 
 /// How long a change record lives, in lease TTLs: long enough for a member that polls to catch

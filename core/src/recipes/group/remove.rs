@@ -1,5 +1,6 @@
 //! Removing a stopped group's keys: [`remove`].
 
+use super::header::RECORD_COST;
 use super::layout::GroupLayout;
 use super::table::SlotTable;
 use crate::error::{Error, Result};
@@ -32,7 +33,7 @@ pub struct Removed {
 /// [`Store::compare_and_delete`]: crate::Store::compare_and_delete
 pub async fn remove(store: &DynStore, prefix: &str, group: &str) -> Result<Removed> {
     let layout = GroupLayout::new(Keyspace::with_prefix(prefix, group)?);
-    let table = SlotTable::read(store, &layout, &[]).await?;
+    let table = SlotTable::read(store, &layout, &[], RECORD_COST).await?;
     if !table.slots.is_empty() {
         let live: Vec<String> = table
             .slots

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::header::RECORD_COST;
 use super::layout::GroupLayout;
 use super::records::{parse_acks, AckRecord, StandbyRecord, ViewRecord};
 use super::table::SlotTable;
@@ -656,7 +657,7 @@ async fn read_table_once(
     let mut table = SlotTable::parse(&layout.slots, slots);
     table.set_view(&layout.views, views);
     // A long view's header is shown with its snapshot; one that is gone is a problem (below).
-    let resolved = match table.resolve(store, layout, &[]).await {
+    let resolved = match table.resolve(store, layout, &[], RECORD_COST).await {
         Ok(resolved) => resolved,
         Err(e) => match Problem::of_error(&e, "the view's snapshot holds another type") {
             Some(p) => {

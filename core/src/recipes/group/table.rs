@@ -53,6 +53,7 @@ impl SlotTable {
         store: &DynStore,
         layout: &GroupLayout,
         held: &[HeldView<'_>],
+        record_cost: usize,
     ) -> Result<SlotTable> {
         let mut tries = 0;
         loop {
@@ -61,27 +62,57 @@ impl SlotTable {
             let mut table = SlotTable::parse(&layout.slots, listing);
             table.set_view(&layout.views, views);
             tries += 1;
-            if table.resolve(store, layout, held).await? || tries >= 3 {
+            if table.resolve(store, layout, held, record_cost).await? || tries >= 3 {
                 return Ok(table);
             }
         }
     }
 
     /// Resolves a long view's header ([`SlotTable::view_header`]) into [`SlotTable::view`]:
-    /// from one of the views in `held` by the header's changes, which costs no store call, or
-    /// else from its snapshot, one read. Returns `false` when the snapshot is gone or is not
-    /// the view the header names: a newer view replaced it since the header was read (read the
-    /// table again), or it was lost (members replace the view as a garbled one).
+    /// from one of the views in `held` by the header's changes, which costs no store call; else
+    /// through the change records when a few lead back to one of them, each read costing
+    /// `record_cost` bytes of the snapshot (see [`walk_pays`]); else from its snapshot, one read.
+    /// Returns `false` when the snapshot is gone or is not the view the header names: a newer
+    /// view replaced it since the header was read (read the table again), or it was lost
+    /// (members replace the view as a garbled one).
+    ///
+    /// [`walk_pays`]: super::header::walk_pays
     pub(super) async fn resolve(
         &mut self,
         store: &DynStore,
         layout: &GroupLayout,
         held: &[HeldView<'_>],
+        record_cost: usize,
     ) -> Result<bool> {
-        if self.resolve_from(held) {
+        let Some(header) = &self.view_header else {
+            return Ok(true);
+        };
+        if self.view.is_some() {
             return Ok(true);
         }
-        if self.resolve_by_changes(store, layout, held).await? {
+        // Views whose digest is known first: a member usually holds the view the newest change
+        // starts from. The others' digests are computed once, for both ways.
+        let known: Vec<(&ViewRecord, u64)> = held
+            .iter()
+            .filter_map(|h| Some((h.view, h.digest?)))
+            .collect();
+        if let Some(view) = known.iter().find_map(|&(v, d)| header.follow_from(v, d)) {
+            self.view = Some(view);
+            return Ok(true);
+        }
+        let mut digests = known;
+        for h in held.iter().filter(|h| h.digest.is_none()) {
+            let digest = h.view.digest();
+            if let Some(view) = header.follow_from(h.view, digest) {
+                self.view = Some(view);
+                return Ok(true);
+            }
+            digests.push((h.view, digest));
+        }
+        if self
+            .resolve_by_changes(store, layout, &digests, record_cost)
+            .await?
+        {
             return Ok(true);
         }
         let Some(header) = &self.view_header else {
@@ -94,15 +125,18 @@ impl SlotTable {
 
     /// [`SlotTable::resolve`] through the change records (see [`super::header`]): walks back
     /// from the view the header's oldest delta starts from, one record at a time, until a record
-    /// starts from one of `held`, then follows the changes forward. Only when it pays
-    /// ([`walk_pays`]: a few records, cheaper than the snapshot). Returns whether the view is
-    /// resolved; a record missing, garbled or leading elsewhere ends the walk (the snapshot is
-    /// read instead).
+    /// starts from one of `held` (with their digests), then follows the changes forward. Only
+    /// when it pays ([`walk_pays`]: a few records, cheaper than the snapshot). Returns whether
+    /// the view is resolved; a record missing, garbled or leading elsewhere ends the walk (the
+    /// snapshot is read instead).
+    ///
+    /// [`walk_pays`]: super::header::walk_pays
     async fn resolve_by_changes(
         &mut self,
         store: &DynStore,
         layout: &GroupLayout,
-        held: &[HeldView<'_>],
+        held: &[(&ViewRecord, u64)],
+        record_cost: usize,
     ) -> Result<bool> {
         let Some(header) = &self.view_header else {
             return Ok(false);
@@ -110,12 +144,12 @@ impl SlotTable {
         let Some(oldest) = header.deltas.last() else {
             return Ok(false);
         };
-        let digests: Vec<(&ViewRecord, u64)> = held
+        let walkable: Vec<(&ViewRecord, u64)> = held
             .iter()
-            .filter(|h| walk_pays_from(h.view, header))
-            .map(|h| (h.view, h.digest.unwrap_or_else(|| h.view.digest())))
+            .copied()
+            .filter(|(v, _)| walk_pays_from(v, header, record_cost))
             .collect();
-        if digests.is_empty() {
+        if walkable.is_empty() {
             return Ok(false);
         }
         let (mut at, mut older) = (oldest.from, Vec::new());
@@ -126,33 +160,12 @@ impl SlotTable {
             };
             at = delta.from;
             older.push(delta);
-            if let Some(&(view, digest)) = digests.iter().find(|(_, d)| *d == at) {
+            if let Some(&(view, digest)) = walkable.iter().find(|(_, d)| *d == at) {
                 self.view = header.follow_through(&older, view, digest);
                 return Ok(self.view.is_some());
             }
         }
         Ok(false)
-    }
-
-    /// [`SlotTable::resolve`] with the views `held` alone: whether the view is resolved (or
-    /// needs no resolving). Views whose digest is known are tried first: a member usually holds
-    /// the view the newest change starts from.
-    pub(super) fn resolve_from(&mut self, held: &[HeldView<'_>]) -> bool {
-        let Some(header) = &self.view_header else {
-            return true;
-        };
-        if self.view.is_some() {
-            return true;
-        }
-        let known = held.iter().filter_map(|h| Some((h.view, h.digest?)));
-        let unknown = held
-            .iter()
-            .filter(|h| h.digest.is_none())
-            .map(|h| (h.view, h.view.digest()));
-        self.view = known
-            .chain(unknown)
-            .find_map(|(v, digest)| header.follow_from(v, digest));
-        self.view.is_some()
     }
 
     /// Parses the listing of the slot directory `prefix` (which ends in `slot:`), with no view.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{
     walk_pays, Publication, Snapshot, ViewDelta, ViewHeader, CARRIED_BYTES, CHANGES_WALKED,
-    DELTAS_BYTES, DELTAS_MAX, INLINE_MAX,
+    DELTAS_BYTES, DELTAS_MAX, INLINE_MAX, RECORD_COST,
 };
 use crate::assign::{AssignorKind, KeySet, Sticky, Topology};
 use crate::memory::MemoryStore;
@@ -306,15 +306,30 @@ fn a_large_change_travels_alone_and_is_kept_in_its_record() {
 #[test]
 fn a_walk_reads_a_few_records_instead_of_a_large_snapshot() {
     // 300 members over 65,536 keys (a snapshot of about 100 KB): up to the walk's limit.
-    assert!(walk_pays(10, 100_000, 12, 1));
-    assert!(walk_pays(10, 100_000, 11 + CHANGES_WALKED as u64, 1));
-    assert!(!walk_pays(10, 100_000, 12 + CHANGES_WALKED as u64, 1));
+    assert!(walk_pays(10, 100_000, 12, 1, RECORD_COST));
+    assert!(walk_pays(
+        10,
+        100_000,
+        11 + CHANGES_WALKED as u64,
+        1,
+        RECORD_COST
+    ));
+    assert!(!walk_pays(
+        10,
+        100_000,
+        12 + CHANGES_WALKED as u64,
+        1,
+        RECORD_COST
+    ));
     // Nothing missed beyond what the header carries: no walk.
-    assert!(!walk_pays(10, 100_000, 11, 1));
+    assert!(!walk_pays(10, 100_000, 11, 1, RECORD_COST));
     // A view of a few KB: one record costs about what the snapshot does.
-    assert!(!walk_pays(10, 6_000, 12, 1));
-    assert!(walk_pays(10, 30_000, 13, 1));
-    assert!(!walk_pays(10, 30_000, 15, 1));
+    assert!(!walk_pays(10, 6_000, 12, 1, RECORD_COST));
+    assert!(walk_pays(10, 30_000, 13, 1, RECORD_COST));
+    assert!(!walk_pays(10, 30_000, 15, 1, RECORD_COST));
+    // Records that cost nothing (the simulation's setting): any walk within the limit.
+    assert!(walk_pays(10, 100, 12, 1, 0));
+    assert!(!walk_pays(10, 100, 12 + CHANGES_WALKED as u64, 1, 0));
 }
 
 /// Writes `value` at `key` whatever it holds.
@@ -377,7 +392,10 @@ async fn a_member_behind_walks_the_change_records_back_to_a_view_it_holds() {
                 view: &held,
                 digest: None,
             }];
-            SlotTable::read(&store, &layout, &held).await.unwrap().view
+            SlotTable::read(&store, &layout, &held, RECORD_COST)
+                .await
+                .unwrap()
+                .view
         }
     };
     for back in 1..=CHANGES_WALKED + 1 {

@@ -117,12 +117,15 @@ impl Runner {
         let (views_dir, slots_dir) = (self.cfg.layout.views.clone(), self.cfg.layout.slots.clone());
         let held = self.held_views();
         let layout = self.engine.cfg.layout.clone();
+        let record_cost = self.cfg.change_record_cost;
         let call = async {
             let viewed = store.list(&views_dir).await?;
             let (renewed, listed) = store.renew_and_list(&key, text, ttl, &slots_dir).await?;
             let mut table = SlotTable::parse(&slots_dir, listed);
             table.set_view(&views_dir, viewed);
-            let resolved = table.resolve(&store, &layout, &held.views()).await?;
+            let resolved = table
+                .resolve(&store, &layout, &held.views(), record_cost)
+                .await?;
             Ok::<_, Error>((Heard::listed(renewed, table), resolved))
         };
         let (heard, resolved) = self.before_lapse(call).await?;
@@ -278,7 +281,12 @@ impl Runner {
             let held = held_views.as_ref().map(|h| h.views()).unwrap_or_default();
             let t = Arc::make_mut(&mut table);
             if !t
-                .resolve(&self.store, &self.engine.cfg.layout, &held)
+                .resolve(
+                    &self.store,
+                    &self.engine.cfg.layout,
+                    &held,
+                    self.engine.cfg.change_record_cost,
+                )
                 .await?
             {
                 self.forget_seen();

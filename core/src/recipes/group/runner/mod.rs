@@ -176,6 +176,9 @@ pub(super) struct Settings {
     one_call_versions: bool,
     /// The longest view written whole ([`GroupConfig::with_view_inline_max`]).
     view_inline_max: usize,
+    /// What reading one change record costs, in bytes of a snapshot
+    /// ([`GroupConfig::with_change_record_cost`]).
+    change_record_cost: usize,
     /// Subscribe to the store's change notifications ([`GroupConfig::with_notifications`]).
     notifications: bool,
 }
@@ -445,6 +448,7 @@ impl Engine {
                 effective_ttl: caps.effective_ttl(config.ttl),
                 one_call_versions: caps.native_renew_and_versions && config.one_call_versions,
                 view_inline_max: config.view_inline_max,
+                change_record_cost: config.change_record_cost,
                 layout: GroupLayout::new(space),
                 member,
                 ttl: config.ttl,
@@ -515,7 +519,13 @@ impl Runner {
     /// views this member holds when their changes lead to it.
     async fn list(&self) -> Result<SlotTable> {
         let held = self.held_views();
-        SlotTable::read(&self.store, &self.cfg.layout, &held.views()).await
+        SlotTable::read(
+            &self.store,
+            &self.cfg.layout,
+            &held.views(),
+            self.cfg.change_record_cost,
+        )
+        .await
     }
 
     /// Runs `round` ([`round`]): makes each store call the engine asks for and hands it the
@@ -597,7 +607,7 @@ impl Engine {
 
     /// The views this member holds: the published view it last read, the one it works towards,
     /// the active one, and the one it worked under before an outage. A long view's header is
-    /// resolved from them by its changes ([`SlotTable::resolve_from`]).
+    /// resolved from them by its changes ([`SlotTable::resolve`]).
     fn held_views(&self) -> HeldViews {
         // A copy of the view alone: the table is set in place when it is the only reference.
         let read = self.cache.slots.as_ref().and_then(|s| s.table.view.clone());
