@@ -933,4 +933,96 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
         serve.abort();
     }
+
+    /// Reads one command (a RESP array of bulk strings) from `buf`, returning its words and
+    /// how many bytes it took; `None` until it is whole.
+    fn parse_command(buf: &[u8]) -> Option<(Vec<String>, usize)> {
+        fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+            let end = buf[at..].windows(2).position(|w| w == b"\r\n")? + at;
+            Some((&buf[at..end], end + 2))
+        }
+        let (head, mut at) = line(buf, 0)?;
+        let n: usize = std::str::from_utf8(head.strip_prefix(b"*")?)
+            .ok()?
+            .parse()
+            .ok()?;
+        let mut words = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (len, next) = line(buf, at)?;
+            let len: usize = std::str::from_utf8(len.strip_prefix(b"$")?)
+                .ok()?
+                .parse()
+                .ok()?;
+            if buf.len() < next + len + 2 {
+                return None;
+            }
+            words.push(String::from_utf8_lossy(&buf[next..next + len]).into_owned());
+            at = next + len + 2;
+        }
+        Some((words, at))
+    }
+
+    /// `wait_replicas`: a write's `WAIT` goes with it on its connection, even when a call cut
+    /// short by its caller replaces the connection while the write is under way. A server that
+    /// answers as Redis does: a script's answer after 60 ms, `WAIT` with 0 replicas on a
+    /// connection that wrote (the replica lags) and with 1 on one that did not (every
+    /// connected replica holds its nothing), a `GET` never. Sent apart, the `WAIT` went on the
+    /// fresh connection and confirmed the write.
+    #[tokio::test]
+    async fn a_write_and_its_wait_share_one_connection() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let serve = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut buf, mut wrote) = (Vec::new(), false);
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Ok(n) = socket.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some((words, used)) = parse_command(&buf) {
+                            buf.drain(..used);
+                            let reply: &[u8] = match words[0].to_ascii_uppercase().as_str() {
+                                "PING" => b"+PONG\r\n",
+                                "EVALSHA" | "EVAL" => {
+                                    tokio::time::sleep(Duration::from_millis(60)).await;
+                                    wrote = true;
+                                    b"*2\r\n$2\r\nok\r\n:1\r\n"
+                                }
+                                "WAIT" if wrote => b":0\r\n",
+                                "WAIT" => b":1\r\n",
+                                "GET" => std::future::pending().await,
+                                _ => b"+OK\r\n",
+                            };
+                            if socket.write_all(reply).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let url = format!("redis://127.0.0.1:{port}?timeout=2s&wait_replicas=1");
+        let store = RedisStore::connect(&url).await.unwrap();
+        let write = store.incr("hc:{w}:n", None);
+        let cut_short = async {
+            // Sent while the write waits for its answer, then given up by its caller: the
+            // connection is replaced.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let _ = tokio::time::timeout(Duration::from_millis(20), store.get("hc:{w}:n")).await;
+        };
+        let (written, ()) = tokio::join!(write, cut_short);
+        let err = written.expect_err("a write the replica lacks was confirmed");
+        assert!(
+            matches!(err, Error::Unavailable { .. }) && err.to_string().contains("0 of the 1"),
+            "{err:?}"
+        );
+        serve.abort();
+    }
 }
