@@ -37,6 +37,7 @@ commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!conformance/
 # name | test | environment
 configs=(
     "etcd-cluster|partitions_etcd_cluster|"
+    "etcd-cluster-prevote|partitions_etcd_cluster|HEADCOUNT_PARTITIONS_PRE_VOTE=1"
     "postgres|partitions_postgres|"
     "redis|partitions_redis|"
     "redis-cluster|partitions_redis_cluster|"

@@ -24,6 +24,12 @@ RESULTS = os.path.join(os.path.dirname(__file__), "..", "conformance", "results"
 # name: (heading, TTL ms, the environment and test that replay it)
 CONFIGS = {
     "etcd-cluster": ("etcd, 3 members", 2000, "", "partitions_etcd_cluster"),
+    "etcd-cluster-prevote": (
+        "etcd, 3 members with `--pre-vote`",
+        2000,
+        "HEADCOUNT_PARTITIONS_PRE_VOTE=1 ",
+        "partitions_etcd_cluster",
+    ),
     "postgres": ("PostgreSQL", 1000, "", "partitions_postgres"),
     "redis": ("Redis, one server", 1000, "", "partitions_redis"),
     "redis-cluster": ("Redis Cluster, 3 primaries", 1000, "", "partitions_redis_cluster"),
