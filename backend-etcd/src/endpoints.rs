@@ -14,7 +14,9 @@
 //! was given up by its caller after waiting long (a group member gives up a renewal at its lease
 //! deadline, which may come before the store's own deadline). The move inserts the next
 //! endpoint into the client's balancer before removing the stalled one, so calls never find it
-//! empty; calls in flight on the stalled endpoint fail or time out as they would have anyway.
+//! empty; calls in flight on the stalled endpoint fail or time out as they would have anyway. A
+//! lease's keep-alive stream opened on an endpoint left behind is dropped at its next use and
+//! opened again on the endpoint in use ([`crate::leases`]), so a renewal does not wait on it.
 //! A store over an application's own client leaves its endpoints alone.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -125,7 +125,9 @@ impl Streams {
 /// The open keep-alive stream of one owned lease, if any: taken out while a keep-alive is on it,
 /// so a keep-alive cancelled halfway (a deadline) drops the stream rather than leaving its answer
 /// for the next one to read.
-type Stream = Arc<tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream)>>>;
+/// A lease's keep-alive stream, when open, with the endpoint it was opened on
+/// ([`Endpoints::pinned`]).
+type Stream = Arc<tokio::sync::Mutex<Option<(LeaseKeeper, LeaseKeepAliveStream, usize)>>>;
 
 impl Leases {
     /// Asks the server for a 1-second lease to learn its minimum TTL (etcd raises shorter ones
@@ -227,14 +229,17 @@ impl Leases {
             .unwrap_or_else(PoisonError::into_inner)
             .of(id, secs, Instant::now());
         let mut held = slot.lock().await;
-        if let Some((mut keeper, mut stream)) = held.take() {
+        // A stream opened on an endpoint the store has moved off is dropped: it would wait on
+        // the endpoint that stalled.
+        let pinned = self.endpoints.pinned();
+        if let Some((mut keeper, mut stream, _)) = held.take().filter(|h| h.2 == pinned) {
             let answer = match keeper.keep_alive().await {
                 Ok(()) => stream.message().await,
                 Err(e) => Err(e),
             };
             match answer {
                 Ok(Some(resp)) if resp.ttl() > 0 => {
-                    *held = Some((keeper, stream));
+                    *held = Some((keeper, stream, pinned));
                     return Ok(true);
                 }
                 Ok(Some(_)) => {
@@ -246,6 +251,7 @@ impl Leases {
                 Ok(None) | Err(_) => {}
             }
         }
+        let before = self.endpoints.pinned();
         let opened = crate::connection::retry_unsent(&self.endpoints, || {
             let mut client = self.client.clone();
             // Opening the stream sends the first keep-alive and waits for its answer; the
@@ -254,8 +260,13 @@ impl Leases {
         })
         .await;
         match opened {
-            Ok(pair) => {
-                *held = Some(pair);
+            Ok((keeper, stream)) => {
+                // Moved while it opened: which endpoint it is on is not known, so the next call
+                // opens another.
+                let on = Some(before)
+                    .filter(|&b| b == self.endpoints.pinned())
+                    .unwrap_or(usize::MAX);
+                *held = Some((keeper, stream, on));
                 Ok(true)
             }
             Err(etcd_client::Error::LeaseKeepAliveError(e)) if e.contains("not found") => {

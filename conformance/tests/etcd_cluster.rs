@@ -13,7 +13,8 @@ headcount_harness::conformance_tests!(
 /// other two. Before, the client spread calls over all three and a share of them (16 of 40 in
 /// one run) waited out the whole deadline for as long as the stall lasted. A call its caller
 /// gives up after half the deadline moves the store off too (a group member gives up a
-/// renewal at its lease deadline).
+/// renewal at its lease deadline). Renewals, whose keep-alive streams stay open on the endpoint
+/// they were opened on, move with the store too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_endpoint_is_left_after_one_call() -> Result<(), String> {
     use std::time::Duration;
@@ -43,15 +44,43 @@ async fn a_stalled_endpoint_is_left_after_one_call() -> Result<(), String> {
     let store = headcount::connect(&url)
         .await
         .map_err(|e| format!("connect: {e}"))?;
+    // A key renewed like a member's slot: its lease's keep-alive stream stays open between
+    // renewals, on the endpoint it was opened on.
+    let (held, dir) = ("hc:{stall}:slot:0", "hc:{stall}:slot:");
+    let ttl = Duration::from_secs(10);
+    if !store
+        .compare_and_set(held, None, "me", Some(ttl))
+        .await
+        .map_err(|e| format!("claim: {e}"))?
+    {
+        return Err("the renewed key exists already".into());
+    }
+    let probe = |i: usize| {
+        let store = store.clone();
+        async move {
+            if i.is_multiple_of(2) {
+                store.get("hc-stall-probe").await.map(|_| ())
+            } else {
+                match store.renew_and_list(held, "me", ttl, dir).await {
+                    Ok((true, _)) => Ok(()),
+                    Ok((false, _)) => {
+                        Err(headcount::Error::config("the renewal found the key gone"))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    };
     // Each endpoint in turn stalls (the store is on one of them, picked at random when it
     // connected, then on whichever it moved to): first with calls that run out of time, then
     // with calls their caller gives up.
     for given_up in [false, true] {
         for (stalled, proxy) in proxies.iter().enumerate() {
-            store
-                .get("hc-stall-probe")
-                .await
-                .map_err(|e| format!("endpoint {stalled}, before the stall: {e}"))?;
+            for i in 0..2 {
+                probe(i)
+                    .await
+                    .map_err(|e| format!("endpoint {stalled}, before the stall: {e}"))?;
+            }
             proxy.set_delay(Duration::from_secs(60), Duration::ZERO);
             if given_up {
                 // Given up after 300 ms of its 500-ms deadline; it answers when the store is
@@ -62,8 +91,9 @@ async fn a_stalled_endpoint_is_left_after_one_call() -> Result<(), String> {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let mut failed = 0;
-            for _ in 0..20 {
-                if store.get("hc-stall-probe").await.is_err() {
+            // Reads and renewals in turn.
+            for i in 0..20 {
+                if probe(i).await.is_err() {
                     failed += 1;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
