@@ -270,12 +270,12 @@ impl RedisStore {
     {
         let deadline = self.inner.config.deadline();
         let wait = self.inner.config.wait_replicas().filter(|_| writes(op));
+        // Three quarters of the deadline: a `WAIT` that runs out answers how many replicas it
+        // reached before the call's deadline cuts it off with less to say.
+        let within = deadline.after() * 3 / 4;
         let conn = match wait {
             Some(n) => {
-                // Three quarters of the deadline: a `WAIT` that runs out answers how many
-                // replicas it reached before the call's deadline cuts it off with less to say.
-                let millis =
-                    u64::try_from(deadline.after().as_millis() * 3 / 4).unwrap_or(u64::MAX);
+                let millis = u64::try_from(within.as_millis()).unwrap_or(u64::MAX);
                 self.inner.conn.waiting(n, millis.max(1))
             }
             None => self.inner.conn.clone(),
@@ -283,7 +283,9 @@ impl RedisStore {
         let work = async {
             let e = match call(conn.clone()).await {
                 Ok(v) => match wait {
-                    Some(n) => return self.replicas_confirm(n, conn.replicas_acked()).map(|()| v),
+                    Some(n) => {
+                        return replicas_confirm(n, conn.replicas_acked(), within).map(|()| v)
+                    }
                     None => return Ok(v),
                 },
                 Err(e) => e,
@@ -320,30 +322,6 @@ impl RedisStore {
             ))
         };
         deadline.run(op.name(), work).await
-    }
-
-    /// Whether the answer of the `WAIT n` sent after a write, in the same request on the same
-    /// connection ([`Conn::waiting`]), says that `n` replicas hold every write the connection
-    /// made until then, the write included. Fewer is an [`Error::Unavailable`]: the write is on
-    /// the primary but may not survive a failover, so the caller must not count on it (a
-    /// renewal not confirmed lets the lease run out, as a lost answer would). `None`: the call
-    /// sent no command, so it wrote nothing.
-    fn replicas_confirm(&self, n: u32, acked: Option<Value>) -> Result<()> {
-        let answer = match acked {
-            None => return Ok(()),
-            Some(Value::Int(acked)) if acked >= i64::from(n) => return Ok(()),
-            Some(Value::Int(acked)) => format!("reached {acked} of the {n} replicas"),
-            Some(other) => format!("was not confirmed by replicas (`WAIT` answered {other:?})"),
-        };
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            message: format!(
-                "the write {answer} `wait_replicas` asks for within {:?}: it is on the primary \
-                 but may not survive a failover",
-                self.inner.config.timeout() * 3 / 4
-            ),
-            source: None,
-        })
     }
 
     /// The error to report when an index key holds another Redis type than the sorted set
@@ -888,6 +866,29 @@ impl RedisStore {
         })
         .await
     }
+}
+
+/// Whether the answer of the `WAIT n` sent after a write, in the same request on the same
+/// connection ([`Conn::waiting`]), says that `n` replicas hold every write the connection
+/// made until then, the write included. Fewer is an [`Error::Unavailable`]: the write is on
+/// the primary but may not survive a failover, so the caller must not count on it (a
+/// renewal not confirmed lets the lease run out, as a lost answer would). `None`: the call
+/// sent no command, so it wrote nothing; `within` is how long the `WAIT` waited at most.
+fn replicas_confirm(n: u32, acked: Option<Value>, within: Duration) -> Result<()> {
+    let answer = match acked {
+        None => return Ok(()),
+        Some(Value::Int(acked)) if acked >= i64::from(n) => return Ok(()),
+        Some(Value::Int(acked)) => format!("reached {acked} of the {n} replicas"),
+        Some(other) => format!("was not confirmed by replicas (`WAIT` answered {other:?})"),
+    };
+    Err(Error::Unavailable {
+        backend: BACKEND,
+        message: format!(
+            "the write {answer} `wait_replicas` asks for within {within:?}: it is on the \
+             primary but may not survive a failover"
+        ),
+        source: None,
+    })
 }
 
 /// Whether `op` writes (so `wait_replicas` waits for the replicas after it).
