@@ -6,6 +6,7 @@ conformance/results/partitions/<configuration>.txt (see the README there).
     python3 scripts/partitions-table.py --since 39fb6e2  # only seeds of binaries built at or after
                                                          # a commit (its ancestors are left out)
     python3 scripts/partitions-table.py redis postgres  # these configurations only
+    python3 scripts/partitions-table.py --write-docs    # rewrites the tables in docs/partitions.md
 
 A seed counts once its SEED line is written (its faults' RESULT lines come before it). A seed
 whose test failed without an anomaly (exit 101, every anomaly count 0: the harness or a member
@@ -101,8 +102,9 @@ def spread(values):
     return f"{int(statistics.median_low(nums)):,} / {max(nums):,}"
 
 
-def table(name, since):
+def table(name, since, suffix=""):
     heading, ttl, env, test = CONFIGS[name]
+    heading += suffix
     seeds = read(name, since)
     if not seeds:
         return ""
@@ -118,12 +120,13 @@ def table(name, since):
         else:
             counted.append((s, results, False))
     faults = sum(len(r) for _, r, _ in counted)
-    commits = sorted({s["commit"] for s, _ in seeds})
+    # In the order they first ran.
+    commits = list(dict.fromkeys(s["commit"] for s, _ in sorted(seeds, key=lambda x: x[0]["at"])))
     first = min(s["at"] for s, _ in seeds)
     last = max(s["at"] for s, _ in seeds)
     out = [f"### {heading}", ""]
     out.append(
-        f"{len(counted)} seeds ({faults} faults), TTL {ttl // 1000} s (one TTL plus two heartbeats: "
+        f"{len(counted)} seed{'s' if len(counted) != 1 else ''} ({faults} faults), TTL {ttl // 1000} s (one TTL plus two heartbeats: "
         f"{goal} ms), binaries of {', '.join(commits)}, {first} to {last}; seeds with anomalies: "
         f"{len(anomalous)}"
         + (" (" + ", ".join(f"{seed}: {n}" for seed, n in anomalous) + ")" if anomalous else "")
@@ -163,11 +166,39 @@ def table(name, since):
     return "\n".join(out) + "\n"
 
 
+DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "partitions.md")
+BEGIN = "<!-- tables: python3 scripts/partitions-table.py --write-docs -->"
+END = "<!-- end of the tables -->"
+
+# Configurations shown again with only the seeds of binaries at or after a commit: a fix that
+# changed what the columns measure.
+SINCE = [("etcd-cluster", "39fb6e2", ", since the pinned endpoint (39fb6e2)")]
+
+
+def write_docs():
+    """Replaces what stands between BEGIN and END in docs/partitions.md."""
+    text = open(DOCS).read()
+    try:
+        head, rest = text.split(BEGIN + "\n", 1)
+        _, tail = rest.split(END, 1)
+    except ValueError:
+        sys.exit(f"docs/partitions.md lacks the markers {BEGIN!r} and {END!r}")
+    tables = [table(n, None) for n in CONFIGS]
+    for name, since, suffix in SINCE:
+        tables.insert(list(CONFIGS).index(name) + 1, table(name, since, suffix))
+    body = "\n".join(t for t in tables if t)
+    open(DOCS, "w").write(head + BEGIN + "\n\n" + body + "\n" + END + tail)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("configs", nargs="*", help="configurations (default: all)")
     parser.add_argument("--since", help="only seeds of binaries built at or after this commit")
+    parser.add_argument("--write-docs", action="store_true", help="rewrite the tables in docs/partitions.md")
     args = parser.parse_args()
+    if args.write_docs:
+        write_docs()
+        return
     names = args.configs or list(CONFIGS)
     for n in names:
         if n not in CONFIGS:
