@@ -5,6 +5,7 @@ conformance/results/partitions/<configuration>.txt (see the README there).
     python3 scripts/partitions-table.py                 # every configuration, every seed kept
     python3 scripts/partitions-table.py --since 39fb6e2  # only seeds of binaries built at or after
                                                          # a commit (its ancestors are left out)
+    python3 scripts/partitions-table.py --before 39fb6e2 # only seeds of binaries built before it
     python3 scripts/partitions-table.py redis postgres  # these configurations only
     python3 scripts/partitions-table.py --write-docs    # rewrites the tables in docs/partitions.md
 
@@ -58,11 +59,9 @@ def fields(line):
     return {k: v for k, v in FIELD.findall(line)}
 
 
-def included(commit, since):
+def at_or_after(commit, since):
     """Whether binaries built from `commit` (a short hash, `+` when the tree had changes) are at
     or after `since`."""
-    if since is None:
-        return True
     commit = commit.rstrip("+")
     return subprocess.run(
         ["git", "merge-base", "--is-ancestor", since, commit],
@@ -71,7 +70,15 @@ def included(commit, since):
     ).returncode == 0
 
 
-def read(name, since):
+def included(commit, since, before=None):
+    """Whether the seeds of binaries built from `commit` are kept: at or after `since` (when
+    given) and not at or after `before` (when given)."""
+    if since is not None and not at_or_after(commit, since):
+        return False
+    return before is None or not at_or_after(commit, before)
+
+
+def read(name, since, before=None):
     """The seeds of one configuration: [(seed line fields, [result line fields])]."""
     path = os.path.join(RESULTS, name + ".txt")
     if not os.path.exists(path):
@@ -85,7 +92,7 @@ def read(name, since):
             elif line.startswith("SEED "):
                 s = fields(line)
                 results = pending.pop(s["seed"], [])
-                if included(s["commit"], since):
+                if included(s["commit"], since, before):
                     seeds.append((s, results))
     return seeds
 
@@ -102,10 +109,10 @@ def spread(values):
     return f"{int(statistics.median_low(nums)):,} / {max(nums):,}"
 
 
-def table(name, since, suffix=""):
+def table(name, since, suffix="", before=None):
     heading, ttl, env, test = CONFIGS[name]
     heading += suffix
-    seeds = read(name, since)
+    seeds = read(name, since, before)
     if not seeds:
         return ""
     goal = ttl + 2 * ttl // 3
@@ -194,6 +201,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("configs", nargs="*", help="configurations (default: all)")
     parser.add_argument("--since", help="only seeds of binaries built at or after this commit")
+    parser.add_argument("--before", help="only seeds of binaries built before this commit")
     parser.add_argument("--write-docs", action="store_true", help="rewrite the tables in docs/partitions.md")
     args = parser.parse_args()
     if args.write_docs:
@@ -203,7 +211,7 @@ def main():
     for n in names:
         if n not in CONFIGS:
             sys.exit(f"unknown configuration {n!r}: one of {', '.join(CONFIGS)}")
-    print("\n".join(t for t in (table(n, args.since) for n in names) if t))
+    print("\n".join(t for t in (table(n, args.since, "", args.before) for n in names) if t))
 
 
 if __name__ == "__main__":
