@@ -104,9 +104,11 @@ impl fmt::Debug for EtcdStore {
 
 impl EtcdStore {
     /// Connects to the cluster named by an `etcd://` or `etcds://` URL (see the crate README),
-    /// authenticates, and measures the server's minimum lease TTL. Fails with
-    /// [`Error::Rejected`] for bad credentials, [`Error::Unavailable`] or [`Error::Timeout`] when
-    /// no endpoint can be reached in time.
+    /// authenticates, and measures the server's minimum lease TTL. The endpoints are tried one
+    /// at a time, starting at a random one, each within the deadline; calls then go to the one
+    /// that answered (see the crate README, *URLs*). Fails with [`Error::Rejected`] for bad
+    /// credentials, [`Error::Unavailable`] or [`Error::Timeout`] when no endpoint can be reached
+    /// in time (after one deadline per endpoint, at most).
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(EtcdConfig::from_url(url)?).await
     }
