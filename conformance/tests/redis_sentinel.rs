@@ -662,9 +662,11 @@ async fn a_write_the_replica_lacks_never_counts() {
     let Some(servers) = sentinels(label).await else {
         return;
     };
+    // A deadline of 1 s: the `WAIT` gets three quarters of it, the write and the Sentinels'
+    // confirmation the rest, with room for a loaded machine.
     let url = servers.url().replace(
         &format!("timeout={}ms", OP_TIMEOUT.as_millis()),
-        "timeout=300ms",
+        "timeout=1000ms",
     );
     let url = format!(
         "{url}{}wait_replicas=1",
@@ -686,8 +688,14 @@ async fn a_write_the_replica_lacks_never_counts() {
             .compare_and_set(key, Some(&previous), &next, None)
             .await
             .expect_err("a write the paused replica lacks counted");
+        // Refused as the `WAIT` answered, or, on a machine too loaded to answer within the
+        // deadline, cut off by it: either way not counted.
         assert!(err.is_retryable(), "{err}");
-        assert!(err.to_string().contains("of the 1 replicas"), "{err}");
+        assert!(
+            err.to_string().contains("reached 0 of the 1 replicas")
+                || err.kind() == ErrorKind::Timeout,
+            "{err}"
+        );
         // Not counted, but on the primary: the next write compares with it.
         assert_eq!(
             store.get(key).await.unwrap().as_deref(),
