@@ -57,6 +57,7 @@ async fn convergence(
         notices: true,
         partitions: None,
         whole_views: false,
+        own_views: false,
         members: Vec::new(),
     };
     for i in 0..5 {

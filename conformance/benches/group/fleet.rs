@@ -22,7 +22,16 @@ pub(crate) struct Counting {
     calls: [AtomicU64; Op::ALL.len()],
     /// Calls that failed or took longer than [`SLOW`], by method.
     slow: [AtomicU64; Op::ALL.len()],
+    /// Reads (`get`) by the kind of key read: what a member reads a view change with.
+    gets: [AtomicU64; GET_KINDS.len()],
 }
+
+/// The kinds of key a `get` is counted under ([`Counting::gets_snapshot`]): the part of the
+/// group's key after its name (`view`, `change`, `base`, `ack`, `slot`, ...); the last one
+/// counts the rest.
+const GET_KINDS: [&str; 8] = [
+    "view", "change", "base", "ack", "slot", "member", "standby", "other",
+];
 
 /// A call slower than this is counted apart (a congested store or client).
 pub(crate) const SLOW: Duration = Duration::from_millis(500);
@@ -32,6 +41,20 @@ impl Hooks for Counting {
     async fn before(&self, op: Op) -> headcount::Result<()> {
         self.calls[Counting::index(op)].fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn span(&self, op: Op, key: &str) -> tracing::Span {
+        if op == Op::Get {
+            let kind = key
+                .split_once("}:")
+                .map_or("", |(_, rest)| rest.split(':').next().unwrap_or(""));
+            let i = GET_KINDS
+                .iter()
+                .position(|k| *k == kind)
+                .unwrap_or(GET_KINDS.len() - 1);
+            self.gets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::Span::none()
     }
 
     fn outcome(&self, op: Op, took: Duration, error: Option<&headcount::Error>) {
@@ -53,6 +76,16 @@ impl Counting {
             panic!("the group bench cannot count `{op}`: it is not in Op::ALL");
         };
         i
+    }
+
+    /// The reads so far by the kind of key read (see [`GET_KINDS`]), without the kinds not read.
+    pub(crate) fn gets_snapshot(&self) -> BTreeMap<&'static str, u64> {
+        GET_KINDS
+            .iter()
+            .zip(&self.gets)
+            .map(|(k, c)| (*k, c.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     pub(crate) fn slow_snapshot(&self) -> BTreeMap<&'static str, u64> {
@@ -129,6 +162,9 @@ pub(crate) struct Fleet {
     pub(crate) partitions: Option<u32>,
     /// Every view written whole (the design before view headers).
     pub(crate) whole_views: bool,
+    /// Every joiner publishes its own view at once, whatever the group's size (the
+    /// design before [`GroupConfig::with_coalesce_from`]).
+    pub(crate) own_views: bool,
     pub(crate) members: Vec<(Member, watch::Receiver<Assignment>)>,
 }
 
@@ -156,6 +192,11 @@ impl Fleet {
         let config = match self.partitions {
             Some(n) => config.with_partitions(n),
             None => config,
+        };
+        let config = if self.own_views {
+            config.with_coalesce_from(usize::MAX)
+        } else {
+            config
         };
         if self.whole_views {
             config.with_view_inline_max(usize::MAX)

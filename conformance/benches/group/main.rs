@@ -34,7 +34,12 @@
 //!   `total_net_output_bytes`) and this process's resident memory and live heap (counted by
 //!   its allocator) per member. `--partitions 0,4096,65536` runs each size with the default
 //!   assignor (0) and with `sticky` over that many partitions; `--designs versioned,whole-views` beside the design before view headers
-//!   (every view written whole, `GroupConfig::with_view_inline_max(usize::MAX)`).
+//!   (every view written whole, `GroupConfig::with_view_inline_max(usize::MAX)`), and
+//!   `own-views` beside the design before a burst of joins was coalesced in a large group
+//!   (every joiner publishes its own view, `GroupConfig::with_coalesce_from(usize::MAX)`).
+//!   `--cold-start-only` stops each run once every member is active and prints the cold
+//!   start's own table (times, views, store calls per member by method), for thousands of
+//!   members without the steady-state window's wait.
 //!   `--join-batch K` starts the members K at a time, concurrently (a cold start of a
 //!   deployment), instead of one after the other; the row's epoch at "all active" counts the
 //!   views published.
@@ -121,7 +126,8 @@ pub(crate) struct Opts {
     pub(crate) unrelated: u64,
     /// The heartbeat designs of the scale part: `versioned` (read the table when it changed,
     /// both directories' versions in one call), `two-calls` (the same, one call per directory),
-    /// `full` (read it at every heartbeat).
+    /// `full` (read it at every heartbeat); `whole-views` and `own-views`, the versioned design
+    /// with every view written whole, or with every change published by its own member.
     pub(crate) designs: Vec<String>,
     /// The scale part's key sets: the sticky assignor over each count of partitions (0: the
     /// default assignor, no declared keys).
@@ -129,6 +135,9 @@ pub(crate) struct Opts {
     /// The scale part's joins started together (`--join-batch`; default 1: one after the
     /// other). A batch of k is k members started at once, as a deployment starts its pods.
     pub(crate) join_batch: usize,
+    /// The scale part stops once every member is active (`--cold-start-only`): a cold start of
+    /// thousands, without the steady-state window's wait for every member's first look.
+    pub(crate) cold_start_only: bool,
     /// The convergence part's lease TTL (default 1.5 s, raised to the backend's minimum).
     pub(crate) ttl: Option<Duration>,
     /// The processes part's group size.
@@ -152,6 +161,7 @@ fn opts() -> Opts {
         designs: vec!["versioned".into(), "full".into()],
         partitions: vec![0],
         join_batch: 1,
+        cold_start_only: false,
         ttl: None,
         processes: 50,
         sizes: vec![10, 300],
@@ -183,6 +193,7 @@ fn opts() -> Opts {
             "--designs" => o.designs = args.names(),
             "--partitions" => o.partitions = args.list("--partitions N,N"),
             "--join-batch" => o.join_batch = args.parse("--join-batch N"),
+            "--cold-start-only" => o.cold_start_only = true,
             "--processes" => o.processes = args.parse("--processes N"),
             "--headcount" => o.headcount = args.value().into(),
             _ => {}
@@ -226,6 +237,14 @@ pub(crate) async fn fill_redis(url: &str, unrelated: u64) {
 
 fn main() {
     let o = opts();
+    // `HEADCOUNT_BENCH_WARNINGS=1` prints the members' warnings (a lease lost, a store call
+    // failed): what a slow run went through.
+    if std::env::var_os("HEADCOUNT_BENCH_WARNINGS").is_some() {
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     common::runtime().block_on(async {
         let part = |name: &str| o.only.iter().any(|p| p == name);
         if part("convergence") {

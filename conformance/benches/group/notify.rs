@@ -420,6 +420,7 @@ async fn notify(
             notices,
             partitions: None,
             whole_views: false,
+            own_views: false,
             members: Vec::new(),
         });
     }

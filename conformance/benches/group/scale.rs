@@ -13,6 +13,15 @@ use crate::common::{live_heap, ms, own_cpu, own_rss, redis_info};
 use crate::fleet::{delta, first_looks, group_name, round_trips, Counting, Fleet, PREFIX, SLOW};
 use crate::{fill_redis, own_redis, Opts};
 
+/// The scale part's tables: the main one's rows, their detail, and the cold start's rows
+/// (`--cold-start-only`).
+#[derive(Default)]
+struct Tables {
+    rows: Vec<String>,
+    detail: Vec<String>,
+    cold: Vec<String>,
+}
+
 /// `n` members on one Redis; appends a Markdown row.
 async fn scale(
     url: &str,
@@ -20,9 +29,9 @@ async fn scale(
     o: &Opts,
     design: &str,
     partitions: Option<u32>,
-    rows: &mut Vec<String>,
-    detail: &mut Vec<String>,
+    out: &mut Tables,
 ) -> std::result::Result<(), String> {
+    let Tables { rows, detail, cold } = out;
     let inner = headcount::connect(url).await.map_err(|e| e.to_string())?;
     let caps = inner.capabilities();
     let counting = Counting::new(inner);
@@ -45,6 +54,7 @@ async fn scale(
         notices: true,
         partitions,
         whole_views: design == "whole-views",
+        own_views: design == "own-views",
         members: Vec::new(),
     };
     let (rss0, heap0) = (own_rss(), live_heap());
@@ -52,13 +62,33 @@ async fn scale(
     let t0 = Instant::now();
     let ids: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
     let batch = join_batch.max(1);
+    let mut last = before_joins.clone();
+    let mut last_gets = counting.hooks().gets_snapshot();
     for (b, chunk) in ids.chunks(batch).enumerate() {
         fleet.join_batches(chunk, batch).await?;
         let joined = (b * batch + chunk.len()).min(n);
         if joined % 100 < batch.min(100) || joined == n {
+            // The store calls since the last line, by method, and the newest view any member
+            // holds: where a slow cold start spends its calls.
+            let now = counting.hooks().snapshot();
+            let calls: Vec<String> = delta(&last, &now)
+                .iter()
+                .map(|(m, c)| format!("{m} {c}"))
+                .collect();
+            last = now;
+            let gets_now = counting.hooks().gets_snapshot();
+            let gets: Vec<String> = delta(&last_gets, &gets_now)
+                .iter()
+                .map(|(k, c)| format!("{k} {c}"))
+                .collect();
+            last_gets = gets_now;
+            let newest = fleet.members.iter().map(|(_, rx)| rx.borrow().epoch).max();
             eprintln!(
-                "scale {n}: {joined} joined after {:.1} s",
-                t0.elapsed().as_secs_f64()
+                "scale {n}: {joined} joined after {:.1} s, newest active epoch {}, calls: {} (gets: {})",
+                t0.elapsed().as_secs_f64(),
+                newest.unwrap_or(0),
+                calls.join(", "),
+                gets.join(", ")
             );
         }
         if t0.elapsed() > join_cap {
@@ -74,6 +104,25 @@ async fn scale(
     let e_join = fleet.wait_converged(n as u32, limit).await?;
     let join_calls = delta(&before_joins, &counting.hooks().snapshot());
     let converged = t0.elapsed();
+    if o.cold_start_only {
+        let total: u64 = join_calls.values().sum();
+        let per = |m: &str| join_calls.get(m).copied().unwrap_or(0) as f64 / n as f64;
+        let row = format!(
+            "| {n} | {design} | {} | {:.1} s | {:.1} s | {e_join} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} |",
+            join_batch.max(1),
+            joined.as_secs_f64(),
+            converged.as_secs_f64(),
+            total as f64 / n as f64,
+            per("get"),
+            per("compare_and_set"),
+            per("renew_and_list_if_changed") + per("renew_and_versions"),
+            per("list"),
+        );
+        eprintln!("{row}");
+        cold.push(row);
+        fleet.leave_all().await;
+        return Ok(());
+    }
     let rss_per_member = own_rss().saturating_sub(rss0) / n as u64;
     let heap_per_member = live_heap().saturating_sub(heap0) / n as u64;
 
@@ -153,6 +202,7 @@ async fn scale(
             "full" => "full table every heartbeat (before)",
             "two-calls" => "versioned, one call per directory (before)",
             "whole-views" => "every view written whole (before)",
+            "own-views" => "every joiner publishes its own view (before)",
             _ => "versioned, both versions in one call",
         }
         .to_owned()
@@ -198,8 +248,7 @@ pub(crate) async fn run(o: &Opts) {
         return;
     };
     let url = server.url();
-    let mut rows = Vec::new();
-    let mut detail = Vec::new();
+    let mut out = Tables::default();
     for &n in &o.scale {
         for &partitions in &o.partitions {
             let partitions = (partitions > 0).then_some(partitions);
@@ -209,13 +258,26 @@ pub(crate) async fn run(o: &Opts) {
                     "scale: {n} members, {design}, partitions {partitions:?}, {} unrelated keys, joins {} at a time",
                     o.unrelated, o.join_batch
                 );
-                if let Err(e) = scale(&url, n, o, design, partitions, &mut rows, &mut detail).await
-                {
+                if let Err(e) = scale(&url, n, o, design, partitions, &mut out).await {
                     eprintln!("scale {n}: FAILED: {e}");
-                    rows.push(format!("| {n} | {design} | {partitions:?} | failed: {e} |"));
+                    out.rows
+                        .push(format!("| {n} | {design} | {partitions:?} | failed: {e} |"));
                 }
             }
         }
+    }
+    let Tables { rows, detail, cold } = out;
+    if o.cold_start_only {
+        println!(
+            "\n### A cold start on one local Redis holding {} unrelated keys\n",
+            o.unrelated
+        );
+        println!("| members | design | started at a time | all joined | all active | views | store calls per member, first join to all active | `get` | `compare_and_set` | renewals | listings |");
+        println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in cold.iter().chain(&rows) {
+            println!("{r}");
+        }
+        return;
     }
     println!(
         "\n### One group on one local Redis holding {} unrelated keys\n",

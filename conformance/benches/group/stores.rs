@@ -38,6 +38,7 @@ async fn scale_store(
         notices: true,
         partitions: None,
         whole_views: false,
+        own_views: false,
         members: Vec::new(),
     };
     let t0 = Instant::now();
