@@ -279,11 +279,11 @@ impl Engine {
         if let Some(old) = from.as_ref().filter(|old| old.pair_of(holder).is_some()) {
             // By slot: a claim taken back from a restart changes the holder of a slot, which
             // moves nothing.
-            if view
-                .record
-                .slots()
-                .any(|s| !old.record.slots().any(|o| o == s))
-            {
+            // A set of the old slots: a scan of them for every slot of the new view was
+            // O(n²) per activation, and in a group of thousands it took a quarter of the
+            // client's CPU while the views of a cold start activated.
+            let before: std::collections::HashSet<u32> = old.record.slots().collect();
+            if view.record.slots().any(|s| !before.contains(&s)) {
                 self.cfg.metrics.grants_revoked("moved");
             }
         }
