@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{DEFAULT_MAX_SLOTS, MAX_LEASE_TTL, MAX_RESTART_WINDOW, MAX_STANDBY, MIN_LEASE_TTL};
+use super::{
+    COALESCE_FROM, DEFAULT_MAX_SLOTS, MAX_LEASE_TTL, MAX_RESTART_WINDOW, MAX_STANDBY, MIN_LEASE_TTL,
+};
 use crate::assign::{AssignorKind, KeySet};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
@@ -31,6 +33,7 @@ pub struct GroupConfig {
     pub(super) one_call_versions: bool,
     pub(super) view_inline_max: usize,
     pub(super) change_record_cost: usize,
+    pub(super) coalesce_from: usize,
     pub(super) notifications: bool,
     pub(super) eviction_allowed: bool,
 }
@@ -62,6 +65,7 @@ impl GroupConfig {
             one_call_versions: true,
             view_inline_max: super::header::INLINE_MAX,
             change_record_cost: super::header::RECORD_COST,
+            coalesce_from: COALESCE_FROM,
             notifications: true,
             eviction_allowed: false,
         }
@@ -317,6 +321,25 @@ impl GroupConfig {
     /// sets it, so that walks meet every interleaving).
     pub fn with_change_record_cost(mut self, bytes: usize) -> Self {
         self.change_record_cost = bytes;
+        self
+    }
+
+    /// From how many live members on (default 64) a join that comes while the published view
+    /// is still being handed off (not yet settled) is left to the lowest slot, which publishes
+    /// one view for every join under way, at most four times a heartbeat. Below that size, and
+    /// whenever the view is settled, a joiner publishes its own view at once (a graceful leave
+    /// always does).
+    ///
+    /// Every view costs each member a read and an acknowledgement, so in a large group a burst
+    /// of joins (a cold start, a scale-up) then makes a few views instead of one per join:
+    /// without it, n members started one after the other cost the store about n² calls. A join
+    /// waits for the lowest slot's next view (within a quarter of a heartbeat when the lowest
+    /// hears of it by a notification, half a heartbeat when it polls), a heartbeat at most if
+    /// the lowest slot is gone. `usize::MAX` publishes every join at once (the design before,
+    /// kept to measure the two side by side); `0` leaves them to the lowest slot in every group
+    /// (the simulation sets it, so that the rule meets every interleaving).
+    pub fn with_coalesce_from(mut self, members: usize) -> Self {
+        self.coalesce_from = members;
         self
     }
 

@@ -120,6 +120,10 @@ pub const MAX_STANDBY: Duration = Duration::from_secs(15 * 60);
 /// The default limit on slot numbers (members in one group).
 pub const DEFAULT_MAX_SLOTS: u32 = 4096;
 
+/// From how many live members on a join during a hand-off is left to the lowest slot's next
+/// view ([`GroupConfig::with_coalesce_from`]).
+pub const COALESCE_FROM: usize = 64;
+
 /// The name [`MIN_LEASE_TTL`] had before it was told apart from the store's
 /// [`MIN_TTL`](crate::store::MIN_TTL).
 #[deprecated(note = "renamed MIN_LEASE_TTL: `store::MIN_TTL` is the store's own limit")]

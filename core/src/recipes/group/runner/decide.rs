@@ -23,6 +23,8 @@ pub(super) struct Facts<'a> {
     /// The member's pending view is one its claim has acknowledged.
     pub(super) pending_acked: bool,
     pub(super) change_checks: bool,
+    /// The member hears the store's change notifications: a settled mark written wakes it.
+    pub(super) listening: bool,
     /// The last heartbeat met a store error: the next one comes at a quarter heartbeat, so a
     /// store that is back is reached long before the lease deadline.
     pub(super) failing: bool,
@@ -260,8 +262,11 @@ impl Facts<'_> {
             || self.cache.need_slots
             || self.settler.settling
             || self.discrepancy.is_some_and(|d| d.fast);
-        let step = if self.settler.settling || settling_awaited {
+        let step = if self.settler.settling {
             self.heartbeat / 8
+        } else if settling_awaited {
+            let slots = self.cache.slots.as_ref().map_or(0, |s| s.table.slots.len());
+            settle_poll_step(self.heartbeat, self.listening, slots)
         } else {
             self.heartbeat / 4
         };
@@ -439,6 +444,26 @@ pub(super) fn lists_before_dropping(fresh: bool, listed: bool, table: &SlotTable
     fresh && !listed && view_slot_gone(table)
 }
 
+/// How often a member whose only wait is the settled mark of the view it acknowledged polls
+/// that mark: an eighth of a heartbeat, so a hand-off ends soon after it is settled. A member
+/// that hears the store's notifications (`listening`) is woken by the mark's own notice, and
+/// its poll only covers a notice lost: in a group of more than [`SETTLE_POLLERS`] × 8 slots
+/// it polls every [`SETTLE_POLLERS`]th of the slots' eighths of a heartbeat, once a heartbeat
+/// at most, so while views keep coming (a cold start of thousands) the group's polls stay
+/// about [`SETTLE_POLLERS`] × 8 per heartbeat instead of eight per member.
+pub(super) fn settle_poll_step(heartbeat: Duration, listening: bool, slots: usize) -> Duration {
+    let eighths = if listening {
+        slots.div_ceil(SETTLE_POLLERS).clamp(1, 8)
+    } else {
+        1
+    };
+    heartbeat / 8 * eighths as u32
+}
+
+/// See [`settle_poll_step`]: from this many slots on (and eight times as many for the longest
+/// step), a listening member polls the settled mark less often than an eighth of a heartbeat.
+pub(super) const SETTLE_POLLERS: usize = 128;
+
 /// A burst of joins is published by the lowest slot at most once per this fraction of a
 /// heartbeat ([`publishes`]).
 pub(super) const PUBLISH_GAP_DIVISOR: u32 = 4;
@@ -449,10 +474,11 @@ pub(super) const PUBLISH_GAP_DIVISOR: u32 = 4;
 ///   beside its own, nor did the claim lose a race for a slot since the table was read (a join
 ///   on its own is published by the joiner at once), or the view must be repaired (it is below
 ///   an epoch some member acted on, or its epoch was minted twice), which waits for no one;
-/// * `lowest`: it holds the lowest live slot, and it published no view in the last
-///   [`PUBLISH_GAP_DIVISOR`]th of a heartbeat (`since_published`): in a burst of joins (a cold
-///   start, a scale-up) the lowest publishes for all the claims it sees, at most once per gap,
-///   so n joins make a few views instead of n, and every member reads a few;
+/// * `lowest`: it holds the lowest live slot, and it published no view within the last gap
+///   (`since_published`; [`publish_gap`]: a [`PUBLISH_GAP_DIVISOR`]th of a heartbeat, longer in
+///   a group of more than 256 `live` slots): in a burst of joins (a cold start, a scale-up) the
+///   lowest publishes for all the claims it sees, at most once per gap, so n joins make a few
+///   views instead of n, and every member reads a few;
 /// * or the same discrepancy has lasted a heartbeat (the lowest may be the one that died).
 pub(super) fn publishes(
     own_alone: bool,
@@ -460,9 +486,40 @@ pub(super) fn publishes(
     since_published: Option<Duration>,
     lasted: Duration,
     heartbeat: Duration,
+    live: usize,
 ) -> bool {
-    let paced = since_published.is_none_or(|d| d >= heartbeat / PUBLISH_GAP_DIVISOR);
+    let paced = since_published.is_none_or(|d| d >= publish_gap(heartbeat, live));
     own_alone || (lowest && paced) || lasted >= heartbeat
+}
+
+/// The least time between two views the lowest slot publishes for a burst of joins in a group
+/// of `live` slots: a [`PUBLISH_GAP_DIVISOR`]th of a heartbeat, and one more for every 256
+/// slots past the first 256, a heartbeat at most (from 769 slots on). Each view costs every
+/// member a read and an acknowledgement, so the group's calls for views stay about
+/// 2 × 256 × [`PUBLISH_GAP_DIVISOR`] per heartbeat while joins keep coming, however large the
+/// group; a member that sees one difference for a heartbeat publishes it itself anyway.
+pub(super) fn publish_gap(heartbeat: Duration, live: usize) -> Duration {
+    let quarters = live
+        .div_ceil(PUBLISH_GAP_SLOTS)
+        .clamp(1, PUBLISH_GAP_DIVISOR as usize);
+    heartbeat / PUBLISH_GAP_DIVISOR * quarters as u32
+}
+
+/// See [`publish_gap`]: the slots per [`PUBLISH_GAP_DIVISOR`]th of a heartbeat between two views
+/// of a burst.
+const PUBLISH_GAP_SLOTS: usize = 256;
+
+/// Whether a member's own change (a join) is left to the lowest slot's next view instead of
+/// published at once: the group has `from` live members or more (`live`), and the
+/// published `view` is not settled yet (a hand-off is under way, as in a burst of joins). See
+/// [`GroupConfig::with_coalesce_from`](super::super::GroupConfig::with_coalesce_from).
+pub(super) fn coalesces(
+    live: usize,
+    from: usize,
+    view: Option<&ViewRecord>,
+    settled: Option<SettledRecord>,
+) -> bool {
+    live >= from && unsettled(view, settled)
 }
 
 /// Whether live claims other than `mine` are missing from the published `view` (or hold their

@@ -170,6 +170,7 @@ impl Engine {
             discrepancy: self.discrepancy.as_ref(),
             pending_acked,
             change_checks: self.cfg.change_checks,
+            listening: self.listening,
             failing: self.outage.failing_since.is_some(),
             heartbeat: self.cfg.heartbeat,
             now: self.cfg.clock.monotonic(),

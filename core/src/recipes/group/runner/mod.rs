@@ -179,6 +179,9 @@ pub(super) struct Settings {
     /// What reading one change record costs, in bytes of a snapshot
     /// ([`GroupConfig::with_change_record_cost`]).
     change_record_cost: usize,
+    /// From how many live members a member's own change during a hand-off is left to the
+    /// lowest slot ([`GroupConfig::with_coalesce_from`]).
+    coalesce_from: usize,
     /// Subscribe to the store's change notifications ([`GroupConfig::with_notifications`]).
     notifications: bool,
 }
@@ -402,6 +405,8 @@ pub(super) struct Engine {
     outage: Outage,
     /// The member fails for good ([`Runner::fail`]): its leave hands nothing to a standby.
     failing: bool,
+    /// The member hears the store's change notifications ([`Runner::subscribe`]).
+    listening: bool,
 }
 
 /// The background heartbeat of one member: the [`Engine`], the store it calls for it, and the
@@ -449,6 +454,7 @@ impl Engine {
                 one_call_versions: caps.native_renew_and_versions && config.one_call_versions,
                 view_inline_max: config.view_inline_max,
                 change_record_cost: config.change_record_cost,
+                coalesce_from: config.coalesce_from,
                 layout: GroupLayout::new(space),
                 member,
                 ttl: config.ttl,
@@ -473,6 +479,7 @@ impl Engine {
             discrepancy: None,
             outage: Outage::default(),
             failing: false,
+            listening: false,
         }
     }
 }
@@ -505,6 +512,7 @@ impl Runner {
             )
             .await;
         }
+        self.engine.listening = self.notices.is_some();
     }
 
     /// The text stored at `key` when it parses to `record`, `None` when the key holds anything

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    acks_due, awaits_returning, charge, choose_slot, drain_timed_out, left_out,
+    acks_due, awaits_returning, charge, choose_slot, coalesces, drain_timed_out, left_out,
     lists_before_dropping, next_view, notice_due, notice_period, others_joining, publishes, refund,
     settled_at_or_past, unsettled, view_is_stale, view_needs_slots, view_slot_gone, Between, Facts,
     Seen,
@@ -86,6 +86,7 @@ struct Fixture {
     abandoned: bool,
     pending_acked: bool,
     failing: bool,
+    listening: bool,
     now: Duration,
 }
 
@@ -100,6 +101,7 @@ impl Fixture {
             abandoned: false,
             pending_acked: false,
             failing: false,
+            listening: false,
             now: ms(10_000),
         }
     }
@@ -114,6 +116,7 @@ impl Fixture {
             discrepancy: self.discrepancy.as_ref(),
             pending_acked: self.pending_acked,
             change_checks: true,
+            listening: self.listening,
             failing: self.failing,
             heartbeat: HB,
             now: self.now,
@@ -579,14 +582,29 @@ fn a_joiner_publishes_alone_only_when_no_other_claim_waits() {
 
 #[test]
 fn publishing_waits_a_heartbeat_unless_the_member_is_lowest_or_changed_the_table() {
-    assert!(publishes(true, false, None, ms(0), HB));
-    assert!(publishes(false, true, None, ms(0), HB));
-    assert!(!publishes(false, false, None, HB - ms(1), HB));
-    assert!(publishes(false, false, None, HB, HB));
+    assert!(publishes(true, false, None, ms(0), HB, 4));
+    assert!(publishes(false, true, None, ms(0), HB, 4));
+    assert!(!publishes(false, false, None, HB - ms(1), HB, 4));
+    assert!(publishes(false, false, None, HB, HB, 4));
     // The lowest publishes a burst of joins at most once per quarter heartbeat.
-    assert!(!publishes(false, true, Some(HB / 4 - ms(1)), ms(0), HB));
-    assert!(publishes(false, true, Some(HB / 4), ms(0), HB));
-    assert!(publishes(false, false, Some(ms(0)), HB, HB));
+    assert!(!publishes(false, true, Some(HB / 4 - ms(1)), ms(0), HB, 4));
+    assert!(publishes(false, true, Some(HB / 4), ms(0), HB, 4));
+    assert!(publishes(false, false, Some(ms(0)), HB, HB, 4));
+    // In a larger group, less often: a quarter heartbeat more per 256 slots, a heartbeat at
+    // most; a difference that lasted a heartbeat is published by anyone, whatever the size.
+    assert!(publishes(false, true, Some(HB / 4), ms(0), HB, 256));
+    assert!(!publishes(false, true, Some(HB / 4), ms(0), HB, 257));
+    assert!(publishes(false, true, Some(HB / 2), ms(0), HB, 257));
+    assert!(!publishes(
+        false,
+        true,
+        Some(HB - ms(1)),
+        ms(0),
+        HB,
+        100_000
+    ));
+    assert!(publishes(false, true, Some(HB), ms(0), HB, 100_000));
+    assert!(publishes(false, false, Some(ms(0)), HB, HB, 100_000));
 }
 
 #[test]
@@ -610,6 +628,60 @@ fn a_failing_heartbeat_is_tried_again_at_a_quarter_heartbeat() {
     let w = f.facts().wake(next);
     // A renewing heartbeat, not a poll of the settled mark, which renews nothing.
     assert_eq!((w.at, w.between), (f.now + HB / 4, Between::Beat));
+}
+
+#[test]
+fn a_large_group_that_hears_notices_polls_the_settled_mark_less_often() {
+    let next = ms(10_000) + HB;
+    let large: Vec<u32> = (0..1000).collect();
+    for (slots, listening, step) in [
+        (&[0, 1, 2, 3][..], false, HB / 8),
+        (&[0, 1, 2, 3][..], true, HB / 8),
+        (&large[..256], true, HB / 8 * 2),
+        (&large[..], false, HB / 8),
+        (&large[..], true, HB),
+    ] {
+        let mut f = Fixture::steady(3, slots);
+        f.pending_acked = true;
+        f.listening = listening;
+        f.handoff = Some(Handoff {
+            since: f.now,
+            adopted_at: f.now,
+        });
+        let w = f.facts().wake(next);
+        let what = format!("{} slots, listening: {listening}", slots.len());
+        assert_eq!(
+            (w.at, w.between),
+            (f.now + step, Between::PollSettled),
+            "{what}"
+        );
+    }
+    // The settler itself reads the acknowledgements at an eighth of a heartbeat, whatever the
+    // group's size.
+    let mut f = Fixture::steady(0, &large);
+    f.listening = true;
+    f.settler.settling = true;
+    assert_eq!(f.facts().wake(next).at, f.now + HB / 8);
+}
+
+#[test]
+fn a_change_of_its_own_is_left_to_the_lowest_only_in_a_large_group_during_a_hand_off() {
+    let v = table(&[0, 1, 2], Some((4, &[0, 1, 2]))).view.unwrap();
+    let settled = SettledRecord {
+        epoch: 4,
+        view: v.digest(),
+    };
+    let older = SettledRecord { epoch: 3, view: 7 };
+    // Unsettled, from 64 members on: left to the lowest.
+    assert!(coalesces(64, 64, Some(&v), Some(older)));
+    assert!(coalesces(64, 64, Some(&v), None));
+    // Settled, or a small group: published at once.
+    assert!(!coalesces(64, 64, Some(&v), Some(settled)));
+    assert!(!coalesces(63, 64, Some(&v), None));
+    // No view: nothing is handed off.
+    assert!(!coalesces(100, 64, None, None));
+    // `usize::MAX`: the design before, every change published by its member.
+    assert!(!coalesces(100_000, usize::MAX, Some(&v), None));
 }
 
 #[test]

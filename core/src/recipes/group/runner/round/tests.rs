@@ -143,6 +143,40 @@ fn a_join_publishes_its_own_view_unless_it_lost_a_race() {
     assert!(m.engine.discrepancy.is_some());
 }
 
+/// Event: a join's own claim, the only slot the view lacks, in a group large enough to coalesce
+/// (here from 3 live slots). Phase: joining, not the lowest slot. Effect: while the view is not
+/// settled (a hand-off under way, as in a burst of joins), the joiner leaves its view to the
+/// lowest slot; once it is settled, the joiner publishes at once as in a small group.
+#[test]
+fn a_join_in_a_large_group_leaves_its_view_to_the_lowest_during_a_hand_off() {
+    let v1 = view(1, &[0, 1]);
+    let mut m = Member::at(2);
+    m.engine.cfg.coalesce_from = 3;
+    let mut round = of_join(table(&[0, 1, 2], 1, Some(v1.clone())), false);
+    let first = m.start(&mut round);
+    assert!(
+        !matches!(&first, Some(Call::Cas { key, .. }) if key == "hc:{g}:view:current"),
+        "{first:?}"
+    );
+    assert!(m.engine.discrepancy.is_some());
+
+    let mut m = Member::at(2);
+    m.engine.cfg.coalesce_from = 3;
+    let mut t = table(&[0, 1, 2], 1, Some(v1.clone()));
+    t.settled = Some(SettledRecord {
+        epoch: 1,
+        view: v1.digest(),
+    });
+    let mut round = of_join(t, false);
+    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
+
+    // Below the size, unsettled or not: at once.
+    let mut m = Member::at(2);
+    m.engine.cfg.coalesce_from = 4;
+    let mut round = of_join(table(&[0, 1, 2], 1, Some(v1)), false);
+    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
+}
+
 /// Event: a join that lost a race for a slot, whose table's view is below an epoch the member
 /// saw (a store that went back). Phase: joining, not the lowest slot. Effect: the joiner
 /// publishes a view above that epoch at once: a view to repair waits for no one.

@@ -4,8 +4,8 @@
 
 use super::super::super::records::{ViewRecord, MAX_EPOCH};
 use super::super::decide::{
-    awaits_returning, others_joining, publishes, unsettled, view_is_stale, view_needs_slots,
-    view_slot_gone,
+    awaits_returning, coalesces, others_joining, publishes, unsettled, view_is_stale,
+    view_needs_slots, view_slot_gone,
 };
 use super::super::views::newer_version;
 use super::super::{Claim, Discrepancy, Engine};
@@ -97,8 +97,19 @@ impl Engine {
         // A joiner leaves a burst of joins to the lowest slot (a join that lost a race for a
         // slot knows of another under way), but not a view to repair: one below an epoch it
         // saw (a store that went back), which it would otherwise adopt.
+        // In a large group, a join that comes while the published view is still handed off
+        // waits for the lowest slot's next view too: every view costs each member a
+        // read and an acknowledgement, so a burst of joins must make a few views, not one each.
         let own_alone = round.own_change
-            && (repair || (!round.raced && !others_joining(table.view.as_ref(), &live, mine)));
+            && (repair
+                || (!round.raced
+                    && !others_joining(table.view.as_ref(), &live, mine)
+                    && !coalesces(
+                        live.len(),
+                        self.cfg.coalesce_from,
+                        table.view.as_ref(),
+                        table.settled,
+                    )));
         let returning = !repair
             && awaits_returning(
                 self.outage.grace_until,
@@ -149,6 +160,7 @@ impl Engine {
                         self.settler.published_at.map(|t| now.saturating_sub(t)),
                         lasted,
                         self.cfg.heartbeat,
+                        table.slots.len(),
                     ) =>
             {
                 // A compare-and-set against the text read, so of the members that try exactly
