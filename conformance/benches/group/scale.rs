@@ -68,8 +68,8 @@ async fn scale(
         fleet.join_batches(chunk, batch).await?;
         let joined = (b * batch + chunk.len()).min(n);
         if joined % 100 < batch.min(100) || joined == n {
-            // The store calls since the last line, by method, and the newest view any member
-            // holds: where a slow cold start spends its calls.
+            // The store calls since the last line, by method (and the reads by key kind), and
+            // the newest epoch any member has active: where a slow cold start spends its calls.
             let now = counting.hooks().snapshot();
             let calls: Vec<String> = delta(&last, &now)
                 .iter()

@@ -447,10 +447,11 @@ pub(super) fn lists_before_dropping(fresh: bool, listed: bool, table: &SlotTable
 /// How often a member whose only wait is the settled mark of the view it acknowledged polls
 /// that mark: an eighth of a heartbeat, so a hand-off ends soon after it is settled. A member
 /// that hears the store's notifications (`listening`) is woken by the mark's own notice, and
-/// its poll only covers a notice lost: in a group of more than [`SETTLE_POLLERS`] × 8 slots
-/// it polls every [`SETTLE_POLLERS`]th of the slots' eighths of a heartbeat, once a heartbeat
-/// at most, so while views keep coming (a cold start of thousands) the group's polls stay
-/// about [`SETTLE_POLLERS`] × 8 per heartbeat instead of eight per member.
+/// its poll only covers a notice lost: in a group of more than [`SETTLE_POLLERS`] slots it
+/// polls every n / [`SETTLE_POLLERS`] eighths of a heartbeat (rounded up), once a heartbeat
+/// at most (from 897 slots on), so while views keep coming (a cold start of thousands) the
+/// group's polls stay about [`SETTLE_POLLERS`] × 8 per heartbeat up to 1,024 slots, and one
+/// per member per heartbeat past them, instead of eight per member.
 pub(super) fn settle_poll_step(heartbeat: Duration, listening: bool, slots: usize) -> Duration {
     let eighths = if listening {
         slots.div_ceil(SETTLE_POLLERS).clamp(1, 8)
@@ -495,9 +496,10 @@ pub(super) fn publishes(
 /// The least time between two views the lowest slot publishes for a burst of joins in a group
 /// of `live` slots: a [`PUBLISH_GAP_DIVISOR`]th of a heartbeat, and one more for every 256
 /// slots past the first 256, a heartbeat at most (from 769 slots on). Each view costs every
-/// member a read and an acknowledgement, so the group's calls for views stay about
-/// 2 × 256 × [`PUBLISH_GAP_DIVISOR`] per heartbeat while joins keep coming, however large the
-/// group; a member that sees one difference for a heartbeat publishes it itself anyway.
+/// member a read and an acknowledgement, so while joins keep coming the group's calls for
+/// views stay about 2 × 256 × [`PUBLISH_GAP_DIVISOR`] per heartbeat up to 1,024 slots, and two
+/// per member per heartbeat past them; a member that sees one difference for a heartbeat
+/// publishes it itself anyway.
 pub(super) fn publish_gap(heartbeat: Duration, live: usize) -> Duration {
     let quarters = live
         .div_ceil(PUBLISH_GAP_SLOTS)
