@@ -22,6 +22,15 @@ struct Tables {
     cold: Vec<String>,
 }
 
+/// The counts of `now` above those of `before`, as `name count, ...` (the nonzero ones).
+fn counts_since(before: &BTreeMap<&'static str, u64>, now: &BTreeMap<&'static str, u64>) -> String {
+    let counts: Vec<String> = delta(before, now)
+        .iter()
+        .map(|(name, c)| format!("{name} {c}"))
+        .collect();
+    counts.join(", ")
+}
+
 /// `n` members on one Redis; appends a Markdown row.
 async fn scale(
     url: &str,
@@ -71,24 +80,17 @@ async fn scale(
             // The store calls since the last line, by method (and the reads by key kind), and
             // the newest epoch any member has active: where a slow cold start spends its calls.
             let now = counting.hooks().snapshot();
-            let calls: Vec<String> = delta(&last, &now)
-                .iter()
-                .map(|(m, c)| format!("{m} {c}"))
-                .collect();
+            let calls = counts_since(&last, &now);
             last = now;
             let gets_now = counting.hooks().gets_snapshot();
-            let gets: Vec<String> = delta(&last_gets, &gets_now)
-                .iter()
-                .map(|(k, c)| format!("{k} {c}"))
-                .collect();
+            let gets = counts_since(&last_gets, &gets_now);
             last_gets = gets_now;
             let newest = fleet.members.iter().map(|(_, rx)| rx.borrow().epoch).max();
             eprintln!(
                 "scale {n}: {joined} joined after {:.1} s, newest active epoch {}, calls: {} (gets: {})",
                 t0.elapsed().as_secs_f64(),
                 newest.unwrap_or(0),
-                calls.join(", "),
-                gets.join(", ")
+                calls, gets
             );
         }
         if t0.elapsed() > join_cap {
