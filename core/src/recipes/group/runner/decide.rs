@@ -453,12 +453,20 @@ pub(super) fn lists_before_dropping(fresh: bool, listed: bool, table: &SlotTable
 /// group's polls stay about [`SETTLE_POLLERS`] × 8 per heartbeat up to 1,024 slots, and one
 /// per member per heartbeat past them, instead of eight per member.
 pub(super) fn settle_poll_step(heartbeat: Duration, listening: bool, slots: usize) -> Duration {
-    let eighths = if listening {
-        slots.div_ceil(SETTLE_POLLERS).clamp(1, 8)
+    let step = heartbeat / 8;
+    if listening {
+        per_slots(step, slots, SETTLE_POLLERS, 8)
     } else {
-        1
-    };
-    heartbeat / 8 * eighths as u32
+        step
+    }
+}
+
+/// `step` once per `per` slots of `slots` (rounded up), once at least and `most` times at most:
+/// a pace that slows as the group grows, so the group's calls for it stay bounded.
+fn per_slots(step: Duration, slots: usize, per: usize, most: u32) -> Duration {
+    let times = slots.div_ceil(per).clamp(1, most as usize);
+    // At most `most`, a u32: the cast keeps every bit.
+    step * times as u32
 }
 
 /// See [`settle_poll_step`]: from this many slots on (and eight times as many for the longest
@@ -501,10 +509,12 @@ pub(super) fn publishes(
 /// per member per heartbeat past them; a member that sees one difference for a heartbeat
 /// publishes it itself anyway.
 pub(super) fn publish_gap(heartbeat: Duration, live: usize) -> Duration {
-    let quarters = live
-        .div_ceil(PUBLISH_GAP_SLOTS)
-        .clamp(1, PUBLISH_GAP_DIVISOR as usize);
-    heartbeat / PUBLISH_GAP_DIVISOR * quarters as u32
+    per_slots(
+        heartbeat / PUBLISH_GAP_DIVISOR,
+        live,
+        PUBLISH_GAP_SLOTS,
+        PUBLISH_GAP_DIVISOR,
+    )
 }
 
 /// See [`publish_gap`]: the slots per [`PUBLISH_GAP_DIVISOR`]th of a heartbeat between two views

@@ -179,8 +179,8 @@ pub(super) struct Settings {
     /// What reading one change record costs, in bytes of a snapshot
     /// ([`GroupConfig::with_change_record_cost`]).
     change_record_cost: usize,
-    /// From how many live members a member's own change during a hand-off is left to the
-    /// lowest slot ([`GroupConfig::with_coalesce_from`]).
+    /// From how many live members a join during a hand-off is left to the lowest slot
+    /// ([`GroupConfig::with_coalesce_from`]).
     coalesce_from: usize,
     /// Subscribe to the store's change notifications ([`GroupConfig::with_notifications`]).
     notifications: bool,
