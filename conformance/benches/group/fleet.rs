@@ -22,9 +22,42 @@ pub(crate) struct Counting {
     calls: [AtomicU64; Op::ALL.len()],
     /// Calls that failed or took longer than [`SLOW`], by method.
     slow: [AtomicU64; Op::ALL.len()],
-    /// Reads (`get`) by the kind of key read: what a member reads a view change with.
-    gets: [AtomicU64; GET_KINDS.len()],
+    /// Reads (`get`, `list`, and the listings of `renew_and_list_if_changed`) by the kind of
+    /// key or directory read: what a member reads a view change with, and who reads the table.
+    reads: [[AtomicU64; GET_KINDS.len()]; READ_OPS.len()],
 }
+
+/// The calls counted by the kind of key they read ([`Counting::gets_snapshot`]), and the names
+/// they are counted under: a `get` by the key's kind alone.
+const READ_OPS: [(Op, [&str; GET_KINDS.len()]); 3] = [
+    (Op::Get, GET_KINDS),
+    (
+        Op::List,
+        [
+            "list view",
+            "list change",
+            "list base",
+            "list ack",
+            "list slot",
+            "list member",
+            "list standby",
+            "list other",
+        ],
+    ),
+    (
+        Op::RenewAndListIfChanged,
+        [
+            "renewal view",
+            "renewal change",
+            "renewal base",
+            "renewal ack",
+            "renewal slot",
+            "renewal member",
+            "renewal standby",
+            "renewal other",
+        ],
+    ),
+];
 
 /// The kinds of key a `get` is counted under ([`Counting::gets_snapshot`]): the part of the
 /// group's key after its name (`view`, `change`, `base`, `ack`, `slot`, ...); the last one
@@ -44,7 +77,7 @@ impl Hooks for Counting {
     }
 
     fn span(&self, op: Op, key: &str) -> tracing::Span {
-        if op == Op::Get {
+        if let Some(row) = READ_OPS.iter().position(|(o, _)| *o == op) {
             let kind = key
                 .split_once("}:")
                 .map_or("", |(_, rest)| rest.split(':').next().unwrap_or(""));
@@ -52,7 +85,7 @@ impl Hooks for Counting {
                 .iter()
                 .position(|k| *k == kind)
                 .unwrap_or(GET_KINDS.len() - 1);
-            self.gets[i].fetch_add(1, Ordering::Relaxed);
+            self.reads[row][i].fetch_add(1, Ordering::Relaxed);
         }
         tracing::Span::none()
     }
@@ -78,11 +111,13 @@ impl Counting {
         i
     }
 
-    /// The reads so far by the kind of key read (see [`GET_KINDS`]), without the kinds not read.
+    /// The reads so far by the kind of key or directory read (see [`READ_OPS`]), without the
+    /// kinds not read.
     pub(crate) fn gets_snapshot(&self) -> BTreeMap<&'static str, u64> {
-        GET_KINDS
+        READ_OPS
             .iter()
-            .zip(&self.gets)
+            .zip(&self.reads)
+            .flat_map(|((_, names), row)| names.iter().zip(row))
             .map(|(k, c)| (*k, c.load(Ordering::Relaxed)))
             .filter(|(_, n)| *n > 0)
             .collect()

@@ -36,7 +36,8 @@
 //!   assignor (0) and with `sticky` over that many partitions; `--designs versioned,whole-views` beside the design before view headers
 //!   (every view written whole, `GroupConfig::with_view_inline_max(usize::MAX)`), and
 //!   `own-views` beside the design before a burst of joins was coalesced in a large group
-//!   (every joiner publishes its own view, `GroupConfig::with_coalesce_from(usize::MAX)`).
+//!   (every joiner publishes its own view, `GroupConfig::with_coalesce_from(usize::MAX)`);
+//!   `polling` is the versioned design without change notifications.
 //!   `--cold-start-only` stops each run once every member is active and prints the cold
 //!   start's own table (times, views, store calls per member by method), for thousands of
 //!   members without the steady-state window's wait.
@@ -127,7 +128,8 @@ pub(crate) struct Opts {
     /// The heartbeat designs of the scale part: `versioned` (read the table when it changed,
     /// both directories' versions in one call), `two-calls` (the same, one call per directory),
     /// `full` (read it at every heartbeat); `whole-views` and `own-views`, the versioned design
-    /// with every view written whole, or with every change published by its own member.
+    /// with every view written whole, or with every change published by its own member;
+    /// `polling`, the versioned design without change notifications.
     pub(crate) designs: Vec<String>,
     /// The scale part's key sets: the sticky assignor over each count of partitions (0: the
     /// default assignor, no declared keys).

@@ -60,7 +60,7 @@ async fn scale(
         ttl,
         full_reads: design == "full",
         two_calls: design == "two-calls",
-        notices: true,
+        notices: design != "polling",
         partitions,
         whole_views: design == "whole-views",
         own_views: design == "own-views",
@@ -87,7 +87,7 @@ async fn scale(
             last_gets = gets_now;
             let newest = fleet.members.iter().map(|(_, rx)| rx.borrow().epoch).max();
             eprintln!(
-                "scale {n}: {joined} joined after {:.1} s, newest active epoch {}, calls: {} (gets: {})",
+                "scale {n}: {joined} joined after {:.1} s, newest active epoch {}, calls: {} (reads by key kind: {})",
                 t0.elapsed().as_secs_f64(),
                 newest.unwrap_or(0),
                 calls, gets
@@ -205,6 +205,7 @@ async fn scale(
             "two-calls" => "versioned, one call per directory (before)",
             "whole-views" => "every view written whole (before)",
             "own-views" => "every joiner publishes its own view (before)",
+            "polling" => "versioned, polling only (no change notifications)",
             _ => "versioned, both versions in one call",
         }
         .to_owned()
