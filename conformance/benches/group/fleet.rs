@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -27,37 +27,30 @@ pub(crate) struct Counting {
     reads: [[AtomicU64; GET_KINDS.len()]; READ_OPS.len()],
 }
 
-/// The calls counted by the kind of key they read ([`Counting::gets_snapshot`]), and the names
-/// they are counted under: a `get` by the key's kind alone.
-const READ_OPS: [(Op, [&str; GET_KINDS.len()]); 3] = [
-    (Op::Get, GET_KINDS),
-    (
-        Op::List,
-        [
-            "list view",
-            "list change",
-            "list base",
-            "list ack",
-            "list slot",
-            "list member",
-            "list standby",
-            "list other",
-        ],
-    ),
-    (
-        Op::RenewAndListIfChanged,
-        [
-            "renewal view",
-            "renewal change",
-            "renewal base",
-            "renewal ack",
-            "renewal slot",
-            "renewal member",
-            "renewal standby",
-            "renewal other",
-        ],
-    ),
+/// The calls counted by the kind of key they read ([`Counting::gets_snapshot`]), and the word
+/// their counts are named after: a `get` by the key's kind alone (`view`), the others after it
+/// (`list slot`, `renewal view`).
+const READ_OPS: [(Op, &str); 3] = [
+    (Op::Get, ""),
+    (Op::List, "list "),
+    (Op::RenewAndListIfChanged, "renewal "),
 ];
+
+/// The names of the reads' counts, by [`READ_OPS`] and then by [`GET_KINDS`].
+fn read_names() -> &'static [Vec<&'static str>] {
+    static NAMES: OnceLock<Vec<Vec<&'static str>>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        READ_OPS
+            .iter()
+            .map(|(_, word)| {
+                GET_KINDS
+                    .iter()
+                    .map(|k| &*Box::leak(format!("{word}{k}").into_boxed_str()))
+                    .collect()
+            })
+            .collect()
+    })
+}
 
 /// The kinds of key a `get` is counted under ([`Counting::gets_snapshot`]): the part of the
 /// group's key after its name (`view`, `change`, `base`, `ack`, `slot`, ...); the last one
@@ -114,10 +107,10 @@ impl Counting {
     /// The reads so far by the kind of key or directory read (see [`READ_OPS`]), without the
     /// kinds not read.
     pub(crate) fn gets_snapshot(&self) -> BTreeMap<&'static str, u64> {
-        READ_OPS
+        read_names()
             .iter()
             .zip(&self.reads)
-            .flat_map(|((_, names), row)| names.iter().zip(row))
+            .flat_map(|(names, row)| names.iter().zip(row))
             .map(|(k, c)| (*k, c.load(Ordering::Relaxed)))
             .filter(|(_, n)| *n > 0)
             .collect()
