@@ -24,10 +24,10 @@ pub(crate) struct Counting {
     slow: [AtomicU64; Op::ALL.len()],
     /// Reads (`get`, `list`, and the listings of `renew_and_list_if_changed`) by the kind of
     /// key or directory read: what a member reads a view change with, and who reads the table.
-    reads: [[AtomicU64; GET_KINDS.len()]; READ_OPS.len()],
+    reads: [[AtomicU64; KEY_KINDS.len()]; READ_OPS.len()],
 }
 
-/// The calls counted by the kind of key they read ([`Counting::gets_snapshot`]), and the word
+/// The calls counted by the kind of key they read ([`Counting::reads_snapshot`]), and the word
 /// their counts are named after: a `get` by the key's kind alone (`view`), the others after it
 /// (`list slot`, `renewal view`).
 const READ_OPS: [(Op, &str); 3] = [
@@ -36,14 +36,14 @@ const READ_OPS: [(Op, &str); 3] = [
     (Op::RenewAndListIfChanged, "renewal "),
 ];
 
-/// The names of the reads' counts, by [`READ_OPS`] and then by [`GET_KINDS`].
+/// The names of the reads' counts, by [`READ_OPS`] and then by [`KEY_KINDS`].
 fn read_names() -> &'static [Vec<&'static str>] {
     static NAMES: OnceLock<Vec<Vec<&'static str>>> = OnceLock::new();
     NAMES.get_or_init(|| {
         READ_OPS
             .iter()
             .map(|(_, word)| {
-                GET_KINDS
+                KEY_KINDS
                     .iter()
                     .map(|k| &*Box::leak(format!("{word}{k}").into_boxed_str()))
                     .collect()
@@ -52,10 +52,10 @@ fn read_names() -> &'static [Vec<&'static str>] {
     })
 }
 
-/// The kinds of key a `get` is counted under ([`Counting::gets_snapshot`]): the part of the
-/// group's key after its name (`view`, `change`, `base`, `ack`, `slot`, ...); the last one
+/// The kinds of key or directory a read is counted under ([`Counting::reads_snapshot`]): the
+/// part of the group's key after its name (`view`, `change`, `base`, `ack`, `slot`, ...); the last one
 /// counts the rest.
-const GET_KINDS: [&str; 8] = [
+const KEY_KINDS: [&str; 8] = [
     "view", "change", "base", "ack", "slot", "member", "standby", "other",
 ];
 
@@ -74,10 +74,10 @@ impl Hooks for Counting {
             let kind = key
                 .split_once("}:")
                 .map_or("", |(_, rest)| rest.split(':').next().unwrap_or(""));
-            let i = GET_KINDS
+            let i = KEY_KINDS
                 .iter()
                 .position(|k| *k == kind)
-                .unwrap_or(GET_KINDS.len() - 1);
+                .unwrap_or(KEY_KINDS.len() - 1);
             self.reads[row][i].fetch_add(1, Ordering::Relaxed);
         }
         tracing::Span::none()
@@ -106,7 +106,7 @@ impl Counting {
 
     /// The reads so far by the kind of key or directory read (see [`READ_OPS`]), without the
     /// kinds not read.
-    pub(crate) fn gets_snapshot(&self) -> BTreeMap<&'static str, u64> {
+    pub(crate) fn reads_snapshot(&self) -> BTreeMap<&'static str, u64> {
         read_names()
             .iter()
             .zip(&self.reads)

@@ -72,7 +72,7 @@ async fn scale(
     let ids: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
     let batch = join_batch.max(1);
     let mut last = before_joins.clone();
-    let mut last_gets = counting.hooks().gets_snapshot();
+    let mut last_reads = counting.hooks().reads_snapshot();
     for (b, chunk) in ids.chunks(batch).enumerate() {
         fleet.join_batches(chunk, batch).await?;
         let joined = (b * batch + chunk.len()).min(n);
@@ -82,15 +82,15 @@ async fn scale(
             let now = counting.hooks().snapshot();
             let calls = counts_since(&last, &now);
             last = now;
-            let gets_now = counting.hooks().gets_snapshot();
-            let gets = counts_since(&last_gets, &gets_now);
-            last_gets = gets_now;
+            let reads_now = counting.hooks().reads_snapshot();
+            let reads = counts_since(&last_reads, &reads_now);
+            last_reads = reads_now;
             let newest = fleet.members.iter().map(|(_, rx)| rx.borrow().epoch).max();
             eprintln!(
                 "scale {n}: {joined} joined after {:.1} s, newest active epoch {}, calls: {} (reads by key kind: {})",
                 t0.elapsed().as_secs_f64(),
                 newest.unwrap_or(0),
-                calls, gets
+                calls, reads
             );
         }
         if t0.elapsed() > join_cap {
