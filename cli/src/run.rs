@@ -244,7 +244,9 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
             break RunEnd::Failed;
         }
         // A share not granted yet (the pair's previous holders are finishing) is asked for
-        // again; a held one is watched for a revocation or a lapsed lease.
+        // again every SHARE_CHECK; a held one is watched by its `revoked()`, which also wakes
+        // at the lease's deadline on this process's clock (a paused process that resumes past
+        // it sees the lapse at once), so a held share costs no wake-ups of its own.
         let waiting = assignment.phase == GroupPhase::Active && !holds;
         tokio::select! {
             changed = watch.changed() => {
@@ -258,7 +260,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
                     None => std::future::pending().await,
                 }
             } => {}
-            () = tokio::time::sleep(SHARE_CHECK), if waiting || held.is_some() => {}
+            () = tokio::time::sleep(SHARE_CHECK), if waiting => {}
             () = shutdown.recv() => break RunEnd::Signal,
         }
     };
@@ -304,8 +306,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
     })
 }
 
-/// How often `run` asks again for a share not granted yet, and looks at a held one's lease (a
-/// paused process's lapsed lease revokes nothing until its heartbeat task runs).
+/// How often `run` asks again for a share not granted yet (its previous holders are finishing).
 const SHARE_CHECK: Duration = Duration::from_millis(100);
 
 /// A line without its `at`, to tell whether anything else changed.

@@ -110,10 +110,14 @@ impl Pace {
 /// the suspended time counts, so a resumed member's grants are invalid at once
 /// ([`Grant::is_valid`](crate::recipes::group::Grant::is_valid) reads the clock when called).
 ///
-/// Sleeps use `tokio::time::sleep`, whose timer runs on `CLOCK_MONOTONIC`, in slices of at most
-/// [`SLEEP_SLICE`]: after a suspend a sleeper wakes within one slice of the resume, not a whole
-/// sleep later. Under tokio's paused test time this clock does not advance with tokio's; use a
-/// [`ManualClock`] there.
+/// Sleeps use `tokio::time::sleep`, whose timer runs on `CLOCK_MONOTONIC`, which stops during a
+/// suspend. So that a sleeper still wakes within [`SLEEP_SLICE`] of a resume, not a whole sleep
+/// later, one thread per process (`headcount-resume`, started at the first sleep) compares the
+/// two clocks every slice and wakes every sleeper when `CLOCK_BOOTTIME` gained on
+/// `CLOCK_MONOTONIC`; each sleeper then reads the clock again. A sleep costs one timer and no
+/// wake-ups before its deadline, whatever the number of sleepers. (Where that thread cannot
+/// start, and on other systems, sleeps wake every slice to read the clock.) Under tokio's paused
+/// test time this clock does not advance with tokio's; use a [`ManualClock`] there.
 #[derive(Debug, Clone)]
 pub struct SystemClock {
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
@@ -122,8 +126,120 @@ pub struct SystemClock {
     boot_origin: Duration,
 }
 
-/// The longest single timer a [`SystemClock`] sleep waits on before reading the clock again.
+/// The longest a [`SystemClock`] sleeper sleeps past its deadline after the host resumes from a
+/// suspend: how often the process's resume watcher compares the clocks (or, without it, the
+/// longest single timer a sleep waits on before reading the clock again).
 pub const SLEEP_SLICE: Duration = Duration::from_millis(250);
+
+/// The process's resume watcher: a thread that wakes every [`SLEEP_SLICE`] and tells the
+/// [`SystemClock`] sleepers when the host was suspended meanwhile.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+mod resume {
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    use tokio::sync::Notify;
+
+    use super::SLEEP_SLICE;
+
+    /// Woken (all waiters) after each suspend the watcher sees.
+    static RESUMED: Notify = Notify::const_new();
+    /// Whether the watcher thread started.
+    static WATCHING: OnceLock<bool> = OnceLock::new();
+
+    /// The notice of a resume, once the watcher runs (started here at the first call); `None`
+    /// when its thread could not start.
+    pub(super) fn notice() -> Option<&'static Notify> {
+        let watching = *WATCHING.get_or_init(|| {
+            std::thread::Builder::new()
+                .name("headcount-resume".into())
+                .spawn(watch)
+                .is_ok()
+        });
+        watching.then_some(&RESUMED)
+    }
+
+    /// How far `CLOCK_BOOTTIME` is ahead of `CLOCK_MONOTONIC`: it grows only while the host is
+    /// suspended (both run at the same rate otherwise, NTP's slewing included).
+    fn gap() -> Duration {
+        use rustix::time::{clock_gettime, ClockId};
+        let d = |t: rustix::time::Timespec| {
+            Duration::new(
+                u64::try_from(t.tv_sec).unwrap_or(0),
+                u32::try_from(t.tv_nsec).unwrap_or(0),
+            )
+        };
+        let mono = d(clock_gettime(ClockId::Monotonic));
+        d(clock_gettime(ClockId::Boottime)).saturating_sub(mono)
+    }
+
+    /// Whether the gap grew since `last` by more than the jitter of two clock reads (updating
+    /// `last`): the host was suspended in between.
+    pub(super) fn resumed(last: &mut Duration, gap: Duration) -> bool {
+        let grew = gap > *last + Duration::from_millis(1);
+        *last = (*last).max(gap);
+        grew
+    }
+
+    fn watch() {
+        let mut last = gap();
+        loop {
+            std::thread::sleep(SLEEP_SLICE);
+            if resumed(&mut last, gap()) {
+                RESUMED.notify_waiters();
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::clock::Clock;
+
+        #[test]
+        fn only_a_gap_grown_past_the_jitter_is_a_resume() {
+            let ms = Duration::from_millis;
+            let mut last = ms(100);
+            assert!(!resumed(&mut last, ms(100)), "no suspend");
+            assert!(
+                !resumed(&mut last, ms(100) + Duration::from_micros(300)),
+                "two reads' jitter"
+            );
+            assert!(resumed(&mut last, ms(5_100)), "five seconds suspended");
+            assert_eq!(last, ms(5_100));
+            assert!(
+                !resumed(&mut last, ms(5_100)),
+                "the same suspend, seen once"
+            );
+            assert!(!resumed(&mut last, ms(4_000)), "a smaller gap never counts");
+            assert_eq!(last, ms(5_100));
+        }
+
+        #[test]
+        fn the_watcher_starts_once_and_a_resume_notice_neither_ends_a_sleep_early_nor_loses_it() {
+            let first = notice().expect("the watcher thread starts");
+            assert!(std::ptr::eq(first, notice().expect("still running")));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let clock = super::super::SystemClock::new();
+                let start = std::time::Instant::now();
+                let sleeper = clock.sleep(Duration::from_millis(300));
+                tokio::pin!(sleeper);
+                // A resume notice in the middle: the sleeper reads the clock, finds its deadline
+                // still ahead and sleeps on; it neither returns early nor misses its deadline.
+                tokio::select! {
+                    () = &mut sleeper => panic!("returned before the notice"),
+                    () = tokio::time::sleep(Duration::from_millis(50)) => RESUMED.notify_waiters(),
+                }
+                sleeper.await;
+                assert!(start.elapsed() >= Duration::from_millis(300));
+            });
+        }
+    }
+}
 
 /// `CLOCK_BOOTTIME`: time since boot, suspended time included.
 #[cfg(any(target_os = "linux", target_os = "android"))]
@@ -178,9 +294,21 @@ impl Clock for SystemClock {
 
     async fn sleep_until(&self, deadline: Duration) {
         loop {
+            // The notice is taken before the clock is read, so a resume between the two still
+            // wakes this sleeper.
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            let resumed = resume::notice().map(tokio::sync::Notify::notified);
             let now = self.monotonic();
             if now >= deadline {
                 return;
+            }
+            #[cfg(any(target_os = "linux", target_os = "android"))]
+            if let Some(resumed) = resumed {
+                tokio::select! {
+                    () = tokio::time::sleep(deadline - now) => {}
+                    () = resumed => {}
+                }
+                continue;
             }
             tokio::time::sleep((deadline - now).min(SLEEP_SLICE)).await;
         }
