@@ -56,8 +56,9 @@
 //!   `target/release/headcount`: `cargo build --release -p headcount-cli` first) in one group on a
 //!   Redis of their own holding `--unrelated` keys, TTL `--scale-ttl`: the time from the last
 //!   start until every one prints `active` with `replicas = N` on one epoch, the server's
-//!   commands per second and script time in the steady state (five heartbeats after that), and
-//!   after a `kill -9` of one of
+//!   commands per second and script time in the steady state (five heartbeats after that), the
+//!   processes' CPU and resident memory over the same window (from `/proc`), and after a
+//!   `kill -9` of one of
 //!   them the time until the others print `active` with `replicas = N - 1` on a newer epoch (goal:
 //!   TTL + two heartbeats).
 //! * **notify** (each backend; only when asked: `--only notify [--backends ...] [--sizes 10,300]

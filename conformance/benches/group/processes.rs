@@ -30,6 +30,34 @@ impl Drop for Procs {
     }
 }
 
+/// The CPU time (user and system, seconds) and the resident memory (bytes) of the processes
+/// `pids`, from `/proc/<pid>/stat` and `/proc/<pid>/status`; zeros where there is no `/proc`.
+#[allow(unsafe_code)]
+fn cpu_and_rss(pids: &[u32]) -> (f64, u64) {
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut cpu = 0.0;
+    let mut rss = 0;
+    for pid in pids {
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // The fields after the command's closing parenthesis: utime and stime are the
+            // 12th and 13th of them (the 14th and 15th of the line).
+            let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            let f: Vec<&str> = after.split_whitespace().collect();
+            let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            cpu += (t(11) + t(12)) / ticks;
+        }
+        if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            rss += status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map_or(0, |kb| kb * 1024);
+        }
+    }
+    (cpu, rss)
+}
+
 /// Waits until every process in `alive` printed `active` with `replicas = n` on one epoch above
 /// `above`, with distinct indexes; returns that epoch.
 async fn all_active(
@@ -159,10 +187,13 @@ async fn processes(
     // joins reads it).
     let hb = ttl / 3;
     tokio::time::sleep(hb * 5).await;
+    let pids: Vec<u32> = procs.0.iter().map(std::process::Child::id).collect();
     let (rc0, cpu0, tot0) = redis_info(&mut conn).await;
+    let (client0, _) = cpu_and_rss(&pids);
     let t = Instant::now();
     tokio::time::sleep(hb * 5).await;
     let secs = t.elapsed().as_secs_f64();
+    let (client1, rss) = cpu_and_rss(&pids);
     let (rc1, cpu1, tot1) = redis_info(&mut conn).await;
     let script_calls =
         rc1.get("evalsha").copied().unwrap_or(0) - rc0.get("evalsha").copied().unwrap_or(0);
@@ -185,11 +216,13 @@ async fn processes(
     let e1 = all_active(&rx, &mut last, &alive, n as u64 - 1, e0, killed + limit).await?;
     let converged = killed.elapsed();
     Ok(format!(
-        "| {n} | {unrelated} | {} | {:.1} s (epoch {e0}) | {:.0} | {per_member_hb:.2} | {script_usec:.1} | {:.0}% | {:.1} s (epoch {e1}) | {:.1} s |",
+        "| {n} | {unrelated} | {} | {:.1} s (epoch {e0}) | {:.0} | {per_member_hb:.2} | {script_usec:.1} | {:.0}% | {:.2} ms | {:.1} MB | {:.1} s (epoch {e1}) | {:.1} s |",
         ms(ttl),
         active_after.as_secs_f64(),
         (tot1 - tot0) as f64 / secs,
         (cpu1 - cpu0) / secs * 100.0,
+        (client1 - client0) / secs / n as f64 * 1000.0,
+        rss as f64 / n as f64 / 1e6,
         converged.as_secs_f64(),
         (ttl + hb * 2).as_secs_f64(),
     ))
@@ -214,7 +247,7 @@ pub(crate) async fn run(o: &Opts) {
         }
     };
     println!("\n### `headcount run` processes in one group on one local Redis\n");
-    println!("| processes | unrelated keys | TTL ms | all active after the last start | server commands/s | per member per heartbeat | server µs per script call | Redis CPU | kill -9 of one: all others active on a newer view | goal (TTL + 2 heartbeats) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| processes | unrelated keys | TTL ms | all active after the last start | server commands/s | per member per heartbeat | server µs per script call | Redis CPU | CPU per process per second (steady) | resident memory per process | kill -9 of one: all others active on a newer view | goal (TTL + 2 heartbeats) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!("{row}");
 }
