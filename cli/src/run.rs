@@ -244,10 +244,14 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
             break RunEnd::Failed;
         }
         // A share not granted yet (the pair's previous holders are finishing) is asked for
-        // again every SHARE_CHECK; a held one is watched by its `revoked()`, which also wakes
-        // at the lease's deadline on this process's clock (a paused process that resumes past
-        // it sees the lapse at once), so a held share costs no wake-ups of its own.
+        // again every SHARE_CHECK. A held one is watched by its `revoked()`, which also wakes at
+        // the lease's deadline on this process's clock (at once for a process resumed after a
+        // SIGSTOP, within a quarter second of a host's resume), so a held share costs no
+        // wake-ups of its own; but with `--partitions` the line's partitions can change under a
+        // held share (a view adopted during a hand-off moves keys and keeps the pair, and the
+        // assignment does not change), so they are looked at again every SHARE_CHECK.
         let waiting = assignment.phase == GroupPhase::Active && !holds;
+        let recount = held.is_some() && args.partitions.is_some();
         tokio::select! {
             changed = watch.changed() => {
                 if changed.is_err() {
@@ -260,7 +264,7 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
                     None => std::future::pending().await,
                 }
             } => {}
-            () = tokio::time::sleep(SHARE_CHECK), if waiting => {}
+            () = tokio::time::sleep(SHARE_CHECK), if waiting || recount => {}
             () = shutdown.recv() => break RunEnd::Signal,
         }
     };
@@ -306,7 +310,8 @@ async fn run_group(store: DynStore, args: RunArgs) -> Result<ExitCode, CliError>
     })
 }
 
-/// How often `run` asks again for a share not granted yet (its previous holders are finishing).
+/// How often `run` asks again for a share not granted yet (its previous holders are finishing),
+/// and, with `--partitions`, looks again at the partitions of a share it holds.
 const SHARE_CHECK: Duration = Duration::from_millis(100);
 
 /// A line without its `at`, to tell whether anything else changed.

@@ -114,8 +114,9 @@ impl Pace {
 /// suspend. So that a sleeper still wakes within [`SLEEP_SLICE`] of a resume, not a whole sleep
 /// later, one thread per process (`headcount-resume`, started at the first sleep) compares the
 /// two clocks every slice and wakes every sleeper when `CLOCK_BOOTTIME` gained on
-/// `CLOCK_MONOTONIC`; each sleeper then reads the clock again. A sleep costs one timer and no
-/// wake-ups before its deadline, whatever the number of sleepers. (Where that thread cannot
+/// `CLOCK_MONOTONIC`; each sleeper then reads the clock again. A sleep costs one timer, and
+/// wakes before its deadline only after a suspend, whatever the number of sleepers; the thread
+/// itself wakes four times a second for as long as the process runs. (Where that thread cannot
 /// start, and on other systems, sleeps wake every slice to read the clock.) Under tokio's paused
 /// test time this clock does not advance with tokio's; use a [`ManualClock`] there.
 #[derive(Debug, Clone)]
@@ -169,8 +170,11 @@ mod resume {
                 u32::try_from(t.tv_nsec).unwrap_or(0),
             )
         };
-        let mono = d(clock_gettime(ClockId::Monotonic));
-        d(clock_gettime(ClockId::Boottime)).saturating_sub(mono)
+        // Boot time first: a delay between the two reads can then only make the gap look
+        // smaller, which `resumed` ignores, never larger (a false resume, and a high mark that
+        // would hide the next real suspends).
+        let boot = d(clock_gettime(ClockId::Boottime));
+        boot.saturating_sub(d(clock_gettime(ClockId::Monotonic)))
     }
 
     /// Whether the gap grew since `last` by more than the jitter of two clock reads (updating
@@ -194,7 +198,6 @@ mod resume {
     #[cfg(test)]
     mod tests {
         use super::*;
-        use crate::clock::Clock;
 
         #[test]
         fn only_a_gap_grown_past_the_jitter_is_a_resume() {
@@ -216,28 +219,89 @@ mod resume {
         }
 
         #[test]
-        fn the_watcher_starts_once_and_a_resume_notice_neither_ends_a_sleep_early_nor_loses_it() {
+        fn the_watcher_starts_once() {
             let first = notice().expect("the watcher thread starts");
             assert!(std::ptr::eq(first, notice().expect("still running")));
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let clock = super::super::SystemClock::new();
-                let start = std::time::Instant::now();
-                let sleeper = clock.sleep(Duration::from_millis(300));
-                tokio::pin!(sleeper);
-                // A resume notice in the middle: the sleeper reads the clock, finds its deadline
-                // still ahead and sleeps on; it neither returns early nor misses its deadline.
-                tokio::select! {
-                    () = &mut sleeper => panic!("returned before the notice"),
-                    () = tokio::time::sleep(Duration::from_millis(50)) => RESUMED.notify_waiters(),
-                }
-                sleeper.await;
-                assert!(start.elapsed() >= Duration::from_millis(300));
-            });
         }
+    }
+}
+
+#[cfg(test)]
+mod sleep_tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use tokio::sync::Notify;
+
+    use super::sleep_until_on;
+
+    /// A clock read that the test moves, as a suspend moves `CLOCK_BOOTTIME` while tokio's timer
+    /// stands still.
+    fn reader(ms: &AtomicU64) -> impl Fn() -> Duration + '_ {
+        || Duration::from_millis(ms.load(Ordering::SeqCst))
+    }
+
+    /// Polls `sleeper` for 50 ms; fails with `why` if it ends meanwhile.
+    async fn still_asleep_50ms(
+        sleeper: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+        why: &str,
+    ) {
+        tokio::select! {
+            () = sleeper => panic!("{why}"),
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resume_notice_ends_a_sleep_whose_deadline_passed_while_suspended() {
+        let now = AtomicU64::new(0);
+        let resumes = Notify::new();
+        let start = Instant::now();
+        let sleeper = sleep_until_on(reader(&now), Duration::from_secs(30), Some(&resumes));
+        tokio::pin!(sleeper);
+        still_asleep_50ms(sleeper.as_mut(), "returned before its deadline").await;
+        // The host "was suspended" for 40 s: the clock passed the deadline, tokio's timer did not.
+        now.store(40_000, Ordering::SeqCst);
+        resumes.notify_waiters();
+        tokio::time::timeout(Duration::from_secs(5), sleeper)
+            .await
+            .expect("the notice ends the sleep, not the 30 s timer");
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_resume_notice_before_the_deadline_neither_ends_the_sleep_nor_loses_it() {
+        let now = AtomicU64::new(0);
+        let resumes = Notify::new();
+        let sleeper = sleep_until_on(reader(&now), Duration::from_millis(300), Some(&resumes));
+        tokio::pin!(sleeper);
+        still_asleep_50ms(sleeper.as_mut(), "returned before its deadline").await;
+        // A suspend too short to reach the deadline: the sleeper reads the clock and sleeps on.
+        now.store(100, Ordering::SeqCst);
+        resumes.notify_waiters();
+        still_asleep_50ms(
+            sleeper.as_mut(),
+            "returned at the notice, 200 ms before its deadline",
+        )
+        .await;
+        // Then the clock reaches the deadline with no further notice: the timer, now set for
+        // the rest of the wait from the last read, ends it.
+        now.store(300, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(5), sleeper)
+            .await
+            .expect("the sleep ends at its timer");
+    }
+
+    #[tokio::test]
+    async fn without_a_watcher_a_sleep_reads_the_clock_every_slice() {
+        let now = AtomicU64::new(0);
+        let sleeper = sleep_until_on(reader(&now), Duration::from_secs(30), None);
+        tokio::pin!(sleeper);
+        still_asleep_50ms(sleeper.as_mut(), "returned before its deadline").await;
+        now.store(40_000, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(2), sleeper)
+            .await
+            .expect("the next slice reads the clock");
     }
 }
 
@@ -293,24 +357,36 @@ impl Clock for SystemClock {
     }
 
     async fn sleep_until(&self, deadline: Duration) {
-        loop {
-            // The notice is taken before the clock is read, so a resume between the two still
-            // wakes this sleeper.
-            #[cfg(any(target_os = "linux", target_os = "android"))]
-            let resumed = resume::notice().map(tokio::sync::Notify::notified);
-            let now = self.monotonic();
-            if now >= deadline {
-                return;
-            }
-            #[cfg(any(target_os = "linux", target_os = "android"))]
-            if let Some(resumed) = resumed {
-                tokio::select! {
-                    () = tokio::time::sleep(deadline - now) => {}
-                    () = resumed => {}
-                }
-                continue;
-            }
-            tokio::time::sleep((deadline - now).min(SLEEP_SLICE)).await;
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        let resumes = resume::notice();
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        let resumes = None;
+        sleep_until_on(|| self.monotonic(), deadline, resumes).await;
+    }
+}
+
+/// Waits until `read()` reaches `deadline`: one tokio timer for the whole wait, and the clock read
+/// again whenever `resumes` is notified (a suspend that moved `read` on while tokio's timer
+/// stood still); without `resumes`, the clock is read again every [`SLEEP_SLICE`].
+async fn sleep_until_on(
+    read: impl Fn() -> Duration,
+    deadline: Duration,
+    resumes: Option<&tokio::sync::Notify>,
+) {
+    loop {
+        // The notice is taken before the clock is read, so a resume between the two still wakes
+        // this sleeper.
+        let resumed = resumes.map(tokio::sync::Notify::notified);
+        let now = read();
+        if now >= deadline {
+            return;
+        }
+        match resumed {
+            Some(resumed) => tokio::select! {
+                () = tokio::time::sleep(deadline - now) => {}
+                () = resumed => {}
+            },
+            None => tokio::time::sleep((deadline - now).min(SLEEP_SLICE)).await,
         }
     }
 }
