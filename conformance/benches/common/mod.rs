@@ -272,7 +272,14 @@ pub fn via_port(url: &str, port: u16) -> Option<(String, u16)> {
 /// none).
 #[allow(dead_code)]
 pub fn own_rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    rss_of("self")
+}
+
+/// The resident memory in bytes of the process `pid` (`"self"`, or a number), from `VmRSS` of
+/// `/proc/<pid>/status`; 0 where there is none.
+#[allow(dead_code)]
+pub fn rss_of(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::common::{ms, redis_info};
+use crate::common::{ms, redis_info, rss_of};
 use crate::fleet::group_name;
 use crate::{fill_redis, own_redis, Opts};
 
@@ -47,13 +47,7 @@ fn cpu_and_rss(pids: &[u32]) -> (f64, u64) {
             let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
             cpu += (t(11) + t(12)) / ticks;
         }
-        if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-            rss += status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                .map_or(0, |kb| kb * 1024);
-        }
+        rss += rss_of(&pid.to_string());
     }
     (cpu, rss)
 }
