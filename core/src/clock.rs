@@ -163,18 +163,11 @@ mod resume {
     /// How far `CLOCK_BOOTTIME` is ahead of `CLOCK_MONOTONIC`: it grows only while the host is
     /// suspended (both run at the same rate otherwise, NTP's slewing included).
     fn gap() -> Duration {
-        use rustix::time::{clock_gettime, ClockId};
-        let d = |t: rustix::time::Timespec| {
-            Duration::new(
-                u64::try_from(t.tv_sec).unwrap_or(0),
-                u32::try_from(t.tv_nsec).unwrap_or(0),
-            )
-        };
         // Boot time first: a delay between the two reads can then only make the gap look
         // smaller, which `resumed` ignores, never larger (a false resume, and a high mark that
         // would hide the next real suspends).
-        let boot = d(clock_gettime(ClockId::Boottime));
-        boot.saturating_sub(d(clock_gettime(ClockId::Monotonic)))
+        let boot = super::boot_time();
+        boot.saturating_sub(super::clock_time(rustix::time::ClockId::Monotonic))
     }
 
     /// Whether the gap grew since `last` by more than the jitter of two clock reads (updating
@@ -308,8 +301,14 @@ mod sleep_tests {
 /// `CLOCK_BOOTTIME`: time since boot, suspended time included.
 #[cfg(any(target_os = "linux", target_os = "android"))]
 fn boot_time() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
-    // The kernel never reports negative times for this clock.
+    clock_time(rustix::time::ClockId::Boottime)
+}
+
+/// The time of the kernel clock `id`.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn clock_time(id: rustix::time::ClockId) -> Duration {
+    let t = rustix::time::clock_gettime(id);
+    // The kernel never reports negative times for its boot and monotonic clocks.
     Duration::new(
         u64::try_from(t.tv_sec).unwrap_or(0),
         u32::try_from(t.tv_nsec).unwrap_or(0),
