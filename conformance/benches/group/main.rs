@@ -54,12 +54,13 @@
 //! * **processes** (Redis; only when asked: `--only processes`): `--processes N` (default 50)
 //!   `headcount run` processes (the binary at `--headcount PATH`, default
 //!   `target/release/headcount`: `cargo build --release -p headcount-cli` first) in one group on a
-//!   Redis of their own holding `--unrelated` keys, TTL `--scale-ttl`: the time from the last
+//!   Redis of their own holding `--unrelated` keys, TTL `--scale-ttl`, started all at once or
+//!   `--start-rate R` a second (as a deployment starts its pods in waves): the time from the last
 //!   start until every one prints `active` with `replicas = N` on one epoch, the server's
 //!   commands per second and script time in the steady state (five heartbeats after that), the
 //!   processes' CPU and resident memory over the same window (from `/proc`), and after a
 //!   `kill -9` of one of
-//!   them the time until the others print `active` with `replicas = N - 1` on a newer epoch (goal:
+//!   them (with `HEADCOUNT_BENCH_LOGS=DIR`, each process's log goes to `DIR/m<i>.log`, at the level `HEADCOUNT_BENCH_RUST_LOG` names, `warn` by default) the time until the others print `active` with `replicas = N - 1` on a newer epoch (goal:
 //!   TTL + two heartbeats).
 //! * **notify** (each backend; only when asked: `--only notify [--backends ...] [--sizes 10,300]
 //!   [--reps 10] [--ttl 6]`): members that listen to the store's change notifications
@@ -145,6 +146,8 @@ pub(crate) struct Opts {
     pub(crate) ttl: Option<Duration>,
     /// The processes part's group size.
     pub(crate) processes: usize,
+    /// The processes part's starts per second (`--start-rate`; default 0: all at once).
+    pub(crate) start_rate: f64,
     /// The notify part's group sizes.
     pub(crate) sizes: Vec<usize>,
     /// The notify part's repetitions (`--reps`; default 10).
@@ -167,6 +170,7 @@ fn opts() -> Opts {
         cold_start_only: false,
         ttl: None,
         processes: 50,
+        start_rate: 0.0,
         sizes: vec![10, 300],
         notify_reps: None,
         headcount: std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -198,6 +202,7 @@ fn opts() -> Opts {
             "--join-batch" => o.join_batch = args.parse("--join-batch N"),
             "--cold-start-only" => o.cold_start_only = true,
             "--processes" => o.processes = args.parse("--processes N"),
+            "--start-rate" => o.start_rate = args.parse("--start-rate N"),
             "--headcount" => o.headcount = args.value().into(),
             _ => {}
         }

@@ -52,6 +52,21 @@ fn cpu_and_rss(pids: &[u32]) -> (f64, u64) {
     (cpu, rss)
 }
 
+/// How many of `printed` are in each phase, and the highest epoch, as text for a progress line.
+fn phases(printed: &[Printed]) -> String {
+    let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in printed {
+        let phase = if p.phase.is_empty() {
+            "silent"
+        } else {
+            &p.phase
+        };
+        *by.entry(phase).or_default() += 1;
+    }
+    let top = printed.iter().map(|p| p.epoch).max().unwrap_or(0);
+    format!("{by:?}, highest epoch {top}")
+}
+
 /// Waits until every process in `alive` printed `active` with `replicas = n` on one epoch above
 /// `above`, with distinct indexes; returns that epoch.
 async fn all_active(
@@ -62,9 +77,14 @@ async fn all_active(
     above: u64,
     limit: Instant,
 ) -> std::result::Result<u64, String> {
+    let mut report = Instant::now() + Duration::from_secs(10);
     loop {
         while let Ok((i, p)) = rx.try_recv() {
             last[i] = p;
+        }
+        if Instant::now() > report {
+            eprintln!("processes: waiting for all active; {}", phases(last));
+            report += Duration::from_secs(10);
         }
         let epoch = last[alive[0]].epoch;
         let mut indexes: Vec<u64> = alive.iter().filter_map(|&i| last[i].index).collect();
@@ -106,11 +126,13 @@ async fn all_active(
     }
 }
 
-/// `n` `headcount run` processes on the Redis at `url`; returns a Markdown row.
+/// `n` `headcount run` processes on the Redis at `url`, started `rate` a second (all at once
+/// when `rate` is 0); returns a Markdown row.
 async fn processes(
     bin: &std::path::Path,
     url: &str,
     n: usize,
+    rate: f64,
     ttl: Duration,
     unrelated: u64,
 ) -> std::result::Result<String, String> {
@@ -130,7 +152,26 @@ async fn processes(
     let group = group_name();
     let (tx, rx) = std::sync::mpsc::channel::<(usize, Printed)>();
     let mut procs = Procs(Vec::new());
+    let logs = std::env::var_os("HEADCOUNT_BENCH_LOGS").map(std::path::PathBuf::from);
+    let level = std::env::var("HEADCOUNT_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into());
+    let first = Instant::now();
+    let mut seen = vec![Printed::default(); n];
     for i in 0..n {
+        if rate > 0.0 {
+            // Paced from the first start, so that a slow spawn does not slow the rate.
+            let due = first + Duration::from_secs_f64(i as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+            if i > 0 && i % (rate.ceil() as usize).max(1) == 0 {
+                while let Ok((j, p)) = rx.try_recv() {
+                    seen[j] = p;
+                }
+                eprintln!(
+                    "processes: {i} started after {:.1} s; {}",
+                    first.elapsed().as_secs_f64(),
+                    phases(&seen[..i])
+                );
+            }
+        }
         let mut child = Command::new(bin)
             .args([
                 "run",
@@ -143,9 +184,15 @@ async fn processes(
             ])
             .arg("--ttl")
             .arg(format!("{}ms", ttl.as_millis()))
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", &level)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(match &logs {
+                // Each process's warnings to a file of its own, to see why a run stalls.
+                Some(dir) => std::fs::File::create(dir.join(format!("m{i}.log")))
+                    .map_err(|e| format!("{}: {e}", dir.display()))?
+                    .into(),
+                None => Stdio::null(),
+            })
             .spawn()
             .map_err(|e| format!("start {}: {e}", bin.display()))?;
         let out = child.stdout.take().expect("stdout");
@@ -171,7 +218,7 @@ async fn processes(
     }
     let started = Instant::now();
     let limit = ttl * 20 + Duration::from_secs(60);
-    let mut last = vec![Printed::default(); n];
+    let mut last = seen;
     let mut alive: Vec<usize> = (0..n).collect();
     let e0 = all_active(&rx, &mut last, &alive, n as u64, 0, started + limit).await?;
     let active_after = started.elapsed();
@@ -209,8 +256,9 @@ async fn processes(
     alive.retain(|&i| i != victim);
     let e1 = all_active(&rx, &mut last, &alive, n as u64 - 1, e0, killed + limit).await?;
     let converged = killed.elapsed();
+    let starts = starts(rate);
     Ok(format!(
-        "| {n} | {unrelated} | {} | {:.1} s (epoch {e0}) | {:.0} | {per_member_hb:.2} | {script_usec:.1} | {:.0}% | {:.2} ms | {:.1} MB | {:.1} s (epoch {e1}) | {:.1} s |",
+        "| {n} | {starts} | {unrelated} | {} | {:.1} s (epoch {e0}) | {:.0} | {per_member_hb:.2} | {script_usec:.1} | {:.0}% | {:.2} ms | {:.1} MB | {:.1} s (epoch {e1}) | {:.1} s |",
         ms(ttl),
         active_after.as_secs_f64(),
         (tot1 - tot0) as f64 / secs,
@@ -220,6 +268,15 @@ async fn processes(
         converged.as_secs_f64(),
         (ttl + hb * 2).as_secs_f64(),
     ))
+}
+
+/// How the processes were started, for the table.
+fn starts(rate: f64) -> String {
+    if rate > 0.0 {
+        format!("{rate} a second")
+    } else {
+        "at once".to_owned()
+    }
 }
 
 /// The processes part; prints its table.
@@ -233,15 +290,29 @@ pub(crate) async fn run(o: &Opts) {
         "processes: {} `headcount run`, {} unrelated keys",
         o.processes, o.unrelated
     );
-    let row = match processes(&o.headcount, &url, o.processes, o.scale_ttl, o.unrelated).await {
+    let row = match processes(
+        &o.headcount,
+        &url,
+        o.processes,
+        o.start_rate,
+        o.scale_ttl,
+        o.unrelated,
+    )
+    .await
+    {
         Ok(row) => row,
         Err(e) => {
             eprintln!("processes: FAILED: {e}");
-            format!("| {} | {} | failed: {e} |", o.processes, o.unrelated)
+            format!(
+                "| {} | {} | {} | failed: {e} |",
+                o.processes,
+                starts(o.start_rate),
+                o.unrelated
+            )
         }
     };
     println!("\n### `headcount run` processes in one group on one local Redis\n");
-    println!("| processes | unrelated keys | TTL ms | all active after the last start | server commands/s | per member per heartbeat | server µs per script call | Redis CPU | CPU per process per second (steady) | resident memory per process | kill -9 of one: all others active on a newer view | goal (TTL + 2 heartbeats) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| processes | started | unrelated keys | TTL ms | all active after the last start | server commands/s | per member per heartbeat | server µs per script call | Redis CPU | CPU per process per second (steady) | resident memory per process | kill -9 of one: all others active on a newer view | goal (TTL + 2 heartbeats) |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!("{row}");
 }
