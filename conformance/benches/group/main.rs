@@ -59,9 +59,10 @@
 //!   start until every one prints `active` with `replicas = N` on one epoch, the server's
 //!   commands per second and script time in the steady state (five heartbeats after that), the
 //!   processes' CPU and resident memory over the same window (from `/proc`), and after a
-//!   `kill -9` of one of
-//!   them (with `HEADCOUNT_BENCH_LOGS=DIR`, each process's log goes to `DIR/m<i>.log`, at the level `HEADCOUNT_BENCH_RUST_LOG` names, `warn` by default) the time until the others print `active` with `replicas = N - 1` on a newer epoch (goal:
-//!   TTL + two heartbeats).
+//!   `kill -9` of one of them the time until the others print `active` with `replicas = N - 1`
+//!   on a newer epoch (goal: TTL + two heartbeats). With `HEADCOUNT_BENCH_LOGS=DIR`, each
+//!   process's log goes to `DIR/m<i>.log`, at the level `HEADCOUNT_BENCH_RUST_LOG` names (`warn`
+//!   by default).
 //! * **notify** (each backend; only when asked: `--only notify [--backends ...] [--sizes 10,300]
 //!   [--reps 10] [--ttl 6]`): members that listen to the store's change notifications
 //!   ([`GroupConfig::with_notifications`], the default) against members that only poll
