@@ -534,6 +534,24 @@ pub(super) fn coalesces(
     live >= from && unsettled(view, settled)
 }
 
+/// Whether a view for new claims waits for the published one to be settled: the published
+/// view is not settled yet and has waited less than a heartbeat (`unsettled_for`, on this
+/// member's clock, from when it first saw it so), every holder it names still holds its slot
+/// (`slot_gone` false: what the table calls for is new claims alone), and it is not a view to
+/// repair. Joins that keep coming faster than a hand-off ends (a scale-up of hundreds of
+/// processes) would otherwise replace each view before every member acknowledged it, and no
+/// view would settle (no member would work) until the joins stopped; waiting, each view
+/// settles, and the next names every claim that came meanwhile. A view that does not settle
+/// within a heartbeat is replaced anyway, as a slot gone or a repair is at once.
+pub(super) fn awaits_settle(
+    unsettled_for: Option<Duration>,
+    slot_gone: bool,
+    repair: bool,
+    heartbeat: Duration,
+) -> bool {
+    !repair && !slot_gone && unsettled_for.is_some_and(|d| d < heartbeat)
+}
+
 /// Whether live claims other than `mine` are missing from the published `view` (or hold their
 /// slot under another claim): joins under way beside this member's own.
 pub(super) fn others_joining(

@@ -2,15 +2,18 @@
 //! the view's compare-and-set, adopting the newest view; and its last: polling for the settled
 //! mark of a view just published.
 
+use std::time::Duration;
+
 use super::super::super::records::{ViewRecord, MAX_EPOCH};
 use super::super::decide::{
-    awaits_returning, coalesces, others_joining, publishes, unsettled, view_is_stale,
-    view_needs_slots, view_slot_gone,
+    awaits_returning, awaits_settle, coalesces, others_joining, publishes, unsettled,
+    view_is_stale, view_needs_slots, view_slot_gone,
 };
 use super::super::views::newer_version;
 use super::super::{Claim, Discrepancy, Engine};
 use super::{Call, Round, Then, Wait};
 use crate::error::{Error, Result};
+use crate::recipes::group::table::SlotTable;
 
 impl Engine {
     /// Decides whether the table calls for a new view and whether this member publishes it
@@ -60,6 +63,7 @@ impl Engine {
         self.cache.need_slots =
             !fresh && newer.is_none() && view_needs_slots(table.view.as_ref(), wanted, twin_epoch);
         let now = self.cfg.clock.monotonic();
+        let unsettled_for = self.note_unsettled(&table, now);
         if self.outage.grace_until.is_some_and(|u| now >= u) {
             self.outage.grace_until = None;
             self.outage.last_view = None;
@@ -122,6 +126,14 @@ impl Engine {
             Some(d) if d.live == live => d.since,
             _ => now,
         };
+        // `usize::MAX` keeps the design before, every join published at once.
+        let settle_first = self.cfg.coalesce_from != usize::MAX
+            && awaits_settle(
+                unsettled_for,
+                view_slot_gone(&table),
+                repair,
+                self.cfg.heartbeat,
+            );
         // A slot of the view is gone (a crash, a lapse): every member watches closely, in
         // case the lowest slot is the one gone. New claims alone publish their own view.
         let fast = lowest || view_slot_gone(&table);
@@ -154,6 +166,7 @@ impl Engine {
             }
             Some(next)
                 if !returning
+                    && !settle_first
                     && publishes(
                         own_alone,
                         lowest,
@@ -186,6 +199,23 @@ impl Engine {
                 Then::Next
             }
         }
+    }
+
+    /// How long the published view of `table` has waited to be settled, as this member saw it
+    /// (from the first table in which it saw that epoch unsettled); `None` when it is settled,
+    /// or there is none.
+    fn note_unsettled(&mut self, table: &SlotTable, now: Duration) -> Option<Duration> {
+        let waiting = table
+            .view
+            .as_ref()
+            .filter(|v| unsettled(Some(v), table.settled))
+            .map(|v| v.epoch);
+        self.unsettled_seen = waiting.map(|epoch| match self.unsettled_seen {
+            Some((seen, since)) if seen == epoch => (seen, since),
+            _ => (epoch, now),
+        });
+        self.unsettled_seen
+            .map(|(_, since)| now.saturating_sub(since))
     }
 
     /// The view's compare-and-set answered.
