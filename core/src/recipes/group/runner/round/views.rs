@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::super::super::records::{ViewRecord, MAX_EPOCH};
 use super::super::decide::{
-    awaits_returning, awaits_settle, coalesces, others_joining, publishes, unsettled,
+    awaits_returning, awaits_settle, coalesces, others_joining, publishes, settle_wait, unsettled,
     view_is_stale, view_needs_slots, view_slot_gone,
 };
 use super::super::views::newer_version;
@@ -132,7 +132,7 @@ impl Engine {
                 unsettled_for,
                 view_slot_gone(&table),
                 repair,
-                self.cfg.heartbeat,
+                settle_wait(self.cfg.heartbeat, self.listening),
             );
         // A slot of the view is gone (a crash, a lapse): every member watches closely, in
         // case the lowest slot is the one gone. New claims alone publish their own view.
