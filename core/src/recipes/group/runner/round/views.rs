@@ -127,16 +127,17 @@ impl Engine {
             _ => now,
         };
         // `usize::MAX` keeps the design before, every join published at once.
+        let slot_gone = view_slot_gone(&table);
         let settle_first = self.cfg.coalesce_from != usize::MAX
             && awaits_settle(
                 unsettled_for,
-                view_slot_gone(&table),
+                slot_gone,
                 repair,
                 settle_wait(self.cfg.heartbeat, self.listening),
             );
         // A slot of the view is gone (a crash, a lapse): every member watches closely, in
         // case the lowest slot is the one gone. New claims alone publish their own view.
-        let fast = lowest || view_slot_gone(&table);
+        let fast = lowest || slot_gone;
         let lasted = now.saturating_sub(since);
         let discrepancy = Discrepancy {
             live: live.clone(),
@@ -203,12 +204,14 @@ impl Engine {
 
     /// How long the published view of `table` has waited to be settled, as this member saw it
     /// (from the first table in which it saw that epoch unsettled); `None` when it is settled,
-    /// or there is none.
+    /// or there is none. By epoch alone, without the view's digest (a hash of the whole view,
+    /// which [`Engine::adopt_newest`] computes once per round already): a mark of the same
+    /// epoch for another digest is a twin, which is repaired at once whatever this answers.
     fn note_unsettled(&mut self, table: &SlotTable, now: Duration) -> Option<Duration> {
         let waiting = table
             .view
             .as_ref()
-            .filter(|v| unsettled(Some(v), table.settled))
+            .filter(|v| table.settled.is_none_or(|m| m.epoch < v.epoch))
             .map(|v| v.epoch);
         self.unsettled_seen = waiting.map(|epoch| match self.unsettled_seen {
             Some((seen, since)) if seen == epoch => (seen, since),
