@@ -326,24 +326,18 @@ impl GroupConfig {
 
     /// From how many live members on (default 64) a join that comes while the published view
     /// is still being handed off (not yet settled) is left to the lowest slot, which publishes
-    /// one view for every join under way, at most four times a heartbeat. When the view is
-    /// settled, a joiner publishes its own view at once (a graceful leave always does). And in a
-    /// group of any size, a view for new claims alone waits until the view under way is
-    /// settled (a heartbeat at most, two without notifications) and is then published by the
-    /// lowest slot, so that joins that keep coming do not replace every view before it settles.
-    /// That wait applies whatever this size, so the size now matters only for a hand-off that
-    /// has outlasted it.
+    /// one view for every join under way, at most four times a heartbeat. Below that size, and
+    /// whenever the view is settled, a joiner publishes its own view at once (a graceful leave
+    /// always does).
     ///
     /// Every view costs each member a read and an acknowledgement, so in a large group a burst
     /// of joins (a cold start, a scale-up) then makes a few views instead of one per join:
     /// without it, n members started one after the other cost the store about n² calls. A join
-    /// waits for the hand-off under way to settle, then for the lowest slot's next view (within
-    /// a quarter of a heartbeat when the lowest hears of it by a notification, half a heartbeat
-    /// when it polls); if the lowest slot died, until its lease lapses while joins keep coming,
-    /// a heartbeat after they stop otherwise. `usize::MAX` publishes every join at once,
-    /// hand-off under way or not (the design before both rules, kept to measure them side by
-    /// side); `0` leaves them to the lowest slot in every group (the simulation sets it, so
-    /// that the rule meets every interleaving).
+    /// waits for the lowest slot's next view (within a quarter of a heartbeat when the lowest
+    /// hears of it by a notification, half a heartbeat when it polls), a heartbeat at most if
+    /// the lowest slot is gone. `usize::MAX` publishes every join at once (the design before,
+    /// kept to measure the two side by side); `0` leaves them to the lowest slot in every group
+    /// (the simulation sets it, so that the rule meets every interleaving).
     pub fn with_coalesce_from(mut self, members: usize) -> Self {
         self.coalesce_from = members;
         self

@@ -534,37 +534,6 @@ pub(super) fn coalesces(
     live >= from && unsettled(view, settled)
 }
 
-/// Whether a view for new claims waits for the published one to be settled: the published
-/// view is not settled yet and has waited less than `bound` ([`settle_wait`]; `unsettled_for`,
-/// on this member's clock, from when it first saw it so), every holder it names still holds
-/// its slot (`slot_gone` false: what the table calls for is new claims alone), and it is not a
-/// view to repair. Joins that keep coming faster than a hand-off ends (a scale-up of hundreds
-/// of processes) would otherwise replace each view before every member acknowledged it, and no
-/// view would settle (no member would work) until the joins stopped; waiting, each view
-/// settles, and the next names every claim that came meanwhile. A view that does not settle
-/// within the bound is replaced anyway, as a slot gone or a repair is at once.
-pub(super) fn awaits_settle(
-    unsettled_for: Option<Duration>,
-    slot_gone: bool,
-    repair: bool,
-    bound: Duration,
-) -> bool {
-    !repair && !slot_gone && unsettled_for.is_some_and(|d| d < bound)
-}
-
-/// How long a view for new claims waits for the one under way ([`awaits_settle`]): a
-/// heartbeat for a member that hears the store's notifications, two for one that only polls,
-/// whose members see a view up to a heartbeat after it is published, so that a hand-off takes
-/// about a heartbeat before the settler reads the last acknowledgement (as
-/// [`Facts::settle_overdue`] waits two).
-pub(super) fn settle_wait(heartbeat: Duration, listening: bool) -> Duration {
-    if listening {
-        heartbeat
-    } else {
-        heartbeat * 2
-    }
-}
-
 /// Whether live claims other than `mine` are missing from the published `view` (or hold their
 /// slot under another claim): joins under way beside this member's own.
 pub(super) fn others_joining(

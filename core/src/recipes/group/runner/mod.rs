@@ -402,10 +402,6 @@ pub(super) struct Engine {
     handoff: Option<Handoff>,
     settler: Settler,
     discrepancy: Option<Discrepancy>,
-    /// The epoch of the published view this member saw not settled yet, and since when (its
-    /// clock): a view for new claims alone waits for it, a heartbeat at most
-    /// ([`decide::awaits_settle`]).
-    unsettled_seen: Option<(u64, Duration)>,
     outage: Outage,
     /// The member fails for good ([`Runner::fail`]): its leave hands nothing to a standby.
     failing: bool,
@@ -481,7 +477,6 @@ impl Engine {
             handoff: None,
             settler: Settler::default(),
             discrepancy: None,
-            unsettled_seen: None,
             outage: Outage::default(),
             failing: false,
             listening: false,

@@ -5,11 +5,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::super::fixture::{holder, nonce, record, table, view, Member, HB, TTL};
 use super::{Answer, Call, Round};
-use crate::clock::Clock;
 use crate::error::Error;
 use crate::recipes::group::records::{AckRecord, SettledRecord, ViewRecord};
 use crate::recipes::group::table::SlotTable;
@@ -17,15 +15,6 @@ use crate::recipes::group::view::GroupPhase;
 
 fn of_table(t: SlotTable, fresh: bool) -> Round {
     Round::of_table(Arc::new(t), false, fresh)
-}
-
-/// `t` with its view settled: no hand-off under way.
-fn settled(mut t: SlotTable) -> SlotTable {
-    t.settled = t.view.as_ref().map(|v| SettledRecord {
-        epoch: v.epoch,
-        view: v.digest(),
-    });
-    t
 }
 
 fn cas_key(call: &Option<Call>) -> &str {
@@ -43,7 +32,7 @@ fn cas_key(call: &Option<Call>) -> &str {
 fn the_lowest_slot_publishes_a_view_for_a_new_claim() {
     let v1 = view(1, &[0]);
     let mut m = Member::active(0, &v1);
-    let mut round = of_table(settled(table(&[0, 1], 1, Some(v1.clone()))), true);
+    let mut round = of_table(table(&[0, 1], 1, Some(v1.clone())), true);
     match m.start(&mut round) {
         Some(Call::Cas {
             key,
@@ -76,7 +65,7 @@ fn the_lowest_slot_publishes_a_view_for_a_new_claim() {
 fn another_slot_waits_a_heartbeat_before_publishing() {
     let v1 = view(1, &[0, 1]);
     let mut m = Member::active(1, &v1);
-    let mut round = of_table(settled(table(&[0, 1, 2], 1, Some(v1.clone()))), true);
+    let mut round = of_table(table(&[0, 1, 2], 1, Some(v1.clone())), true);
     let first = m.start(&mut round);
     assert!(
         !matches!(&first, Some(Call::Cas { key, .. }) if key == "hc:{g}:view:current"),
@@ -86,7 +75,7 @@ fn another_slot_waits_a_heartbeat_before_publishing() {
     assert_eq!(d.live.len(), 3);
     // A heartbeat later, the same discrepancy: it publishes (the lowest may be gone).
     m.clock.advance(HB);
-    let mut round = of_table(settled(table(&[0, 1, 2], 1, Some(v1))), true);
+    let mut round = of_table(table(&[0, 1, 2], 1, Some(v1)), true);
     assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
 }
 
@@ -107,7 +96,7 @@ fn a_refused_view_is_not_adopted_and_the_directory_is_read_again() {
     let v1 = view(1, &[0]);
     let mut m = Member::active(0, &v1);
     m.engine.cache.view_version = Some("7".into());
-    let mut round = of_table(settled(table(&[0, 1], 1, Some(v1))), true);
+    let mut round = of_table(table(&[0, 1], 1, Some(v1)), true);
     assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
     m.answer(&mut round, Answer::Cas(Ok(false)));
     assert_eq!(m.engine.cache.view_version, None);
@@ -141,11 +130,11 @@ fn of_join(t: SlotTable, raced: bool) -> Round {
 fn a_join_publishes_its_own_view_unless_it_lost_a_race() {
     let v1 = view(1, &[0, 1]);
     let mut m = Member::at(2);
-    let mut round = of_join(settled(table(&[0, 1, 2], 1, Some(v1.clone()))), false);
+    let mut round = of_join(table(&[0, 1, 2], 1, Some(v1.clone())), false);
     assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
 
     let mut m = Member::at(2);
-    let mut round = of_join(settled(table(&[0, 1, 2], 1, Some(v1))), true);
+    let mut round = of_join(table(&[0, 1, 2], 1, Some(v1)), true);
     let first = m.start(&mut round);
     assert!(
         !matches!(&first, Some(Call::Cas { key, .. }) if key == "hc:{g}:view:current"),
@@ -163,9 +152,6 @@ fn a_join_in_a_large_group_leaves_its_view_to_the_lowest_during_a_hand_off() {
     let v1 = view(1, &[0, 1]);
     let mut m = Member::at(2);
     m.engine.cfg.coalesce_from = 3;
-    // A hand-off that has outlasted the wait for it to settle: only the size rule holds the
-    // join back.
-    m.engine.unsettled_seen = Some((1, m.clock.monotonic().saturating_sub(HB * 2)));
     let mut round = of_join(table(&[0, 1, 2], 1, Some(v1.clone())), false);
     let first = m.start(&mut round);
     assert!(
@@ -176,86 +162,18 @@ fn a_join_in_a_large_group_leaves_its_view_to_the_lowest_during_a_hand_off() {
 
     let mut m = Member::at(2);
     m.engine.cfg.coalesce_from = 3;
-    let mut round = of_join(settled(table(&[0, 1, 2], 1, Some(v1.clone()))), false);
+    let mut t = table(&[0, 1, 2], 1, Some(v1.clone()));
+    t.settled = Some(SettledRecord {
+        epoch: 1,
+        view: v1.digest(),
+    });
+    let mut round = of_join(t, false);
     assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
 
-    // Below the size and settled: at once.
+    // Below the size, unsettled or not: at once.
     let mut m = Member::at(2);
     m.engine.cfg.coalesce_from = 4;
-    let mut round = of_join(settled(table(&[0, 1, 2], 1, Some(v1))), false);
-    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
-}
-
-/// Event: new claims the published view lacks while that view is not settled yet (a hand-off
-/// under way, as when joins come faster than a hand-off ends). Phase: the lowest slot, another
-/// slot, and a joiner in a small group. Effect: none publishes while the view has waited less
-/// than a heartbeat (two for a member that only polls), so the hand-off under way ends before a
-/// view replaces it; once it is settled the lowest publishes at once, and a view still
-/// unsettled after the wait is replaced anyway. A slot of the view gone waits for nothing (a
-/// view to repair neither: `a_join_that_lost_a_race_still_repairs_a_view_below_an_epoch_seen`).
-#[test]
-fn a_view_for_new_claims_waits_for_the_hand_off_under_way_a_heartbeat_at_most() {
-    let v1 = view(1, &[0, 1]);
-    let is_view =
-        |c: &Option<Call>| matches!(c, Some(Call::Cas { key, .. }) if key == "hc:{g}:view:current");
-
-    // The lowest: waits, then publishes once the view is settled.
-    let mut m = Member::active(0, &v1);
-    let mut round = of_table(table(&[0, 1, 2], 1, Some(v1.clone())), true);
-    let first = m.start(&mut round);
-    assert!(!is_view(&first), "{first:?}");
-    assert!(m.engine.discrepancy.is_some());
-    let mut round = of_table(settled(table(&[0, 1, 2], 1, Some(v1.clone()))), true);
-    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
-
-    // The lowest, the view never settled: the wait after it first saw it, it publishes; a
-    // heartbeat when it hears notifications, two when it only polls.
-    for (listening, wait) in [(true, HB), (false, HB * 2)] {
-        let mut m = Member::active(0, &v1);
-        m.engine.listening = listening;
-        let mut round = of_table(table(&[0, 1, 2], 1, Some(v1.clone())), true);
-        assert!(!is_view(&m.start(&mut round)));
-        m.clock.advance(wait - Duration::from_millis(1));
-        let mut round = of_table(table(&[0, 1, 2, 3], 1, Some(v1.clone())), true);
-        assert!(
-            !is_view(&m.start(&mut round)),
-            "a new claim neither restarts the wait nor ends it"
-        );
-        m.clock.advance(Duration::from_millis(1));
-        let mut round = of_table(table(&[0, 1, 2, 3], 1, Some(v1.clone())), true);
-        assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
-    }
-
-    // Another slot than the lowest, the view never settled: after the wait, its discrepancy
-    // (unchanged for a heartbeat by then) has it publish.
-    let mut m = Member::active(1, &v1);
-    let mut round = of_table(table(&[0, 1, 2], 1, Some(v1.clone())), true);
-    assert!(!is_view(&m.start(&mut round)));
-    m.clock.advance(HB * 2);
-    let mut round = of_table(table(&[0, 1, 2], 1, Some(v1.clone())), true);
-    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
-
-    // A joiner in a small group: its own claim waits for the hand-off too.
-    let mut m = Member::at(2);
-    let mut round = of_join(table(&[0, 1, 2], 1, Some(v1.clone())), false);
-    let first = m.start(&mut round);
-    assert!(!is_view(&first), "{first:?}");
-    assert!(m.engine.discrepancy.is_some());
-
-    // The design before (`with_coalesce_from(usize::MAX)`): the joiner and the lowest
-    // publish at once.
-    let mut m = Member::at(2);
-    m.engine.cfg.coalesce_from = usize::MAX;
-    let mut round = of_join(table(&[0, 1, 2], 1, Some(v1.clone())), false);
-    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
-    let mut m = Member::active(0, &v1);
-    m.engine.cfg.coalesce_from = usize::MAX;
-    let mut round = of_table(table(&[0, 1, 2], 1, Some(v1.clone())), true);
-    assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
-
-    // A slot of the view gone (slot 1 crashed) beside a new claim: the lowest publishes at once.
-    let mut m = Member::active(0, &v1);
-    let mut round = of_table(table(&[0, 2], 1, Some(v1)), true);
+    let mut round = of_join(table(&[0, 1, 2], 1, Some(v1)), false);
     assert_eq!(cas_key(&m.start(&mut round)), "hc:{g}:view:current");
 }
 

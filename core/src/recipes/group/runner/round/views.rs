@@ -2,18 +2,15 @@
 //! the view's compare-and-set, adopting the newest view; and its last: polling for the settled
 //! mark of a view just published.
 
-use std::time::Duration;
-
 use super::super::super::records::{ViewRecord, MAX_EPOCH};
 use super::super::decide::{
-    awaits_returning, awaits_settle, coalesces, others_joining, publishes, settle_wait, unsettled,
-    view_is_stale, view_needs_slots, view_slot_gone,
+    awaits_returning, coalesces, others_joining, publishes, unsettled, view_is_stale,
+    view_needs_slots, view_slot_gone,
 };
 use super::super::views::newer_version;
 use super::super::{Claim, Discrepancy, Engine};
 use super::{Call, Round, Then, Wait};
 use crate::error::{Error, Result};
-use crate::recipes::group::table::SlotTable;
 
 impl Engine {
     /// Decides whether the table calls for a new view and whether this member publishes it
@@ -63,7 +60,6 @@ impl Engine {
         self.cache.need_slots =
             !fresh && newer.is_none() && view_needs_slots(table.view.as_ref(), wanted, twin_epoch);
         let now = self.cfg.clock.monotonic();
-        let unsettled_for = self.note_unsettled(&table, now);
         if self.outage.grace_until.is_some_and(|u| now >= u) {
             self.outage.grace_until = None;
             self.outage.last_view = None;
@@ -126,18 +122,9 @@ impl Engine {
             Some(d) if d.live == live => d.since,
             _ => now,
         };
-        // `usize::MAX` keeps the design before, every join published at once.
-        let slot_gone = view_slot_gone(&table);
-        let settle_first = self.cfg.coalesce_from != usize::MAX
-            && awaits_settle(
-                unsettled_for,
-                slot_gone,
-                repair,
-                settle_wait(self.cfg.heartbeat, self.listening),
-            );
         // A slot of the view is gone (a crash, a lapse): every member watches closely, in
         // case the lowest slot is the one gone. New claims alone publish their own view.
-        let fast = lowest || slot_gone;
+        let fast = lowest || view_slot_gone(&table);
         let lasted = now.saturating_sub(since);
         let discrepancy = Discrepancy {
             live: live.clone(),
@@ -167,7 +154,6 @@ impl Engine {
             }
             Some(next)
                 if !returning
-                    && !settle_first
                     && publishes(
                         own_alone,
                         lowest,
@@ -200,25 +186,6 @@ impl Engine {
                 Then::Next
             }
         }
-    }
-
-    /// How long the published view of `table` has waited to be settled, as this member saw it
-    /// (from the first table in which it saw that epoch unsettled); `None` when it is settled,
-    /// or there is none. By epoch alone, without the view's digest (a hash of the whole view,
-    /// which [`Engine::adopt_newest`] computes once per round already): a mark of the same
-    /// epoch for another digest is a twin, which is repaired at once whatever this answers.
-    fn note_unsettled(&mut self, table: &SlotTable, now: Duration) -> Option<Duration> {
-        let waiting = table
-            .view
-            .as_ref()
-            .filter(|v| table.settled.is_none_or(|m| m.epoch < v.epoch))
-            .map(|v| v.epoch);
-        self.unsettled_seen = waiting.map(|epoch| match self.unsettled_seen {
-            Some((seen, since)) if seen == epoch => (seen, since),
-            _ => (epoch, now),
-        });
-        self.unsettled_seen
-            .map(|(_, since)| now.saturating_sub(since))
     }
 
     /// The view's compare-and-set answered.
